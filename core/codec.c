@@ -1,0 +1,694 @@
+/* codec.c - the beanstalk wire protocol: framing, one command table,
+ * parse-then-execute, and reply bytes appended to the session's output.
+ *
+ * Replies reproduce Debian's beanstalkd 1.12 byte for byte, malformed input
+ * included. Where the reference's behaviour comes from how it happens to be
+ * written (prefix matching, strtoul/strtol), the quirk is reproduced here on
+ * purpose and marked "reference:".
+ */
+#include <string.h>
+
+#include "core.h"
+
+#define container_of(p, T, m) ((T *)((char *)(p) - offsetof(T, m)))
+
+/* ---- replies ----------------------------------------------------------- */
+
+const char *bg_outcome_word(int outcome)
+{
+    switch (outcome) {
+    case BG_OK: return "OK";
+    case BG_NOT_FOUND: return "NOT_FOUND";
+    case BG_BAD_FORMAT: return "BAD_FORMAT";
+    case BG_JOB_TOO_BIG: return "JOB_TOO_BIG";
+    case BG_DRAINING: return "DRAINING";
+    case BG_DEADLINE_SOON: return "DEADLINE_SOON";
+    case BG_TIMED_OUT: return "TIMED_OUT";
+    case BG_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
+    case BG_EXPECTED_CRLF: return "EXPECTED_CRLF";
+    case BG_UNKNOWN_COMMAND: return "UNKNOWN_COMMAND";
+    case BG_NOT_IGNORED: return "NOT_IGNORED";
+    case BG_JOB_BURIED: return "BURIED";
+    default: return "INTERNAL_ERROR";
+    }
+}
+
+/* Append bytes to the output; if even that fails, close the session. */
+static void out_append(struct bg_session *s, const void *bytes, size_t n)
+{
+    if (bg_buf_append(&s->out, bytes, n) != 0) s->state = BG_CLOSING;
+}
+
+static void reply_text(struct bg_session *s, const char *text)
+{
+    out_append(s, text, strlen(text));
+}
+
+static void reply_word(struct bg_session *s, int outcome)
+{
+    const char *w = bg_outcome_word(outcome);
+    size_t n = strlen(w);
+    char *tail = bg_buf_reserve(&s->out, n + 2);
+    if (!tail) {
+        s->state = BG_CLOSING;
+        return;
+    }
+    memcpy(tail, w, n);
+    memcpy(tail + n, "\r\n", 2);
+    s->out.len += n + 2;
+}
+
+/* "<word> <id> <bytes>\r\n<body>\r\n" */
+static void reply_job(struct bg_session *s, const char *word, const struct bg_job *j)
+{
+    if (bg_buf_printf(&s->out, "%s %llu %u\r\n", word, (unsigned long long)j->id,
+                      j->body_size - 2) != 0) {
+        s->state = BG_CLOSING;
+        return;
+    }
+    out_append(s, j->body, j->body_size);
+}
+
+/* ---- number parsing (reference semantics) ------------------------------ */
+
+/* Decimal digits at p into *out; fails on no digit or overflow of u64. */
+static int parse_digits(const char *p, const char **end, uint64_t *out)
+{
+    uint64_t v = 0;
+    const char *start = p;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) return BG_BAD_FORMAT;
+        v = v * 10 + d;
+    }
+    if (p == start) return BG_BAD_FORMAT;
+    *end = p;
+    *out = v;
+    return 0;
+}
+
+/* An unsigned number after any spaces, no sign. With end == NULL the number
+ * must end the line. */
+static int read_uint(const char *p, const char **end, uint64_t max, uint64_t *out)
+{
+    while (*p == ' ') p++;
+    const char *stop;
+    uint64_t v;
+    if (parse_digits(p, &stop, &v) != 0 || v > max) return BG_BAD_FORMAT;
+    if (!end && *stop != '\0') return BG_BAD_FORMAT;
+    if (end) *end = stop;
+    *out = v;
+    return 0;
+}
+
+static int is_c_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\v' || ch == '\f' || ch == '\r';
+}
+
+/* reference: strtoul/strtol rules - leading white space, an optional sign,
+ * digits; no digits gives 0 with *end == p; overflow fails. A minus sign
+ * negates in unsigned arithmetic. `is_signed` selects long range. */
+static int read_c_number(const char *p, const char **end, int is_signed, uint64_t *out)
+{
+    const char *start = p;
+    while (is_c_space(*p)) p++;
+    int negative = 0;
+    if (*p == '+' || *p == '-') negative = *p++ == '-';
+    const char *stop;
+    uint64_t v;
+    if (!(*p >= '0' && *p <= '9')) {
+        *end = start;
+        *out = 0;
+        return 0;
+    }
+    if (parse_digits(p, &stop, &v) != 0) return BG_BAD_FORMAT;
+    if (is_signed) {
+        if (v > (uint64_t)INT64_MAX + (negative ? 1 : 0)) return BG_BAD_FORMAT;
+    }
+    *end = stop;
+    *out = negative ? (uint64_t)0 - v : v;
+    return 0;
+}
+
+/* reference: a tube name is the rest of the line and must be valid whole. */
+static int read_whole_name(const char *p, const char **name)
+{
+    if (!bg_tube_name_valid(p, strlen(p))) return BG_BAD_FORMAT;
+    *name = p;
+    return 0;
+}
+
+/* ---- the command table ------------------------------------------------- */
+
+enum arg_shape {
+    ARGS_NONE,     /* the line must be exactly the command name */
+    ARGS_ID,       /* <id> */
+    ARGS_NAME,     /* <tube>, the whole rest of the line */
+    ARGS_PUT,      /* <pri> <delay> <ttr> <bytes> */
+    ARGS_RELEASE,  /* <id> <pri> <delay> */
+    ARGS_BURY,     /* <id> <pri> */
+    ARGS_KICK,     /* <bound> */
+    ARGS_TIMEOUT,  /* <seconds> */
+    ARGS_PAUSE,    /* <tube> <delay> */
+};
+
+/* A parsed command: what the execute step needs. */
+struct request {
+    enum bg_cmd cmd;
+    uint64_t id, bytes, count;
+    uint32_t pri, delay, ttr;
+    int64_t timeout;
+    const char *name;
+    int trailing_garbage; /* put: reference answers BAD_FORMAT after counting */
+};
+
+typedef void (*execute_fn)(struct bg_session *s, const struct request *r, bg_time now);
+
+struct command {
+    const char *match;  /* reference: matched as a prefix, in table order */
+    enum bg_cmd cmd;
+    enum arg_shape shape;
+    execute_fn execute;
+};
+
+static void exec_put(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_peek(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_peek_state(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_reserve(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_reserve_job(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_delete(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_release(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_bury(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_kick(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_kick_job(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_touch(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_stats(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_stats_job(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_stats_tube(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_use(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_watch(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_ignore(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_list_tube_used(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_quit(struct bg_session *s, const struct request *r, bg_time now);
+static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_time now);
+
+/* reference: the order decides which prefix wins ("reserve-job " before
+ * "reserve", "kick-job " before "kick ", "stats-tube " before "stats"). */
+static const struct command commands[] = {
+    {"put ", BG_CMD_PUT, ARGS_PUT, exec_put},
+    {"peek ", BG_CMD_PEEK, ARGS_ID, exec_peek},
+    {"peek-ready", BG_CMD_PEEK_READY, ARGS_NONE, exec_peek_state},
+    {"peek-delayed", BG_CMD_PEEK_DELAYED, ARGS_NONE, exec_peek_state},
+    {"peek-buried", BG_CMD_PEEK_BURIED, ARGS_NONE, exec_peek_state},
+    {"reserve-with-timeout ", BG_CMD_RESERVE_WITH_TIMEOUT, ARGS_TIMEOUT, exec_reserve},
+    {"reserve-job ", BG_CMD_RESERVE_JOB, ARGS_ID, exec_reserve_job},
+    {"reserve", BG_CMD_RESERVE, ARGS_NONE, exec_reserve},
+    {"delete ", BG_CMD_DELETE, ARGS_ID, exec_delete},
+    {"release ", BG_CMD_RELEASE, ARGS_RELEASE, exec_release},
+    {"bury ", BG_CMD_BURY, ARGS_BURY, exec_bury},
+    {"kick-job ", BG_CMD_KICK_JOB, ARGS_ID, exec_kick_job},
+    {"kick ", BG_CMD_KICK, ARGS_KICK, exec_kick},
+    {"touch ", BG_CMD_TOUCH, ARGS_ID, exec_touch},
+    {"stats-job ", BG_CMD_STATS_JOB, ARGS_ID, exec_stats_job},
+    {"stats-tube ", BG_CMD_STATS_TUBE, ARGS_NAME, exec_stats_tube},
+    {"stats", BG_CMD_STATS, ARGS_NONE, exec_stats},
+    {"use ", BG_CMD_USE, ARGS_NAME, exec_use},
+    {"watch ", BG_CMD_WATCH, ARGS_NAME, exec_watch},
+    {"ignore ", BG_CMD_IGNORE, ARGS_NAME, exec_ignore},
+    {"list-tubes-watched", BG_CMD_LIST_TUBES_WATCHED, ARGS_NONE, exec_list_tubes},
+    {"list-tube-used", BG_CMD_LIST_TUBE_USED, ARGS_NONE, exec_list_tube_used},
+    {"list-tubes", BG_CMD_LIST_TUBES, ARGS_NONE, exec_list_tubes},
+    {"quit", BG_CMD_QUIT, ARGS_NONE, exec_quit},
+    {"pause-tube", BG_CMD_PAUSE_TUBE, ARGS_PAUSE, exec_pause_tube},
+};
+
+/* The table entry whose prefix the line starts with, or NULL. */
+static const struct command *command_lookup(const char *line)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        size_t n = strlen(commands[i].match);
+        if (strncmp(line, commands[i].match, n) == 0) return &commands[i];
+    }
+    return NULL;
+}
+
+/* Parse the arguments of `line` (NUL-terminated, len bytes) for command c.
+ * 0 or BG_BAD_FORMAT. */
+static int parse_args(const struct command *c, const char *line, size_t len, struct request *r)
+{
+    const char *p = line + strlen(c->match);
+    const char *end;
+    uint64_t v;
+    memset(r, 0, sizeof *r);
+    r->cmd = c->cmd;
+    switch (c->shape) {
+    case ARGS_NONE:
+        /* reference: quit ignores what follows; the others reject it */
+        return c->cmd == BG_CMD_QUIT || len == strlen(c->match) ? 0 : BG_BAD_FORMAT;
+    case ARGS_ID:
+        return read_uint(p, NULL, UINT64_MAX, &r->id);
+    case ARGS_NAME:
+        return read_whole_name(p, &r->name);
+    case ARGS_PUT:
+        if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->pri = (uint32_t)v;
+        if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->delay = (uint32_t)v;
+        if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->ttr = (uint32_t)v;
+        if (read_c_number(p, &end, 0, &r->bytes) != 0) return BG_BAD_FORMAT;
+        r->trailing_garbage = *end != '\0';
+        return 0;
+    case ARGS_RELEASE:
+        if (read_uint(p, &p, UINT64_MAX, &r->id) != 0) return BG_BAD_FORMAT;
+        if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->pri = (uint32_t)v;
+        if (read_uint(p, NULL, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->delay = (uint32_t)v;
+        return 0;
+    case ARGS_BURY:
+        if (read_uint(p, &p, UINT64_MAX, &r->id) != 0) return BG_BAD_FORMAT;
+        if (read_uint(p, NULL, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->pri = (uint32_t)v;
+        return 0;
+    case ARGS_KICK:
+        if (read_c_number(p, &end, 0, &v) != 0 || end == p) return BG_BAD_FORMAT;
+        r->count = (uint32_t)v; /* reference: the bound is an unsigned int */
+        return 0;
+    case ARGS_TIMEOUT:
+        if (read_c_number(p, &end, 1, &v) != 0) return BG_BAD_FORMAT;
+        r->timeout = (int64_t)v;
+        return 0;
+    case ARGS_PAUSE: {
+        /* reference: spaces, then the longest run of name characters */
+        while (*p == ' ') p++;
+        const char *q = p;
+        while (*q && bg_tube_name_char(*q)) q++;
+        if (q == p) return BG_BAD_FORMAT;
+        if (read_uint(q, NULL, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
+        r->delay = (uint32_t)v;
+        ((char *)q)[0] = '\0'; /* the line is our own copy */
+        r->name = p;
+        return 0;
+    }
+    }
+    return BG_BAD_FORMAT;
+}
+
+/* Parse and execute one command line of len bytes (CRLF excluded). */
+static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_time now)
+{
+    char line[BG_LINE_MAX];
+    memcpy(line, bytes, len);
+    line[len] = '\0';
+    if (memchr(line, '\0', len)) { /* reference: NUL in a line */
+        reply_word(s, BG_BAD_FORMAT);
+        return;
+    }
+    const struct command *c = command_lookup(line);
+    if (!c) {
+        reply_word(s, BG_UNKNOWN_COMMAND);
+        return;
+    }
+    struct request r;
+    if (parse_args(c, line, len, &r) != 0) {
+        reply_word(s, BG_BAD_FORMAT);
+        return;
+    }
+    s->client.engine->stat.cmd[c->cmd]++;
+    c->execute(s, &r, now);
+}
+
+/* ---- execute ----------------------------------------------------------- */
+
+/* Discard n bytes of input, then answer `outcome`. */
+static void skip_then_reply(struct bg_session *s, uint64_t n, int outcome)
+{
+    s->state = BG_SKIP_BYTES;
+    s->skip_left = n;
+    s->skip_reply = outcome;
+}
+
+static void exec_put(struct bg_session *s, const struct request *r, bg_time now)
+{
+    struct bg_engine *e = s->client.engine;
+    if (r->bytes > e->max_job_size) {
+        skip_then_reply(s, r->bytes + 2, BG_JOB_TOO_BIG); /* reference: wraps */
+        return;
+    }
+    if (r->trailing_garbage) {
+        reply_word(s, BG_BAD_FORMAT);
+        return;
+    }
+    bg_client_mark_producer(&s->client);
+    s->in_job = bg_job_new(e, r->pri, r->delay, r->ttr, (uint32_t)r->bytes + 2, now);
+    if (!s->in_job) {
+        skip_then_reply(s, r->bytes + 2, BG_OUT_OF_MEMORY);
+        return;
+    }
+    s->in_job_read = 0;
+    s->state = BG_WANT_BODY;
+}
+
+/* The body of in_job is complete: check the trailer and enter the job. */
+static void finish_put(struct bg_session *s, bg_time now)
+{
+    struct bg_job *j = s->in_job;
+    s->in_job = NULL;
+    s->state = BG_WANT_COMMAND;
+    if (memcmp(j->body + j->body_size - 2, "\r\n", 2) != 0) {
+        bg_job_discard(j);
+        reply_word(s, BG_EXPECTED_CRLF);
+        return;
+    }
+    uint64_t id = j->id;
+    int r = bg_put(&s->client, s->client.use, j, now);
+    if (r == 0 || r == BG_BURIED) {
+        if (bg_buf_printf(&s->out, "%s %llu\r\n", r == 0 ? "INSERTED" : "BURIED",
+                          (unsigned long long)id) != 0)
+            s->state = BG_CLOSING;
+        return;
+    }
+    reply_word(s, r);
+}
+
+static void exec_peek(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    struct bg_job *j = bg_job_find(s->client.engine, r->id);
+    if (!j) reply_word(s, BG_NOT_FOUND);
+    else reply_job(s, "FOUND", j);
+}
+
+static void exec_peek_state(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    struct bg_tube *t = s->client.use;
+    struct bg_job *j = r->cmd == BG_CMD_PEEK_READY ? bg_heap_min(&t->ready)
+                     : r->cmd == BG_CMD_PEEK_DELAYED ? bg_heap_min(&t->delayed)
+                     : t->buried_head;
+    if (!j) reply_word(s, BG_NOT_FOUND);
+    else reply_job(s, "FOUND", j);
+}
+
+static void exec_reserve(struct bg_session *s, const struct request *r, bg_time now)
+{
+    struct bg_job *j = NULL;
+    int64_t timeout = r->cmd == BG_CMD_RESERVE ? -1 : r->timeout;
+    int outcome = bg_reserve(&s->client, timeout, now, &j);
+    if (outcome == 0) reply_job(s, "RESERVED", j);
+    else if (outcome == BG_WOULD_BLOCK) s->state = BG_WAITING;
+    else reply_word(s, outcome);
+}
+
+static void exec_reserve_job(struct bg_session *s, const struct request *r, bg_time now)
+{
+    struct bg_job *j = NULL;
+    int outcome = bg_reserve_job(&s->client, r->id, now, &j);
+    if (outcome == 0) reply_job(s, "RESERVED", j);
+    else reply_word(s, outcome);
+}
+
+static void exec_delete(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    int outcome = bg_delete(&s->client, r->id);
+    if (outcome == 0) reply_text(s, "DELETED\r\n");
+    else reply_word(s, outcome);
+}
+
+static void exec_release(struct bg_session *s, const struct request *r, bg_time now)
+{
+    int outcome = bg_release(&s->client, r->id, r->pri, r->delay, now);
+    if (outcome == 0) reply_text(s, "RELEASED\r\n");
+    else reply_word(s, outcome);
+}
+
+static void exec_bury(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    int outcome = bg_bury(&s->client, r->id, r->pri);
+    reply_word(s, outcome == 0 ? BG_BURIED : outcome);
+}
+
+static void exec_kick(struct bg_session *s, const struct request *r, bg_time now)
+{
+    uint64_t n = bg_kick(s->client.engine, s->client.use, r->count, now);
+    if (bg_buf_printf(&s->out, "KICKED %llu\r\n", (unsigned long long)n) != 0)
+        s->state = BG_CLOSING;
+}
+
+static void exec_kick_job(struct bg_session *s, const struct request *r, bg_time now)
+{
+    int outcome = bg_kick_job(s->client.engine, r->id, now);
+    if (outcome == 0) reply_text(s, "KICKED\r\n");
+    else reply_word(s, outcome);
+}
+
+static void exec_touch(struct bg_session *s, const struct request *r, bg_time now)
+{
+    int outcome = bg_touch(&s->client, r->id, now);
+    if (outcome == 0) reply_text(s, "TOUCHED\r\n");
+    else reply_word(s, outcome);
+}
+
+static void exec_stats(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)r;
+    (void)now;
+    struct bg_process_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (s->io && s->io->process_info) s->io->process_info(s, &pi);
+    if (bg_render_stats(&s->out, s->client.engine, &pi) != 0) s->state = BG_CLOSING;
+}
+
+static void exec_stats_job(struct bg_session *s, const struct request *r, bg_time now)
+{
+    struct bg_job *j = bg_job_find(s->client.engine, r->id);
+    if (!j) {
+        reply_word(s, BG_NOT_FOUND);
+        return;
+    }
+    struct bg_stats_job sj;
+    bg_stats_job(s->client.engine, j, now, &sj);
+    if (bg_render_stats_job(&s->out, &sj) != 0) s->state = BG_CLOSING;
+}
+
+static void exec_stats_tube(struct bg_session *s, const struct request *r, bg_time now)
+{
+    struct bg_tube *t = bg_tube_find(s->client.engine, r->name);
+    if (!t) {
+        reply_word(s, BG_NOT_FOUND);
+        return;
+    }
+    struct bg_stats_tube st;
+    bg_stats_tube(t, now, &st);
+    if (bg_render_stats_tube(&s->out, &st) != 0) s->state = BG_CLOSING;
+}
+
+static void exec_use(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    int outcome = bg_client_use(&s->client, r->name);
+    if (outcome != 0) reply_word(s, outcome);
+    else if (bg_buf_printf(&s->out, "USING %s\r\n", s->client.use->name) != 0)
+        s->state = BG_CLOSING;
+}
+
+/* "WATCHING n" or the outcome's word. */
+static void reply_watching(struct bg_session *s, int outcome, uint32_t count)
+{
+    if (outcome != 0) reply_word(s, outcome);
+    else if (bg_buf_printf(&s->out, "WATCHING %u\r\n", count) != 0)
+        s->state = BG_CLOSING;
+}
+
+static void exec_watch(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    uint32_t count = 0;
+    int outcome = bg_client_watch(&s->client, r->name, &count);
+    reply_watching(s, outcome, count);
+}
+
+static void exec_ignore(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    uint32_t count = 0;
+    int outcome = bg_client_ignore(&s->client, r->name, &count);
+    reply_watching(s, outcome, count);
+}
+
+/* "OK n" + a YAML list of tube names, either all tubes or the watched ones. */
+static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)now;
+    struct bg_engine *e = s->client.engine;
+    int watched = r->cmd == BG_CMD_LIST_TUBES_WATCHED;
+    uint32_t n = watched ? s->client.watch_len : e->tube_count;
+    size_t bytes = 4; /* "---\n" */
+    for (uint32_t i = 0; i < n; i++) {
+        const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
+        bytes += strlen(t->name) + 3;
+    }
+    int rc = bg_buf_printf(&s->out, "OK %zu\r\n---\n", bytes);
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
+        rc = bg_buf_printf(&s->out, "- %s\n", t->name);
+    }
+    if (rc == 0) rc = bg_buf_append(&s->out, "\r\n", 2);
+    if (rc != 0) s->state = BG_CLOSING;
+}
+
+static void exec_list_tube_used(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)r;
+    (void)now;
+    if (bg_buf_printf(&s->out, "USING %s\r\n", s->client.use->name) != 0)
+        s->state = BG_CLOSING;
+}
+
+static void exec_quit(struct bg_session *s, const struct request *r, bg_time now)
+{
+    (void)r;
+    (void)now;
+    s->state = BG_CLOSING;
+}
+
+static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_time now)
+{
+    int outcome = bg_pause_tube(s->client.engine, r->name, r->delay, now);
+    if (outcome == 0) reply_text(s, "PAUSED\r\n");
+    else reply_word(s, outcome);
+}
+
+/* ---- the session: framing state machine -------------------------------- */
+
+static void session_job_reserved(struct bg_client *c, struct bg_job *j)
+{
+    struct bg_session *s = container_of(c, struct bg_session, client);
+    s->state = BG_WANT_COMMAND;
+    reply_job(s, "RESERVED", j);
+    if (s->io && s->io->output_ready) s->io->output_ready(s);
+}
+
+static void session_wait_ended(struct bg_client *c, int outcome)
+{
+    struct bg_session *s = container_of(c, struct bg_session, client);
+    s->state = BG_WANT_COMMAND;
+    reply_word(s, outcome);
+    if (s->io && s->io->output_ready) s->io->output_ready(s);
+}
+
+static const struct bg_client_ops session_client_ops = {
+    .job_reserved = session_job_reserved,
+    .wait_ended = session_wait_ended,
+};
+
+int bg_session_init(struct bg_engine *e, struct bg_session *s,
+                    const struct bg_session_io *io, void *io_owner)
+{
+    memset(s, 0, sizeof *s);
+    s->io = io;
+    s->io_owner = io_owner;
+    s->state = BG_WANT_COMMAND;
+    int r = bg_client_init(e, &s->client, &session_client_ops, s);
+    if (r != 0) return r;
+    e->connections++;
+    e->stat.total_connections++;
+    return 0;
+}
+
+void bg_session_close(struct bg_session *s, bg_time now)
+{
+    struct bg_engine *e = s->client.engine;
+    if (s->in_job) bg_job_discard(s->in_job);
+    s->in_job = NULL;
+    bg_client_close(&s->client, now);
+    e->connections--;
+    bg_buf_free(&s->out);
+}
+
+void bg_session_peer_eof(struct bg_session *s)
+{
+    if (s->state != BG_WAITING) return;
+    bg_client_stop_waiting(&s->client);
+    s->state = BG_WANT_COMMAND;
+    reply_word(s, BG_TIMED_OUT);
+}
+
+/* Offset just past the first CRLF in in[0..len), or 0 if there is none. */
+static size_t find_line_end(const char *in, size_t len)
+{
+    const char *p = in;
+    const char *end = in + len;
+    while ((p = memchr(p, '\r', (size_t)(end - p))) && p + 1 < end) {
+        if (p[1] == '\n') return (size_t)(p - in) + 2;
+        p++;
+    }
+    return 0;
+}
+
+size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now)
+{
+    size_t used = 0;
+    for (;;) {
+        if (s->out_limit && s->out.len >= s->out_limit) return used;
+        const char *p = in + used;
+        size_t avail = len - used;
+        /* reference: a line is looked for in a window of BG_LINE_MAX bytes */
+        size_t window = avail < BG_LINE_MAX ? avail : BG_LINE_MAX;
+        switch (s->state) {
+        case BG_WANT_COMMAND: {
+            size_t n = find_line_end(p, window);
+            if (n) {
+                used += n;
+                run_line(s, p, n - 2, now);
+                continue;
+            }
+            if (avail < BG_LINE_MAX) return used;
+            used += BG_LINE_MAX; /* too long: drop this window */
+            s->state = BG_WANT_ENDLINE;
+            continue;
+        }
+        case BG_WANT_ENDLINE: {
+            size_t n = find_line_end(p, window);
+            if (n) {
+                used += n;
+                s->state = BG_WANT_COMMAND;
+                reply_word(s, BG_BAD_FORMAT);
+                continue;
+            }
+            if (avail < BG_LINE_MAX) return used;
+            used += BG_LINE_MAX;
+            continue;
+        }
+        case BG_WANT_BODY: {
+            struct bg_job *j = s->in_job;
+            size_t need = j->body_size - s->in_job_read;
+            size_t n = avail < need ? avail : need;
+            memcpy(j->body + s->in_job_read, p, n);
+            s->in_job_read += (uint32_t)n;
+            used += n;
+            if (s->in_job_read < j->body_size) return used;
+            finish_put(s, now);
+            continue;
+        }
+        case BG_SKIP_BYTES: {
+            uint64_t n = avail < s->skip_left ? avail : s->skip_left;
+            s->skip_left -= n;
+            used += n;
+            if (s->skip_left) return used;
+            s->state = BG_WANT_COMMAND;
+            reply_word(s, s->skip_reply);
+            continue;
+        }
+        case BG_WAITING:
+        case BG_CLOSING:
+        default:
+            return used;
+        }
+    }
+}

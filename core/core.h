@@ -1,0 +1,373 @@
+/* core.h - the beangate core: engine, stats model and beanstalk codec.
+ *
+ * This header is the table of contents of core/. Each section names the file
+ * that implements it. core/ is pure: no sockets, no libevent, no clock reads.
+ * Every entry point that needs the time takes `now`, monotonic nanoseconds.
+ *
+ * Result convention (the whole codebase): 0 is success; a negative value is
+ * an outcome from enum bg_outcome. Functions returning pointers return NULL
+ * for "none" and document why it may be none.
+ */
+#ifndef BEANGATE_CORE_H
+#define BEANGATE_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint64_t bg_time; /* monotonic nanoseconds */
+
+#define BG_SECOND ((bg_time)1000000000)
+#define BG_DEADLINE_MARGIN BG_SECOND   /* DEADLINE_SOON safety margin */
+#define BG_URGENT_PRIORITY 1024        /* pri below this counts as urgent */
+#define BG_LINE_MAX 224                /* command line incl. CRLF */
+#define BG_TUBE_NAME_MAX 200
+#define BG_JOB_SIZE_DEFAULT 65535
+#define BG_JOB_SIZE_LIMIT (1024 * 1024 * 1024) /* -z is clamped to this */
+#define BG_VERSION "1.12"              /* protocol level we reproduce */
+#define BEANGATE_VERSION "0.1.0"
+
+/* Outcomes. Each front-end renders them its own way (beanstalk words, HTTP
+ * status codes). 0 means success. */
+enum bg_outcome {
+    BG_OK = 0,
+    BG_NOT_FOUND = -1,
+    BG_BAD_FORMAT = -2,
+    BG_JOB_TOO_BIG = -3,
+    BG_DRAINING = -4,
+    BG_DEADLINE_SOON = -5,
+    BG_TIMED_OUT = -6,
+    BG_OUT_OF_MEMORY = -7,
+    BG_INTERNAL_ERROR = -8,
+    BG_EXPECTED_CRLF = -9,
+    BG_UNKNOWN_COMMAND = -10,
+    BG_NOT_IGNORED = -11,
+    BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
+    BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
+};
+
+/* The beanstalk word for an outcome, e.g. "NOT_FOUND". */
+const char *bg_outcome_word(int outcome);
+
+/* ---- alloc.c: the one allocation wrapper (tests can fail the Nth call) --- */
+
+void *bg_malloc(size_t size);
+void *bg_realloc(void *ptr, size_t size);
+void bg_free(void *ptr);
+/* Make the nth allocation from now on fail (1 = the next one); 0 disables. */
+void bg_alloc_fail_after(uint64_t nth);
+
+/* ---- buf.c: growable byte buffer ---------------------------------------- */
+
+struct bg_buf {
+    char *data;
+    size_t len; /* bytes in use, starting at data + start */
+    size_t start;
+    size_t cap;
+};
+
+/* Append n bytes; 0 or BG_OUT_OF_MEMORY. */
+int bg_buf_append(struct bg_buf *b, const void *bytes, size_t n);
+/* Append formatted text (printf rules); 0 or BG_OUT_OF_MEMORY. */
+int bg_buf_printf(struct bg_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Drop n bytes from the front (n <= len). */
+void bg_buf_consume(struct bg_buf *b, size_t n);
+/* Pointer to the first unconsumed byte. */
+static inline char *bg_buf_head(const struct bg_buf *b) { return b->data + b->start; }
+/* Make room for n more bytes at the tail; returns the tail or NULL. */
+char *bg_buf_reserve(struct bg_buf *b, size_t n);
+void bg_buf_clear(struct bg_buf *b);
+void bg_buf_free(struct bg_buf *b);
+
+/* ---- heap.c: binary min-heap of pointers, each item knows its slot ------ */
+
+typedef int (*bg_heap_less_fn)(const void *a, const void *b);
+
+struct bg_heap {
+    void **items;
+    uint32_t len, cap;
+    bg_heap_less_fn less;
+    size_t slot_offset; /* offset of a uint32_t slot index inside each item */
+};
+
+void bg_heap_init(struct bg_heap *h, bg_heap_less_fn less, size_t slot_offset);
+/* Insert; 0 or BG_OUT_OF_MEMORY. */
+int bg_heap_push(struct bg_heap *h, void *item);
+/* Remove and return the item at slot i (0 = minimum). */
+void *bg_heap_remove(struct bg_heap *h, uint32_t i);
+static inline void *bg_heap_min(const struct bg_heap *h) { return h->len ? h->items[0] : NULL; }
+/* Make room for n items in total; 0 or BG_OUT_OF_MEMORY. */
+int bg_heap_reserve(struct bg_heap *h, uint32_t n);
+void bg_heap_free(struct bg_heap *h);
+
+/* ---- engine.c: jobs, tubes, clients, time ------------------------------- */
+
+enum bg_job_state { BG_JOB_READY, BG_JOB_DELAYED, BG_JOB_RESERVED, BG_JOB_BURIED };
+
+struct bg_tube;
+struct bg_client;
+struct bg_engine;
+
+struct bg_job {
+    uint64_t id;
+    struct bg_job *hash_next;
+    struct bg_tube *tube;
+    struct bg_client *reserver;
+    struct bg_job *prev, *next; /* buried list, or the reserver's list */
+    bg_time created_at;
+    bg_time deadline_at;        /* delayed: ready time; reserved: TTR end */
+    uint32_t delay_s, ttr_s;
+    uint32_t tube_slot;         /* ready/delayed heap of tube, or reserver heap */
+    uint32_t timer_slot;        /* engine's job timer heap */
+    uint32_t pri;
+    uint32_t body_size;         /* bytes stored in body[], including CRLF */
+    uint32_t reserves, timeouts, releases, buries, kicks;
+    uint8_t state;              /* enum bg_job_state */
+    char body[];                /* body_size bytes, ends in "\r\n" */
+};
+
+/* A watch entry: one client watching one tube. It is also the client's slot
+ * in the tube's waiting set while the client waits. */
+struct bg_watch {
+    struct bg_tube *tube;
+    struct bg_client *client;
+    uint32_t wait_index; /* slot in tube->waiting, UINT32_MAX if not waiting */
+};
+
+struct bg_tube_counters {
+    uint64_t total_jobs, cmd_delete, cmd_pause;
+};
+
+struct bg_tube {
+    char name[BG_TUBE_NAME_MAX + 1];
+    struct bg_tube *hash_next;
+    uint32_t list_index;        /* slot in engine tube list (creation order) */
+    uint32_t timer_slot;        /* paused-tube timer heap */
+    uint32_t refs;              /* users, watchers, jobs */
+    struct bg_heap ready;       /* by (pri, id) */
+    struct bg_heap delayed;     /* by (deadline, id) */
+    struct bg_job *buried_head, *buried_tail;
+    struct bg_watch **waiting;  /* waiting clients, reference set order */
+    uint32_t waiting_len, waiting_cap, waiting_cursor;
+    uint32_t buried_count, reserved_count, urgent_count;
+    uint32_t using_count, watching_count;
+    bg_time pause_ns;           /* 0 when not paused */
+    bg_time unpause_at;
+    struct bg_tube_counters stat;
+};
+
+/* What a front-end does when the engine resolves a wait asynchronously. */
+struct bg_client_ops {
+    /* A waiting client was handed job j (now reserved by it). */
+    void (*job_reserved)(struct bg_client *c, struct bg_job *j);
+    /* A wait ended without a job: BG_TIMED_OUT or BG_DEADLINE_SOON. */
+    void (*wait_ended)(struct bg_client *c, int outcome);
+};
+
+struct bg_client {
+    struct bg_engine *engine;
+    const struct bg_client_ops *ops;
+    void *owner;                /* the front-end's object */
+    struct bg_tube *use;
+    struct bg_watch **watch;    /* watched tubes, reference set order */
+    uint32_t watch_len, watch_cap;
+    struct bg_job *reserved_head, *reserved_tail;
+    struct bg_heap reserved;    /* own reserved jobs by TTR deadline */
+    uint32_t timer_slot;        /* engine's client timer heap */
+    bg_time wait_started;
+    bg_time wait_deadline;      /* UINT64_MAX: no timeout */
+    bg_time wake_at;            /* min(wait_deadline, soonest TTR - margin) */
+    uint8_t waiting, is_producer, is_worker;
+};
+
+struct bg_server_counters {
+    uint64_t cmd[32];           /* indexed by enum bg_cmd */
+    uint64_t job_timeouts, total_jobs, total_connections;
+};
+
+struct bg_engine {
+    uint64_t next_id;
+    struct bg_job **jobs;       /* hash table by id */
+    size_t jobs_mask, job_count;
+    struct bg_tube **tubes;     /* hash table by name */
+    size_t tubes_mask;
+    struct bg_tube **tube_list; /* list-tubes order */
+    uint32_t tube_count, tube_list_cap;
+    struct bg_tube *default_tube;
+    struct bg_heap job_timers;  /* delayed and reserved jobs by deadline */
+    struct bg_heap tube_timers; /* paused tubes by unpause_at */
+    struct bg_heap client_timers; /* waiting clients by wake_at */
+    uint32_t max_job_size;
+    uint8_t draining;
+    /* current counts, kept as jobs move */
+    uint64_t ready_count, urgent_count, reserved_count, delayed_count, buried_count;
+    uint64_t clients, connections, producers, workers, waiting;
+    struct bg_server_counters stat;
+};
+
+/* Set up an engine with the default tube. 0 or BG_OUT_OF_MEMORY. */
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size);
+/* Free every job, tube and table. Clients must have been closed. */
+void bg_engine_destroy(struct bg_engine *e);
+
+/* Find a job by id; NULL if there is none. */
+struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id);
+/* Find a tube by name (NUL-terminated); NULL if there is none. */
+struct bg_tube *bg_tube_find(struct bg_engine *e, const char *name);
+/* Nonzero if ch may appear in a tube name. */
+int bg_tube_name_char(char ch);
+/* Nonzero if name is a valid tube name of length len. */
+int bg_tube_name_valid(const char *name, size_t len);
+
+/* Attach a new client (a connection or an HTTP holder); it uses and watches
+ * "default". 0 or BG_OUT_OF_MEMORY. */
+int bg_client_init(struct bg_engine *e, struct bg_client *c,
+                   const struct bg_client_ops *ops, void *owner);
+/* Detach: stop waiting, return reserved jobs to ready, drop tube refs. */
+void bg_client_close(struct bg_client *c, bg_time now);
+/* Count c as a producer / worker in stats (once). */
+void bg_client_mark_producer(struct bg_client *c);
+void bg_client_mark_worker(struct bg_client *c);
+/* Use tube `name`, creating it. 0 or BG_OUT_OF_MEMORY. */
+int bg_client_use(struct bg_client *c, const char *name);
+/* Watch tube `name`, creating it; *count gets the watch count. */
+int bg_client_watch(struct bg_client *c, const char *name, uint32_t *count);
+/* Ignore tube `name`: 0, or BG_NOT_IGNORED for the last watched tube. */
+int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);
+
+/* Allocate a job (id assigned now, as the reference does) with room for
+ * body_size bytes incl. CRLF; the caller fills body. NULL: out of memory. */
+struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
+                          uint32_t ttr_s, uint32_t body_size, bg_time now);
+/* Discard a job made by bg_job_new that never entered the engine. */
+void bg_job_discard(struct bg_job *j);
+/* Enter a new job into tube `t`: 0, BG_DRAINING or BG_OUT_OF_MEMORY (in
+ * which case the job is freed). */
+int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
+
+/* Reserve for c: a job now (0, *out set), BG_DEADLINE_SOON, BG_TIMED_OUT
+ * (timeout 0), or BG_WOULD_BLOCK (c now waits; ops report the end).
+ * timeout_s < 0 waits forever. */
+int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_job **out);
+/* Reserve job `id` in any state but reserved: 0 or BG_NOT_FOUND. */
+int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job **out);
+/* Delete a job reserved by c, or ready, delayed or buried. */
+int bg_delete(struct bg_client *c, uint64_t id);
+int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now);
+int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri);
+int bg_touch(struct bg_client *c, uint64_t id, bg_time now);
+/* Kick up to n jobs of tube t (buried first, else delayed); returns count. */
+uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now);
+int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now);
+int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_time now);
+/* Stop waiting (a connection hung up mid-wait); no callback. */
+void bg_client_stop_waiting(struct bg_client *c);
+
+/* Do everything due at `now`: promote delayed jobs, expire TTRs, unpause
+ * tubes, end waits. Returns the next deadline, or UINT64_MAX if none. */
+bg_time bg_engine_tick(struct bg_engine *e, bg_time now);
+/* The next deadline without doing anything. */
+bg_time bg_engine_next_deadline(const struct bg_engine *e);
+
+/* ---- stats.c: the one stats model -------------------------------------- */
+
+struct bg_stats_job {
+    uint64_t id;
+    const char *tube;
+    const char *state;          /* "ready", "delayed", "reserved", "buried" */
+    uint32_t pri;
+    uint64_t age_s, delay_s, ttr_s, time_left_s;
+    uint32_t reserves, timeouts, releases, buries, kicks;
+};
+
+struct bg_stats_tube {
+    const char *name;
+    uint64_t urgent, ready, reserved, delayed, buried, total_jobs;
+    uint64_t using, watching, waiting, cmd_delete, cmd_pause;
+    uint64_t pause_s, pause_left_s;
+};
+
+/* Facts only the process knows, filled in by the server. */
+struct bg_process_info {
+    long pid;
+    double utime, stime;        /* seconds */
+    uint64_t uptime_s;
+    const char *instance_id;
+    const char *hostname;
+    const char *os;
+    const char *platform;
+    uint64_t binlog_oldest, binlog_current, binlog_migrated, binlog_written;
+    uint64_t binlog_max_size;
+};
+
+void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+                  struct bg_stats_job *out);
+void bg_stats_tube(const struct bg_tube *t, bg_time now, struct bg_stats_tube *out);
+
+/* ---- codec.c: the beanstalk wire protocol ------------------------------- */
+
+/* Commands, in the order of the reference's stats keys where counted. */
+enum bg_cmd {
+    BG_CMD_PUT, BG_CMD_PEEK, BG_CMD_PEEK_READY, BG_CMD_PEEK_DELAYED,
+    BG_CMD_PEEK_BURIED, BG_CMD_RESERVE, BG_CMD_RESERVE_WITH_TIMEOUT,
+    BG_CMD_DELETE, BG_CMD_RELEASE, BG_CMD_USE, BG_CMD_WATCH, BG_CMD_IGNORE,
+    BG_CMD_BURY, BG_CMD_KICK, BG_CMD_TOUCH, BG_CMD_STATS, BG_CMD_STATS_JOB,
+    BG_CMD_STATS_TUBE, BG_CMD_LIST_TUBES, BG_CMD_LIST_TUBE_USED,
+    BG_CMD_LIST_TUBES_WATCHED, BG_CMD_PAUSE_TUBE,
+    /* not shown in stats */
+    BG_CMD_RESERVE_JOB, BG_CMD_KICK_JOB, BG_CMD_QUIT,
+    BG_CMD_COUNT
+};
+
+enum bg_session_state {
+    BG_WANT_COMMAND,   /* reading a command line */
+    BG_WANT_BODY,      /* reading a put body into in_job */
+    BG_SKIP_BYTES,     /* discarding a too-big body, then replying */
+    BG_WANT_ENDLINE,   /* discarding the rest of an over-long line */
+    BG_WAITING,        /* blocked in reserve */
+    BG_CLOSING,        /* quit: flush output, then close */
+};
+
+struct bg_session;
+
+/* Hooks the I/O layer gives a session. */
+struct bg_session_io {
+    /* Output was appended outside bg_session_feed (a wait ended). */
+    void (*output_ready)(struct bg_session *s);
+    /* Fill in process facts for `stats`. */
+    void (*process_info)(struct bg_session *s, struct bg_process_info *out);
+};
+
+/* One beanstalk TCP connection as the codec sees it. */
+struct bg_session {
+    struct bg_client client;
+    const struct bg_session_io *io;
+    void *io_owner;
+    struct bg_buf out;          /* reply bytes waiting to be written */
+    uint8_t state;              /* enum bg_session_state */
+    struct bg_job *in_job;      /* put body being read */
+    uint32_t in_job_read;
+    uint64_t skip_left;         /* BG_SKIP_BYTES: bytes still to discard */
+    size_t out_limit;           /* feed pauses while out holds this much; 0: none */
+    int skip_reply;             /* outcome to answer after skipping */
+};
+
+/* Attach a session to the engine. 0 or BG_OUT_OF_MEMORY. */
+int bg_session_init(struct bg_engine *e, struct bg_session *s,
+                    const struct bg_session_io *io, void *io_owner);
+/* Release everything the session holds (reservations go back to ready). */
+void bg_session_close(struct bg_session *s, bg_time now);
+/* Execute every complete command in in[0..len); replies go to s->out.
+ * Returns the number of bytes consumed; stops early when the session
+ * blocks (BG_WAITING), closes (BG_CLOSING) or out reaches out_limit. */
+size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now);
+/* The peer half-closed while the session waits: answer TIMED_OUT. */
+void bg_session_peer_eof(struct bg_session *s);
+
+/* Render stats as the reference's YAML into out (the "OK n" line included). */
+int bg_render_stats(struct bg_buf *out, const struct bg_engine *e,
+                    const struct bg_process_info *pi);
+int bg_render_stats_tube(struct bg_buf *out, const struct bg_stats_tube *st);
+int bg_render_stats_job(struct bg_buf *out, const struct bg_stats_job *sj);
+
+#endif

@@ -1,0 +1,842 @@
+/* engine.c - jobs, tubes, clients and time: the queue itself.
+ *
+ * Invariant kept after every entry point: no unpaused tube has both a ready
+ * job and a waiting client. So when a job becomes ready, only its own tube
+ * needs matching (dispatch), and nothing ever scans all tubes.
+ */
+#include <string.h>
+
+#include "core.h"
+
+#define NO_SLOT UINT32_MAX
+#define NEVER UINT64_MAX
+
+/* ---- ordering functions for the heaps ---------------------------------- */
+
+static int job_pri_less(const void *a, const void *b)
+{
+    const struct bg_job *x = a, *y = b;
+    if (x->pri != y->pri) return x->pri < y->pri;
+    return x->id < y->id;
+}
+
+static int job_deadline_less(const void *a, const void *b)
+{
+    const struct bg_job *x = a, *y = b;
+    if (x->deadline_at != y->deadline_at) return x->deadline_at < y->deadline_at;
+    return x->id < y->id;
+}
+
+static int tube_unpause_less(const void *a, const void *b)
+{
+    return ((const struct bg_tube *)a)->unpause_at < ((const struct bg_tube *)b)->unpause_at;
+}
+
+static int client_wake_less(const void *a, const void *b)
+{
+    return ((const struct bg_client *)a)->wake_at < ((const struct bg_client *)b)->wake_at;
+}
+
+/* now + s seconds, saturating instead of wrapping. */
+static bg_time add_seconds(bg_time now, uint64_t s)
+{
+    if (s > (NEVER - now) / BG_SECOND) return NEVER - 1;
+    return now + s * BG_SECOND;
+}
+
+/* ---- job table --------------------------------------------------------- */
+
+static size_t id_bucket(const struct bg_engine *e, uint64_t id)
+{
+    return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 17) & e->jobs_mask;
+}
+
+struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id)
+{
+    struct bg_job *j = e->jobs[id_bucket(e, id)];
+    while (j && j->id != id) j = j->hash_next;
+    return j;
+}
+
+/* Double the job table; on allocation failure keep the old one. */
+static void job_table_grow(struct bg_engine *e)
+{
+    size_t n = (e->jobs_mask + 1) * 2;
+    struct bg_job **old = e->jobs;
+    size_t old_n = e->jobs_mask + 1;
+    struct bg_job **t = bg_malloc(n * sizeof *t);
+    if (!t) return;
+    memset(t, 0, n * sizeof *t);
+    e->jobs = t;
+    e->jobs_mask = n - 1;
+    for (size_t i = 0; i < old_n; i++) {
+        struct bg_job *j = old[i];
+        while (j) {
+            struct bg_job *next = j->hash_next;
+            size_t b = id_bucket(e, j->id);
+            j->hash_next = t[b];
+            t[b] = j;
+            j = next;
+        }
+    }
+    bg_free(old);
+}
+
+static void job_table_remove(struct bg_engine *e, struct bg_job *j)
+{
+    struct bg_job **p = &e->jobs[id_bucket(e, j->id)];
+    while (*p != j) p = &(*p)->hash_next;
+    *p = j->hash_next;
+    e->job_count--;
+}
+
+/* ---- tubes ------------------------------------------------------------- */
+
+static size_t name_bucket(const struct bg_engine *e, const char *name)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    return (size_t)h & e->tubes_mask;
+}
+
+int bg_tube_name_char(char ch)
+{
+    static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                             "0123456789-+/;.$_()";
+    return ch && memchr(ok, ch, sizeof ok - 1) != NULL;
+}
+
+int bg_tube_name_valid(const char *name, size_t len)
+{
+    if (len == 0 || len > BG_TUBE_NAME_MAX || name[0] == '-') return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!bg_tube_name_char(name[i])) return 0;
+    return 1;
+}
+
+struct bg_tube *bg_tube_find(struct bg_engine *e, const char *name)
+{
+    struct bg_tube *t = e->tubes[name_bucket(e, name)];
+    while (t && strcmp(t->name, name) != 0) t = t->hash_next;
+    return t;
+}
+
+static void tube_table_grow(struct bg_engine *e)
+{
+    size_t n = (e->tubes_mask + 1) * 2;
+    struct bg_tube **t = bg_malloc(n * sizeof *t);
+    if (!t) return;
+    memset(t, 0, n * sizeof *t);
+    bg_free(e->tubes);
+    e->tubes = t;
+    e->tubes_mask = n - 1;
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tube *tube = e->tube_list[i];
+        size_t b = name_bucket(e, tube->name);
+        tube->hash_next = t[b];
+        t[b] = tube;
+    }
+}
+
+/* Find or create tube `name` (valid, NUL-terminated). NULL: out of memory. */
+static struct bg_tube *tube_get(struct bg_engine *e, const char *name)
+{
+    struct bg_tube *t = bg_tube_find(e, name);
+    if (t) return t;
+    if (e->tube_count == e->tube_list_cap) {
+        uint32_t cap = e->tube_list_cap ? e->tube_list_cap * 2 : 16;
+        struct bg_tube **list = bg_realloc(e->tube_list, cap * sizeof *list);
+        if (!list) return NULL;
+        e->tube_list = list;
+        e->tube_list_cap = cap;
+    }
+    t = bg_malloc(sizeof *t);
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    strncpy(t->name, name, BG_TUBE_NAME_MAX);
+    t->timer_slot = NO_SLOT;
+    bg_heap_init(&t->ready, job_pri_less, offsetof(struct bg_job, tube_slot));
+    bg_heap_init(&t->delayed, job_deadline_less, offsetof(struct bg_job, tube_slot));
+    t->list_index = e->tube_count;
+    e->tube_list[e->tube_count++] = t;
+    size_t b = name_bucket(e, name);
+    t->hash_next = e->tubes[b];
+    e->tubes[b] = t;
+    if (e->tube_count > e->tubes_mask + 1) tube_table_grow(e);
+    return t;
+}
+
+static void tube_destroy(struct bg_engine *e, struct bg_tube *t)
+{
+    struct bg_tube **p = &e->tubes[name_bucket(e, t->name)];
+    while (*p != t) p = &(*p)->hash_next;
+    *p = t->hash_next;
+    /* swap-remove from the list, as the reference's set does */
+    uint32_t i = t->list_index;
+    e->tube_list[i] = e->tube_list[--e->tube_count];
+    e->tube_list[i]->list_index = i;
+    if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
+    bg_heap_free(&t->ready);
+    bg_heap_free(&t->delayed);
+    bg_free(t->waiting);
+    bg_free(t);
+}
+
+static inline void tube_ref(struct bg_tube *t) { t->refs++; }
+
+/* Drop a reference; the tube is freed when nothing refers to it. */
+static void tube_unref(struct bg_engine *e, struct bg_tube *t)
+{
+    if (--t->refs == 0) tube_destroy(e, t);
+}
+
+static inline int tube_paused(const struct bg_tube *t) { return t->pause_ns != 0; }
+
+/* ---- waiting sets (the reference's multiset order, kept exactly) -------- */
+
+static int tube_wait_add(struct bg_tube *t, struct bg_watch *w)
+{
+    if (t->waiting_len == t->waiting_cap) {
+        uint32_t cap = t->waiting_cap ? t->waiting_cap * 2 : 4;
+        struct bg_watch **a = bg_realloc(t->waiting, cap * sizeof *a);
+        if (!a) return BG_OUT_OF_MEMORY;
+        t->waiting = a;
+        t->waiting_cap = cap;
+    }
+    w->wait_index = t->waiting_len;
+    t->waiting[t->waiting_len++] = w;
+    return 0;
+}
+
+static void tube_wait_remove_at(struct bg_tube *t, uint32_t i)
+{
+    t->waiting[i]->wait_index = NO_SLOT;
+    t->waiting[i] = t->waiting[--t->waiting_len];
+    if (i < t->waiting_len) t->waiting[i]->wait_index = i;
+}
+
+/* Take the next waiter round-robin. Requires waiting_len > 0. */
+static struct bg_watch *tube_wait_take(struct bg_tube *t)
+{
+    t->waiting_cursor %= t->waiting_len;
+    struct bg_watch *w = t->waiting[t->waiting_cursor];
+    tube_wait_remove_at(t, t->waiting_cursor);
+    t->waiting_cursor++;
+    return w;
+}
+
+/* ---- clients: timers and waiting --------------------------------------- */
+
+static bg_time client_wake_time(const struct bg_client *c)
+{
+    bg_time wake = c->wait_deadline;
+    const struct bg_job *soonest = bg_heap_min(&c->reserved);
+    if (soonest) {
+        bg_time soon = soonest->deadline_at > BG_DEADLINE_MARGIN
+                           ? soonest->deadline_at - BG_DEADLINE_MARGIN : 0;
+        if (soon < wake) wake = soon;
+    }
+    return wake;
+}
+
+/* Re-file a waiting client in the timer heap after its deadlines changed. */
+static void client_reschedule(struct bg_client *c)
+{
+    struct bg_engine *e = c->engine;
+    if (c->timer_slot != NO_SLOT) bg_heap_remove(&e->client_timers, c->timer_slot);
+    c->timer_slot = NO_SLOT;
+    if (!c->waiting) return;
+    c->wake_at = client_wake_time(c);
+    if (c->wake_at != NEVER) bg_heap_push(&e->client_timers, c); /* room reserved at init */
+}
+
+void bg_client_stop_waiting(struct bg_client *c)
+{
+    if (!c->waiting) return;
+    for (uint32_t i = 0; i < c->watch_len; i++) {
+        struct bg_watch *w = c->watch[i];
+        if (w->wait_index != NO_SLOT) tube_wait_remove_at(w->tube, w->wait_index);
+    }
+    c->waiting = 0;
+    c->engine->waiting--;
+    client_reschedule(c);
+}
+
+/* Put c in the waiting set of every watched tube. */
+static int client_start_waiting(struct bg_client *c, bg_time deadline, bg_time now)
+{
+    for (uint32_t i = 0; i < c->watch_len; i++) {
+        if (tube_wait_add(c->watch[i]->tube, c->watch[i]) != 0) {
+            for (uint32_t k = 0; k < i; k++)
+                tube_wait_remove_at(c->watch[k]->tube, c->watch[k]->wait_index);
+            return BG_OUT_OF_MEMORY;
+        }
+    }
+    c->waiting = 1;
+    c->wait_started = now;
+    c->wait_deadline = deadline;
+    c->engine->waiting++;
+    client_reschedule(c);
+    return 0;
+}
+
+/* Nonzero if c's soonest reservation is within the safety margin. */
+static int client_deadline_soon(const struct bg_client *c, bg_time now)
+{
+    const struct bg_job *j = bg_heap_min(&c->reserved);
+    return j && now + BG_DEADLINE_MARGIN >= j->deadline_at;
+}
+
+/* ---- moving jobs between states ---------------------------------------- */
+
+static void count_ready(struct bg_engine *e, struct bg_job *j, int delta)
+{
+    e->ready_count += delta;
+    if (j->pri < BG_URGENT_PRIORITY) {
+        e->urgent_count += delta;
+        j->tube->urgent_count += delta;
+    }
+}
+
+/* Take j out of whatever structure its state puts it in. */
+static void job_unlink(struct bg_engine *e, struct bg_job *j)
+{
+    struct bg_tube *t = j->tube;
+    switch (j->state) {
+    case BG_JOB_READY:
+        bg_heap_remove(&t->ready, j->tube_slot);
+        count_ready(e, j, -1);
+        break;
+    case BG_JOB_DELAYED:
+        bg_heap_remove(&t->delayed, j->tube_slot);
+        bg_heap_remove(&e->job_timers, j->timer_slot);
+        e->delayed_count--;
+        break;
+    case BG_JOB_RESERVED: {
+        struct bg_client *c = j->reserver;
+        bg_heap_remove(&c->reserved, j->tube_slot);
+        bg_heap_remove(&e->job_timers, j->timer_slot);
+        if (j->prev) j->prev->next = j->next; else c->reserved_head = j->next;
+        if (j->next) j->next->prev = j->prev; else c->reserved_tail = j->prev;
+        j->reserver = NULL;
+        e->reserved_count--;
+        t->reserved_count--;
+        client_reschedule(c);
+        break;
+    }
+    case BG_JOB_BURIED:
+        if (j->prev) j->prev->next = j->next; else t->buried_head = j->next;
+        if (j->next) j->next->prev = j->prev; else t->buried_tail = j->prev;
+        e->buried_count--;
+        t->buried_count--;
+        break;
+    }
+    j->prev = j->next = NULL;
+}
+
+static void job_bury(struct bg_engine *e, struct bg_job *j)
+{
+    struct bg_tube *t = j->tube;
+    j->state = BG_JOB_BURIED;
+    j->next = NULL;
+    j->prev = t->buried_tail;
+    if (t->buried_tail) t->buried_tail->next = j; else t->buried_head = j;
+    t->buried_tail = j;
+    t->buried_count++;
+    e->buried_count++;
+}
+
+static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now);
+
+/* Hand ready jobs of t to its waiters while both exist and t is unpaused. */
+static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
+{
+    while (!tube_paused(t) && t->ready.len && t->waiting_len) {
+        struct bg_watch *w = tube_wait_take(t);
+        struct bg_client *c = w->client;
+        if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) {
+            tube_wait_add(t, w); /* cannot fail: a slot was just freed */
+            return;
+        }
+        struct bg_job *j = bg_heap_min(&t->ready);
+        job_unlink(e, j);
+        bg_client_stop_waiting(c);
+        job_reserve(c, j, now);
+        c->ops->job_reserved(c, j);
+    }
+}
+
+/* Make j ready (delay 0) or delayed; then match waiters. On failure to grow
+ * a heap the job is buried and BG_BURIED returned, as the reference does. */
+static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
+{
+    struct bg_tube *t = j->tube;
+    j->reserver = NULL;
+    if (delay_s) {
+        j->deadline_at = add_seconds(now, delay_s);
+        if (bg_heap_push(&t->delayed, j) != 0) goto bury;
+        if (bg_heap_push(&e->job_timers, j) != 0) {
+            bg_heap_remove(&t->delayed, j->tube_slot);
+            goto bury;
+        }
+        j->state = BG_JOB_DELAYED;
+        e->delayed_count++;
+        return 0;
+    }
+    if (bg_heap_push(&t->ready, j) != 0) goto bury;
+    j->state = BG_JOB_READY;
+    count_ready(e, j, +1);
+    tube_dispatch(e, t, now);
+    return 0;
+bury:
+    job_bury(e, j);
+    return BG_BURIED;
+}
+
+static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
+{
+    struct bg_engine *e = c->engine;
+    j->deadline_at = add_seconds(now, j->ttr_s);
+    j->state = BG_JOB_RESERVED;
+    j->reserver = c;
+    j->reserves++;
+    bg_heap_push(&c->reserved, j);   /* room reserved by callers */
+    bg_heap_push(&e->job_timers, j); /* room reserved per job at creation */
+    j->next = NULL;
+    j->prev = c->reserved_tail;
+    if (c->reserved_tail) c->reserved_tail->next = j; else c->reserved_head = j;
+    c->reserved_tail = j;
+    e->reserved_count++;
+    j->tube->reserved_count++;
+    client_reschedule(c);
+}
+
+static void job_free(struct bg_engine *e, struct bg_job *j)
+{
+    job_table_remove(e, j);
+    tube_unref(e, j->tube);
+    bg_free(j);
+}
+
+/* ---- engine lifetime --------------------------------------------------- */
+
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size)
+{
+    memset(e, 0, sizeof *e);
+    e->next_id = 1;
+    e->max_job_size = max_job_size;
+    e->jobs_mask = 1023;
+    e->jobs = bg_malloc((e->jobs_mask + 1) * sizeof *e->jobs);
+    e->tubes_mask = 63;
+    e->tubes = bg_malloc((e->tubes_mask + 1) * sizeof *e->tubes);
+    if (!e->jobs || !e->tubes) goto fail;
+    memset(e->jobs, 0, (e->jobs_mask + 1) * sizeof *e->jobs);
+    memset(e->tubes, 0, (e->tubes_mask + 1) * sizeof *e->tubes);
+    bg_heap_init(&e->job_timers, job_deadline_less, offsetof(struct bg_job, timer_slot));
+    bg_heap_init(&e->tube_timers, tube_unpause_less, offsetof(struct bg_tube, timer_slot));
+    bg_heap_init(&e->client_timers, client_wake_less, offsetof(struct bg_client, timer_slot));
+    e->default_tube = tube_get(e, "default");
+    if (!e->default_tube) goto fail;
+    tube_ref(e->default_tube); /* default always exists */
+    return 0;
+fail:
+    bg_free(e->jobs);
+    bg_free(e->tubes);
+    bg_free(e->tube_list);
+    return BG_OUT_OF_MEMORY;
+}
+
+void bg_engine_destroy(struct bg_engine *e)
+{
+    for (size_t i = 0; i <= e->jobs_mask; i++) {
+        struct bg_job *j = e->jobs[i];
+        while (j) {
+            struct bg_job *next = j->hash_next;
+            bg_free(j);
+            j = next;
+        }
+    }
+    while (e->tube_count) {
+        struct bg_tube *t = e->tube_list[e->tube_count - 1];
+        t->timer_slot = NO_SLOT;
+        tube_destroy(e, t);
+    }
+    bg_free(e->jobs);
+    bg_free(e->tubes);
+    bg_free(e->tube_list);
+    bg_heap_free(&e->job_timers);
+    bg_heap_free(&e->tube_timers);
+    bg_heap_free(&e->client_timers);
+}
+
+/* ---- clients ----------------------------------------------------------- */
+
+/* Append a watch of tube t to c. */
+static int client_add_watch(struct bg_client *c, struct bg_tube *t)
+{
+    if (c->watch_len == c->watch_cap) {
+        uint32_t cap = c->watch_cap ? c->watch_cap * 2 : 4;
+        struct bg_watch **a = bg_realloc(c->watch, cap * sizeof *a);
+        if (!a) return BG_OUT_OF_MEMORY;
+        c->watch = a;
+        c->watch_cap = cap;
+    }
+    struct bg_watch *w = bg_malloc(sizeof *w);
+    if (!w) return BG_OUT_OF_MEMORY;
+    w->tube = t;
+    w->client = c;
+    w->wait_index = NO_SLOT;
+    c->watch[c->watch_len++] = w;
+    tube_ref(t);
+    t->watching_count++;
+    return 0;
+}
+
+/* Remove the watch at index i of c (swap-remove, as the reference does). */
+static void client_remove_watch(struct bg_client *c, uint32_t i)
+{
+    struct bg_watch *w = c->watch[i];
+    c->watch[i] = c->watch[--c->watch_len];
+    w->tube->watching_count--;
+    tube_unref(c->engine, w->tube);
+    bg_free(w);
+}
+
+int bg_client_init(struct bg_engine *e, struct bg_client *c,
+                   const struct bg_client_ops *ops, void *owner)
+{
+    memset(c, 0, sizeof *c);
+    c->engine = e;
+    c->ops = ops;
+    c->owner = owner;
+    c->timer_slot = NO_SLOT;
+    c->wait_deadline = NEVER;
+    bg_heap_init(&c->reserved, job_deadline_less, offsetof(struct bg_job, tube_slot));
+    if (bg_heap_reserve(&e->client_timers, (uint32_t)e->clients + 1) != 0) return BG_OUT_OF_MEMORY;
+    if (client_add_watch(c, e->default_tube) != 0) {
+        bg_free(c->watch);
+        return BG_OUT_OF_MEMORY;
+    }
+    c->use = e->default_tube;
+    tube_ref(c->use);
+    c->use->using_count++;
+    e->clients++;
+    return 0;
+}
+
+void bg_client_close(struct bg_client *c, bg_time now)
+{
+    struct bg_engine *e = c->engine;
+    bg_client_stop_waiting(c);
+    while (c->reserved_head) {
+        struct bg_job *j = c->reserved_head;
+        job_unlink(e, j);
+        job_enqueue(e, j, 0, now);
+    }
+    while (c->watch_len) client_remove_watch(c, c->watch_len - 1);
+    bg_free(c->watch);
+    c->watch = NULL;
+    c->use->using_count--;
+    tube_unref(e, c->use);
+    c->use = NULL;
+    bg_heap_free(&c->reserved);
+    if (c->is_producer) e->producers--;
+    if (c->is_worker) e->workers--;
+    e->clients--;
+}
+
+void bg_client_mark_producer(struct bg_client *c)
+{
+    if (!c->is_producer) {
+        c->is_producer = 1;
+        c->engine->producers++;
+    }
+}
+
+void bg_client_mark_worker(struct bg_client *c)
+{
+    if (!c->is_worker) {
+        c->is_worker = 1;
+        c->engine->workers++;
+    }
+}
+
+int bg_client_use(struct bg_client *c, const char *name)
+{
+    struct bg_tube *t = tube_get(c->engine, name);
+    if (!t) return BG_OUT_OF_MEMORY;
+    tube_ref(t);
+    t->using_count++;
+    c->use->using_count--;
+    tube_unref(c->engine, c->use);
+    c->use = t;
+    return 0;
+}
+
+/* Index of the watch of tube `name` in c, or -1. */
+static long client_find_watch(const struct bg_client *c, const char *name)
+{
+    for (uint32_t i = 0; i < c->watch_len; i++)
+        if (strcmp(c->watch[i]->tube->name, name) == 0) return i;
+    return -1;
+}
+
+int bg_client_watch(struct bg_client *c, const char *name, uint32_t *count)
+{
+    if (client_find_watch(c, name) < 0) {
+        struct bg_tube *t = tube_get(c->engine, name);
+        if (!t) return BG_OUT_OF_MEMORY;
+        tube_ref(t); /* hold it while the watch is added */
+        int r = client_add_watch(c, t);
+        tube_unref(c->engine, t);
+        if (r != 0) return r;
+    }
+    *count = c->watch_len;
+    return 0;
+}
+
+int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count)
+{
+    long i = client_find_watch(c, name);
+    if (i >= 0) {
+        if (c->watch_len < 2) return BG_NOT_IGNORED;
+        client_remove_watch(c, (uint32_t)i);
+    }
+    *count = c->watch_len;
+    return 0;
+}
+
+/* ---- jobs -------------------------------------------------------------- */
+
+struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
+                          uint32_t ttr_s, uint32_t body_size, bg_time now)
+{
+    /* every job may sit in the timer heap: keep room for all of them */
+    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return NULL;
+    struct bg_job *j = bg_malloc(sizeof *j + body_size);
+    if (!j) return NULL;
+    memset(j, 0, sizeof *j);
+    j->id = e->next_id++;
+    j->pri = pri;
+    j->delay_s = delay_s;
+    j->ttr_s = ttr_s ? ttr_s : 1;
+    j->body_size = body_size;
+    j->created_at = now;
+    j->tube_slot = j->timer_slot = NO_SLOT;
+    return j;
+}
+
+void bg_job_discard(struct bg_job *j) { bg_free(j); }
+
+int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now)
+{
+    struct bg_engine *e = c->engine;
+    (void)c;
+    if (e->draining) {
+        bg_free(j);
+        return BG_DRAINING;
+    }
+    j->tube = t;
+    tube_ref(t);
+    size_t b = id_bucket(e, j->id);
+    j->hash_next = e->jobs[b];
+    e->jobs[b] = j;
+    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+    e->stat.total_jobs++;
+    t->stat.total_jobs++;
+    return job_enqueue(e, j, j->delay_s, now);
+}
+
+/* The smallest (pri, id) ready job over c's watched, unpaused tubes. */
+static struct bg_job *client_best_ready(const struct bg_client *c)
+{
+    struct bg_job *best = NULL;
+    for (uint32_t i = 0; i < c->watch_len; i++) {
+        struct bg_tube *t = c->watch[i]->tube;
+        struct bg_job *j = tube_paused(t) ? NULL : bg_heap_min(&t->ready);
+        if (j && (!best || job_pri_less(j, best))) best = j;
+    }
+    return best;
+}
+
+/* Nonzero if any watched tube has a ready job, paused or not. */
+static int client_has_ready(const struct bg_client *c)
+{
+    for (uint32_t i = 0; i < c->watch_len; i++)
+        if (c->watch[i]->tube->ready.len) return 1;
+    return 0;
+}
+
+int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_job **out)
+{
+    struct bg_engine *e = c->engine;
+    bg_client_mark_worker(c);
+    if (client_deadline_soon(c, now) && !client_has_ready(c)) return BG_DEADLINE_SOON;
+    struct bg_job *j = client_best_ready(c);
+    if (j) {
+        if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
+        j->tube->waiting_cursor = 1; /* the reference took us from its waiting set */
+        job_unlink(e, j);
+        job_reserve(c, j, now);
+        *out = j;
+        return 0;
+    }
+    if (timeout_s == 0) return BG_TIMED_OUT;
+    bg_time deadline = timeout_s < 0 ? NEVER : add_seconds(now, (uint64_t)timeout_s);
+    int r = client_start_waiting(c, deadline, now);
+    return r ? r : BG_WOULD_BLOCK;
+}
+
+int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job **out)
+{
+    struct bg_job *j = bg_job_find(c->engine, id);
+    if (!j || j->state == BG_JOB_RESERVED) return BG_NOT_FOUND;
+    if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
+    job_unlink(c->engine, j);
+    bg_client_mark_worker(c);
+    job_reserve(c, j, now);
+    *out = j;
+    return 0;
+}
+
+/* j if it is reserved by c, else NULL. */
+static struct bg_job *reserved_by(struct bg_client *c, uint64_t id)
+{
+    struct bg_job *j = bg_job_find(c->engine, id);
+    return j && j->state == BG_JOB_RESERVED && j->reserver == c ? j : NULL;
+}
+
+int bg_delete(struct bg_client *c, uint64_t id)
+{
+    struct bg_engine *e = c->engine;
+    struct bg_job *j = bg_job_find(e, id);
+    if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
+    j->tube->stat.cmd_delete++;
+    job_unlink(e, j);
+    job_free(e, j);
+    return 0;
+}
+
+int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now)
+{
+    struct bg_job *j = reserved_by(c, id);
+    if (!j) return BG_NOT_FOUND;
+    job_unlink(c->engine, j);
+    j->pri = pri;
+    j->delay_s = delay_s;
+    j->releases++;
+    return job_enqueue(c->engine, j, delay_s, now);
+}
+
+int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri)
+{
+    struct bg_job *j = reserved_by(c, id);
+    if (!j) return BG_NOT_FOUND;
+    job_unlink(c->engine, j);
+    j->pri = pri;
+    j->buries++;
+    job_bury(c->engine, j);
+    return 0;
+}
+
+int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
+{
+    struct bg_engine *e = c->engine;
+    struct bg_job *j = reserved_by(c, id);
+    if (!j) return BG_NOT_FOUND;
+    bg_heap_remove(&c->reserved, j->tube_slot);
+    bg_heap_remove(&e->job_timers, j->timer_slot);
+    j->deadline_at = add_seconds(now, j->ttr_s);
+    bg_heap_push(&c->reserved, j);   /* slots just freed */
+    bg_heap_push(&e->job_timers, j);
+    client_reschedule(c);
+    return 0;
+}
+
+/* Move a buried or delayed job to ready, counting a kick. */
+static void job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
+{
+    job_unlink(e, j);
+    j->kicks++;
+    job_enqueue(e, j, 0, now);
+}
+
+uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
+{
+    uint64_t i = 0;
+    if (t->buried_head) {
+        for (; i < n && t->buried_head; i++) job_kick(e, t->buried_head, now);
+    } else {
+        for (; i < n && t->delayed.len; i++) job_kick(e, bg_heap_min(&t->delayed), now);
+    }
+    return i;
+}
+
+int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now)
+{
+    struct bg_job *j = bg_job_find(e, id);
+    if (!j || (j->state != BG_JOB_BURIED && j->state != BG_JOB_DELAYED)) return BG_NOT_FOUND;
+    job_kick(e, j, now);
+    return 0;
+}
+
+int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_time now)
+{
+    struct bg_tube *t = bg_tube_find(e, name);
+    if (!t) return BG_NOT_FOUND;
+    if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
+    t->timer_slot = NO_SLOT;
+    /* pause 0 still pauses for an instant, so waiters wake at the deadline */
+    t->pause_ns = delay_s ? (bg_time)delay_s * BG_SECOND : 1;
+    t->unpause_at = now + t->pause_ns;
+    t->stat.cmd_pause++;
+    if (bg_heap_push(&e->tube_timers, t) != 0) {
+        t->pause_ns = 0; /* cannot schedule the end: do not pause at all */
+        return BG_OUT_OF_MEMORY;
+    }
+    return 0;
+}
+
+/* ---- time -------------------------------------------------------------- */
+
+bg_time bg_engine_next_deadline(const struct bg_engine *e)
+{
+    bg_time next = NEVER;
+    const struct bg_job *j = bg_heap_min(&e->job_timers);
+    const struct bg_tube *t = bg_heap_min(&e->tube_timers);
+    const struct bg_client *c = bg_heap_min(&e->client_timers);
+    if (j && j->deadline_at < next) next = j->deadline_at;
+    if (t && t->unpause_at < next) next = t->unpause_at;
+    if (c && c->wake_at < next) next = c->wake_at;
+    return next;
+}
+
+bg_time bg_engine_tick(struct bg_engine *e, bg_time now)
+{
+    struct bg_job *j;
+    while ((j = bg_heap_min(&e->job_timers)) && j->deadline_at <= now) {
+        if (j->state == BG_JOB_RESERVED) {
+            e->stat.job_timeouts++;
+            j->timeouts++;
+        }
+        job_unlink(e, j);
+        job_enqueue(e, j, 0, now);
+    }
+    struct bg_tube *t;
+    while ((t = bg_heap_min(&e->tube_timers)) && t->unpause_at <= now) {
+        bg_heap_remove(&e->tube_timers, 0);
+        t->timer_slot = NO_SLOT;
+        t->pause_ns = 0;
+        tube_dispatch(e, t, now);
+    }
+    struct bg_client *c;
+    while ((c = bg_heap_min(&e->client_timers)) && c->wake_at <= now) {
+        int outcome = client_deadline_soon(c, now) ? BG_DEADLINE_SOON : BG_TIMED_OUT;
+        bg_client_stop_waiting(c);
+        c->ops->wait_ended(c, outcome);
+    }
+    return bg_engine_next_deadline(e);
+}

@@ -1,0 +1,170 @@
+/* main.c - the beangate process: flags, the loop, the timer, signals. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+#include <pwd.h>
+#include <grp.h>
+
+#include "server.h"
+
+bg_time server_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
+}
+
+void server_process_info(struct server *srv, struct bg_process_info *pi)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    pi->pid = (long)getpid();
+    pi->utime = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+    pi->stime = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    pi->uptime_s = (server_now() - srv->started_at) / BG_SECOND;
+    pi->instance_id = srv->instance_id;
+    pi->hostname = srv->hostname;
+    pi->os = srv->os;
+    pi->platform = srv->platform;
+    pi->binlog_max_size = 10485760; /* the reference's default; no log yet */
+}
+
+void server_arm_timer(struct server *srv)
+{
+    bg_time next = bg_engine_next_deadline(&srv->engine);
+    if (next == srv->timer_at) return;
+    srv->timer_at = next;
+    if (next == UINT64_MAX) {
+        event_del(srv->timer);
+        return;
+    }
+    bg_time now = server_now();
+    bg_time wait = next > now ? next - now : 0;
+    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
+    if (wait > 0 && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+    evtimer_add(srv->timer, &tv);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct server *srv = arg;
+    srv->timer_at = UINT64_MAX; /* fired: nothing armed */
+    bg_engine_tick(&srv->engine, server_now());
+    net_process_woken(srv);
+    server_arm_timer(srv);
+}
+
+static void process_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct server *srv = arg;
+    net_process_woken(srv);
+    server_arm_timer(srv);
+}
+
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct server *srv = arg;
+    srv->engine.draining = 1;
+    if (srv->verbose) fprintf(stderr, "beangate: entering drain mode\n");
+}
+
+static void stop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    event_base_loopbreak(((struct server *)arg)->base);
+}
+
+/* Become `name`'s user and group. 0 or -1 with a message. */
+static int become_user(const char *name)
+{
+    struct passwd *pw = getpwnam(name);
+    if (!pw) {
+        fprintf(stderr, "beangate: getpwnam(\"%s\"): no such user\n", name);
+        return -1;
+    }
+    if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
+        perror("beangate: cannot become user");
+        return -1;
+    }
+    return 0;
+}
+
+/* Fill the stats facts that never change. */
+static void describe_host(struct server *srv)
+{
+    FILE *f = fopen("/dev/urandom", "r");
+    unsigned char raw[8] = {0};
+    if (f) {
+        if (fread(raw, 1, sizeof raw, f) != sizeof raw) memset(raw, 0, sizeof raw);
+        fclose(f);
+    }
+    for (int i = 0; i < 8; i++) snprintf(srv->instance_id + 2 * i, 3, "%02x", raw[i]);
+    struct utsname u;
+    if (uname(&u) == 0) {
+        snprintf(srv->hostname, sizeof srv->hostname, "%s", u.nodename);
+        snprintf(srv->os, sizeof srv->os, "%s", u.version);
+        snprintf(srv->platform, sizeof srv->platform, "%s", u.machine);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct server_config cfg;
+    int r = server_config_parse(&cfg, argc, argv);
+    if (r == 1) return 0;
+    if (r != 0) return r;
+
+    signal(SIGPIPE, SIG_IGN);
+    static struct server srv;
+    srv.listen_fd = -1;
+    srv.verbose = cfg.verbose;
+    srv.started_at = server_now();
+    describe_host(&srv);
+    if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
+        fprintf(stderr, "beangate: out of memory\n");
+        return 1;
+    }
+    srv.base = event_base_new();
+    if (!srv.base) {
+        fprintf(stderr, "beangate: cannot create the event loop\n");
+        return 1;
+    }
+    if (net_listen(&srv, &cfg) != 0) return 111;
+    if (cfg.user && become_user(cfg.user) != 0) return 111;
+
+    srv.timer = evtimer_new(srv.base, timer_cb, &srv);
+    srv.timer_at = UINT64_MAX;
+    srv.process_ev = event_new(srv.base, -1, 0, process_cb, &srv);
+    srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, drain_cb, &srv);
+    srv.sig_term = evsignal_new(srv.base, SIGTERM, stop_cb, &srv);
+    srv.sig_int = evsignal_new(srv.base, SIGINT, stop_cb, &srv);
+    event_add(srv.sig_usr1, NULL);
+    event_add(srv.sig_term, NULL);
+    event_add(srv.sig_int, NULL);
+    if (cfg.verbose)
+        fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
+
+    event_base_dispatch(srv.base);
+
+    net_shutdown(&srv);
+    bg_engine_destroy(&srv.engine);
+    event_free(srv.timer);
+    event_free(srv.process_ev);
+    event_free(srv.sig_usr1);
+    event_free(srv.sig_term);
+    event_free(srv.sig_int);
+    event_base_free(srv.base);
+    return 0;
+}

@@ -1,0 +1,272 @@
+/* net.c - TCP and UNIX listeners, and beanstalk connections.
+ *
+ * A connection reads everything available, lets the codec execute every
+ * complete command in it, and writes all replies in one write(). The codec
+ * only appends to the output buffer; only this file touches sockets.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "server.h"
+
+struct conn {
+    struct bg_session session;   /* first: the codec's view */
+    struct server *srv;
+    int fd;
+    struct event *read_ev, *write_ev;
+    struct bg_buf in;            /* bytes not yet consumed by the codec */
+    struct conn *prev, *next;    /* srv->conns */
+    struct conn *woken_next;
+    uint8_t is_woken, peer_eof, read_paused;
+};
+
+static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
+static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
+
+static void conn_output_ready(struct bg_session *s) { net_conn_wake((struct conn *)s->io_owner); }
+
+static void conn_process_info(struct bg_session *s, struct bg_process_info *pi)
+{
+    server_process_info(((struct conn *)s->io_owner)->srv, pi);
+}
+
+static const struct bg_session_io conn_io = {
+    .output_ready = conn_output_ready,
+    .process_info = conn_process_info,
+};
+
+static int set_nonblocking(int fd)
+{
+    int flags = fcntl(fd, F_GETFL);
+    return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+static void conn_free(struct conn *c)
+{
+    struct server *srv = c->srv;
+    if (c->is_woken) {
+        struct conn **p = &srv->woken;
+        while (*p != c) p = &(*p)->woken_next;
+        *p = c->woken_next;
+    }
+    if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    bg_session_close(&c->session, server_now());
+    event_free(c->read_ev);
+    event_free(c->write_ev);
+    close(c->fd);
+    bg_buf_free(&c->in);
+    free(c);
+}
+
+/* Write as much output as the socket takes. 0, or -1 if the peer is gone. */
+static int conn_flush(struct conn *c)
+{
+    struct bg_buf *out = &c->session.out;
+    while (out->len) {
+        ssize_t n = write(c->fd, bg_buf_head(out), out->len);
+        if (n > 0) {
+            bg_buf_consume(out, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            event_add(c->write_ev, NULL);
+            return 0;
+        }
+        return -1;
+    }
+    event_del(c->write_ev);
+    return 0;
+}
+
+/* Let the codec run on buffered input, write the replies, and decide whether
+ * to keep reading. Frees c and returns -1 when the connection is over. */
+static int conn_run(struct conn *c)
+{
+    struct bg_session *s = &c->session;
+    if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
+        size_t used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
+        bg_buf_consume(&c->in, used);
+    }
+    if (c->peer_eof && s->state == BG_WAITING) bg_session_peer_eof(s);
+    if (conn_flush(c) != 0) {
+        conn_free(c);
+        return -1;
+    }
+    int done_reading = c->peer_eof && (s->state != BG_WAITING);
+    if ((s->state == BG_CLOSING || done_reading) && s->out.len == 0) {
+        conn_free(c);
+        return -1;
+    }
+    /* backpressure: a reader that does not read stops being served */
+    int pause = s->state == BG_CLOSING || c->peer_eof || s->out.len >= CONN_OUT_HIGH_WATER ||
+                c->in.len >= CONN_IN_LIMIT;
+    if (pause && !c->read_paused) event_del(c->read_ev);
+    if (!pause && c->read_paused) event_add(c->read_ev, NULL);
+    c->read_paused = (uint8_t)pause;
+    return 0;
+}
+
+static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct conn *c = arg;
+    char *tail = bg_buf_reserve(&c->in, CONN_READ_CHUNK);
+    if (!tail) {
+        conn_free(c);
+        server_arm_timer(c->srv);
+        return;
+    }
+    ssize_t n = read(fd, tail, CONN_READ_CHUNK);
+    if (n > 0) c->in.len += (size_t)n;
+    else if (n == 0) c->peer_eof = 1;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        struct server *srv = c->srv;
+        conn_free(c);
+        server_arm_timer(srv);
+        return;
+    }
+    struct server *srv = c->srv;
+    conn_run(c);
+    server_arm_timer(srv);
+}
+
+static void conn_write_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct conn *c = arg;
+    struct server *srv = c->srv;
+    conn_run(c);
+    server_arm_timer(srv);
+}
+
+void net_conn_wake(struct conn *c)
+{
+    if (c->is_woken) return;
+    c->is_woken = 1;
+    c->woken_next = c->srv->woken;
+    c->srv->woken = c;
+    event_active(c->srv->process_ev, EV_READ, 0);
+}
+
+void net_process_woken(struct server *srv)
+{
+    struct conn *c;
+    while ((c = srv->woken)) {
+        srv->woken = c->woken_next;
+        c->is_woken = 0;
+        conn_run(c);
+    }
+}
+
+static void accept_cb(evutil_socket_t lfd, short what, void *arg)
+{
+    (void)what;
+    struct server *srv = arg;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) return; /* EAGAIN, or a transient error such as EMFILE */
+        set_nonblocking(fd);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c || bg_session_init(&srv->engine, &c->session, &conn_io, c) != 0) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        c->srv = srv;
+        c->fd = fd;
+        c->session.out_limit = CONN_OUT_HIGH_WATER;
+        c->read_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
+        c->write_ev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
+        c->next = srv->conns;
+        if (srv->conns) srv->conns->prev = c;
+        srv->conns = c;
+        event_add(c->read_ev, NULL);
+        if (srv->verbose) fprintf(stderr, "beangate: accepted connection fd %d\n", fd);
+    }
+}
+
+/* Bind and listen on a UNIX socket path. Returns the fd or -1. */
+static int listen_unix(struct server *srv, const char *path)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path) {
+        fprintf(stderr, "beangate: unix socket path too long: %s\n", path);
+        return -1;
+    }
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    unlink(path); /* a stale socket from an earlier run */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
+        fprintf(stderr, "beangate: cannot listen on unix:%s: %s\n", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    snprintf(srv->unix_path, sizeof srv->unix_path, "%s", path);
+    return fd;
+}
+
+/* Bind and listen on addr:port (TCP). Returns the fd or -1. */
+static int listen_tcp(const char *addr, const char *port)
+{
+    struct addrinfo hints, *res, *ai;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int r = getaddrinfo(addr, port, &hints, &res);
+    if (r != 0) {
+        fprintf(stderr, "beangate: cannot resolve %s port %s: %s\n", addr, port, gai_strerror(r));
+        return -1;
+    }
+    int fd = -1;
+    for (ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) fprintf(stderr, "beangate: cannot listen on %s port %s: %s\n", addr, port, strerror(errno));
+    freeaddrinfo(res);
+    return fd;
+}
+
+int net_listen(struct server *srv, const struct server_config *cfg)
+{
+    int fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
+                 ? listen_unix(srv, cfg->listen_addr + 5)
+                 : listen_tcp(cfg->listen_addr, cfg->port);
+    if (fd < 0) return -1;
+    set_nonblocking(fd);
+    srv->listen_fd = fd;
+    srv->listen_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, accept_cb, srv);
+    event_add(srv->listen_ev, NULL);
+    return 0;
+}
+
+void net_shutdown(struct server *srv)
+{
+    while (srv->conns) conn_free(srv->conns);
+    if (srv->listen_ev) event_free(srv->listen_ev);
+    if (srv->listen_fd >= 0) close(srv->listen_fd);
+    if (srv->unix_path[0]) unlink(srv->unix_path);
+}

@@ -1,0 +1,74 @@
+/* server.h - the beangate process: flags, the libevent loop, listeners and
+ * TCP connections. Everything here is I/O around the pure core. */
+#ifndef BEANGATE_SERVER_H
+#define BEANGATE_SERVER_H
+
+#include <event2/event.h>
+#include <sys/utsname.h>
+
+#include "../core/core.h"
+
+#define SERVER_USAGE_EXIT 5      /* beanstalkd's status for a usage error */
+#define CONN_READ_CHUNK 65536    /* bytes read per read() */
+#define CONN_OUT_HIGH_WATER (4u << 20) /* stop reading while more is unsent */
+#define CONN_IN_LIMIT (64u << 10)      /* buffered input while blocked */
+
+/* ---- config.c: flags ---------------------------------------------------- */
+
+struct server_config {
+    const char *listen_addr;     /* "127.0.0.1", or "unix:/path" */
+    const char *port;            /* "11300" */
+    const char *user;            /* -u, or NULL */
+    uint32_t max_job_size;       /* -z */
+    int verbose;                 /* -V count */
+};
+
+/* Parse argv like beanstalkd. Returns 0 to run, 1 when the process should
+ * exit 0 (-h, -v), or SERVER_USAGE_EXIT after printing the usage. */
+int server_config_parse(struct server_config *cfg, int argc, char **argv);
+
+/* ---- net.c: listeners and connections ---------------------------------- */
+
+struct server;
+
+/* Open the listener of cfg; 0 or -1 (errno set, message printed). */
+int net_listen(struct server *srv, const struct server_config *cfg);
+/* Close every connection and listener. */
+void net_shutdown(struct server *srv);
+
+/* ---- main.c: the process ----------------------------------------------- */
+
+struct conn;
+
+struct server {
+    struct event_base *base;
+    struct bg_engine engine;
+    struct event *timer;         /* armed from the engine's next deadline */
+    bg_time timer_at;
+    struct event *process_ev;    /* runs connections woken by the engine */
+    struct event *sig_usr1, *sig_term, *sig_int;
+    int listen_fd;
+    struct event *listen_ev;
+    char unix_path[108];
+    struct conn *conns;          /* every open connection */
+    struct conn *woken;          /* connections with async output */
+    bg_time started_at;
+    char instance_id[17];
+    char hostname[256];
+    char os[256];
+    char platform[sizeof(((struct utsname *)0)->machine)];
+    int verbose;
+};
+
+/* Monotonic time in nanoseconds. */
+bg_time server_now(void);
+/* Re-arm the one timer if the engine's next deadline moved. */
+void server_arm_timer(struct server *srv);
+/* Fill process facts for `stats`. */
+void server_process_info(struct server *srv, struct bg_process_info *pi);
+/* Queue a connection for processing on the next loop turn. */
+void net_conn_wake(struct conn *c);
+/* Process every woken connection (the process_ev callback). */
+void net_process_woken(struct server *srv);
+
+#endif
