@@ -28,7 +28,7 @@ const char *bg_outcome_word(int outcome)
     case BG_EXPECTED_CRLF: return "EXPECTED_CRLF";
     case BG_UNKNOWN_COMMAND: return "UNKNOWN_COMMAND";
     case BG_NOT_IGNORED: return "NOT_IGNORED";
-    case BG_JOB_BURIED: return "BURIED";
+    case BG_BURIED: return "BURIED";
     default: return "INTERNAL_ERROR";
     }
 }
