@@ -258,7 +258,7 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
         r->delay = (uint32_t)v;
         if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
         r->ttr = (uint32_t)v;
-        if (read_c_number(p, &end, 0, &r->bytes) != 0) return BG_BAD_FORMAT;
+        if (read_uint(p, &end, UINT32_MAX, &r->bytes) != 0) return BG_BAD_FORMAT;
         r->trailing_garbage = *end != '\0';
         return 0;
     case ARGS_RELEASE:
@@ -279,14 +279,14 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
         return 0;
     case ARGS_TIMEOUT:
         if (read_c_number(p, &end, 1, &v) != 0) return BG_BAD_FORMAT;
-        r->timeout = (int64_t)v;
+        r->timeout = (int32_t)(uint32_t)v; /* reference: stored in an int */
         return 0;
     case ARGS_PAUSE: {
         /* reference: spaces, then the longest run of name characters */
         while (*p == ' ') p++;
         const char *q = p;
         while (*q && bg_tube_name_char(*q)) q++;
-        if (q == p) return BG_BAD_FORMAT;
+        if (!bg_tube_name_valid(p, (size_t)(q - p))) return BG_BAD_FORMAT;
         if (read_uint(q, NULL, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
         r->delay = (uint32_t)v;
         ((char *)q)[0] = '\0'; /* the line is our own copy */
@@ -619,16 +619,14 @@ void bg_session_peer_eof(struct bg_session *s)
     reply_word(s, BG_TIMED_OUT);
 }
 
-/* Offset just past the first CRLF in in[0..len), or 0 if there is none. */
+/* Offset just past the line end in in[0..len), or 0 if there is none yet.
+ * reference: only the first CR counts; a CR not followed by LF hides any
+ * later CRLF in the window until the window is full. */
 static size_t find_line_end(const char *in, size_t len)
 {
-    const char *p = in;
-    const char *end = in + len;
-    while ((p = memchr(p, '\r', (size_t)(end - p))) && p + 1 < end) {
-        if (p[1] == '\n') return (size_t)(p - in) + 2;
-        p++;
-    }
-    return 0;
+    if (len < 2) return 0;
+    const char *cr = memchr(in, '\r', len - 1);
+    return cr && cr[1] == '\n' ? (size_t)(cr - in) + 2 : 0;
 }
 
 size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now)

@@ -639,6 +639,13 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
         bg_free(j);
         return BG_DRAINING;
     }
+    /* Room in the timer heap for every job in the engine, this one included:
+     * job_reserve pushes without checking. bg_job_new's reservation is not
+     * enough when several jobs are made before any is put. */
+    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) {
+        bg_free(j);
+        return BG_OUT_OF_MEMORY;
+    }
     j->tube = t;
     tube_ref(t);
     size_t b = id_bucket(e, j->id);
@@ -756,31 +763,37 @@ int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
     return 0;
 }
 
-/* Move a buried or delayed job to ready, counting a kick. */
-static void job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
+/* Move a buried or delayed job to ready, counting a kick. 0, or BG_BURIED
+ * when the ready heap could not grow and the job was buried instead. */
+static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
 {
     job_unlink(e, j);
     j->kicks++;
-    job_enqueue(e, j, 0, now);
+    return job_enqueue(e, j, 0, now);
 }
 
+/* Stops at the first job that could not be made ready, as the reference
+ * does: otherwise a re-buried job is kicked again and over-counted. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
 {
     uint64_t i = 0;
     if (t->buried_head) {
-        for (; i < n && t->buried_head; i++) job_kick(e, t->buried_head, now);
+        for (; i < n && t->buried_head; i++)
+            if (job_kick(e, t->buried_head, now) != 0) break;
     } else {
-        for (; i < n && t->delayed.len; i++) job_kick(e, bg_heap_min(&t->delayed), now);
+        for (; i < n && t->delayed.len; i++)
+            if (job_kick(e, bg_heap_min(&t->delayed), now) != 0) break;
     }
     return i;
 }
 
+/* NOT_FOUND also when the job could not be made ready (the reference's
+ * reply when kick_job fails). */
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now)
 {
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state != BG_JOB_BURIED && j->state != BG_JOB_DELAYED)) return BG_NOT_FOUND;
-    job_kick(e, j, now);
-    return 0;
+    return job_kick(e, j, now) == 0 ? 0 : BG_NOT_FOUND;
 }
 
 int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_time now)

@@ -1,0 +1,2162 @@
+/* test_engine.c - cmocka unit tests of the engine API (core/engine.c).
+ *
+ * Time is only ever injected through `now`; nothing sleeps. Clients are
+ * fakes: a struct fake_client embeds struct bg_client and its ops record
+ * what the engine did asynchronously (job delivered, wait ended), so tests
+ * assert on deliveries after bg_put / bg_engine_tick / bg_client_close.
+ *
+ * check_engine() is a full structural audit of the engine (every job in
+ * exactly the structure its state names, counters equal sums, heaps
+ * ordered, waiting sets consistent); most tests end with it and the stress
+ * test runs it after every random step.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core.h"
+
+#define T0 (1000 * BG_SECOND) /* an arbitrary, nonzero start time */
+#define SEC(s) ((bg_time)(s) * BG_SECOND)
+#define MSEC(ms) ((bg_time)(ms) * (BG_SECOND / 1000))
+#define NEVER UINT64_MAX
+#define NO_SLOT UINT32_MAX
+#define MAX_JOB_SIZE 65535
+
+/* ---- fake clients ------------------------------------------------------ */
+
+#define EVENT_LOG 64
+
+struct fake_client {
+    struct bg_client client;
+    int open;                      /* bg_client_init succeeded, not closed */
+    int waiting;                   /* the test's view: reserve said WOULD_BLOCK */
+    size_t delivered_count;        /* job_reserved callbacks */
+    uint64_t delivered[EVENT_LOG]; /* their job ids (first EVENT_LOG) */
+    size_t ended_count;            /* wait_ended callbacks */
+    int ended[EVENT_LOG];          /* their outcomes (first EVENT_LOG) */
+};
+
+static void fake_job_reserved(struct bg_client *c, struct bg_job *j)
+{
+    struct fake_client *fc = c->owner;
+    assert_ptr_equal(&fc->client, c);
+    assert_true(fc->waiting);
+    assert_false(c->waiting);
+    assert_int_equal(j->state, BG_JOB_RESERVED);
+    assert_ptr_equal(j->reserver, c);
+    if (fc->delivered_count < EVENT_LOG) fc->delivered[fc->delivered_count] = j->id;
+    fc->delivered_count++;
+    fc->waiting = 0;
+}
+
+static void fake_wait_ended(struct bg_client *c, int outcome)
+{
+    struct fake_client *fc = c->owner;
+    assert_true(fc->waiting);
+    assert_false(c->waiting);
+    assert_true(outcome == BG_TIMED_OUT || outcome == BG_DEADLINE_SOON);
+    if (fc->ended_count < EVENT_LOG) fc->ended[fc->ended_count] = outcome;
+    fc->ended_count++;
+    fc->waiting = 0;
+}
+
+static const struct bg_client_ops fake_ops = {
+    .job_reserved = fake_job_reserved,
+    .wait_ended = fake_wait_ended,
+};
+
+static int fake_open(struct bg_engine *e, struct fake_client *fc)
+{
+    memset(fc, 0, sizeof *fc);
+    int r = bg_client_init(e, &fc->client, &fake_ops, fc);
+    fc->open = r == 0;
+    return r;
+}
+
+static void fake_close(struct fake_client *fc, bg_time now)
+{
+    if (!fc->open) return;
+    bg_client_close(&fc->client, now);
+    fc->open = 0;
+    fc->waiting = 0;
+}
+
+/* ---- fixture: an engine and a few clients ------------------------------ */
+
+#define WORLD_CLIENTS 6
+
+struct world {
+    struct bg_engine engine;
+    struct fake_client fc[WORLD_CLIENTS];
+};
+
+static int world_setup(void **state)
+{
+    struct world *w = calloc(1, sizeof *w);
+    if (!w || bg_engine_init(&w->engine, MAX_JOB_SIZE) != 0) return -1;
+    for (int i = 0; i < WORLD_CLIENTS; i++)
+        if (fake_open(&w->engine, &w->fc[i]) != 0) return -1;
+    *state = w;
+    return 0;
+}
+
+static int world_teardown(void **state)
+{
+    struct world *w = *state;
+    bg_alloc_fail_after(0);
+    for (int i = 0; i < WORLD_CLIENTS; i++) fake_close(&w->fc[i], T0);
+    bg_engine_destroy(&w->engine);
+    free(w);
+    return 0;
+}
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* A job with body `body` + CRLF, not yet in the engine; NULL on OOM. */
+static struct bg_job *make_job(struct bg_engine *e, const char *body, uint32_t pri,
+                               uint32_t delay_s, uint32_t ttr_s, bg_time now)
+{
+    size_t n = strlen(body);
+    struct bg_job *j = bg_job_new(e, pri, delay_s, ttr_s, (uint32_t)n + 2, now);
+    if (!j) return NULL;
+    memcpy(j->body, body, n);
+    memcpy(j->body + n, "\r\n", 2);
+    return j;
+}
+
+/* Put a job into fc's used tube; asserts success and returns its id. */
+static uint64_t put_job(struct fake_client *fc, const char *body, uint32_t pri,
+                        uint32_t delay_s, uint32_t ttr_s, bg_time now)
+{
+    struct bg_job *j = make_job(fc->client.engine, body, pri, delay_s, ttr_s, now);
+    assert_non_null(j);
+    uint64_t id = j->id;
+    assert_int_equal(bg_put(&fc->client, fc->client.use, j, now), BG_OK);
+    return id;
+}
+
+/* bg_reserve that keeps the fake's view of waiting in step. */
+static int reserve(struct fake_client *fc, int64_t timeout_s, bg_time now, struct bg_job **out)
+{
+    struct bg_job *dummy = NULL;
+    int r = bg_reserve(&fc->client, timeout_s, now, out ? out : &dummy);
+    if (r == BG_WOULD_BLOCK) fc->waiting = 1;
+    return r;
+}
+
+/* Reserve immediately; asserts a job was handed over and returns its id. */
+static uint64_t reserve_now(struct fake_client *fc, bg_time now)
+{
+    struct bg_job *j = NULL;
+    assert_int_equal(reserve(fc, 0, now, &j), BG_OK);
+    assert_non_null(j);
+    return j->id;
+}
+
+static void assert_body(const struct bg_job *j, const char *body)
+{
+    size_t n = strlen(body);
+    assert_int_equal(j->body_size, n + 2);
+    assert_memory_equal(j->body, body, n);
+    assert_memory_equal(j->body + n, "\r\n", 2);
+}
+
+static struct bg_job *find(struct world *w, uint64_t id)
+{
+    return bg_job_find(&w->engine, id);
+}
+
+static int state_of(struct world *w, uint64_t id)
+{
+    struct bg_job *j = find(w, id);
+    assert_non_null(j);
+    return j->state;
+}
+
+static struct bg_stats_tube tube_stats(struct world *w, const char *name, bg_time now)
+{
+    struct bg_stats_tube st;
+    struct bg_tube *t = bg_tube_find(&w->engine, name);
+    assert_non_null(t);
+    bg_stats_tube(t, now, &st);
+    return st;
+}
+
+static uint32_t watch(struct fake_client *fc, const char *name)
+{
+    uint32_t count = 0;
+    assert_int_equal(bg_client_watch(&fc->client, name, &count), BG_OK);
+    return count;
+}
+
+static uint32_t ignore(struct fake_client *fc, const char *name)
+{
+    uint32_t count = 0;
+    assert_int_equal(bg_client_ignore(&fc->client, name, &count), BG_OK);
+    return count;
+}
+
+/* ---- the structural audit ---------------------------------------------- */
+
+static long audit_step = -1; /* stress step number, for failure messages */
+
+#define AUDIT(cond)                                                              \
+    do {                                                                         \
+        if (!(cond))                                                             \
+            fail_msg("engine invariant broken (step %ld): %s [line %d]",         \
+                     audit_step, #cond, __LINE__);                               \
+    } while (0)
+
+static int ready_before(const struct bg_job *a, const struct bg_job *b)
+{
+    return a->pri != b->pri ? a->pri < b->pri : a->id < b->id;
+}
+
+static int deadline_before(const struct bg_job *a, const struct bg_job *b)
+{
+    return a->deadline_at != b->deadline_at ? a->deadline_at < b->deadline_at : a->id < b->id;
+}
+
+/* Every item of h sits at the slot it records and no child beats its parent. */
+static void audit_job_heap(const struct bg_heap *h, size_t slot_offset,
+                           int (*before)(const struct bg_job *, const struct bg_job *))
+{
+    AUDIT(h->len <= h->cap);
+    for (uint32_t i = 0; i < h->len; i++) {
+        const struct bg_job *j = h->items[i];
+        AUDIT(*(const uint32_t *)((const char *)j + slot_offset) == i);
+        if (i > 0) AUDIT(!before(j, h->items[(i - 1) / 2]));
+    }
+}
+
+static int list_contains(const struct bg_job *head, const struct bg_job *j)
+{
+    for (; head; head = head->next)
+        if (head == j) return 1;
+    return 0;
+}
+
+/* Length of a doubly linked job list, checking its back links and tail. */
+static uint64_t audit_list(const struct bg_job *head, const struct bg_job *tail)
+{
+    uint64_t n = 0;
+    const struct bg_job *prev = NULL;
+    for (const struct bg_job *j = head; j; prev = j, j = j->next, n++) AUDIT(j->prev == prev);
+    AUDIT(prev == tail);
+    return n;
+}
+
+static bg_time expected_wake(const struct bg_client *c)
+{
+    bg_time wake = c->wait_deadline;
+    for (const struct bg_job *j = c->reserved_head; j; j = j->next) {
+        bg_time soon = j->deadline_at > BG_DEADLINE_MARGIN ? j->deadline_at - BG_DEADLINE_MARGIN : 0;
+        if (soon < wake) wake = soon;
+    }
+    return wake;
+}
+
+struct tally {
+    uint64_t ready, urgent, delayed, reserved, buried, jobs;
+};
+
+/* Audit the whole engine. `fcs` must be every client attached to it.
+ * `dispatch_invariant`: also require that no unpaused tube has both ready
+ * jobs and waiters (the engine may give that up only when out of memory). */
+static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t nfc,
+                            int dispatch_invariant)
+{
+    struct tally *per_tube = calloc(e->tube_count ? e->tube_count : 1, sizeof *per_tube);
+    struct tally all = {0};
+    assert_non_null(per_tube);
+
+    /* tubes: list, hash table, indices */
+    AUDIT(e->tube_count <= e->tube_list_cap || e->tube_count == 0);
+    AUDIT(bg_tube_find(e, "default") == e->default_tube);
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tube *t = e->tube_list[i];
+        AUDIT(t->list_index == i);
+        AUDIT(bg_tube_find(e, t->name) == t);
+    }
+
+    /* jobs: walk the id table */
+    uint64_t jobs = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++) {
+        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
+            jobs++;
+            AUDIT(bg_job_find(e, j->id) == j);
+            AUDIT(j->id < e->next_id);
+            AUDIT(j->ttr_s >= 1);
+            struct bg_tube *t = j->tube;
+            AUDIT(t && t->list_index < e->tube_count && e->tube_list[t->list_index] == t);
+            struct tally *tt = &per_tube[t->list_index];
+            tt->jobs++;
+            switch (j->state) {
+            case BG_JOB_READY:
+                AUDIT(j->tube_slot < t->ready.len && t->ready.items[j->tube_slot] == j);
+                AUDIT(j->reserver == NULL);
+                tt->ready++;
+                if (j->pri < BG_URGENT_PRIORITY) tt->urgent++;
+                break;
+            case BG_JOB_DELAYED:
+                AUDIT(j->tube_slot < t->delayed.len && t->delayed.items[j->tube_slot] == j);
+                AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
+                AUDIT(j->reserver == NULL);
+                tt->delayed++;
+                break;
+            case BG_JOB_RESERVED: {
+                struct bg_client *c = j->reserver;
+                AUDIT(c != NULL);
+                AUDIT(j->tube_slot < c->reserved.len && c->reserved.items[j->tube_slot] == j);
+                AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
+                AUDIT(list_contains(c->reserved_head, j));
+                tt->reserved++;
+                break;
+            }
+            case BG_JOB_BURIED:
+                AUDIT(list_contains(t->buried_head, j));
+                AUDIT(j->reserver == NULL);
+                tt->buried++;
+                break;
+            default:
+                AUDIT(!"job in an unknown state");
+            }
+        }
+    }
+    AUDIT(jobs == e->job_count);
+
+    /* per tube: counters equal what the jobs say; waiting sets consistent */
+    uint64_t paused = 0, waiting_slots = 0;
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tube *t = e->tube_list[i];
+        struct tally *tt = &per_tube[i];
+        AUDIT(t->ready.len == tt->ready);
+        AUDIT(t->urgent_count == tt->urgent);
+        AUDIT(t->delayed.len == tt->delayed);
+        AUDIT(t->reserved_count == tt->reserved);
+        AUDIT(t->buried_count == tt->buried);
+        AUDIT(audit_list(t->buried_head, t->buried_tail) == tt->buried);
+        AUDIT(t->refs == t->using_count + t->watching_count + tt->jobs + (t == e->default_tube));
+        audit_job_heap(&t->ready, offsetof(struct bg_job, tube_slot), ready_before);
+        audit_job_heap(&t->delayed, offsetof(struct bg_job, tube_slot), deadline_before);
+        for (uint32_t k = 0; k < t->waiting_len; k++) {
+            struct bg_watch *w = t->waiting[k];
+            AUDIT(w->tube == t && w->wait_index == k && w->client->waiting);
+        }
+        waiting_slots += t->waiting_len;
+        if (t->pause_ns) {
+            paused++;
+            AUDIT(t->timer_slot < e->tube_timers.len && e->tube_timers.items[t->timer_slot] == t);
+        } else {
+            AUDIT(t->timer_slot == NO_SLOT);
+            if (dispatch_invariant) AUDIT(!(t->ready.len && t->waiting_len));
+        }
+        all.ready += tt->ready;
+        all.urgent += tt->urgent;
+        all.delayed += tt->delayed;
+        all.reserved += tt->reserved;
+        all.buried += tt->buried;
+    }
+    AUDIT(e->ready_count == all.ready);
+    AUDIT(e->urgent_count == all.urgent);
+    AUDIT(e->delayed_count == all.delayed);
+    AUDIT(e->reserved_count == all.reserved);
+    AUDIT(e->buried_count == all.buried);
+    AUDIT(e->job_timers.len == all.delayed + all.reserved);
+    audit_job_heap(&e->job_timers, offsetof(struct bg_job, timer_slot), deadline_before);
+    AUDIT(e->tube_timers.len == paused);
+    for (uint32_t k = 1; k < e->tube_timers.len; k++) {
+        const struct bg_tube *t = e->tube_timers.items[k], *parent = e->tube_timers.items[(k - 1) / 2];
+        AUDIT(t->unpause_at >= parent->unpause_at);
+    }
+
+    /* clients */
+    uint64_t open = 0, waiting = 0, timed = 0, watch_slots = 0;
+    for (size_t i = 0; i < nfc; i++) {
+        struct fake_client *fc = &fcs[i];
+        if (!fc->open) continue;
+        struct bg_client *c = &fc->client;
+        open++;
+        AUDIT(c->engine == e && c->use && c->watch_len >= 1);
+        AUDIT(c->waiting == fc->waiting);
+        for (uint32_t k = 0; k < c->watch_len; k++) {
+            struct bg_watch *w = c->watch[k];
+            AUDIT(w->client == c);
+            if (c->waiting)
+                AUDIT(w->wait_index < w->tube->waiting_len && w->tube->waiting[w->wait_index] == w);
+            else
+                AUDIT(w->wait_index == NO_SLOT);
+        }
+        uint64_t held = audit_list(c->reserved_head, c->reserved_tail);
+        AUDIT(held == c->reserved.len);
+        for (const struct bg_job *j = c->reserved_head; j; j = j->next)
+            AUDIT(j->state == BG_JOB_RESERVED && j->reserver == c);
+        audit_job_heap(&c->reserved, offsetof(struct bg_job, tube_slot), deadline_before);
+        if (c->waiting) {
+            waiting++;
+            watch_slots += c->watch_len;
+            AUDIT(c->wake_at == expected_wake(c));
+            if (c->wake_at != NEVER) {
+                timed++;
+                AUDIT(c->timer_slot < e->client_timers.len && e->client_timers.items[c->timer_slot] == c);
+            } else {
+                AUDIT(c->timer_slot == NO_SLOT);
+            }
+        } else {
+            AUDIT(c->timer_slot == NO_SLOT);
+        }
+    }
+    AUDIT(e->clients == open);
+    AUDIT(e->waiting == waiting);
+    AUDIT(waiting_slots == watch_slots);
+    AUDIT(e->client_timers.len == timed);
+    for (uint32_t k = 1; k < e->client_timers.len; k++) {
+        const struct bg_client *c = e->client_timers.items[k], *parent = e->client_timers.items[(k - 1) / 2];
+        AUDIT(c->wake_at >= parent->wake_at);
+    }
+    free(per_tube);
+}
+
+static void check_engine(struct bg_engine *e, struct fake_client *fcs, size_t nfc)
+{
+    check_engine_ex(e, fcs, nfc, 1);
+}
+
+static void check_world(struct world *w)
+{
+    check_engine(&w->engine, w->fc, WORLD_CLIENTS);
+}
+
+/* ======================================================================= */
+/* priorities                                                              */
+/* ======================================================================= */
+
+/* Reserve hands out the lowest pri first, and FIFO (by id) within a pri. */
+static void test_priority_order_and_fifo_within_priority(void **state)
+{
+    struct world *w = *state;
+    static const struct {
+        const char *body;
+        uint32_t pri;
+    } puts[] = {
+        {"a", 10}, {"b", 5}, {"c", 10}, {"d", 2000}, {"e", 5}, {"f", 0}, {"g", UINT32_MAX},
+    };
+    static const char *const expected_order[] = {"f", "b", "e", "a", "c", "d", "g"};
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+
+    for (size_t i = 0; i < sizeof puts / sizeof puts[0]; i++)
+        put_job(producer, puts[i].body, puts[i].pri, 0, 60, T0);
+    uint64_t last_id_per_pri = 0;
+    uint32_t last_pri = 0;
+    for (size_t i = 0; i < sizeof expected_order / sizeof expected_order[0]; i++) {
+        struct bg_job *j = NULL;
+        assert_int_equal(reserve(worker, 0, T0, &j), BG_OK);
+        assert_body(j, expected_order[i]);
+        assert_true(j->pri >= last_pri);
+        if (j->pri == last_pri && i > 0) assert_true(j->id > last_id_per_pri);
+        last_pri = j->pri;
+        last_id_per_pri = j->id;
+    }
+    assert_int_equal(reserve(worker, 0, T0, NULL), BG_TIMED_OUT);
+    assert_int_equal(w->engine.reserved_count, 7);
+    check_world(w);
+}
+
+/* pri < 1024 counts as urgent, in the engine and in the tube's stats, and
+ * only while the job is ready. */
+static void test_urgent_counts(void **state)
+{
+    struct world *w = *state;
+    static const struct {
+        uint32_t pri;
+        int urgent;
+    } cases[] = {
+        {0, 1}, {1, 1}, {1023, 1}, {1024, 0}, {1025, 0}, {UINT32_MAX, 0},
+    };
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    assert_int_equal(bg_client_use(&producer->client, "urgent"), BG_OK);
+    assert_int_equal(watch(worker, "urgent"), 2);
+
+    uint64_t urgent = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        put_job(producer, "x", cases[i].pri, 0, 60, T0);
+        urgent += cases[i].urgent;
+        assert_int_equal(w->engine.urgent_count, urgent);
+        assert_int_equal(tube_stats(w, "urgent", T0).urgent, urgent);
+    }
+    assert_int_equal(tube_stats(w, "default", T0).urgent, 0);
+
+    /* reserving the pri-0 job removes it from the urgent count */
+    uint64_t id = reserve_now(worker, T0);
+    assert_int_equal(find(w, id)->pri, 0);
+    assert_int_equal(w->engine.urgent_count, urgent - 1);
+    assert_int_equal(tube_stats(w, "urgent", T0).urgent, urgent - 1);
+    /* released with a non-urgent pri it stays out of the count */
+    assert_int_equal(bg_release(&worker->client, id, 5000, 0, T0), BG_OK);
+    assert_int_equal(w->engine.urgent_count, urgent - 1);
+    /* reserved again (pri 1 is next) and buried with an urgent pri: buried
+     * jobs are not counted as urgent */
+    id = reserve_now(worker, T0);
+    assert_int_equal(find(w, id)->pri, 1);
+    assert_int_equal(bg_bury(&worker->client, id, 0), BG_OK);
+    assert_int_equal(w->engine.urgent_count, urgent - 2);
+    assert_int_equal(tube_stats(w, "urgent", T0).urgent, urgent - 2);
+    /* kicked back to ready with pri 0: counted again */
+    assert_int_equal(bg_kick_job(&w->engine, id, T0), BG_OK);
+    assert_int_equal(w->engine.urgent_count, urgent - 1);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* TTR                                                                     */
+/* ======================================================================= */
+
+/* A reserved job with ttr 2 is back to ready exactly when its TTR ends,
+ * counting a timeout on the job and in the engine. */
+static void test_ttr_expiry_returns_job_to_ready(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t id = put_job(producer, "ttr", 100, 0, 2, T0);
+    assert_int_equal(reserve_now(worker, T0), id);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(2));
+
+    bg_engine_tick(&w->engine, T0 + MSEC(1900));
+    assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
+    assert_int_equal(find(w, id)->timeouts, 0);
+    bg_engine_tick(&w->engine, T0 + SEC(2) - 1);
+    assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(2)), NEVER);
+    struct bg_job *j = find(w, id);
+    assert_int_equal(j->state, BG_JOB_READY);
+    assert_int_equal(j->timeouts, 1);
+    assert_int_equal(j->pri, 100);
+    assert_null(j->reserver);
+    assert_int_equal(w->engine.stat.job_timeouts, 1);
+    assert_int_equal(w->engine.reserved_count, 0);
+    assert_int_equal(w->engine.ready_count, 1);
+    assert_null(worker->client.reserved_head);
+    check_world(w);
+}
+
+/* ttr 0 is raised to 1 s: the job times out 1 s after the reserve. */
+static void test_ttr_zero_is_one_second(void **state)
+{
+    struct world *w = *state;
+    uint64_t id = put_job(&w->fc[0], "ttr0", 1, 0, 0, T0);
+    assert_int_equal(find(w, id)->ttr_s, 1);
+    assert_int_equal(reserve_now(&w->fc[1], T0), id);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(1));
+    bg_engine_tick(&w->engine, T0 + SEC(1) - 1);
+    assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
+    bg_engine_tick(&w->engine, T0 + SEC(1));
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(find(w, id)->timeouts, 1);
+    check_world(w);
+}
+
+/* A timed-out job goes to a waiting client straight away. */
+static void test_ttr_expiry_hands_job_to_waiter(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *holder = &w->fc[1], *waiter = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "again", 1, 0, 3, T0);
+    assert_int_equal(reserve_now(holder, T0), id);
+    assert_int_equal(reserve(waiter, -1, T0, NULL), BG_WOULD_BLOCK);
+    bg_engine_tick(&w->engine, T0 + SEC(3));
+    assert_int_equal(waiter->delivered_count, 1);
+    assert_int_equal(waiter->delivered[0], id);
+    assert_ptr_equal(find(w, id)->reserver, &waiter->client);
+    assert_int_equal(find(w, id)->reserves, 2);
+    assert_int_equal(find(w, id)->timeouts, 1);
+    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(6));
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* DEADLINE_SOON                                                           */
+/* ======================================================================= */
+
+/* A client holding a job within 1 s of its TTR gets DEADLINE_SOON from
+ * reserve when nothing is ready, but the ready job when there is one. */
+static void test_reserve_deadline_soon(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t held = put_job(producer, "held", 1, 0, 2, T0);
+    assert_int_equal(reserve_now(worker, T0), held);
+
+    /* 1.5 s in: the TTR ends in 0.5 s, inside the 1 s margin */
+    assert_int_equal(reserve(worker, -1, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    assert_int_equal(reserve(worker, 0, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    assert_int_equal(reserve(worker, 10, T0 + SEC(1), NULL), BG_DEADLINE_SOON);
+    assert_false(worker->client.waiting);
+    assert_int_equal(w->engine.waiting, 0);
+
+    /* with a ready job in a watched tube the job wins */
+    uint64_t ready = put_job(producer, "ready", 1, 0, 60, T0 + MSEC(1500));
+    assert_int_equal(reserve_now(worker, T0 + MSEC(1500)), ready);
+
+    /* a ready job in an unwatched tube does not count */
+    assert_int_equal(bg_client_use(&producer->client, "elsewhere"), BG_OK);
+    put_job(producer, "unwatched", 1, 0, 60, T0 + MSEC(1500));
+    assert_int_equal(reserve(worker, -1, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    check_world(w);
+}
+
+/* Before the margin a holder may wait normally; it waits (no DEADLINE_SOON)
+ * when its only watched ready job is in a paused tube, and is then woken
+ * with DEADLINE_SOON by the next tick, as the reference does. */
+static void test_reserve_deadline_soon_edges(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t held = put_job(producer, "held", 1, 0, 2, T0);
+    assert_int_equal(reserve_now(worker, T0), held);
+
+    /* 0.999 s in: not yet within the margin */
+    assert_int_equal(reserve(worker, 0, T0 + SEC(1) - 1, NULL), BG_TIMED_OUT);
+
+    /* a ready job in a paused watched tube: no DEADLINE_SOON now ... */
+    put_job(producer, "paused", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 60, T0), BG_OK);
+    assert_int_equal(reserve(worker, -1, T0 + MSEC(1500), NULL), BG_WOULD_BLOCK);
+    /* ... but the wake time is already past, so the next tick ends the wait */
+    assert_int_equal(worker->client.wake_at, T0 + SEC(1));
+    bg_engine_tick(&w->engine, T0 + MSEC(1500));
+    assert_int_equal(worker->ended_count, 1);
+    assert_int_equal(worker->ended[0], BG_DEADLINE_SOON);
+    check_world(w);
+}
+
+/* A client already waiting gets wait_ended(DEADLINE_SOON) when the tick
+ * reaches its job's deadline minus 1 s; the job stays reserved. */
+static void test_waiting_client_woken_with_deadline_soon(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t held = put_job(&w->fc[0], "held", 1, 0, 2, T0);
+    assert_int_equal(reserve_now(worker, T0), held);
+
+    assert_int_equal(reserve(worker, -1, T0 + MSEC(500), NULL), BG_WOULD_BLOCK);
+    assert_int_equal(w->engine.waiting, 1);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(1));
+
+    bg_engine_tick(&w->engine, T0 + SEC(1) - 1);
+    assert_int_equal(worker->ended_count, 0);
+    assert_true(worker->client.waiting);
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(1)), T0 + SEC(2));
+    assert_int_equal(worker->ended_count, 1);
+    assert_int_equal(worker->ended[0], BG_DEADLINE_SOON);
+    assert_int_equal(worker->delivered_count, 0);
+    assert_false(worker->client.waiting);
+    assert_int_equal(w->engine.waiting, 0);
+    assert_int_equal(tube_stats(w, "default", T0 + SEC(1)).waiting, 0);
+    assert_int_equal(state_of(w, held), BG_JOB_RESERVED);
+    check_world(w);
+}
+
+/* A waiter with a reserve timeout shorter than its margin times out first
+ * (TIMED_OUT), and touching the held job moves the DEADLINE_SOON wake. */
+static void test_waiting_wake_is_min_of_timeout_and_margin(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t held = put_job(&w->fc[0], "held", 1, 0, 10, T0);
+    assert_int_equal(reserve_now(worker, T0), held);
+
+    assert_int_equal(reserve(worker, 3, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(3));
+    bg_engine_tick(&w->engine, T0 + SEC(3));
+    assert_int_equal(worker->ended_count, 1);
+    assert_int_equal(worker->ended[0], BG_TIMED_OUT);
+
+    assert_int_equal(reserve(worker, 100, T0 + SEC(3), NULL), BG_WOULD_BLOCK);
+    assert_int_equal(worker->client.wake_at, T0 + SEC(9));
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* reserve-with-timeout                                                    */
+/* ======================================================================= */
+
+/* Timeout 0 answers TIMED_OUT at once and registers no waiter. */
+static void test_reserve_timeout_zero(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    assert_int_equal(reserve(worker, 0, T0, NULL), BG_TIMED_OUT);
+    assert_false(worker->client.waiting);
+    assert_int_equal(w->engine.waiting, 0);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 0);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    assert_int_equal(w->engine.workers, 1); /* reserve marks a worker */
+    check_world(w);
+}
+
+/* Timeout 5 waits; the engine's next deadline is the timeout, and the tick
+ * at +5 s (not before) ends the wait with TIMED_OUT. */
+static void test_reserve_timeout_expires_on_tick(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    assert_int_equal(reserve(worker, 5, T0, NULL), BG_WOULD_BLOCK);
+    assert_true(worker->client.waiting);
+    assert_int_equal(w->engine.waiting, 1);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 1);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(5));
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(5) - 1), T0 + SEC(5));
+    assert_int_equal(worker->ended_count, 0);
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(5)), NEVER);
+    assert_int_equal(worker->ended_count, 1);
+    assert_int_equal(worker->ended[0], BG_TIMED_OUT);
+    assert_int_equal(w->engine.waiting, 0);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 0);
+
+    /* a later tick does not report it again */
+    bg_engine_tick(&w->engine, T0 + SEC(50));
+    assert_int_equal(worker->ended_count, 1);
+    check_world(w);
+}
+
+/* A job put while a client waits with a timeout is delivered and cancels
+ * the timeout; a negative timeout waits with no deadline at all. */
+static void test_reserve_wait_ends_with_job(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1], *forever = &w->fc[2];
+    assert_int_equal(watch(forever, "other"), 2);
+    assert_int_equal(ignore(forever, "default"), 1);
+    assert_int_equal(reserve(forever, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+
+    assert_int_equal(reserve(worker, 5, T0, NULL), BG_WOULD_BLOCK);
+    uint64_t id = put_job(&w->fc[0], "job", 1, 0, 60, T0 + SEC(1));
+    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(worker->delivered[0], id);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(61)); /* its TTR */
+    bg_engine_tick(&w->engine, T0 + SEC(5));
+    assert_int_equal(worker->ended_count, 0);
+    assert_true(forever->client.waiting);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* delays                                                                  */
+/* ======================================================================= */
+
+/* A job put with delay 10 is delayed, cannot be reserved, and becomes
+ * ready at the tick at +10 s. */
+static void test_delayed_job_ready_after_delay(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t id = put_job(&w->fc[0], "later", 1, 10, 60, T0);
+    assert_int_equal(state_of(w, id), BG_JOB_DELAYED);
+    assert_int_equal(w->engine.delayed_count, 1);
+    assert_int_equal(w->engine.ready_count, 0);
+    assert_int_equal(tube_stats(w, "default", T0).delayed, 1);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(10));
+
+    struct bg_stats_job sj;
+    bg_stats_job(&w->engine, find(w, id), T0 + SEC(4), &sj);
+    assert_string_equal(sj.state, "delayed");
+    assert_int_equal(sj.delay_s, 10);
+    assert_int_equal(sj.time_left_s, 6);
+
+    assert_int_equal(reserve(worker, 0, T0 + SEC(9), NULL), BG_TIMED_OUT);
+    bg_engine_tick(&w->engine, T0 + SEC(10) - 1);
+    assert_int_equal(state_of(w, id), BG_JOB_DELAYED);
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(10)), NEVER);
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(w->engine.delayed_count, 0);
+    assert_int_equal(w->engine.ready_count, 1);
+    assert_int_equal(reserve_now(worker, T0 + SEC(10)), id);
+    check_world(w);
+}
+
+/* A delayed job that becomes ready goes straight to a waiting client. */
+static void test_delayed_job_delivered_to_waiter(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t id = put_job(&w->fc[0], "later", 1, 10, 60, T0);
+    assert_int_equal(reserve(worker, -1, T0, NULL), BG_WOULD_BLOCK);
+    bg_engine_tick(&w->engine, T0 + SEC(9));
+    assert_int_equal(worker->delivered_count, 0);
+    bg_engine_tick(&w->engine, T0 + SEC(10));
+    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(worker->delivered[0], id);
+    assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
+    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(70));
+    check_world(w);
+}
+
+/* The delayed heap (what peek-delayed shows) is ordered by ready time, then
+ * id; several delayed jobs due at one tick all become ready. */
+static void test_delayed_order_by_deadline(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0];
+    static const uint32_t delays[] = {30, 10, 20, 10, 5};
+    uint64_t ids[5];
+    for (size_t i = 0; i < 5; i++) ids[i] = put_job(producer, "d", 1, delays[i], 60, T0);
+    /* the soonest ready time first; equal times by id */
+    static const size_t expected_peek[] = {4, 1, 3, 2, 0};
+    struct bg_tube *t = producer->client.use;
+    for (size_t k = 0; k < 5; k++) {
+        struct bg_job *peek = bg_heap_min(&t->delayed);
+        assert_non_null(peek);
+        assert_int_equal(peek->id, ids[expected_peek[k]]);
+        assert_int_equal(bg_engine_next_deadline(&w->engine), peek->deadline_at);
+        assert_int_equal(bg_delete(&producer->client, peek->id), BG_OK);
+    }
+    assert_null(bg_heap_min(&t->delayed));
+
+    /* due together: one tick promotes all of them */
+    for (size_t i = 0; i < 3; i++) put_job(producer, "d", 1, 2, 60, T0);
+    put_job(producer, "d", 1, 3, 60, T0);
+    bg_engine_tick(&w->engine, T0 + SEC(2));
+    assert_int_equal(w->engine.ready_count, 3);
+    assert_int_equal(w->engine.delayed_count, 1);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* pause                                                                   */
+/* ======================================================================= */
+
+/* A paused tube holds its ready job back from reserve; the tick at +5 s
+ * unpauses it and delivers the job to the waiter. */
+static void test_pause_holds_ready_job_until_unpause(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t id = put_job(producer, "held back", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 5, T0), BG_OK);
+
+    struct bg_stats_tube st = tube_stats(w, "default", T0 + SEC(1));
+    assert_int_equal(st.pause_s, 5);
+    assert_int_equal(st.pause_left_s, 4);
+    assert_int_equal(st.cmd_pause, 1);
+
+    assert_int_equal(reserve(worker, 0, T0, NULL), BG_TIMED_OUT);
+    assert_int_equal(reserve(worker, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(5));
+
+    /* a put into the paused tube does not wake the waiter either */
+    uint64_t second = put_job(producer, "also held", 2, 0, 60, T0 + SEC(1));
+    assert_int_equal(worker->delivered_count, 0);
+
+    bg_engine_tick(&w->engine, T0 + SEC(5) - 1);
+    assert_int_equal(worker->delivered_count, 0);
+    bg_engine_tick(&w->engine, T0 + SEC(5));
+    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(worker->delivered[0], id);
+    assert_int_equal(state_of(w, second), BG_JOB_READY);
+    st = tube_stats(w, "default", T0 + SEC(5));
+    assert_int_equal(st.pause_s, 0);
+    assert_int_equal(st.pause_left_s, 0);
+    check_world(w);
+}
+
+/* pause-tube of a tube that does not exist is NOT_FOUND and creates none. */
+static void test_pause_missing_tube(void **state)
+{
+    struct world *w = *state;
+    uint32_t tubes = w->engine.tube_count;
+    assert_int_equal(bg_pause_tube(&w->engine, "no-such-tube", 5, T0), BG_NOT_FOUND);
+    assert_null(bg_tube_find(&w->engine, "no-such-tube"));
+    assert_int_equal(w->engine.tube_count, tubes);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    check_world(w);
+}
+
+/* pause 0 pauses for one nanosecond (stats show 0 s): a waiter at `now` is
+ * served by the tick at now + 1 ns. Pausing again replaces the deadline. */
+static void test_pause_zero_and_repause(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t id = put_job(&w->fc[0], "p0", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 0, T0), BG_OK);
+    assert_int_equal(tube_stats(w, "default", T0).pause_s, 0);
+    assert_int_equal(tube_stats(w, "default", T0).cmd_pause, 1);
+    assert_int_equal(reserve(worker, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + 1);
+    bg_engine_tick(&w->engine, T0);
+    assert_int_equal(worker->delivered_count, 0);
+    bg_engine_tick(&w->engine, T0 + 1);
+    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(worker->delivered[0], id);
+
+    /* re-pausing moves the unpause time rather than adding a second timer */
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 10, T0 + SEC(1)), BG_OK);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 3, T0 + SEC(2)), BG_OK);
+    assert_int_equal(w->engine.tube_timers.len, 1);
+    assert_int_equal(tube_stats(w, "default", T0).cmd_pause, 3);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(5));
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* kick                                                                    */
+/* ======================================================================= */
+
+/* Reserve the next job as `worker` and bury it with pri `pri`. */
+static uint64_t reserve_and_bury(struct fake_client *worker, uint32_t pri, bg_time now)
+{
+    uint64_t id = reserve_now(worker, now);
+    assert_int_equal(bg_bury(&worker->client, id, pri), BG_OK);
+    return id;
+}
+
+/* kick takes buried jobs first, oldest burial first, bounded by n; only
+ * when none is buried does it take delayed jobs, soonest first. */
+static void test_kick_buried_then_delayed(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    struct bg_tube *t = producer->client.use;
+    uint64_t b[3];
+    for (int i = 0; i < 3; i++) put_job(producer, "b", 10 + i, 0, 60, T0);
+    /* bury order (the FIFO) differs from id order: 1st reserve is b pri 10 */
+    for (int i = 0; i < 3; i++) b[i] = reserve_and_bury(worker, 0, T0);
+    uint64_t late = put_job(producer, "late", 1, 30, 60, T0);
+    uint64_t soon = put_job(producer, "soon", 1, 10, 60, T0);
+
+    static const struct {
+        uint64_t n, kicked;
+        uint64_t buried_after, delayed_after;
+    } steps[] = {
+        {0, 0, 3, 2}, /* n = 0 kicks nothing */
+        {2, 2, 1, 2}, /* two buried; delayed untouched */
+        {5, 1, 0, 2}, /* the last buried; still no delayed while buried existed */
+        {1, 1, 0, 1}, /* now delayed, the soonest */
+        {5, 1, 0, 0},
+        {5, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        assert_int_equal(bg_kick(&w->engine, t, steps[i].n, T0), steps[i].kicked);
+        assert_int_equal(t->buried_count, steps[i].buried_after);
+        assert_int_equal(t->delayed.len, steps[i].delayed_after);
+        if (i == 1) {
+            assert_int_equal(state_of(w, b[0]), BG_JOB_READY);
+            assert_int_equal(state_of(w, b[1]), BG_JOB_READY);
+            assert_int_equal(state_of(w, b[2]), BG_JOB_BURIED);
+        }
+        if (i == 3) {
+            assert_int_equal(state_of(w, soon), BG_JOB_READY);
+            assert_int_equal(state_of(w, late), BG_JOB_DELAYED);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(find(w, b[i])->kicks, 1);
+        assert_int_equal(find(w, b[i])->buries, 1);
+        assert_int_equal(find(w, b[i])->pri, 0);
+    }
+    assert_int_equal(find(w, soon)->kicks, 1);
+    assert_int_equal(find(w, late)->kicks, 1);
+    assert_int_equal(w->engine.ready_count, 5);
+    check_world(w);
+}
+
+/* Kicking only touches the given tube, and a kicked job goes to a waiter. */
+static void test_kick_is_per_tube_and_dispatches(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1], *waiter = &w->fc[2];
+    put_job(producer, "x", 1, 0, 60, T0);
+    uint64_t id = reserve_and_bury(worker, 1, T0);
+    struct bg_tube *other = NULL;
+    assert_int_equal(bg_client_use(&producer->client, "kick-other"), BG_OK);
+    other = producer->client.use;
+    assert_int_equal(bg_kick(&w->engine, other, 10, T0), 0);
+    assert_int_equal(state_of(w, id), BG_JOB_BURIED);
+
+    assert_int_equal(reserve(waiter, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_kick(&w->engine, w->engine.default_tube, 10, T0), 1);
+    assert_int_equal(waiter->delivered_count, 1);
+    assert_int_equal(waiter->delivered[0], id);
+    check_world(w);
+}
+
+/* kick-job: buried and delayed jobs kick; ready, reserved and missing ids
+ * are NOT_FOUND and change nothing. */
+static void test_kick_job_by_state(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    put_job(producer, "buried", 1, 0, 60, T0);
+    uint64_t buried = reserve_and_bury(worker, 1, T0);
+    uint64_t reserved = put_job(producer, "reserved", 2, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), reserved);
+    uint64_t delayed = put_job(producer, "delayed", 3, 100, 60, T0);
+    uint64_t ready = put_job(producer, "ready", 4, 0, 60, T0);
+
+    static const struct {
+        int which; /* index into ids[] below; 4 = missing */
+        int outcome, state_after;
+    } cases[] = {
+        {0, BG_OK, BG_JOB_READY},
+        {1, BG_OK, BG_JOB_READY},
+        {2, BG_NOT_FOUND, BG_JOB_READY},
+        {3, BG_NOT_FOUND, BG_JOB_RESERVED},
+        {4, BG_NOT_FOUND, -1},
+    };
+    uint64_t ids[5] = {buried, delayed, ready, reserved, 999999};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t id = ids[cases[i].which];
+        assert_int_equal(bg_kick_job(&w->engine, id, T0), cases[i].outcome);
+        if (cases[i].state_after >= 0) assert_int_equal(state_of(w, id), cases[i].state_after);
+        else assert_null(find(w, id));
+    }
+    assert_int_equal(find(w, buried)->kicks, 1);
+    assert_int_equal(find(w, delayed)->kicks, 1);
+    assert_int_equal(find(w, ready)->kicks, 0);
+    assert_int_equal(find(w, reserved)->kicks, 0);
+    check_world(w);
+}
+
+/* When the ready heap cannot grow, kick stops at the failure and reports
+ * only jobs really made ready, never kicking one job twice (the reference's
+ * kick_buried_jobs stops at the first failure); kick-job reports failure
+ * rather than KICKED for a job left buried. */
+static void test_kick_when_ready_queue_cannot_grow(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    struct bg_tube *t = producer->client.use;
+    for (uint32_t i = 0; i < 10; i++) put_job(producer, "fill", i, 0, 60, T0);
+    uint64_t b1 = reserve_and_bury(worker, 100, T0);
+    uint64_t b2 = reserve_and_bury(worker, 100, T0);
+    while (t->ready.len < t->ready.cap) put_job(producer, "fill", 50, 0, 60, T0);
+
+    bg_alloc_fail_after(1); /* the push into the full ready heap */
+    uint64_t kicked = bg_kick(e, t, 5, T0);
+    bg_alloc_fail_after(0);
+    assert_int_equal(kicked, 2 - t->buried_count);
+    assert_true(find(w, b1)->kicks <= 1);
+    assert_true(find(w, b2)->kicks <= 1);
+    check_world(w);
+
+    /* kick-job of a buried job while the heap cannot grow */
+    while (t->buried_count) assert_int_equal(bg_kick(e, t, 1, T0), 1);
+    uint64_t b3 = reserve_and_bury(worker, 100, T0);
+    while (t->ready.len < t->ready.cap) put_job(producer, "fill", 50, 0, 60, T0);
+    bg_alloc_fail_after(1);
+    int r = bg_kick_job(e, b3, T0);
+    bg_alloc_fail_after(0);
+    if (r == BG_OK) assert_int_not_equal(state_of(w, b3), BG_JOB_BURIED);
+    else assert_int_equal(state_of(w, b3), BG_JOB_BURIED);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* tube lifetime                                                           */
+/* ======================================================================= */
+
+/* A tube exists while a client uses or watches it or it holds jobs, and is
+ * freed as soon as none of that is true. */
+static void test_tube_lifetime(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *b = &w->fc[1];
+    struct bg_engine *e = &w->engine;
+
+    /* use */
+    assert_int_equal(bg_client_use(&a->client, "used"), BG_OK);
+    assert_non_null(bg_tube_find(e, "used"));
+    assert_int_equal(tube_stats(w, "used", T0).using, 1);
+    assert_int_equal(bg_client_use(&b->client, "used"), BG_OK);
+    assert_int_equal(tube_stats(w, "used", T0).using, 2);
+    assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
+    assert_non_null(bg_tube_find(e, "used"));
+    assert_int_equal(bg_client_use(&b->client, "default"), BG_OK);
+    assert_null(bg_tube_find(e, "used"));
+
+    /* watch */
+    assert_int_equal(watch(a, "watched"), 2);
+    assert_int_equal(tube_stats(w, "watched", T0).watching, 1);
+    assert_int_equal(ignore(a, "watched"), 1);
+    assert_null(bg_tube_find(e, "watched"));
+    /* ignoring a tube one does not watch neither creates nor fails */
+    assert_int_equal(ignore(a, "never"), 1);
+    assert_null(bg_tube_find(e, "never"));
+
+    /* jobs keep a tube alive after its last user left */
+    assert_int_equal(bg_client_use(&a->client, "jobs"), BG_OK);
+    uint64_t id = put_job(a, "keep", 1, 5, 60, T0);
+    assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
+    assert_non_null(bg_tube_find(e, "jobs"));
+    assert_int_equal(bg_delete(&a->client, id), BG_OK);
+    assert_null(bg_tube_find(e, "jobs"));
+
+    /* a reserved job keeps its tube alive too */
+    assert_int_equal(bg_client_use(&a->client, "res"), BG_OK);
+    assert_int_equal(watch(b, "res"), 2);
+    id = put_job(a, "r", 1, 0, 60, T0);
+    assert_int_equal(reserve_now(b, T0), id);
+    assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
+    assert_int_equal(ignore(b, "res"), 1);
+    assert_non_null(bg_tube_find(e, "res"));
+    assert_int_equal(bg_delete(&b->client, id), BG_OK);
+    assert_null(bg_tube_find(e, "res"));
+
+    /* closing a client drops its use and watches */
+    assert_int_equal(bg_client_use(&a->client, "closing-use"), BG_OK);
+    assert_int_equal(watch(a, "closing-watch"), 2);
+    fake_close(a, T0);
+    assert_null(bg_tube_find(e, "closing-use"));
+    assert_null(bg_tube_find(e, "closing-watch"));
+    assert_int_equal(e->tube_count, 1);
+    check_world(w);
+}
+
+/* "default" exists with no client and no job; it cannot be the last tube
+ * ignored, and is kept even when nobody watches or uses it. */
+static void test_default_tube_always_exists(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    uint32_t count = 0;
+    assert_int_equal(bg_client_ignore(&w->fc[0].client, "default", &count), BG_NOT_IGNORED);
+    for (int i = 0; i < WORLD_CLIENTS; i++) {
+        assert_int_equal(watch(&w->fc[i], "elsewhere"), 2);
+        assert_int_equal(ignore(&w->fc[i], "default"), 1);
+        assert_int_equal(bg_client_use(&w->fc[i].client, "elsewhere"), BG_OK);
+    }
+    struct bg_stats_tube st = tube_stats(w, "default", T0);
+    assert_int_equal(st.using, 0);
+    assert_int_equal(st.watching, 0);
+    assert_ptr_equal(bg_tube_find(e, "default"), e->default_tube);
+    for (int i = 0; i < WORLD_CLIENTS; i++) fake_close(&w->fc[i], T0);
+    assert_ptr_equal(bg_tube_find(e, "default"), e->default_tube);
+    assert_int_equal(e->tube_count, 1);
+    assert_ptr_equal(e->tube_list[0], e->default_tube);
+    check_world(w);
+}
+
+static void assert_tube_list(struct bg_engine *e, const char *const *names, uint32_t n)
+{
+    assert_int_equal(e->tube_count, n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_string_equal(e->tube_list[i]->name, names[i]);
+        assert_int_equal(e->tube_list[i]->list_index, i);
+    }
+}
+
+/* The tube list keeps creation order until a tube is freed; then the last
+ * tube moves into the freed slot (swap-remove), as the reference's set does.
+ * Observed: [default a b c] -a -> [default c b]; +d -> [default c b d];
+ * -c -> [default d b]; -b (last slot, nothing moves) -> [default d]. */
+static void test_tube_list_order_after_removal(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *a = &w->fc[0];
+    assert_int_equal(watch(a, "a"), 2);
+    assert_int_equal(watch(a, "b"), 3);
+    assert_int_equal(watch(a, "c"), 4);
+    assert_tube_list(e, (const char *const[]){"default", "a", "b", "c"}, 4);
+
+    ignore(a, "a");
+    assert_tube_list(e, (const char *const[]){"default", "c", "b"}, 3);
+    watch(a, "d");
+    assert_tube_list(e, (const char *const[]){"default", "c", "b", "d"}, 4);
+    ignore(a, "c");
+    assert_tube_list(e, (const char *const[]){"default", "d", "b"}, 3);
+    ignore(a, "b"); /* the last slot: nothing moves */
+    assert_tube_list(e, (const char *const[]){"default", "d"}, 2);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* waiters                                                                 */
+/* ======================================================================= */
+
+/* A client waiting on t1 and t2 is served by a put into t2 and leaves the
+ * waiting set of every tube it watched. */
+static void test_waiter_on_two_tubes(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *producer = &w->fc[1];
+    struct bg_engine *e = &w->engine;
+    watch(a, "t1");
+    watch(a, "t2");
+    assert_int_equal(reserve(a, -1, T0, NULL), BG_WOULD_BLOCK);
+    struct bg_tube *t1 = bg_tube_find(e, "t1"), *t2 = bg_tube_find(e, "t2");
+    assert_int_equal(t1->waiting_len, 1);
+    assert_int_equal(t2->waiting_len, 1);
+    assert_int_equal(e->default_tube->waiting_len, 1);
+    assert_int_equal(e->waiting, 1);
+
+    assert_int_equal(bg_client_use(&producer->client, "t2"), BG_OK);
+    uint64_t id = put_job(producer, "for a", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count, 1);
+    assert_int_equal(a->delivered[0], id);
+    assert_int_equal(t1->waiting_len, 0);
+    assert_int_equal(t2->waiting_len, 0);
+    assert_int_equal(e->default_tube->waiting_len, 0);
+    assert_int_equal(e->waiting, 0);
+    assert_false(a->client.waiting);
+
+    /* a second put does not reach A, which is no longer waiting */
+    uint64_t second = put_job(producer, "nobody", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count, 1);
+    assert_int_equal(state_of(w, second), BG_JOB_READY);
+    check_world(w);
+}
+
+/* Two waiters on one tube and two puts: each waiter gets a different job,
+ * the first waiter the first job (the reference's waiting-set order). */
+static void test_two_waiters_two_jobs(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *b = &w->fc[1], *producer = &w->fc[2];
+    assert_int_equal(reserve(a, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(reserve(b, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 2);
+
+    uint64_t first = put_job(producer, "1", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count + b->delivered_count, 1);
+    uint64_t second = put_job(producer, "2", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count, 1);
+    assert_int_equal(b->delivered_count, 1);
+    assert_int_not_equal(a->delivered[0], b->delivered[0]);
+    assert_int_equal(a->delivered[0], first);
+    assert_int_equal(b->delivered[0], second);
+    assert_ptr_equal(find(w, first)->reserver, &a->client);
+    assert_ptr_equal(find(w, second)->reserver, &b->client);
+    check_world(w);
+}
+
+/* Waiters are served in the reference's multiset order: a round-robin
+ * cursor over a swap-removed array. Four waiters [A B C D] get four puts in
+ * the order A, B, D, C. An immediate reserve from a fresh tube leaves its
+ * cursor at 1, so three waiters [A B C] are then served B, A, C. */
+static void test_waiters_served_in_reference_order(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0];
+    struct fake_client *order[4] = {&w->fc[1], &w->fc[2], &w->fc[3], &w->fc[4]};
+    static const size_t served_4[] = {0, 1, 3, 2};
+    for (size_t i = 0; i < 4; i++) assert_int_equal(reserve(order[i], -1, T0, NULL), BG_WOULD_BLOCK);
+    for (size_t k = 0; k < 4; k++) {
+        uint64_t id = put_job(producer, "rr", 1, 0, 60, T0);
+        struct fake_client *fc = order[served_4[k]];
+        assert_int_equal(fc->delivered_count, 1);
+        assert_int_equal(fc->delivered[0], id);
+    }
+    for (size_t i = 0; i < 4; i++) assert_int_equal(bg_delete(&order[i]->client, order[i]->delivered[0]), BG_OK);
+
+    /* in a fresh tube (cursor 0), an immediate reserve leaves the cursor at 1 */
+    assert_int_equal(bg_client_use(&producer->client, "rr-fresh"), BG_OK);
+    for (size_t i = 0; i < 3; i++) watch(order[i], "rr-fresh");
+    watch(&w->fc[5], "rr-fresh");
+    put_job(producer, "now", 1, 0, 60, T0);
+    reserve_now(&w->fc[5], T0);
+    static const size_t served_3[] = {1, 0, 2};
+    for (size_t i = 0; i < 3; i++) assert_int_equal(reserve(order[i], -1, T0, NULL), BG_WOULD_BLOCK);
+    for (size_t k = 0; k < 3; k++) {
+        uint64_t id = put_job(producer, "rr", 1, 0, 60, T0);
+        struct fake_client *fc = order[served_3[k]];
+        assert_int_equal(fc->delivered_count, 2);
+        assert_int_equal(fc->delivered[1], id);
+    }
+    check_world(w);
+}
+
+/* A put into a tube nobody watches wakes nobody. */
+static void test_put_into_unwatched_tube_wakes_nobody(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *b = &w->fc[1], *producer = &w->fc[2];
+    watch(b, "b-only");
+    assert_int_equal(reserve(a, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(reserve(b, 30, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_client_use(&producer->client, "lonely"), BG_OK);
+    uint64_t id = put_job(producer, "unseen", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count, 0);
+    assert_int_equal(b->delivered_count, 0);
+    assert_true(a->client.waiting);
+    assert_true(b->client.waiting);
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(w->engine.waiting, 2);
+    check_world(w);
+}
+
+/* A client that stops waiting (hang-up) leaves every waiting set, gets no
+ * callback, and later puts do not reach it. */
+static void test_stop_waiting(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *producer = &w->fc[1];
+    watch(a, "s1");
+    assert_int_equal(reserve(a, 5, T0, NULL), BG_WOULD_BLOCK);
+    bg_client_stop_waiting(&a->client);
+    a->waiting = 0;
+    assert_int_equal(w->engine.waiting, 0);
+    assert_int_equal(bg_tube_find(&w->engine, "s1")->waiting_len, 0);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    put_job(producer, "x", 1, 0, 60, T0);
+    bg_engine_tick(&w->engine, T0 + SEC(10));
+    assert_int_equal(a->delivered_count, 0);
+    assert_int_equal(a->ended_count, 0);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* client close                                                            */
+/* ======================================================================= */
+
+/* Closing a client returns its reserved jobs to ready with their priority,
+ * not counted as timeouts. */
+static void test_close_returns_reserved_jobs(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t x = put_job(producer, "x", 5, 0, 60, T0);
+    uint64_t y = put_job(producer, "y", 7, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), x);
+    assert_int_equal(reserve_now(worker, T0), y);
+    assert_int_equal(w->engine.reserved_count, 2);
+
+    fake_close(worker, T0 + SEC(1));
+    assert_int_equal(state_of(w, x), BG_JOB_READY);
+    assert_int_equal(state_of(w, y), BG_JOB_READY);
+    assert_int_equal(find(w, x)->pri, 5);
+    assert_int_equal(find(w, y)->pri, 7);
+    assert_int_equal(find(w, x)->timeouts, 0);
+    assert_int_equal(w->engine.stat.job_timeouts, 0);
+    assert_int_equal(w->engine.reserved_count, 0);
+    assert_int_equal(w->engine.ready_count, 2);
+    assert_int_equal(tube_stats(w, "default", T0).reserved, 0);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    check_world(w);
+}
+
+/* A job freed by a closing client goes to a waiting client at once. */
+static void test_close_hands_job_to_waiter(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1], *waiter = &w->fc[2];
+    uint64_t x = put_job(producer, "x", 5, 0, 60, T0);
+    uint64_t y = put_job(producer, "y", 7, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), x);
+    assert_int_equal(reserve_now(worker, T0), y);
+    assert_int_equal(reserve(waiter, -1, T0, NULL), BG_WOULD_BLOCK);
+    fake_close(worker, T0);
+    assert_int_equal(waiter->delivered_count, 1);
+    assert_int_equal(waiter->delivered[0], x); /* returned in reservation order */
+    assert_int_equal(state_of(w, y), BG_JOB_READY);
+    check_world(w);
+}
+
+/* Closing a waiting client removes it from the waiting sets silently. */
+static void test_close_while_waiting(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *waiter = &w->fc[2];
+    watch(waiter, "cw");
+    assert_int_equal(reserve(waiter, 5, T0, NULL), BG_WOULD_BLOCK);
+    fake_close(waiter, T0);
+    assert_int_equal(w->engine.waiting, 0);
+    assert_null(bg_tube_find(&w->engine, "cw"));
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    bg_engine_tick(&w->engine, T0 + SEC(5));
+    assert_int_equal(waiter->ended_count, 0);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* delete, release, bury, touch, reserve-job                               */
+/* ======================================================================= */
+
+/* delete works on one's own reserved job and on ready, delayed and buried
+ * jobs; another client's reservation and unknown ids are NOT_FOUND. Only
+ * successful deletes count in the tube's cmd-delete. */
+static void test_delete_by_state(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *me = &w->fc[1], *other = &w->fc[2];
+    uint64_t mine = put_job(producer, "mine", 1, 0, 60, T0);
+    assert_int_equal(reserve_now(me, T0), mine);
+    uint64_t theirs = put_job(producer, "theirs", 2, 0, 60, T0);
+    assert_int_equal(reserve_now(other, T0), theirs);
+    put_job(producer, "to bury", 3, 0, 60, T0);
+    uint64_t buried = reserve_and_bury(other, 3, T0);
+    uint64_t delayed = put_job(producer, "delayed", 4, 50, 60, T0);
+    uint64_t ready = put_job(producer, "ready", 5, 0, 60, T0);
+
+    static const struct {
+        int which; /* index into ids[] */
+        int outcome;
+    } cases[] = {
+        {1, BG_NOT_FOUND}, /* another client's reservation */
+        {0, BG_OK},
+        {2, BG_OK},
+        {3, BG_OK},
+        {4, BG_OK},
+        {5, BG_NOT_FOUND}, /* never existed */
+        {0, BG_NOT_FOUND}, /* already deleted */
+    };
+    uint64_t ids[6] = {mine, theirs, buried, delayed, ready, 424242};
+    uint64_t deleted = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t id = ids[cases[i].which];
+        assert_int_equal(bg_delete(&me->client, id), cases[i].outcome);
+        if (cases[i].outcome == BG_OK) {
+            deleted++;
+            assert_null(find(w, id));
+        }
+        assert_int_equal(tube_stats(w, "default", T0).cmd_delete, deleted);
+    }
+    assert_int_equal(state_of(w, theirs), BG_JOB_RESERVED);
+    assert_int_equal(w->engine.job_count, 1);
+    assert_int_equal(w->engine.ready_count + w->engine.delayed_count + w->engine.buried_count, 0);
+    assert_int_equal(w->engine.reserved_count, 1);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(60)); /* theirs' TTR only */
+    check_world(w);
+}
+
+/* release with a delay makes the job delayed with the new pri, counts a
+ * release, and the job becomes ready when the delay ends. */
+static void test_release_with_delay(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1], *other = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "rel", 5, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), id);
+    assert_int_equal(bg_release(&other->client, id, 1, 0, T0), BG_NOT_FOUND);
+    assert_int_equal(bg_release(&worker->client, 777, 1, 0, T0), BG_NOT_FOUND);
+
+    assert_int_equal(bg_release(&worker->client, id, 99, 5, T0 + SEC(1)), BG_OK);
+    struct bg_job *j = find(w, id);
+    assert_int_equal(j->state, BG_JOB_DELAYED);
+    assert_int_equal(j->pri, 99);
+    assert_int_equal(j->releases, 1);
+    assert_int_equal(j->deadline_at, T0 + SEC(6));
+    assert_int_equal(w->engine.reserved_count, 0);
+    assert_int_equal(w->engine.delayed_count, 1);
+    assert_null(worker->client.reserved_head);
+    struct bg_stats_job sj;
+    bg_stats_job(&w->engine, j, T0 + SEC(1), &sj);
+    assert_string_equal(sj.state, "delayed");
+    assert_int_equal(sj.delay_s, 5);
+    assert_int_equal(sj.releases, 1);
+    assert_int_equal(sj.time_left_s, 5);
+    /* released twice is NOT_FOUND: it is no longer reserved */
+    assert_int_equal(bg_release(&worker->client, id, 1, 0, T0 + SEC(1)), BG_NOT_FOUND);
+
+    bg_engine_tick(&w->engine, T0 + SEC(6));
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(find(w, id)->timeouts, 0);
+    check_world(w);
+}
+
+/* release without delay makes the job ready and serves a waiter. */
+static void test_release_to_waiter(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1], *waiter = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "rel", 5, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), id);
+    assert_int_equal(reserve(waiter, -1, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_release(&worker->client, id, 2000, 0, T0), BG_OK);
+    assert_int_equal(waiter->delivered_count, 1);
+    assert_int_equal(waiter->delivered[0], id);
+    assert_int_equal(find(w, id)->pri, 2000);
+    assert_int_equal(find(w, id)->reserves, 2);
+    check_world(w);
+}
+
+/* bury moves one's own reserved job to the buried list with the new pri. */
+static void test_bury(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1], *other = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "bury me", 5, 0, 60, T0);
+    assert_int_equal(reserve_now(worker, T0), id);
+    assert_int_equal(bg_bury(&other->client, id, 1), BG_NOT_FOUND);
+    assert_int_equal(bg_bury(&worker->client, id, 42), BG_OK);
+    struct bg_job *j = find(w, id);
+    assert_int_equal(j->state, BG_JOB_BURIED);
+    assert_int_equal(j->pri, 42);
+    assert_int_equal(j->buries, 1);
+    assert_ptr_equal(w->engine.default_tube->buried_head, j); /* peek-buried */
+    assert_int_equal(w->engine.buried_count, 1);
+    assert_int_equal(tube_stats(w, "default", T0).buried, 1);
+    assert_int_equal(bg_bury(&worker->client, id, 1), BG_NOT_FOUND); /* not reserved */
+    assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
+    check_world(w);
+}
+
+/* touch restarts the TTR from now: the engine's next deadline moves and
+ * the job survives the old deadline. */
+static void test_touch_extends_deadline(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1], *other = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "touch", 5, 0, 10, T0);
+    assert_int_equal(reserve_now(worker, T0), id);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(10));
+
+    assert_int_equal(bg_touch(&other->client, id, T0 + SEC(4)), BG_NOT_FOUND);
+    assert_int_equal(bg_touch(&worker->client, id, T0 + SEC(4)), BG_OK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(14));
+    bg_engine_tick(&w->engine, T0 + SEC(10));
+    assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
+    assert_int_equal(w->engine.stat.job_timeouts, 0);
+    bg_engine_tick(&w->engine, T0 + SEC(14));
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(find(w, id)->timeouts, 1);
+    assert_int_equal(bg_touch(&worker->client, id, T0 + SEC(14)), BG_NOT_FOUND);
+    check_world(w);
+}
+
+/* touch also moves a waiting holder's DEADLINE_SOON wake time. */
+static void test_touch_moves_deadline_soon_wake(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t first = put_job(&w->fc[0], "a", 1, 0, 10, T0);
+    uint64_t second = put_job(&w->fc[0], "b", 1, 0, 20, T0);
+    assert_int_equal(reserve_now(worker, T0), first);
+    assert_int_equal(reserve_now(worker, T0), second);
+    assert_int_equal(bg_touch(&worker->client, first, T0 + SEC(5)), BG_OK); /* now ends at 15 */
+    assert_int_equal(reserve(worker, -1, T0 + SEC(5), NULL), BG_WOULD_BLOCK);
+    assert_int_equal(worker->client.wake_at, T0 + SEC(14));
+    bg_engine_tick(&w->engine, T0 + SEC(14));
+    assert_int_equal(worker->ended_count, 1);
+    assert_int_equal(worker->ended[0], BG_DEADLINE_SOON);
+    check_world(w);
+}
+
+/* reserve-job takes a ready, delayed or buried job by id; a reserved one
+ * (even one's own) or a missing id is NOT_FOUND. */
+static void test_reserve_job_by_state(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *me = &w->fc[1], *other = &w->fc[2];
+    put_job(producer, "buried", 0, 0, 60, T0);
+    uint64_t buried = reserve_and_bury(other, 1, T0);
+    uint64_t ready = put_job(producer, "ready", 1, 0, 60, T0);
+    uint64_t delayed = put_job(producer, "delayed", 1, 100, 7, T0);
+    uint64_t theirs = put_job(producer, "theirs", 1, 0, 60, T0);
+    struct bg_job *taken = NULL;
+    assert_int_equal(bg_reserve_job(&other->client, theirs, T0, &taken), BG_OK);
+    assert_ptr_equal(taken, find(w, theirs));
+
+    static const struct {
+        int which; /* index into ids[] */
+        int outcome;
+    } cases[] = {
+        {0, BG_OK},        /* ready */
+        {1, BG_OK},        /* delayed */
+        {2, BG_OK},        /* buried */
+        {3, BG_NOT_FOUND}, /* reserved by another */
+        {0, BG_NOT_FOUND}, /* reserved by me */
+        {4, BG_NOT_FOUND}, /* missing */
+    };
+    uint64_t ids[5] = {ready, delayed, buried, theirs, 31337};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct bg_job *j = NULL;
+        uint64_t id = ids[cases[i].which];
+        assert_int_equal(bg_reserve_job(&me->client, id, T0 + SEC(1), &j), cases[i].outcome);
+        if (cases[i].outcome == BG_OK) {
+            assert_non_null(j);
+            assert_int_equal(j->id, id);
+            assert_int_equal(j->state, BG_JOB_RESERVED);
+            assert_ptr_equal(j->reserver, &me->client);
+            assert_int_equal(j->deadline_at, T0 + SEC(1) + SEC(j->ttr_s));
+        }
+    }
+    assert_ptr_equal(find(w, theirs)->reserver, &other->client);
+    assert_int_equal(w->engine.delayed_count, 0);
+    assert_int_equal(w->engine.buried_count, 0);
+    assert_int_equal(w->engine.reserved_count, 4);
+    assert_int_equal(me->client.reserved.len, 3);
+    assert_int_equal(w->engine.workers, 2);
+    check_world(w);
+}
+
+/* ======================================================================= */
+/* draining and allocation failure                                         */
+/* ======================================================================= */
+
+/* While draining, put is refused with DRAINING and the job is freed (the
+ * ASan build reports a leak otherwise); nothing is counted. */
+static void test_put_while_draining(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *waiter = &w->fc[1];
+    assert_int_equal(reserve(waiter, -1, T0, NULL), BG_WOULD_BLOCK);
+    w->engine.draining = 1;
+    struct bg_job *j = make_job(&w->engine, "drained", 1, 0, 60, T0);
+    assert_non_null(j);
+    assert_int_equal(bg_put(&producer->client, producer->client.use, j, T0), BG_DRAINING);
+    assert_int_equal(w->engine.job_count, 0);
+    assert_int_equal(w->engine.stat.total_jobs, 0);
+    assert_int_equal(tube_stats(w, "default", T0).total_jobs, 0);
+    assert_int_equal(w->engine.ready_count, 0);
+    assert_int_equal(waiter->delivered_count, 0);
+    check_world(w);
+}
+
+/* bg_job_new returns NULL when an allocation fails and leaves the engine
+ * as it was: no id consumed, no job counted. */
+static void test_job_new_out_of_memory(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    for (uint64_t nth = 1; nth <= 2; nth++) {
+        uint64_t next_id = e->next_id;
+        size_t jobs = e->job_count;
+        bg_alloc_fail_after(nth);
+        struct bg_job *j = make_job(e, "oom", 1, 0, 60, T0);
+        bg_alloc_fail_after(0);
+        if (j) {
+            /* the nth allocation was not needed (timer room already there) */
+            assert_true(nth > 1);
+            bg_job_discard(j);
+            continue;
+        }
+        assert_int_equal(e->next_id, next_id);
+        assert_int_equal(e->job_count, jobs);
+        check_world(w);
+    }
+    uint64_t id = put_job(&w->fc[0], "fine", 1, 0, 60, T0);
+    assert_int_equal(id, 1);
+    check_world(w);
+}
+
+/* Several jobs can be created before any is put (each session reads its
+ * own body). A reservation the engine reports as made must still be on the
+ * TTR timer when growing the timer heap fails. */
+static void test_reserve_oom_keeps_ttr_timer(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0], *a = &w->fc[1], *b = &w->fc[2];
+    enum { N = 9 }; /* one more than the timer heap's first capacity */
+    struct bg_job *pending[N];
+    for (int i = 0; i < N; i++) pending[i] = make_job(e, "p", 1, 0, 5, T0);
+    for (int i = 0; i < N; i++) {
+        assert_non_null(pending[i]);
+        assert_int_equal(bg_put(&producer->client, producer->client.use, pending[i], T0), BG_OK);
+    }
+    for (int i = 0; i < N - 1; i++) reserve_now(a, T0);
+    struct bg_job *j = NULL;
+    /* allocation 1 grows b's own reserved heap; 2 would grow the timers */
+    bg_alloc_fail_after(2);
+    int r = reserve(b, 0, T0, &j);
+    bg_alloc_fail_after(0);
+    if (r == BG_OK) {
+        assert_non_null(j);
+        assert_int_equal(j->state, BG_JOB_RESERVED);
+        assert_true(j->timer_slot < e->job_timers.len);
+        assert_ptr_equal(e->job_timers.items[j->timer_slot], j);
+    } else {
+        assert_int_equal(r, BG_OUT_OF_MEMORY);
+    }
+    check_world(w);
+    /* every reservation times out at its TTR */
+    bg_engine_tick(e, T0 + SEC(5));
+    assert_int_equal(e->reserved_count, 0);
+    assert_int_equal(e->ready_count, N);
+    assert_int_equal(e->stat.job_timeouts, r == BG_OK ? N : N - 1);
+    check_world(w);
+}
+
+/* When the id table cannot grow, the job is still stored and findable. */
+static void test_job_table_grow_failure(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0];
+    size_t slots = e->jobs_mask + 1;
+    for (size_t i = 0; i < slots; i++) put_job(producer, "fill", 1, 0, 60, T0);
+    assert_int_equal(e->jobs_mask + 1, slots);
+    struct bg_job *j = make_job(e, "overflow", 1, 0, 60, T0);
+    assert_non_null(j);
+    uint64_t id = j->id;
+    bg_alloc_fail_after(1);
+    int r = bg_put(&producer->client, producer->client.use, j, T0);
+    bg_alloc_fail_after(0);
+    assert_int_equal(r, BG_OK);
+    assert_int_equal(e->jobs_mask + 1, slots); /* did not grow */
+    assert_non_null(bg_job_find(e, id));
+    check_world(w);
+    put_job(producer, "grows now", 1, 0, 60, T0);
+    assert_int_equal(e->jobs_mask + 1, 2 * slots);
+    for (uint64_t k = 1; k <= id + 1; k++) assert_non_null(bg_job_find(e, k));
+    check_world(w);
+}
+
+/* A scripted session of every kind of call, tolerant of any call failing
+ * for lack of memory. Audits the engine after every step. */
+static void oom_script(void)
+{
+    struct bg_engine e;
+    enum { NFC = 3 };
+    struct fake_client fc[NFC];
+    memset(fc, 0, sizeof fc);
+    bg_time now = T0;
+    if (bg_engine_init(&e, MAX_JOB_SIZE) != 0) return;
+#define STEP() check_engine_ex(&e, fc, NFC, 0)
+    for (int i = 0; i < NFC; i++) fake_open(&e, &fc[i]);
+    STEP();
+    uint32_t count;
+    if (fc[0].open) bg_client_use(&fc[0].client, "oom-a");
+    if (fc[1].open) {
+        bg_client_watch(&fc[1].client, "oom-a", &count);
+        bg_client_watch(&fc[1].client, "oom-b", &count);
+    }
+    if (fc[2].open) bg_client_watch(&fc[2].client, "oom-b", &count);
+    STEP();
+    for (int k = 0; k < 12 && fc[0].open; k++) {
+        struct bg_job *j = make_job(&e, "job", (uint32_t)k * 300, k % 3 == 0 ? 1 : 0, 2, now);
+        if (!j) continue;
+        int r = bg_put(&fc[0].client, fc[0].client.use, j, now);
+        assert_true(r == BG_OK || r == BG_BURIED || r == BG_OUT_OF_MEMORY);
+        STEP();
+    }
+    if (fc[1].open) {
+        for (int k = 0; k < 9; k++) {
+            int r = reserve(&fc[1], 0, now, NULL);
+            assert_true(r == BG_OK || r == BG_OUT_OF_MEMORY || r == BG_TIMED_OUT);
+        }
+    }
+    STEP();
+    if (fc[2].open) reserve(&fc[2], 5, now, NULL);
+    STEP();
+    if (fc[0].open && bg_client_use(&fc[0].client, "oom-b") == 0) {
+        struct bg_job *j = make_job(&e, "to b", 1, 0, 2, now);
+        if (j) bg_put(&fc[0].client, fc[0].client.use, j, now);
+    }
+    STEP();
+    for (int k = 0; k < 10; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "oom-p%d", k);
+        if (fc[2].open && !fc[2].waiting) bg_client_watch(&fc[2].client, name, &count);
+        bg_pause_tube(&e, name, 1, now);
+        STEP();
+    }
+    bg_pause_tube(&e, "oom-a", 2, now);
+    if (fc[1].open) reserve(&fc[1], -1, now, NULL);
+    if (fc[2].open && !fc[2].waiting) reserve(&fc[2], 3, now, NULL);
+    STEP();
+    now += SEC(1);
+    bg_engine_tick(&e, now);
+    STEP();
+    for (int i = 0; i < NFC; i++) {
+        if (!fc[i].open || fc[i].waiting) continue;
+        struct bg_client *c = &fc[i].client;
+        int n = 0;
+        while (c->reserved_head && n < 4) {
+            uint64_t id = c->reserved_head->id;
+            switch (n++ % 4) {
+            case 0: bg_release(c, id, 10, 1, now); break;
+            case 1: bg_bury(c, id, 3); break;
+            case 2: bg_touch(c, id, now); bg_release(c, id, 5, 0, now); break;
+            case 3: bg_delete(c, id); break;
+            }
+            STEP();
+        }
+    }
+    struct bg_tube *a = bg_tube_find(&e, "oom-a");
+    if (a) bg_kick(&e, a, 10, now);
+    STEP();
+    now += SEC(3);
+    bg_engine_tick(&e, now);
+    STEP();
+    for (int i = 0; i < NFC; i++) {
+        if (fc[i].open && !fc[i].waiting) {
+            struct bg_job *j = NULL;
+            reserve(&fc[i], 0, now, &j);
+            if (j) bg_reserve_job(&fc[i].client, j->id, now, &j);
+        }
+        STEP();
+    }
+    for (int i = 0; i < NFC; i++) {
+        fake_close(&fc[i], now);
+        STEP();
+    }
+    now += SEC(10);
+    bg_engine_tick(&e, now);
+    STEP();
+#undef STEP
+    bg_engine_destroy(&e);
+}
+
+/* Nonzero if an injected failure is still pending (was not reached). */
+static int fault_still_pending(uint64_t nth)
+{
+    for (uint64_t i = 0; i < nth; i++) {
+        void *p = bg_malloc(1);
+        if (!p) return 1;
+        bg_free(p);
+    }
+    return 0;
+}
+
+/* Failing each allocation of a full scripted session in turn never
+ * crashes, leaks (ASan) or breaks the engine's bookkeeping. */
+static void test_oom_every_allocation(void **state)
+{
+    (void)state;
+    uint64_t nth;
+    for (nth = 1; nth < 100000; nth++) {
+        bg_alloc_fail_after(nth);
+        if (getenv("OOM_DEBUG")) fprintf(stderr, "nth=%llu\n", (unsigned long long)nth);
+        oom_script();
+        if (fault_still_pending(nth)) break; /* the script needed < nth allocations */
+    }
+    bg_alloc_fail_after(0);
+    assert_true(nth > 50); /* the script really did allocate; the sweep ran */
+    print_message("    oom sweep: failed each of %llu allocations in turn\n",
+                  (unsigned long long)(nth - 1));
+}
+
+/* ======================================================================= */
+/* randomized stress with a full audit after every step                    */
+/* ======================================================================= */
+
+static uint64_t prng_state;
+
+static uint64_t prng(void) /* xorshift64* */
+{
+    prng_state ^= prng_state >> 12;
+    prng_state ^= prng_state << 25;
+    prng_state ^= prng_state >> 27;
+    return prng_state * 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t pick(uint64_t n) { return prng() % n; }
+
+enum stress_op {
+    OP_PUT, OP_RESERVE, OP_RESERVE_JOB, OP_DELETE, OP_RELEASE, OP_BURY, OP_TOUCH,
+    OP_KICK, OP_KICK_JOB, OP_PAUSE, OP_USE, OP_WATCH, OP_IGNORE, OP_TICK, OP_RECONNECT,
+    OP_COUNT
+};
+static const unsigned stress_weight[OP_COUNT] = {
+    [OP_PUT] = 22, [OP_RESERVE] = 16, [OP_RESERVE_JOB] = 3, [OP_DELETE] = 8,
+    [OP_RELEASE] = 6, [OP_BURY] = 4, [OP_TOUCH] = 3, [OP_KICK] = 3, [OP_KICK_JOB] = 2,
+    [OP_PAUSE] = 1, [OP_USE] = 4, [OP_WATCH] = 4, [OP_IGNORE] = 3, [OP_TICK] = 14,
+    [OP_RECONNECT] = 1,
+};
+static const char *const stress_tubes[] = {"default", "s1", "s2", "s3", "s4"};
+static const uint32_t stress_pris[] = {0, 1, 1023, 1024, 5000, UINT32_MAX};
+
+struct stress {
+    struct bg_engine engine;
+    enum { SC = 6 } n;
+    struct fake_client fc[6];
+    uint64_t ids[1024];
+    size_t nids;
+    bg_time now;
+    uint64_t delivered, ended; /* callbacks seen by clients since closed */
+};
+
+/* Live-job cap, alternating every 500 steps between a sparse phase (clients
+ * run dry and wait, so deliveries and wait endings happen) and a busy one
+ * (deep heaps, many buried/delayed jobs). */
+static size_t stress_max_jobs(long step) { return (step / 500) % 2 ? 60 : 3; }
+
+static void untrack(struct stress *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->nids; i++) {
+        if (s->ids[i] == id) {
+            s->ids[i] = s->ids[--s->nids];
+            return;
+        }
+    }
+    fail_msg("step %ld: deleted id %llu was not tracked", audit_step, (unsigned long long)id);
+}
+
+static uint64_t random_id(struct stress *s)
+{
+    if (s->nids == 0 || pick(10) == 0) return s->engine.next_id + pick(3); /* unknown */
+    return s->ids[pick(s->nids)];
+}
+
+/* A random client able to issue a command (open and not blocked). */
+static struct fake_client *random_idle_client(struct stress *s)
+{
+    size_t start = pick(SC);
+    for (size_t k = 0; k < SC; k++) {
+        struct fake_client *fc = &s->fc[(start + k) % SC];
+        if (fc->open && !fc->waiting) return fc;
+    }
+    return NULL;
+}
+
+/* The job a reserve by c must return now: min (pri, id) over the ready jobs
+ * of its watched, unpaused tubes; computed without the engine's helpers. */
+static struct bg_job *model_best_ready(struct bg_client *c)
+{
+    struct bg_job *best = NULL;
+    for (uint32_t i = 0; i < c->watch_len; i++) {
+        struct bg_tube *t = c->watch[i]->tube;
+        if (t->pause_ns) continue;
+        for (uint32_t k = 0; k < t->ready.len; k++) {
+            struct bg_job *j = t->ready.items[k];
+            if (!best || ready_before(j, best)) best = j;
+        }
+    }
+    return best;
+}
+
+static int model_deadline_soon(struct bg_client *c, bg_time now)
+{
+    int any_ready = 0;
+    for (uint32_t i = 0; i < c->watch_len; i++) any_ready |= c->watch[i]->tube->ready.len > 0;
+    for (const struct bg_job *j = c->reserved_head; j; j = j->next)
+        if (now + BG_DEADLINE_MARGIN >= j->deadline_at) return !any_ready;
+    return 0;
+}
+
+static void stress_step(struct stress *s)
+{
+    struct bg_engine *e = &s->engine;
+    unsigned total = 0, roll;
+    for (int i = 0; i < OP_COUNT; i++) total += stress_weight[i];
+    roll = (unsigned)pick(total);
+    int op = 0;
+    while (roll >= stress_weight[op]) roll -= stress_weight[op++];
+
+    struct fake_client *fc = random_idle_client(s);
+    if (!fc && op != OP_RECONNECT) op = OP_TICK; /* everyone blocks: let time pass */
+    if (op == OP_PUT && s->nids >= stress_max_jobs(audit_step)) op = OP_DELETE;
+
+    switch (op) {
+    case OP_PUT: {
+        static const uint32_t delays[] = {0, 0, 0, 1, 2};
+        static const uint32_t ttrs[] = {0, 1, 2, 5};
+        struct bg_job *j = make_job(e, "stress", stress_pris[pick(6)], delays[pick(5)], ttrs[pick(4)], s->now);
+        assert_non_null(j);
+        uint64_t id = j->id;
+        assert_int_equal(bg_put(&fc->client, fc->client.use, j, s->now), BG_OK);
+        s->ids[s->nids++] = id;
+        break;
+    }
+    case OP_RESERVE: {
+        static const int64_t timeouts[] = {-1, 0, 0, 1, 3};
+        int64_t timeout = timeouts[pick(5)];
+        int soon = model_deadline_soon(&fc->client, s->now);
+        struct bg_job *expected = soon ? NULL : model_best_ready(&fc->client);
+        struct bg_job *j = NULL;
+        int r = reserve(fc, timeout, s->now, &j);
+        int want = soon ? BG_DEADLINE_SOON : expected ? BG_OK : timeout == 0 ? BG_TIMED_OUT : BG_WOULD_BLOCK;
+        assert_int_equal(r, want);
+        if (r == BG_OK) assert_ptr_equal(j, expected);
+        break;
+    }
+    case OP_RESERVE_JOB: {
+        uint64_t id = random_id(s);
+        struct bg_job *j = bg_job_find(e, id), *out = NULL;
+        int want = j && j->state != BG_JOB_RESERVED ? BG_OK : BG_NOT_FOUND;
+        assert_int_equal(bg_reserve_job(&fc->client, id, s->now, &out), want);
+        if (want == BG_OK) assert_ptr_equal(out->reserver, &fc->client);
+        break;
+    }
+    case OP_DELETE: {
+        uint64_t id = fc->client.reserved_head && pick(2) ? fc->client.reserved_head->id : random_id(s);
+        struct bg_job *j = bg_job_find(e, id);
+        int want = j && !(j->state == BG_JOB_RESERVED && j->reserver != &fc->client) ? BG_OK : BG_NOT_FOUND;
+        assert_int_equal(bg_delete(&fc->client, id), want);
+        if (want == BG_OK) untrack(s, id);
+        break;
+    }
+    case OP_RELEASE: case OP_BURY: case OP_TOUCH: {
+        uint64_t id = fc->client.reserved_head && pick(4) ? fc->client.reserved_head->id : random_id(s);
+        struct bg_job *j = bg_job_find(e, id);
+        int mine = j && j->state == BG_JOB_RESERVED && j->reserver == &fc->client;
+        uint32_t pri = stress_pris[pick(6)], delay = (uint32_t)pick(3);
+        int r = op == OP_RELEASE ? bg_release(&fc->client, id, pri, delay, s->now)
+              : op == OP_BURY ? bg_bury(&fc->client, id, pri)
+              : bg_touch(&fc->client, id, s->now);
+        assert_int_equal(r, mine ? BG_OK : BG_NOT_FOUND);
+        if (!mine) break;
+        if (op == OP_RELEASE && delay) assert_int_equal(j->state, BG_JOB_DELAYED);
+        if (op == OP_RELEASE && !delay) assert_true(j->state == BG_JOB_READY || j->reserver != &fc->client);
+        if (op == OP_BURY) assert_int_equal(j->state, BG_JOB_BURIED);
+        if (op == OP_TOUCH) assert_int_equal(j->deadline_at, s->now + SEC(j->ttr_s));
+        if (op != OP_TOUCH) assert_int_equal(j->pri, pri);
+        break;
+    }
+    case OP_KICK: {
+        struct bg_tube *t = bg_tube_find(e, stress_tubes[pick(5)]);
+        if (!t) break;
+        uint64_t n = pick(4);
+        uint64_t buried = t->buried_count, delayed = t->delayed.len;
+        uint64_t want = buried ? (n < buried ? n : buried) : (n < delayed ? n : delayed);
+        assert_int_equal(bg_kick(e, t, n, s->now), want);
+        break;
+    }
+    case OP_KICK_JOB: {
+        uint64_t id = random_id(s);
+        struct bg_job *j = bg_job_find(e, id);
+        int want = j && (j->state == BG_JOB_BURIED || j->state == BG_JOB_DELAYED) ? BG_OK : BG_NOT_FOUND;
+        assert_int_equal(bg_kick_job(e, id, s->now), want);
+        break;
+    }
+    case OP_PAUSE: {
+        const char *name = pick(6) ? stress_tubes[pick(5)] : "s-missing";
+        int want = bg_tube_find(e, name) ? BG_OK : BG_NOT_FOUND;
+        assert_int_equal(bg_pause_tube(e, name, (uint32_t)pick(4), s->now), want);
+        break;
+    }
+    case OP_USE:
+        assert_int_equal(bg_client_use(&fc->client, stress_tubes[pick(5)]), BG_OK);
+        assert_int_equal(fc->client.use->using_count >= 1, 1);
+        break;
+    case OP_WATCH: {
+        uint32_t count;
+        assert_int_equal(bg_client_watch(&fc->client, stress_tubes[pick(5)], &count), BG_OK);
+        assert_int_equal(count, fc->client.watch_len);
+        break;
+    }
+    case OP_IGNORE: {
+        const char *name = stress_tubes[pick(5)];
+        int watching = 0;
+        for (uint32_t i = 0; i < fc->client.watch_len; i++)
+            watching |= strcmp(fc->client.watch[i]->tube->name, name) == 0;
+        uint32_t before = fc->client.watch_len, count = 0;
+        int want = watching && before == 1 ? BG_NOT_IGNORED : BG_OK;
+        assert_int_equal(bg_client_ignore(&fc->client, name, &count), want);
+        if (want == BG_OK) assert_int_equal(count, before - (uint32_t)watching);
+        break;
+    }
+    case OP_TICK: {
+        s->now += MSEC(pick(2500));
+        bg_time next = bg_engine_tick(e, s->now);
+        assert_int_equal(next, bg_engine_next_deadline(e));
+        assert_true(next > s->now); /* nothing due is left behind */
+        break;
+    }
+    case OP_RECONNECT: {
+        struct fake_client *victim = &s->fc[pick(SC)];
+        s->delivered += victim->delivered_count;
+        s->ended += victim->ended_count;
+        fake_close(victim, s->now);
+        assert_int_equal(fake_open(e, victim), BG_OK);
+        break;
+    }
+    }
+}
+
+/* Thousands of random calls over several clients and tubes, with a seeded
+ * PRNG; after each one the engine passes the full audit (counts equal sums
+ * over tubes, every job where its state says, no unpaused tube with both
+ * ready jobs and waiters) and each outcome matches a simple model. */
+static void test_stress_random_operations(void **state)
+{
+    (void)state;
+    static const uint64_t seeds[] = {0x5EED, 0xBEA57A1C, 42};
+    for (size_t si = 0; si < sizeof seeds / sizeof seeds[0]; si++) {
+        struct stress *s = calloc(1, sizeof *s);
+        assert_non_null(s);
+        prng_state = seeds[si];
+        s->now = T0;
+        assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE), BG_OK);
+        for (int i = 0; i < SC; i++) assert_int_equal(fake_open(&s->engine, &s->fc[i]), BG_OK);
+        for (audit_step = 0; audit_step < 10000; audit_step++) {
+            stress_step(s);
+            check_engine(&s->engine, s->fc, SC);
+            for (size_t i = 0; i < s->nids; i++) assert_non_null(bg_job_find(&s->engine, s->ids[i]));
+            assert_int_equal(s->engine.job_count, s->nids);
+        }
+        uint64_t delivered = s->delivered, ended = s->ended;
+        for (int i = 0; i < SC; i++) {
+            delivered += s->fc[i].delivered_count;
+            ended += s->fc[i].ended_count;
+        }
+        print_message("    seed %#llx: %llu deliveries, %llu wait endings, %llu timeouts, %zu jobs left\n",
+                      (unsigned long long)seeds[si], (unsigned long long)delivered,
+                      (unsigned long long)ended, (unsigned long long)s->engine.stat.job_timeouts, s->nids);
+        /* the run exercised asynchronous deliveries and wait endings */
+        assert_true(delivered > 100);
+        assert_true(ended > 50);
+        assert_true(s->engine.stat.job_timeouts > 0);
+        audit_step = -1;
+        for (int i = 0; i < SC; i++) fake_close(&s->fc[i], s->now);
+        check_engine(&s->engine, s->fc, SC);
+        bg_engine_destroy(&s->engine);
+        free(s);
+    }
+}
+
+/* ======================================================================= */
+
+#define ENGINE_TEST(fn) cmocka_unit_test_setup_teardown(fn, world_setup, world_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        ENGINE_TEST(test_priority_order_and_fifo_within_priority),
+        ENGINE_TEST(test_urgent_counts),
+        ENGINE_TEST(test_ttr_expiry_returns_job_to_ready),
+        ENGINE_TEST(test_ttr_zero_is_one_second),
+        ENGINE_TEST(test_ttr_expiry_hands_job_to_waiter),
+        ENGINE_TEST(test_reserve_deadline_soon),
+        ENGINE_TEST(test_reserve_deadline_soon_edges),
+        ENGINE_TEST(test_waiting_client_woken_with_deadline_soon),
+        ENGINE_TEST(test_waiting_wake_is_min_of_timeout_and_margin),
+        ENGINE_TEST(test_reserve_timeout_zero),
+        ENGINE_TEST(test_reserve_timeout_expires_on_tick),
+        ENGINE_TEST(test_reserve_wait_ends_with_job),
+        ENGINE_TEST(test_delayed_job_ready_after_delay),
+        ENGINE_TEST(test_delayed_job_delivered_to_waiter),
+        ENGINE_TEST(test_delayed_order_by_deadline),
+        ENGINE_TEST(test_pause_holds_ready_job_until_unpause),
+        ENGINE_TEST(test_pause_missing_tube),
+        ENGINE_TEST(test_pause_zero_and_repause),
+        ENGINE_TEST(test_kick_buried_then_delayed),
+        ENGINE_TEST(test_kick_is_per_tube_and_dispatches),
+        ENGINE_TEST(test_kick_job_by_state),
+        ENGINE_TEST(test_kick_when_ready_queue_cannot_grow),
+        ENGINE_TEST(test_tube_lifetime),
+        ENGINE_TEST(test_default_tube_always_exists),
+        ENGINE_TEST(test_tube_list_order_after_removal),
+        ENGINE_TEST(test_waiter_on_two_tubes),
+        ENGINE_TEST(test_two_waiters_two_jobs),
+        ENGINE_TEST(test_waiters_served_in_reference_order),
+        ENGINE_TEST(test_put_into_unwatched_tube_wakes_nobody),
+        ENGINE_TEST(test_stop_waiting),
+        ENGINE_TEST(test_close_returns_reserved_jobs),
+        ENGINE_TEST(test_close_hands_job_to_waiter),
+        ENGINE_TEST(test_close_while_waiting),
+        ENGINE_TEST(test_delete_by_state),
+        ENGINE_TEST(test_release_with_delay),
+        ENGINE_TEST(test_release_to_waiter),
+        ENGINE_TEST(test_bury),
+        ENGINE_TEST(test_touch_extends_deadline),
+        ENGINE_TEST(test_touch_moves_deadline_soon_wake),
+        ENGINE_TEST(test_reserve_job_by_state),
+        ENGINE_TEST(test_put_while_draining),
+        ENGINE_TEST(test_job_new_out_of_memory),
+        ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
+        ENGINE_TEST(test_job_table_grow_failure),
+        cmocka_unit_test(test_oom_every_allocation),
+        cmocka_unit_test(test_stress_random_operations),
+    };
+    const char *filter = getenv("ENGINE_TEST_FILTER"); /* e.g. "*stress*" */
+    if (filter) cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+}
