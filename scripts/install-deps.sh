@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install what building and testing beangate needs on Debian 12, skipping
+# what is already there. Usage: scripts/install-deps.sh [build|test]
+#   build: compiler, CMake, libevent, libmicrohttpd, jansson
+#   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
+#          reference), python3, node/npm (client library suites)
+set -euo pipefail
+mode="${1:-test}"
+
+pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
+if [ "$mode" = test ]; then
+    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 nodejs npm procps iproute2)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo_cmd=()
+[ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# Installing Debian's beanstalkd must not start it as a service on 11300:
+# the client suites need that port. policy-rc.d tells the package not to.
+policy=/usr/sbin/policy-rc.d
+made_policy=0
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee "$policy" >/dev/null
+    "${sudo_cmd[@]}" chmod +x "$policy"
+    made_policy=1
+fi
+trap '[ $made_policy = 1 ] && "${sudo_cmd[@]}" rm -f "$policy"' EXIT
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

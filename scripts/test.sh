@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install what is missing, build, and run every test:
+#   1. the normal build: unit tests (cmocka), recorded codec cases,
+#      integration tests over TCP, the differential test against Debian's
+#      beanstalkd, and real client libraries' own test suites;
+#   2. the same suites again in an AddressSanitizer + UndefinedBehaviorSanitizer build;
+#   3. the libFuzzer harness of the codec for FUZZ_SECONDS (default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh test
+jobs="$(nproc)"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+echo "== normal build"
+cmake -S . -B build -DBEANGATE_TESTS=ON >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure
+
+echo "== ASan + UBSan build"
+cmake -S . -B build-asan -DBEANGATE_TESTS=ON -DBEANGATE_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+ctest --test-dir build-asan --output-on-failure
+
+echo "== fuzzing the codec for ${FUZZ_SECONDS:-60} s"
+CC=clang cmake -S . -B build-fuzz -DBEANGATE_TESTS=OFF -DBEANGATE_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_codec
+mkdir -p build-fuzz/corpus
+build-fuzz/fuzz/fuzz_codec -max_total_time="${FUZZ_SECONDS:-60}" -max_len=4096 \
+    -print_final_stats=1 build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 12
+echo "fuzz: 1 passed, 0 failed"
+echo "all test suites passed"
