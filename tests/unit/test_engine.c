@@ -752,6 +752,49 @@ static void test_reserve_wait_ends_with_job(void **state)
     check_world(w);
 }
 
+/* When a delayed job becomes ready at the very instant a waiter's timeout
+ * ends, the tick hands the waiter the job (jobs are processed before wait
+ * timeouts, as in the reference's tick) and ends no wait. */
+static void test_tick_job_beats_timeout_at_same_instant(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t id = put_job(&w->fc[0], "due", 1, 5, 60, T0);
+    assert_int_equal(reserve(worker, 5, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(5));
+    bg_engine_tick(&w->engine, T0 + SEC(5));
+    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(worker->delivered[0], id);
+    assert_int_equal(worker->ended_count, 0);
+    check_world(w);
+}
+
+/* One late tick does everything that fell due meanwhile, in one call. */
+static void test_late_tick_catches_up(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0], *holder = &w->fc[1], *waiter = &w->fc[2];
+    uint64_t held = put_job(producer, "held", 1, 0, 2, T0);
+    assert_int_equal(reserve_now(holder, T0), held);
+    uint64_t delayed = put_job(producer, "delayed", 5, 3, 60, T0);
+    assert_int_equal(bg_client_use(&producer->client, "paused"), BG_OK);
+    uint64_t in_paused = put_job(producer, "paused", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "paused", 4, T0), BG_OK);
+    watch(waiter, "elsewhere");
+    ignore(waiter, "default");
+    assert_int_equal(reserve(waiter, 6, T0, NULL), BG_WOULD_BLOCK);
+
+    assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(100)), NEVER);
+    assert_int_equal(state_of(w, held), BG_JOB_READY);
+    assert_int_equal(find(w, held)->timeouts, 1);
+    assert_int_equal(state_of(w, delayed), BG_JOB_READY);
+    assert_int_equal(state_of(w, in_paused), BG_JOB_READY);
+    assert_int_equal(bg_tube_find(&w->engine, "paused")->pause_ns, 0);
+    assert_int_equal(waiter->ended_count, 1);
+    assert_int_equal(waiter->ended[0], BG_TIMED_OUT);
+    check_world(w);
+}
+
 /* ======================================================================= */
 /* delays                                                                  */
 /* ======================================================================= */
@@ -1182,6 +1225,73 @@ static void test_tube_list_order_after_removal(void **state)
     assert_tube_list(e, (const char *const[]){"default", "d", "b"}, 3);
     ignore(a, "b"); /* the last slot: nothing moves */
     assert_tube_list(e, (const char *const[]){"default", "d"}, 2);
+    check_world(w);
+}
+
+/* A paused tube freed before its pause ends leaves no timer behind: the
+ * tick at the old unpause time touches nothing (ASan would see a UAF). */
+static void test_paused_tube_freed_while_paused(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0];
+    assert_int_equal(bg_client_use(&a->client, "ephemeral"), BG_OK);
+    assert_int_equal(bg_pause_tube(&w->engine, "ephemeral", 5, T0), BG_OK);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 9, T0), BG_OK);
+    assert_int_equal(w->engine.tube_timers.len, 2);
+    assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
+    assert_null(bg_tube_find(&w->engine, "ephemeral"));
+    assert_int_equal(w->engine.tube_timers.len, 1);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(9));
+    check_world(w);
+    bg_engine_tick(&w->engine, T0 + SEC(10));
+    assert_int_equal(w->engine.tube_timers.len, 0);
+    check_world(w);
+}
+
+/* Hundreds of tubes: the name table grows (also when that growth fails)
+ * and every tube stays findable; freeing them all leaves only default. */
+static void test_many_tubes(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *a = &w->fc[0];
+    enum { N = 300 };
+    char name[32];
+    size_t table = e->tubes_mask + 1;
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "tube-%d", i);
+        uint32_t count = 0;
+        if (e->tube_count == table) {
+            /* the tube that overflows the table: fail each of the watch's
+             * allocations in turn; each failure is clean or tolerated */
+            for (uint64_t nth = 1;; nth++) {
+                bg_alloc_fail_after(nth);
+                int r = bg_client_watch(&a->client, name, &count);
+                bg_alloc_fail_after(0);
+                check_world(w);
+                if (r == BG_OK) break;
+                assert_int_equal(r, BG_OUT_OF_MEMORY);
+                assert_null(bg_tube_find(e, name));
+            }
+        } else {
+            assert_int_equal(bg_client_watch(&a->client, name, &count), BG_OK);
+        }
+        assert_int_equal(count, (uint32_t)i + 2);
+    }
+    assert_true(e->tubes_mask + 1 > table);
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "tube-%d", i);
+        struct bg_tube *t = bg_tube_find(e, name);
+        assert_non_null(t);
+        assert_string_equal(t->name, name);
+    }
+    check_world(w);
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "tube-%d", i);
+        ignore(a, name);
+        assert_null(bg_tube_find(e, name));
+    }
+    assert_int_equal(e->tube_count, 1);
     check_world(w);
 }
 
@@ -1823,7 +1933,6 @@ static void test_oom_every_allocation(void **state)
     uint64_t nth;
     for (nth = 1; nth < 100000; nth++) {
         bg_alloc_fail_after(nth);
-        if (getenv("OOM_DEBUG")) fprintf(stderr, "nth=%llu\n", (unsigned long long)nth);
         oom_script();
         if (fault_still_pending(nth)) break; /* the script needed < nth allocations */
     }
@@ -2121,6 +2230,8 @@ int main(void)
         ENGINE_TEST(test_reserve_timeout_zero),
         ENGINE_TEST(test_reserve_timeout_expires_on_tick),
         ENGINE_TEST(test_reserve_wait_ends_with_job),
+        ENGINE_TEST(test_tick_job_beats_timeout_at_same_instant),
+        ENGINE_TEST(test_late_tick_catches_up),
         ENGINE_TEST(test_delayed_job_ready_after_delay),
         ENGINE_TEST(test_delayed_job_delivered_to_waiter),
         ENGINE_TEST(test_delayed_order_by_deadline),
@@ -2134,6 +2245,8 @@ int main(void)
         ENGINE_TEST(test_tube_lifetime),
         ENGINE_TEST(test_default_tube_always_exists),
         ENGINE_TEST(test_tube_list_order_after_removal),
+        ENGINE_TEST(test_paused_tube_freed_while_paused),
+        ENGINE_TEST(test_many_tubes),
         ENGINE_TEST(test_waiter_on_two_tubes),
         ENGINE_TEST(test_two_waiters_two_jobs),
         ENGINE_TEST(test_waiters_served_in_reference_order),
