@@ -269,6 +269,23 @@ bg_time bg_engine_tick(struct bg_engine *e, bg_time now);
 /* The next deadline without doing anything. */
 bg_time bg_engine_next_deadline(const struct bg_engine *e);
 
+/* Move reserved job j to client `to` (its deadline is kept). */
+void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
+/* Put j into the tube named `tube` (created if need be): as bg_put. */
+int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
+
+/* ---- token.c: reservation tokens for connectionless clients ------------ */
+
+#define BG_TOKEN_MAX 64
+struct bg_token_key { uint64_t k[4]; };
+
+/* Write the token of reservation number `reserves` of job `id`. */
+void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserves,
+                   char out[BG_TOKEN_MAX]);
+/* 0 if token names that reservation, else BG_NOT_FOUND (constant time). */
+int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t id,
+                   uint32_t reserves);
+
 /* ---- stats.c: the one stats model -------------------------------------- */
 
 struct bg_stats_job {

@@ -657,6 +657,39 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     return job_enqueue(e, j, j->delay_s, now);
 }
 
+int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now)
+{
+    struct bg_tube *t = tube_get(c->engine, tube);
+    if (!t) {
+        bg_free(j);
+        return BG_OUT_OF_MEMORY;
+    }
+    tube_ref(t); /* keep a new tube alive even if the put fails */
+    int r = bg_put(c, t, j, now);
+    tube_unref(c->engine, t);
+    return r;
+}
+
+void bg_reservation_transfer(struct bg_job *j, struct bg_client *to)
+{
+    struct bg_client *from = j->reserver;
+    if (from == to) return;
+    bg_heap_remove(&from->reserved, j->tube_slot);
+    if (j->prev) j->prev->next = j->next; else from->reserved_head = j->next;
+    if (j->next) j->next->prev = j->prev; else from->reserved_tail = j->prev;
+    client_reschedule(from);
+    if (bg_heap_push(&to->reserved, j) != 0) {
+        bg_heap_push(&from->reserved, j); /* slot just freed: cannot fail */
+        to = from;
+    }
+    j->reserver = to;
+    j->next = NULL;
+    j->prev = to->reserved_tail;
+    if (to->reserved_tail) to->reserved_tail->next = j; else to->reserved_head = j;
+    to->reserved_tail = j;
+    client_reschedule(to);
+}
+
 /* The smallest (pri, id) ready job over c's watched, unpaused tubes. */
 static struct bg_job *client_best_ready(const struct bg_client *c)
 {

@@ -18,7 +18,10 @@ static void usage(FILE *f)
         "          max allowed is %d bytes\n"
         " -v       show version information\n"
         " -V       increase verbosity\n"
-        " -h       show this help\n",
+        " -h       show this help\n"
+        " --http-listen ADDR  HTTP/JSON gateway address (default is 127.0.0.1)\n"
+        " --http-port PORT    HTTP/JSON gateway port (default is 11301)\n"
+        " --no-http           do not start the HTTP/JSON gateway\n",
         BG_JOB_SIZE_LIMIT);
 }
 
@@ -41,6 +44,27 @@ static int parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+/* One --name [value] flag at argv[*i]; 0 or the usage exit status. */
+static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    static const char *const valued[] = {"--http-listen", "--http-port"};
+    if (strcmp(a, "--no-http") == 0) {
+        cfg->http_enabled = 0;
+        return 0;
+    }
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) {
+        size_t n = strlen(valued[k]);
+        if (strncmp(a, valued[k], n) != 0 || (a[n] != '\0' && a[n] != '=')) continue;
+        const char *value = a[n] == '=' ? a + n + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+        if (!value || !*value) return usage_error("flag requires an argument: ", valued[k]);
+        if (k == 0) cfg->http_listen = value;
+        else cfg->http_port = value;
+        return 0;
+    }
+    return usage_error("unknown flag: ", a);
+}
+
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
 {
     cfg->listen_addr = "127.0.0.1";
@@ -48,8 +72,16 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     cfg->user = NULL;
     cfg->max_job_size = BG_JOB_SIZE_DEFAULT;
     cfg->verbose = 0;
+    cfg->http_listen = "127.0.0.1";
+    cfg->http_port = "11301";
+    cfg->http_enabled = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strncmp(a, "--", 2) == 0) {
+            int r = parse_long_flag(cfg, argc, argv, &i);
+            if (r != 0) return r;
+            continue;
+        }
         if (a[0] != '-' || a[1] == '\0') return usage_error("unknown argument: ", a);
         for (const char *f = a + 1; *f; f++) {
             char flag = *f;

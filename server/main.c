@@ -11,6 +11,7 @@
 #include <grp.h>
 
 #include "server.h"
+#include "../gateway/gateway.h"
 
 bg_time server_now(void)
 {
@@ -49,6 +50,9 @@ void server_arm_timer(struct server *srv)
     if (wait > 0 && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
     evtimer_add(srv->timer, &tv);
 }
+
+/* The gateway changed the queue: the next deadline may have moved. */
+static void after_gateway_run(void *arg) { server_arm_timer(arg); }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -153,11 +157,17 @@ int main(int argc, char **argv)
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
+    if (cfg.http_enabled) {
+        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port};
+        srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
+        if (!srv.gateway) return 111;
+    }
     if (cfg.verbose)
         fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
 
     event_base_dispatch(srv.base);
 
+    gateway_stop(srv.gateway);
     net_shutdown(&srv);
     bg_engine_destroy(&srv.engine);
     event_free(srv.timer);

@@ -21,6 +21,9 @@ struct server_config {
     const char *user;            /* -u, or NULL */
     uint32_t max_job_size;       /* -z */
     int verbose;                 /* -V count */
+    const char *http_listen;     /* --http-listen, default 127.0.0.1 */
+    const char *http_port;       /* --http-port, default 11301 */
+    int http_enabled;            /* 0 with --no-http */
 };
 
 /* Parse argv like beanstalkd. Returns 0 to run, 1 when the process should
@@ -58,6 +61,7 @@ struct server {
     char os[256];
     char platform[sizeof(((struct utsname *)0)->machine)];
     int verbose;
+    struct gateway *gateway;     /* NULL with --no-http */
 };
 
 /* Monotonic time in nanoseconds. */

@@ -86,7 +86,9 @@ start_server() {  # $1 = log file
     if port_open; then
         die "$HOST:$PORT is already in use (another beanstalkd?). The client test suites hard-code port $PORT; stop whatever listens there and retry."
     fi
-    "$SERVER" -l "$HOST" -p "$PORT" >"$1" 2>&1 &
+    # SERVER_ARGS: extra flags for the server under test, e.g. --no-http
+    # shellcheck disable=SC2086
+    "$SERVER" -l "$HOST" -p "$PORT" ${SERVER_ARGS:-} >"$1" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 100); do
         kill -0 "$SERVER_PID" 2>/dev/null || { cat "$1" >&2; die "server exited during startup"; }

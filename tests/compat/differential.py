@@ -129,6 +129,9 @@ class Server:
             args = [self.binary, "-l", "127.0.0.1", "-p", str(self.port)]
             if self.zlimit is not None:
                 args += ["-z", str(self.zlimit)]
+            if self.label == "candidate":
+                # e.g. CANDIDATE_ARGS=--no-http: flags only beangate knows
+                args += os.environ.get("CANDIDATE_ARGS", "").split()
             self.errfile = tempfile.TemporaryFile()
             with _PROCS_LOCK:
                 if STOP.is_set():

@@ -1,0 +1,133 @@
+/* gateway.h - the HTTP/JSON gateway: beanstalk as resources, served by
+ * libmicrohttpd in external polling mode on the server's libevent loop, over
+ * the same engine as the TCP protocol. No thread other than the loop's
+ * touches the queue.
+ *
+ * Files:
+ *   http.c    the daemon, its wiring into libevent, request bodies, routing
+ *   routes.c  one handler per route: engine calls, JSON or raw replies
+ *   json.c    rendering of jobs, tubes, stats and problem+json errors
+ *   idempotency.c  Idempotency-Key -> job, for a window
+ */
+#ifndef BEANGATE_GATEWAY_H
+#define BEANGATE_GATEWAY_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "../core/core.h"
+
+#define GW_MAX_WAIT_S 30          /* long-poll cap */
+#define GW_DEFAULT_PRIORITY 2147483648u /* 2^31, as common clients use */
+#define GW_DEFAULT_TTR 60
+#define GW_CONNECTION_LIMIT 1024
+#define GW_IDLE_TIMEOUT_S 60
+#define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
+#define GW_IDEMPOTENCY_KEY_MAX 128
+#define GW_IDEMPOTENCY_MAX 100000     /* keys remembered at most */
+#define GW_BATCH_MAX 100              /* entries in a batch put or reserve */
+#define GW_BATCH_BODY_MAX (32u << 20) /* bytes of JSON in a batch put */
+
+struct gateway_config {
+    const char *listen_addr;      /* default 127.0.0.1 */
+    const char *port;             /* default 11301 */
+};
+
+struct gateway;
+
+/* Start the gateway on base. NULL on failure (message printed). now() is
+ * the server's monotonic clock; after_run() lets the server re-arm its
+ * engine timer after the gateway changed the queue. */
+struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
+                              const struct gateway_config *cfg, bg_time (*now)(void),
+                              void (*after_run)(void *), void *after_run_arg);
+/* Resume every suspended request, stop the daemon, free everything. */
+void gateway_stop(struct gateway *gw);
+
+/* ---- internal: shared by http.c and routes.c --------------------------- */
+
+/* One HTTP request as the gateway follows it across handler calls. */
+struct gw_request {
+    struct gateway *gw;
+    struct MHD_Connection *conn;
+    struct bg_buf body;
+    uint64_t body_limit;
+    int body_too_big;
+    int responded;
+    /* long-poll */
+    struct bg_client waiter;
+    int waiter_active;
+    int suspended;
+    int wait_outcome;             /* 0: got jobs; BG_TIMED_OUT */
+    uint32_t want;                /* batch size asked for (0: single) */
+    uint32_t got;
+    uint64_t job_ids[GW_BATCH_MAX]; /* reserved for this request, in order */
+    uint32_t job_reserves[GW_BATCH_MAX];
+    struct gw_request *next_woken;
+    struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
+    int listed;
+};
+
+struct gateway {
+    struct bg_engine *engine;
+    struct event_base *base;
+    struct MHD_Daemon *daemon;
+    struct event *epoll_ev, *timer_ev, *run_ev;
+    struct bg_client holder;      /* owns every HTTP reservation */
+    struct bg_token_key key;
+    bg_time (*now)(void);
+    void (*after_run)(void *);
+    void *after_run_arg;
+    struct gw_request *woken;     /* long-polls resolved, to resume */
+    struct gw_request *waiting;   /* every suspended long-poll */
+    struct gw_idempotency *idempotency;
+};
+
+/* Answer with a JSON value (taken over) and a status. */
+enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
+                              const char *location);
+/* The same with one more header (name may be NULL). */
+enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
+                                      const char *location, const char *name, const char *value);
+/* Answer with application/problem+json for an outcome or status. */
+enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
+                                 const char *detail);
+/* Answer with no body. */
+enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
+
+/* routes.c: dispatch a complete request. */
+enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);
+/* routes.c: a long-poll waiter got a job / ended. */
+extern const struct bg_client_ops gw_waiter_ops;
+/* http.c: queue r to be resumed on the next loop turn. */
+void gw_wake(struct gw_request *r);
+/* http.c: track / forget a suspended long-poll (resumed at shutdown). */
+void gw_list(struct gw_request *r);
+void gw_unlist(struct gw_request *r);
+
+/* idempotency.c */
+struct gw_idempotency;
+struct gw_idempotency *gw_idempotency_new(void);
+void gw_idempotency_free(struct gw_idempotency *t);
+/* Nonzero if key is 1..GW_IDEMPOTENCY_KEY_MAX visible ASCII characters. */
+int gw_idempotency_valid_key(const char *key);
+/* The job a live key made: 0, or BG_NOT_FOUND. */
+int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
+                        uint64_t *job_id, const char **tube);
+/* Remember that key made job_id in tube. 0 or BG_OUT_OF_MEMORY. */
+int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
+                            uint64_t job_id, bg_time now);
+
+/* openapi.c (generated from openapi/openapi.yaml) */
+extern const char gw_openapi_yaml[];
+extern const size_t gw_openapi_yaml_len;
+
+/* json.c */
+/* Decode standard base64 (padding optional); NULL if invalid. *n = length. */
+char *gw_base64_decode(const char *text, size_t len, size_t *n);
+json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+                    const char *token, int with_body);
+json_t *gw_json_tube(const struct bg_stats_tube *st);
+json_t *gw_json_server(const struct bg_engine *e);
+#endif

@@ -1,0 +1,295 @@
+/* http.c - libmicrohttpd in external polling mode on the libevent loop:
+ * the daemon's epoll fd is one libevent event, MHD_get_timeout arms one
+ * timer, and MHD_run runs on the loop thread. Request bodies are collected
+ * here, with the size limit checked before any byte is read. */
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "gateway.h"
+
+static void gw_run(struct gateway *gw);
+
+static void epoll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_run(arg);
+}
+
+static void run_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gateway *gw = arg;
+    struct gw_request *r;
+    while ((r = gw->woken)) {
+        gw->woken = r->next_woken;
+        r->next_woken = NULL;
+        if (r->suspended) {
+            r->suspended = 0;
+            MHD_resume_connection(r->conn);
+        }
+    }
+    gw_run(gw);
+}
+
+void gw_list(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    r->prev_waiting = NULL;
+    r->next_waiting = gw->waiting;
+    if (gw->waiting) gw->waiting->prev_waiting = r;
+    gw->waiting = r;
+    r->listed = 1;
+}
+
+void gw_unlist(struct gw_request *r)
+{
+    if (!r->listed) return;
+    if (r->prev_waiting) r->prev_waiting->next_waiting = r->next_waiting;
+    else r->gw->waiting = r->next_waiting;
+    if (r->next_waiting) r->next_waiting->prev_waiting = r->prev_waiting;
+    r->listed = 0;
+}
+
+void gw_wake(struct gw_request *r)
+{
+    r->next_woken = r->gw->woken;
+    r->gw->woken = r;
+    event_active(r->gw->run_ev, EV_READ, 0);
+}
+
+/* Run the daemon, then re-arm its timer and the engine's. */
+static void gw_run(struct gateway *gw)
+{
+    MHD_run(gw->daemon);
+    MHD_UNSIGNED_LONG_LONG ms;
+    if (MHD_get_timeout(gw->daemon, &ms) == MHD_YES) {
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+        evtimer_add(gw->timer_ev, &tv);
+    } else {
+        evtimer_del(gw->timer_ev);
+    }
+    if (gw->after_run) gw->after_run(gw->after_run_arg);
+}
+
+enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
+                              const char *location)
+{
+    return gw_reply_json_headers(c, status, v, location, NULL, NULL);
+}
+
+enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
+                                      const char *location, const char *name, const char *value)
+{
+    char *text = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!text) return MHD_NO;
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n + 1, text, MHD_RESPMEM_MUST_COPY);
+    free(text);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (location) MHD_add_response_header(resp, "Location", location);
+    if (name) MHD_add_response_header(resp, name, value);
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
+                                 const char *detail)
+{
+    const char *title = status == 400 ? "Bad Request" : status == 404 ? "Not Found"
+                      : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
+                      : status == 413 ? "Content Too Large" : status == 503 ? "Service Unavailable"
+                      : "Internal Server Error";
+    json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title", title,
+                          "status", (int)status, "detail", detail, "code", code);
+    char *text = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!text) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_COPY);
+    free(text);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/problem+json");
+    if (status == 503) MHD_add_response_header(resp, "Retry-After", "5");
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    struct gateway *gw = cls;
+    struct gw_request *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->gw = gw;
+        r->conn = conn;
+        *con_cls = r;
+        /* the size limit is checked before any of the body is read */
+        uint64_t max = gw->engine->max_job_size;
+        r->body_limit = strstr(url, "/batch") ? GW_BATCH_BODY_MAX : max;
+        const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (len && strtoull(len, NULL, 10) > r->body_limit) {
+            r->body_too_big = 1;
+            r->responded = 1;
+            return gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!r->body_too_big) {
+            if (r->body.len + *upload_size > r->body_limit ||
+                bg_buf_append(&r->body, upload_data, *upload_size) != 0) {
+                r->body_too_big = 1;
+                bg_buf_free(&r->body);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->responded) return MHD_YES;
+    return gw_route(r, method, url);
+}
+
+/* A request ended: if it reserved jobs that never reached the client,
+ * put them straight back. */
+static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)conn;
+    struct gateway *gw = cls;
+    struct gw_request *r = *con_cls;
+    if (!r) return;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        bg_time now = gw->now();
+        for (uint32_t i = 0; i < r->got; i++) {
+            struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
+            if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
+                j->reserves == r->job_reserves[i]) {
+                bg_release(&gw->holder, j->id, j->pri, 0, now);
+            }
+        }
+    }
+    if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
+    gw_unlist(r);
+    bg_buf_free(&r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+static void holder_job_reserved(struct bg_client *c, struct bg_job *j) { (void)c; (void)j; }
+static void holder_wait_ended(struct bg_client *c, int outcome) { (void)c; (void)outcome; }
+static const struct bg_client_ops holder_ops = {holder_job_reserved, holder_wait_ended};
+
+/* Fill key with random bytes. 0 or -1. */
+static int random_key(struct bg_token_key *key)
+{
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f) return -1;
+    size_t n = fread(key->k, 1, sizeof key->k, f);
+    fclose(f);
+    return n == sizeof key->k ? 0 : -1;
+}
+
+struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
+                              const struct gateway_config *cfg, bg_time (*now)(void),
+                              void (*after_run)(void *), void *after_run_arg)
+{
+    struct addrinfo hints, *res;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int rc = getaddrinfo(cfg->listen_addr, cfg->port, &hints, &res);
+    if (rc != 0) {
+        fprintf(stderr, "beangate: cannot resolve HTTP address %s port %s: %s\n",
+                cfg->listen_addr, cfg->port, gai_strerror(rc));
+        return NULL;
+    }
+    struct gateway *gw = calloc(1, sizeof *gw);
+    if (!gw || random_key(&gw->key) != 0 ||
+        bg_client_init(engine, &gw->holder, &holder_ops, gw) != 0) {
+        fprintf(stderr, "beangate: cannot set up the HTTP gateway\n");
+        freeaddrinfo(res);
+        free(gw);
+        return NULL;
+    }
+    gw->idempotency = gw_idempotency_new();
+    if (!gw->idempotency) {
+        bg_client_close(&gw->holder, now());
+        freeaddrinfo(res);
+        free(gw);
+        return NULL;
+    }
+    gw->engine = engine;
+    gw->base = base;
+    gw->now = now;
+    gw->after_run = after_run;
+    gw->after_run_arg = after_run_arg;
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (res->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
+                                  MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                                  MHD_OPTION_NOTIFY_COMPLETED, completed_cb, gw,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_CONNECTION_LIMIT,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_IDLE_TIMEOUT_S,
+                                  MHD_OPTION_END);
+    freeaddrinfo(res);
+    if (!gw->daemon) {
+        fprintf(stderr, "beangate: cannot listen for HTTP on %s port %s\n", cfg->listen_addr, cfg->port);
+        bg_client_close(&gw->holder, now());
+        gw_idempotency_free(gw->idempotency);
+        free(gw);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(gw->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    gw->epoll_ev = event_new(base, info->epoll_fd, EV_READ | EV_PERSIST, epoll_cb, gw);
+    gw->timer_ev = evtimer_new(base, epoll_cb, gw);
+    gw->run_ev = event_new(base, -1, 0, run_cb, gw);
+    event_add(gw->epoll_ev, NULL);
+    gw_run(gw);
+    return gw;
+}
+
+void gateway_stop(struct gateway *gw)
+{
+    if (!gw) return;
+    /* suspended connections must be resumed before the daemon stops */
+    MHD_quiesce_daemon(gw->daemon);
+    for (struct gw_request *r = gw->waiting; r; r = r->next_waiting) {
+        if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
+        r->wait_outcome = BG_TIMED_OUT;
+        if (r->suspended) {
+            r->suspended = 0;
+            MHD_resume_connection(r->conn);
+        }
+    }
+    gw->woken = NULL;
+    MHD_stop_daemon(gw->daemon);
+    event_free(gw->epoll_ev);
+    event_free(gw->timer_ev);
+    event_free(gw->run_ev);
+    bg_client_close(&gw->holder, gw->now());
+    gw_idempotency_free(gw->idempotency);
+    free(gw);
+}

@@ -1,0 +1,126 @@
+/* json.c - the stats model and jobs rendered as JSON (same numbers as the
+ * beanstalk YAML: both come from core/stats.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway.h"
+
+/* Base64 (RFC 4648, padded) of n bytes as a new JSON string. */
+static json_t *base64_string(const char *p, size_t n)
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t out_len = 4 * ((n + 2) / 3);
+    char *out = malloc(out_len + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)(unsigned char)p[i] << 16;
+        if (i + 1 < n) v |= (uint32_t)(unsigned char)p[i + 1] << 8;
+        if (i + 2 < n) v |= (unsigned char)p[i + 2];
+        out[o++] = abc[v >> 18 & 63];
+        out[o++] = abc[v >> 12 & 63];
+        out[o++] = i + 1 < n ? abc[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? abc[v & 63] : '=';
+    }
+    json_t *s = json_stringn(out, o);
+    free(out);
+    return s;
+}
+
+char *gw_base64_decode(const char *text, size_t len, size_t *n)
+{
+    while (len && text[len - 1] == '=') len--;
+    if (len % 4 == 1) return NULL;
+    char *out = malloc(len * 3 / 4 + 1);
+    if (!out) return NULL;
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        int v = ch >= 'A' && ch <= 'Z' ? ch - 'A' : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+              : ch >= '0' && ch <= '9' ? ch - '0' + 52 : ch == '+' ? 62 : ch == '/' ? 63 : -1;
+        if (v < 0) {
+            free(out);
+            return NULL;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (char)(acc >> bits & 0xff);
+        }
+    }
+    *n = o;
+    return out;
+}
+
+json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+                    const char *token, int with_body)
+{
+    struct bg_stats_job sj;
+    bg_stats_job(e, j, now, &sj);
+    json_t *v = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                          "id", (json_int_t)sj.id, "tube", sj.tube, "state", sj.state,
+                          "priority", (json_int_t)sj.pri, "age", (json_int_t)sj.age_s,
+                          "delay", (json_int_t)sj.delay_s, "ttr", (json_int_t)sj.ttr_s,
+                          "time_left", (json_int_t)sj.time_left_s,
+                          "reserves", (json_int_t)sj.reserves, "timeouts", (json_int_t)sj.timeouts,
+                          "releases", (json_int_t)sj.releases, "buries", (json_int_t)sj.buries,
+                          "kicks", (json_int_t)sj.kicks);
+    if (!v) return NULL;
+    if (token) json_object_set_new(v, "reservation", json_string(token));
+    if (with_body) {
+        size_t n = j->body_size - 2;
+        json_t *body = json_stringn(j->body, n); /* NULL unless valid UTF-8 */
+        if (body) json_object_set_new(v, "body", body);
+        else json_object_set_new(v, "body_base64", base64_string(j->body, n));
+    }
+    return v;
+}
+
+json_t *gw_json_tube(const struct bg_stats_tube *st)
+{
+    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                     "name", st->name, "current_jobs_urgent", (json_int_t)st->urgent,
+                     "current_jobs_ready", (json_int_t)st->ready,
+                     "current_jobs_reserved", (json_int_t)st->reserved,
+                     "current_jobs_delayed", (json_int_t)st->delayed,
+                     "current_jobs_buried", (json_int_t)st->buried,
+                     "total_jobs", (json_int_t)st->total_jobs, "current_using", (json_int_t)st->using,
+                     "current_watching", (json_int_t)st->watching,
+                     "current_waiting", (json_int_t)st->waiting, "cmd_delete", (json_int_t)st->cmd_delete,
+                     "cmd_pause_tube", (json_int_t)st->cmd_pause, "pause", (json_int_t)st->pause_s,
+                     "pause_time_left", (json_int_t)st->pause_left_s);
+}
+
+json_t *gw_json_server(const struct bg_engine *e)
+{
+    static const char *const cmd_keys[] = {
+        "cmd_put", "cmd_peek", "cmd_peek_ready", "cmd_peek_delayed", "cmd_peek_buried",
+        "cmd_reserve", "cmd_reserve_with_timeout", "cmd_delete", "cmd_release", "cmd_use",
+        "cmd_watch", "cmd_ignore", "cmd_bury", "cmd_kick", "cmd_touch", "cmd_stats",
+        "cmd_stats_job", "cmd_stats_tube", "cmd_list_tubes", "cmd_list_tube_used",
+        "cmd_list_tubes_watched", "cmd_pause_tube",
+    };
+    json_t *v = json_pack("{s:I, s:I, s:I, s:I, s:I}",
+                          "current_jobs_urgent", (json_int_t)e->urgent_count,
+                          "current_jobs_ready", (json_int_t)e->ready_count,
+                          "current_jobs_reserved", (json_int_t)e->reserved_count,
+                          "current_jobs_delayed", (json_int_t)e->delayed_count,
+                          "current_jobs_buried", (json_int_t)e->buried_count);
+    if (!v) return NULL;
+    for (size_t i = 0; i < sizeof cmd_keys / sizeof cmd_keys[0]; i++)
+        json_object_set_new(v, cmd_keys[i], json_integer((json_int_t)e->stat.cmd[i]));
+    json_object_set_new(v, "job_timeouts", json_integer((json_int_t)e->stat.job_timeouts));
+    json_object_set_new(v, "total_jobs", json_integer((json_int_t)e->stat.total_jobs));
+    json_object_set_new(v, "max_job_size", json_integer(e->max_job_size));
+    json_object_set_new(v, "current_tubes", json_integer(e->tube_count));
+    json_object_set_new(v, "current_connections", json_integer((json_int_t)e->connections));
+    json_object_set_new(v, "current_producers", json_integer((json_int_t)e->producers));
+    json_object_set_new(v, "current_workers", json_integer((json_int_t)e->workers));
+    json_object_set_new(v, "current_waiting", json_integer((json_int_t)e->waiting));
+    json_object_set_new(v, "total_connections", json_integer((json_int_t)e->stat.total_connections));
+    json_object_set_new(v, "draining", json_boolean(e->draining));
+    return v;
+}

@@ -1,0 +1,602 @@
+/* routes.c - one handler per HTTP route. Handlers parse, call the engine,
+ * and queue one response; http.c owns the daemon. Reservations made over
+ * HTTP belong to the gateway's holder client and are named by tokens
+ * (core/token.c), so they outlive the request that made them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway.h"
+
+/* ---- request helpers --------------------------------------------------- */
+
+static const char *query(struct gw_request *r, const char *key)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
+}
+
+/* A decimal query parameter <= max: 0 (absent leaves *out), or -1 if bad. */
+static int query_uint(struct gw_request *r, const char *key, uint64_t max, uint64_t *out)
+{
+    const char *s = query(r, key);
+    if (!s) return 0;
+    uint64_t v = 0;
+    if (!*s) return -1;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (max - d) / 10) return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+static int wants_raw(struct gw_request *r)
+{
+    const char *accept = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Accept");
+    return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
+}
+
+static enum MHD_Result bad_param(struct gw_request *r, const char *name)
+{
+    char detail[128];
+    snprintf(detail, sizeof detail, "query parameter '%s' must be a non-negative integer in range", name);
+    return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+}
+
+static enum MHD_Result bad_tube(struct gw_request *r)
+{
+    return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                            "tube names are 1-200 bytes of A-Za-z0-9-+/;.$_() not starting with '-'");
+}
+
+static enum MHD_Result not_found(struct gw_request *r, const char *what)
+{
+    return gw_reply_problem(r->conn, 404, "NOT_FOUND", what);
+}
+
+/* Reply for an engine outcome that is not success. */
+static enum MHD_Result outcome_problem(struct gw_request *r, int outcome)
+{
+    switch (outcome) {
+    case BG_NOT_FOUND: return not_found(r, "no such job in a state that allows this");
+    case BG_DRAINING: return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
+    case BG_OUT_OF_MEMORY: return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
+    case BG_JOB_TOO_BIG: return gw_reply_problem(r->conn, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size");
+    default: return gw_reply_problem(r->conn, 500, bg_outcome_word(outcome), "internal error");
+    }
+}
+
+/* The job body as raw bytes with its metadata in headers. */
+static enum MHD_Result reply_raw_job(struct gw_request *r, const struct bg_job *j, const char *token)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(j->body_size - 2, (void *)j->body,
+                                                                MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    char num[32];
+    MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
+    snprintf(num, sizeof num, "%llu", (unsigned long long)j->id);
+    MHD_add_response_header(resp, "X-Job-Id", num);
+    MHD_add_response_header(resp, "X-Job-Tube", j->tube->name);
+    snprintf(num, sizeof num, "%u", j->pri);
+    MHD_add_response_header(resp, "X-Job-Priority", num);
+    snprintf(num, sizeof num, "%u", j->ttr_s);
+    MHD_add_response_header(resp, "X-Job-Ttr", num);
+    if (token) MHD_add_response_header(resp, "X-Reservation", token);
+    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+/* A job with its body, as JSON or raw bytes per Accept. */
+static enum MHD_Result reply_job_with_body(struct gw_request *r, const struct bg_job *j,
+                                           const char *token)
+{
+    if (wants_raw(r)) return reply_raw_job(r, j, token);
+    return gw_reply_json(r->conn, 200, gw_json_job(r->gw->engine, j, r->gw->now(), token, 1), NULL);
+}
+
+/* ---- put --------------------------------------------------------------- */
+
+static const char *const state_names[] = {"ready", "delayed", "reserved", "buried"};
+
+/* {id, tube, state} of a put job; "deleted" if it is gone by now. */
+static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
+{
+    struct bg_job *j = bg_job_find(gw->engine, id);
+    return json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state",
+                     j ? state_names[j->state] : "deleted");
+}
+
+/* 201 with Location for a put (or its idempotent replay). */
+static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *tube, int replayed)
+{
+    char location[48];
+    snprintf(location, sizeof location, "/jobs/%llu", (unsigned long long)id);
+    json_t *v = put_result(r->gw, id, tube);
+    if (!replayed) return gw_reply_json(r->conn, 201, v, location);
+    return gw_reply_json_headers(r->conn, 201, v, location, "Idempotent-Replayed", "true");
+}
+
+static enum MHD_Result route_put(struct gw_request *r, const char *tube)
+{
+    struct gateway *gw = r->gw;
+    uint64_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
+    if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
+    if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+    if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+    if (query_uint(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
+    if (r->body_too_big || r->body.len > gw->engine->max_job_size) return outcome_problem(r, BG_JOB_TOO_BIG);
+    bg_time now = gw->now();
+    const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (key) {
+        uint64_t first_id;
+        const char *first_tube;
+        if (!gw_idempotency_valid_key(key))
+            return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                    "Idempotency-Key must be 1-128 visible ASCII characters");
+        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube) == 0) {
+            if (strcmp(first_tube, tube) != 0)
+                return gw_reply_problem(r->conn, 409, "IDEMPOTENCY_KEY_REUSED",
+                                        "this Idempotency-Key was used for another tube");
+            return reply_put(r, first_id, tube, 1);
+        }
+    }
+    if (gw->engine->draining) return outcome_problem(r, BG_DRAINING);
+    struct bg_job *j = bg_job_new(gw->engine, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
+                                  (uint32_t)r->body.len + 2, now);
+    if (!j) return outcome_problem(r, BG_OUT_OF_MEMORY);
+    if (r->body.len) memcpy(j->body, bg_buf_head(&r->body), r->body.len);
+    memcpy(j->body + r->body.len, "\r\n", 2);
+    uint64_t id = j->id;
+    int rc = bg_put_named(&gw->holder, tube, j, now);
+    if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
+    if (key) gw_idempotency_remember(gw->idempotency, key, tube, id, now); /* best effort */
+    return reply_put(r, id, tube, 0);
+}
+
+/* One entry of a batch put: the result object for it. */
+static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry, bg_time now)
+{
+    json_int_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
+    const char *text = NULL, *b64 = NULL;
+    size_t text_len = 0, b64_len = 0;
+    json_error_t err;
+    if (!json_is_object(entry) ||
+        json_unpack_ex(entry, &err, JSON_STRICT, "{s?s%, s?s%, s?I, s?I, s?I}", "body", &text,
+                       &text_len, "body_base64", &b64, &b64_len, "priority", &pri, "delay",
+                       &delay, "ttr", &ttr) != 0 ||
+        !text == !b64 || pri < 0 || pri > UINT32_MAX || delay < 0 || delay > UINT32_MAX ||
+        ttr < 0 || ttr > UINT32_MAX)
+        return json_pack("{s:i, s:s, s:s}", "status", 400, "code", "BAD_FORMAT", "detail",
+                         "each entry needs exactly one of body or body_base64, and "
+                         "priority, delay, ttr as unsigned 32-bit integers");
+    char *decoded = NULL;
+    size_t n = text_len;
+    if (b64) {
+        decoded = gw_base64_decode(b64, b64_len, &n);
+        if (!decoded)
+            return json_pack("{s:i, s:s, s:s}", "status", 400, "code", "BAD_FORMAT", "detail",
+                             "body_base64 is not valid base64");
+        text = decoded;
+    }
+    json_t *result;
+    if (n > gw->engine->max_job_size) {
+        result = json_pack("{s:i, s:s, s:s}", "status", 413, "code", "JOB_TOO_BIG", "detail",
+                           "the body is larger than the maximum job size");
+    } else {
+        struct bg_job *j = bg_job_new(gw->engine, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
+                                      (uint32_t)n + 2, now);
+        int rc = BG_OUT_OF_MEMORY;
+        if (j) {
+            if (n) memcpy(j->body, text, n);
+            memcpy(j->body + n, "\r\n", 2);
+            uint64_t id = j->id;
+            rc = bg_put_named(&gw->holder, tube, j, now);
+            if (rc == 0 || rc == BG_BURIED) {
+                result = put_result(gw, id, tube);
+                json_object_set_new(result, "status", json_integer(201));
+                free(decoded);
+                return result;
+            }
+        }
+        result = json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(rc), "detail",
+                           rc == BG_DRAINING ? "the server is draining" : "out of memory");
+    }
+    free(decoded);
+    return result;
+}
+
+static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
+{
+    struct gateway *gw = r->gw;
+    if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
+    if (r->body_too_big) return outcome_problem(r, BG_JOB_TOO_BIG);
+    json_error_t err;
+    json_t *doc = json_loadb(bg_buf_head(&r->body), r->body.len, 0, &err);
+    json_t *jobs = json_object_get(doc, "jobs");
+    if (!json_is_array(jobs) || json_array_size(jobs) == 0 || json_array_size(jobs) > GW_BATCH_MAX) {
+        json_decref(doc);
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                "send {\"jobs\": [...]} with 1 to 100 entries");
+    }
+    if (gw->engine->draining) {
+        json_decref(doc);
+        return outcome_problem(r, BG_DRAINING);
+    }
+    bg_time now = gw->now();
+    json_t *results = json_array();
+    size_t i;
+    json_t *entry;
+    json_array_foreach(jobs, i, entry) json_array_append_new(results, batch_put_one(gw, tube, entry, now));
+    json_decref(doc);
+    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "results", results), NULL);
+}
+
+/* ---- reserve (long-poll) ---------------------------------------------- */
+
+/* Take j from the waiter into the holder and remember it for the reply. */
+static void take_job(struct gw_request *r, struct bg_job *j)
+{
+    struct gateway *gw = r->gw;
+    if (bg_heap_reserve(&gw->holder.reserved, gw->holder.reserved.len + 1) != 0) return;
+    bg_reservation_transfer(j, &gw->holder);
+    r->job_ids[r->got] = j->id;
+    r->job_reserves[r->got] = j->reserves;
+    r->got++;
+}
+
+static void waiter_job_reserved(struct bg_client *c, struct bg_job *j)
+{
+    struct gw_request *r = c->owner;
+    take_job(r, j);
+    gw_unlist(r);
+    gw_wake(r);
+}
+
+static void waiter_wait_ended(struct bg_client *c, int outcome)
+{
+    struct gw_request *r = c->owner;
+    r->wait_outcome = outcome;
+    gw_unlist(r);
+    gw_wake(r);
+}
+
+const struct bg_client_ops gw_waiter_ops = {waiter_job_reserved, waiter_wait_ended};
+
+/* Reply with what the long-poll got: 204, one job, or a batch. */
+static enum MHD_Result reply_reserved(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    bg_time now = gw->now();
+    /* jobs available right now top up a batch */
+    while (r->want > r->got) {
+        struct bg_job *j = NULL;
+        if (bg_reserve(&r->waiter, 0, now, &j) != 0) break;
+        take_job(r, j);
+    }
+    if (r->got == 0) return gw_reply_empty(r->conn, 204);
+    char token[BG_TOKEN_MAX];
+    if (r->want == 0) {
+        struct bg_job *j = bg_job_find(gw->engine, r->job_ids[0]);
+        if (!j) return gw_reply_empty(r->conn, 204);
+        bg_token_make(&gw->key, j->id, j->reserves, token);
+        return reply_job_with_body(r, j, token);
+    }
+    json_t *jobs = json_array();
+    for (uint32_t i = 0; i < r->got; i++) {
+        struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
+        if (!j) continue;
+        bg_token_make(&gw->key, j->id, j->reserves, token);
+        json_array_append_new(jobs, gw_json_job(gw->engine, j, now, token, 1));
+    }
+    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "jobs", jobs), NULL);
+}
+
+/* Start a long-poll on a comma-separated list of tubes. */
+static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
+{
+    struct gateway *gw = r->gw;
+    if (r->waiter_active) return reply_reserved(r); /* resumed */
+    uint64_t timeout = 0, count = 0;
+    if (query_uint(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
+    if (query_uint(r, "count", GW_BATCH_MAX, &count) || (query(r, "count") && count == 0))
+        return bad_param(r, "count");
+    if (timeout > GW_MAX_WAIT_S) timeout = GW_MAX_WAIT_S;
+    if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
+    /* validate every name before touching the engine */
+    char names[2048];
+    if (strlen(tubes) >= sizeof names) return bad_tube(r);
+    strcpy(names, tubes);
+    int has_default = 0, n = 0;
+    for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!bg_tube_name_valid(t, strlen(t))) return bad_tube(r);
+        has_default |= strcmp(t, "default") == 0;
+        n++;
+    }
+    if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
+    if (bg_client_init(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
+        return outcome_problem(r, BG_OUT_OF_MEMORY);
+    r->waiter_active = 1;
+    r->want = (uint32_t)count;
+    strcpy(names, tubes);
+    uint32_t watching;
+    for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (bg_client_watch(&r->waiter, t, &watching) != 0) return outcome_problem(r, BG_OUT_OF_MEMORY);
+    if (!has_default) bg_client_ignore(&r->waiter, "default", &watching);
+    struct bg_job *j = NULL;
+    int rc = bg_reserve(&r->waiter, (int64_t)timeout, gw->now(), &j);
+    if (rc == 0) {
+        take_job(r, j);
+        return reply_reserved(r);
+    }
+    if (rc == BG_WOULD_BLOCK) {
+        r->suspended = 1;
+        gw_list(r);
+        MHD_suspend_connection(r->conn);
+        return MHD_YES;
+    }
+    if (rc == BG_TIMED_OUT) return reply_reserved(r);
+    return outcome_problem(r, rc);
+}
+
+/* ---- jobs -------------------------------------------------------------- */
+
+/* Check the reservation token for an action on job j. 0 if the request may
+ * act on j as the holder; otherwise a reply was queued into *reply. */
+static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
+                             enum MHD_Result *reply)
+{
+    struct gateway *gw = r->gw;
+    const char *token = query(r, "reservation");
+    if (j->state != BG_JOB_RESERVED && !token && !need_reserved) return 0;
+    if (!token) {
+        *reply = gw_reply_problem(r->conn, 409, "RESERVATION_REQUIRED",
+                                  j->state == BG_JOB_RESERVED
+                                      ? "the job is reserved: pass ?reservation=TOKEN"
+                                      : "the job is not reserved");
+        return -1;
+    }
+    if (j->state != BG_JOB_RESERVED || j->reserver != &gw->holder ||
+        bg_token_check(&gw->key, token, j->id, j->reserves) != 0) {
+        *reply = gw_reply_problem(r->conn, 409, "RESERVATION_MISMATCH",
+                                  "the reservation token is wrong or has expired");
+        return -1;
+    }
+    return 0;
+}
+
+static enum MHD_Result route_job(struct gw_request *r, const char *method, const char *id_text,
+                                 const char *action)
+{
+    struct gateway *gw = r->gw;
+    char *end;
+    uint64_t id = strtoull(id_text, &end, 10);
+    if (!*id_text || *end || *id_text < '0' || *id_text > '9')
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned integers");
+    struct bg_job *j = bg_job_find(gw->engine, id);
+    if (!j) return not_found(r, "no such job");
+    bg_time now = gw->now();
+    enum MHD_Result reply;
+    uint64_t pri = j->pri, delay = 0;
+    if (!action) {
+        if (strcmp(method, "GET") == 0)
+            return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
+        if (check_reservation(r, j, 0, &reply)) return reply;
+        int rc = bg_delete(&gw->holder, id);
+        return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
+    }
+    if (strcmp(action, "body") == 0) return reply_raw_job(r, j, NULL);
+    if (strcmp(action, "kick") == 0) {
+        int rc = bg_kick_job(gw->engine, id, now);
+        if (rc != 0) return gw_reply_problem(r->conn, 409, "NOT_FOUND", "only buried or delayed jobs can be kicked");
+        return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
+    }
+    if (strcmp(action, "reservations") == 0) {
+        int rc = bg_reserve_job(&gw->holder, id, now, &j);
+        if (rc != 0) return gw_reply_problem(r->conn, 409, "NOT_FOUND", "the job is already reserved");
+        char token[BG_TOKEN_MAX];
+        bg_token_make(&gw->key, j->id, j->reserves, token);
+        return reply_job_with_body(r, j, token);
+    }
+    if (check_reservation(r, j, 1, &reply)) return reply;
+    int rc;
+    if (strcmp(action, "release") == 0) {
+        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+        rc = bg_release(&gw->holder, id, (uint32_t)pri, (uint32_t)delay, now);
+    } else if (strcmp(action, "bury") == 0) {
+        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+        rc = bg_bury(&gw->holder, id, (uint32_t)pri);
+    } else {
+        rc = bg_touch(&gw->holder, id, now);
+    }
+    if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
+    j = bg_job_find(gw->engine, id);
+    return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
+}
+
+/* ---- tubes and stats --------------------------------------------------- */
+
+static enum MHD_Result route_tube(struct gw_request *r, const char *name, const char *action)
+{
+    struct gateway *gw = r->gw;
+    if (!bg_tube_name_valid(name, strlen(name))) return bad_tube(r);
+    struct bg_tube *t = bg_tube_find(gw->engine, name);
+    if (!t) return not_found(r, "no such tube");
+    bg_time now = gw->now();
+    if (!action) {
+        struct bg_stats_tube st;
+        bg_stats_tube(t, now, &st);
+        return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
+    }
+    if (strcmp(action, "kick") == 0) {
+        uint64_t bound = 1;
+        if (query_uint(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
+        uint64_t n = bg_kick(gw->engine, t, bound, now);
+        return gw_reply_json(r->conn, 200, json_pack("{s:I}", "kicked", (json_int_t)n), NULL);
+    }
+    if (strcmp(action, "pause") == 0) {
+        uint64_t delay = 0;
+        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+        int rc = bg_pause_tube(gw->engine, name, (uint32_t)delay, now);
+        if (rc != 0) return outcome_problem(r, rc);
+        struct bg_stats_tube st;
+        bg_stats_tube(bg_tube_find(gw->engine, name), now, &st);
+        return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
+    }
+    /* peek: ready, delayed, buried */
+    struct bg_job *j = strcmp(action, "ready") == 0     ? bg_heap_min(&t->ready)
+                     : strcmp(action, "delayed") == 0   ? bg_heap_min(&t->delayed)
+                                                        : t->buried_head;
+    if (!j) return not_found(r, "no job in that state in this tube");
+    return reply_job_with_body(r, j, NULL);
+}
+
+static enum MHD_Result route_list_tubes(struct gw_request *r)
+{
+    struct bg_engine *e = r->gw->engine;
+    json_t *names = json_array();
+    for (uint32_t i = 0; i < e->tube_count; i++) json_array_append_new(names, json_string(e->tube_list[i]->name));
+    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "tubes", names), NULL);
+}
+
+static enum MHD_Result reply_openapi(struct gw_request *r)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        gw_openapi_yaml_len, (void *)gw_openapi_yaml, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/yaml");
+    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+/* ---- the route table --------------------------------------------------- */
+
+enum route_id {
+    R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_RESERVE, R_TUBE_KICK, R_TUBE_PAUSE,
+    R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE, R_TUBE_BATCH,
+    R_OPENAPI,
+};
+
+/* Path patterns: "*" matches one segment. `methods` lists what is allowed. */
+static const struct route {
+    const char *pattern;
+    const char *methods;
+    enum route_id id;
+} routes[] = {
+    {"/stats", "GET", R_STATS},
+    {"/tubes", "GET", R_TUBES},
+    {"/tubes/*", "GET", R_TUBE},
+    {"/tubes/*/jobs", "POST", R_TUBE_JOBS},
+    {"/tubes/*/jobs/batch", "POST", R_TUBE_BATCH},
+    {"/openapi.yaml", "GET", R_OPENAPI},
+    {"/tubes/*/reservations", "POST", R_TUBE_RESERVE},
+    {"/tubes/*/kick", "POST", R_TUBE_KICK},
+    {"/tubes/*/pause", "POST", R_TUBE_PAUSE},
+    {"/tubes/*/ready", "GET", R_TUBE_PEEK},
+    {"/tubes/*/delayed", "GET", R_TUBE_PEEK},
+    {"/tubes/*/buried", "GET", R_TUBE_PEEK},
+    {"/reservations", "POST", R_RESERVE},
+    {"/jobs/*", "GET, DELETE", R_JOB},
+    {"/jobs/*/body", "GET", R_JOB_BODY},
+    {"/jobs/*/release", "POST", R_JOB_ACTION},
+    {"/jobs/*/bury", "POST", R_JOB_ACTION},
+    {"/jobs/*/touch", "POST", R_JOB_ACTION},
+    {"/jobs/*/kick", "POST", R_JOB_ACTION},
+    {"/jobs/*/reservations", "POST", R_JOB_RESERVE},
+};
+
+#define MAX_SEGMENTS 4
+
+/* Split url into up to MAX_SEGMENTS segments in buf; returns the count or
+ * -1 if there are more, or an empty segment. */
+static int split_path(const char *url, char *buf, size_t size, char *seg[MAX_SEGMENTS])
+{
+    if (strlen(url) >= size || url[0] != '/') return -1;
+    strcpy(buf, url);
+    int n = 0;
+    char *p = buf + 1;
+    if (!*p) return 0;
+    for (;;) {
+        if (n == MAX_SEGMENTS) return -1;
+        seg[n++] = p;
+        char *slash = strchr(p, '/');
+        if (!slash) break;
+        *slash = '\0';
+        p = slash + 1;
+        if (!*p) break; /* a trailing slash is allowed */
+    }
+    for (int i = 0; i < n; i++) if (!*seg[i]) return -1;
+    return n;
+}
+
+/* Nonzero if the segments match the pattern. */
+static int pattern_matches(const char *pattern, char *seg[], int n)
+{
+    char buf[64];
+    char *pseg[MAX_SEGMENTS];
+    int pn = split_path(pattern, buf, sizeof buf, pseg);
+    if (pn != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(pseg[i], "*") != 0 && strcmp(pseg[i], seg[i]) != 0) return 0;
+    return 1;
+}
+
+/* Nonzero if method is one of the comma-separated list. */
+static int method_allowed(const char *methods, const char *method)
+{
+    size_t n = strlen(method);
+    for (const char *p = methods; (p = strstr(p, method)); p += n)
+        if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;
+    return 0;
+}
+
+enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
+{
+    char buf[1024];
+    char *seg[MAX_SEGMENTS];
+    int n = split_path(url, buf, sizeof buf, seg);
+    const struct route *found = NULL;
+    for (size_t i = 0; n >= 0 && i < sizeof routes / sizeof routes[0]; i++) {
+        if (!pattern_matches(routes[i].pattern, seg, n)) continue;
+        found = &routes[i];
+        break;
+    }
+    if (!found) return not_found(r, "no such route");
+    if (!method_allowed(found->methods, method)) {
+        enum MHD_Result ok;
+        struct MHD_Response *resp;
+        char text[160];
+        snprintf(text, sizeof text,
+                 "{\"type\":\"about:blank\",\"title\":\"Method Not Allowed\",\"status\":405,"
+                 "\"detail\":\"allowed: %s\",\"code\":\"METHOD_NOT_ALLOWED\"}", found->methods);
+        resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_COPY);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", "application/problem+json");
+        MHD_add_response_header(resp, "Allow", found->methods);
+        ok = MHD_queue_response(r->conn, 405, resp);
+        MHD_destroy_response(resp);
+        return ok;
+    }
+    switch (found->id) {
+    case R_STATS: return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine), NULL);
+    case R_TUBES: return route_list_tubes(r);
+    case R_TUBE: return route_tube(r, seg[1], NULL);
+    case R_TUBE_JOBS: return route_put(r, seg[1]);
+    case R_TUBE_BATCH: return route_batch_put(r, seg[1]);
+    case R_OPENAPI: return reply_openapi(r);
+    case R_TUBE_RESERVE: return route_reserve(r, seg[1]);
+    case R_TUBE_KICK:
+    case R_TUBE_PAUSE:
+    case R_TUBE_PEEK: return route_tube(r, seg[1], seg[2]);
+    case R_RESERVE: return route_reserve(r, query(r, "tubes"));
+    case R_JOB: return route_job(r, method, seg[1], NULL);
+    case R_JOB_BODY:
+    case R_JOB_ACTION:
+    case R_JOB_RESERVE: return route_job(r, method, seg[1], seg[2]);
+    }
+    return not_found(r, "no such route");
+}
