@@ -58,6 +58,7 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         if (strncmp(a, valued[k], n) != 0 || (a[n] != '\0' && a[n] != '=')) continue;
         const char *value = a[n] == '=' ? a + n + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
         if (!value || !*value) return usage_error("flag requires an argument: ", valued[k]);
+        cfg->http_explicit = 1;
         if (k == 0) cfg->http_listen = value;
         else cfg->http_port = value;
         return 0;

@@ -145,9 +145,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "beangate: cannot create the event loop\n");
         return 1;
     }
-    if (net_listen(&srv, &cfg) != 0) return 111;
-    if (cfg.user && become_user(cfg.user) != 0) return 111;
-
     srv.timer = evtimer_new(srv.base, timer_cb, &srv);
     srv.timer_at = UINT64_MAX;
     srv.process_ev = event_new(srv.base, -1, 0, process_cb, &srv);
@@ -157,11 +154,19 @@ int main(int argc, char **argv)
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
+    if (net_listen(&srv, &cfg) != 0) return 111;
+
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
-        if (!srv.gateway) return 111;
+        /* beanstalkd opens one port: a busy default HTTP port must not stop
+         * a drop-in start; an address or port asked for explicitly must */
+        if (!srv.gateway && cfg.http_explicit) return 111;
+        if (!srv.gateway)
+            fprintf(stderr, "beangate: HTTP gateway not started; the beanstalk protocol is served\n");
     }
+    /* every socket is open: privileged ports work, then privileges go */
+    if (cfg.user && become_user(cfg.user) != 0) return 111;
     if (cfg.verbose)
         fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
 

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <pwd.h>
 
 #include "server.h"
 
@@ -94,14 +95,20 @@ static int conn_flush(struct conn *c)
 static int conn_run(struct conn *c)
 {
     struct bg_session *s = &c->session;
-    if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
-        size_t used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
-        bg_buf_consume(&c->in, used);
-    }
-    if (c->peer_eof && s->state == BG_WAITING) bg_session_peer_eof(s);
-    if (conn_flush(c) != 0) {
-        conn_free(c);
-        return -1;
+    for (;;) {
+        size_t used = 0;
+        if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
+            used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
+            bg_buf_consume(&c->in, used);
+        }
+        if (c->peer_eof && s->state == BG_WAITING) bg_session_peer_eof(s);
+        if (conn_flush(c) != 0) {
+            conn_free(c);
+            return -1;
+        }
+        /* feeding paused at the output limit and the socket took it all:
+         * go on with the input already buffered */
+        if (!(used && s->out.len == 0 && c->in.len)) break;
     }
     int done_reading = c->peer_eof && (s->state != BG_WAITING);
     if ((s->state == BG_CLOSING || done_reading) && s->out.len == 0) {
@@ -121,22 +128,21 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct conn *c = arg;
+    struct server *srv = c->srv;
     char *tail = bg_buf_reserve(&c->in, CONN_READ_CHUNK);
     if (!tail) {
         conn_free(c);
-        server_arm_timer(c->srv);
+        server_arm_timer(srv);
         return;
     }
     ssize_t n = read(fd, tail, CONN_READ_CHUNK);
     if (n > 0) c->in.len += (size_t)n;
     else if (n == 0) c->peer_eof = 1;
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        struct server *srv = c->srv;
         conn_free(c);
         server_arm_timer(srv);
         return;
     }
-    struct server *srv = c->srv;
     conn_run(c);
     server_arm_timer(srv);
 }
@@ -200,7 +206,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 }
 
 /* Bind and listen on a UNIX socket path. Returns the fd or -1. */
-static int listen_unix(struct server *srv, const char *path)
+static int listen_unix(struct server *srv, const char *path, const char *cfg_user)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
@@ -219,6 +225,13 @@ static int listen_unix(struct server *srv, const char *path)
         return -1;
     }
     snprintf(srv->unix_path, sizeof srv->unix_path, "%s", path);
+    if (cfg_user) {
+        /* the socket must belong to the user we become, or it could
+         * neither accept its clients' permissions nor remove the file */
+        struct passwd *pw = getpwnam(cfg_user);
+        if (pw && chown(path, pw->pw_uid, pw->pw_gid) != 0)
+            fprintf(stderr, "beangate: cannot chown %s: %s\n", path, strerror(errno));
+    }
     return fd;
 }
 
@@ -253,7 +266,7 @@ static int listen_tcp(const char *addr, const char *port)
 int net_listen(struct server *srv, const struct server_config *cfg)
 {
     int fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
-                 ? listen_unix(srv, cfg->listen_addr + 5)
+                 ? listen_unix(srv, cfg->listen_addr + 5, cfg->user)
                  : listen_tcp(cfg->listen_addr, cfg->port);
     if (fd < 0) return -1;
     set_nonblocking(fd);

@@ -24,6 +24,7 @@ struct server_config {
     const char *http_listen;     /* --http-listen, default 127.0.0.1 */
     const char *http_port;       /* --http-port, default 11301 */
     int http_enabled;            /* 0 with --no-http */
+    int http_explicit;           /* --http-listen or --http-port given */
 };
 
 /* Parse argv like beanstalkd. Returns 0 to run, 1 when the process should
