@@ -9,13 +9,19 @@ mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
 if [ "$mode" = test ]; then
-    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 nodejs npm procps iproute2)
+    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl)
 fi
 
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node and npm may come from Debian or from another packaging of Node.js
+# that bundles npm (and conflicts with Debian's npm): check the commands
+if [ "$mode" = test ]; then
+    command -v node >/dev/null || missing+=(nodejs)
+    command -v npm >/dev/null || missing+=(npm)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 sudo_cmd=()
