@@ -223,6 +223,11 @@ int bg_tube_name_valid(const char *name, size_t len);
  * "default". 0 or BG_OUT_OF_MEMORY. */
 int bg_client_init(struct bg_engine *e, struct bg_client *c,
                    const struct bg_client_ops *ops, void *owner);
+/* Attach a client that uses and watches nothing yet (an HTTP holder or
+ * long-poll): it does not show in any tube's using/watching counts until
+ * it watches. 0 or BG_OUT_OF_MEMORY. */
+int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
+                        const struct bg_client_ops *ops, void *owner);
 /* Detach: stop waiting, return reserved jobs to ready, drop tube refs. */
 void bg_client_close(struct bg_client *c, bg_time now);
 /* Count c as a producer / worker in stats (once). */

@@ -508,6 +508,21 @@ static void client_remove_watch(struct bg_client *c, uint32_t i)
 int bg_client_init(struct bg_engine *e, struct bg_client *c,
                    const struct bg_client_ops *ops, void *owner)
 {
+    int r = bg_client_init_bare(e, c, ops, owner);
+    if (r != 0) return r;
+    if (client_add_watch(c, e->default_tube) != 0) {
+        bg_client_close(c, 0);
+        return BG_OUT_OF_MEMORY;
+    }
+    c->use = e->default_tube;
+    tube_ref(c->use);
+    c->use->using_count++;
+    return 0;
+}
+
+int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
+                        const struct bg_client_ops *ops, void *owner)
+{
     memset(c, 0, sizeof *c);
     c->engine = e;
     c->ops = ops;
@@ -516,13 +531,6 @@ int bg_client_init(struct bg_engine *e, struct bg_client *c,
     c->wait_deadline = NEVER;
     bg_heap_init(&c->reserved, job_deadline_less, offsetof(struct bg_job, tube_slot));
     if (bg_heap_reserve(&e->client_timers, (uint32_t)e->clients + 1) != 0) return BG_OUT_OF_MEMORY;
-    if (client_add_watch(c, e->default_tube) != 0) {
-        bg_free(c->watch);
-        return BG_OUT_OF_MEMORY;
-    }
-    c->use = e->default_tube;
-    tube_ref(c->use);
-    c->use->using_count++;
     e->clients++;
     return 0;
 }
@@ -539,9 +547,11 @@ void bg_client_close(struct bg_client *c, bg_time now)
     while (c->watch_len) client_remove_watch(c, c->watch_len - 1);
     bg_free(c->watch);
     c->watch = NULL;
-    c->use->using_count--;
-    tube_unref(e, c->use);
-    c->use = NULL;
+    if (c->use) {
+        c->use->using_count--;
+        tube_unref(e, c->use);
+        c->use = NULL;
+    }
     bg_heap_free(&c->reserved);
     if (c->is_producer) e->producers--;
     if (c->is_worker) e->workers--;

@@ -228,7 +228,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     }
     struct gateway *gw = calloc(1, sizeof *gw);
     if (!gw || random_key(&gw->key) != 0 ||
-        bg_client_init(engine, &gw->holder, &holder_ops, gw) != 0) {
+        bg_client_init_bare(engine, &gw->holder, &holder_ops, gw) != 0) {
         fprintf(stderr, "beangate: cannot set up the HTTP gateway\n");
         freeaddrinfo(res);
         free(gw);

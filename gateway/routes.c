@@ -309,14 +309,13 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
     char names[2048];
     if (strlen(tubes) >= sizeof names) return bad_tube(r);
     strcpy(names, tubes);
-    int has_default = 0, n = 0;
+    int n = 0;
     for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (!bg_tube_name_valid(t, strlen(t))) return bad_tube(r);
-        has_default |= strcmp(t, "default") == 0;
         n++;
     }
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
-    if (bg_client_init(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
+    if (bg_client_init_bare(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
         return outcome_problem(r, BG_OUT_OF_MEMORY);
     r->waiter_active = 1;
     r->want = (uint32_t)count;
@@ -324,7 +323,6 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
     uint32_t watching;
     for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save))
         if (bg_client_watch(&r->waiter, t, &watching) != 0) return outcome_problem(r, BG_OUT_OF_MEMORY);
-    if (!has_default) bg_client_ignore(&r->waiter, "default", &watching);
     struct bg_job *j = NULL;
     int rc = bg_reserve(&r->waiter, (int64_t)timeout, gw->now(), &j);
     if (rc == 0) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <pwd.h>
@@ -97,18 +98,22 @@ static int conn_run(struct conn *c)
     struct bg_session *s = &c->session;
     for (;;) {
         size_t used = 0;
+        int woke = 0;
         if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
             used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
             bg_buf_consume(&c->in, used);
         }
-        if (c->peer_eof && s->state == BG_WAITING) bg_session_peer_eof(s);
+        if (c->peer_eof && s->state == BG_WAITING) {
+            bg_session_peer_eof(s); /* TIMED_OUT; later commands still run */
+            woke = 1;
+        }
         if (conn_flush(c) != 0) {
             conn_free(c);
             return -1;
         }
         /* feeding paused at the output limit and the socket took it all:
          * go on with the input already buffered */
-        if (!(used && s->out.len == 0 && c->in.len)) break;
+        if (!((used || woke) && s->out.len == 0 && c->in.len)) break;
     }
     int done_reading = c->peer_eof && (s->state != BG_WAITING);
     if ((s->state == BG_CLOSING || done_reading) && s->out.len == 0) {
@@ -218,7 +223,15 @@ static int listen_unix(struct server *srv, const char *path, const char *cfg_use
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0) return -1;
-    unlink(path); /* a stale socket from an earlier run */
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            fprintf(stderr, "beangate: %s exists and is not a socket\n", path);
+            close(fd);
+            return -1;
+        }
+        unlink(path); /* a stale socket from an earlier run */
+    }
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
         fprintf(stderr, "beangate: cannot listen on unix:%s: %s\n", path, strerror(errno));
         close(fd);
