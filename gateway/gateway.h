@@ -8,6 +8,7 @@
  *   routes.c  one handler per route: engine calls, JSON or raw replies
  *   json.c    rendering of jobs, tubes, stats and problem+json errors
  *   idempotency.c  Idempotency-Key -> job, for a window
+ *   router.c  the route table and URL matching (no libmicrohttpd)
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -93,8 +94,29 @@ enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status,
 /* Answer with application/problem+json for an outcome or status. */
 enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
                                  const char *detail);
+/* The same with an Allow header (405). */
+enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
+                                       const char *detail, const char *allow);
 /* Answer with no body. */
 enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
+
+/* router.c */
+enum gw_route_id {
+    R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_BATCH, R_TUBE_RESERVE, R_TUBE_KICK,
+    R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
+    R_OPENAPI,
+};
+#define GW_MAX_SEGMENTS 4
+struct gw_match {
+    enum gw_route_id id;
+    const char *allow;            /* the methods the path allows */
+    char buf[1024];
+    char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf */
+    int nseg;
+};
+/* Match method and url against the route table: 0 (m->id, m->seg set),
+ * 404 (no such path) or 405 (m->allow lists the methods). */
+int gw_match_route(const char *method, const char *url, struct gw_match *m);
 
 /* routes.c: dispatch a complete request. */
 enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);

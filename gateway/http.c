@@ -104,6 +104,12 @@ enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status,
 enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
                                  const char *detail)
 {
+    return gw_reply_problem_allow(c, status, code, detail, NULL);
+}
+
+enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
+                                       const char *detail, const char *allow)
+{
     const char *title = status == 400 ? "Bad Request" : status == 404 ? "Not Found"
                       : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
                       : status == 413 ? "Content Too Large" : status == 503 ? "Service Unavailable"
@@ -118,6 +124,7 @@ enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, cons
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "application/problem+json");
     if (status == 503) MHD_add_response_header(resp, "Retry-After", "5");
+    if (allow) MHD_add_response_header(resp, "Allow", allow);
     enum MHD_Result ok = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ok;

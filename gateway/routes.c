@@ -471,115 +471,18 @@ static enum MHD_Result reply_openapi(struct gw_request *r)
     return ok;
 }
 
-/* ---- the route table --------------------------------------------------- */
-
-enum route_id {
-    R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_RESERVE, R_TUBE_KICK, R_TUBE_PAUSE,
-    R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE, R_TUBE_BATCH,
-    R_OPENAPI,
-};
-
-/* Path patterns: "*" matches one segment. `methods` lists what is allowed. */
-static const struct route {
-    const char *pattern;
-    const char *methods;
-    enum route_id id;
-} routes[] = {
-    {"/stats", "GET", R_STATS},
-    {"/tubes", "GET", R_TUBES},
-    {"/tubes/*", "GET", R_TUBE},
-    {"/tubes/*/jobs", "POST", R_TUBE_JOBS},
-    {"/tubes/*/jobs/batch", "POST", R_TUBE_BATCH},
-    {"/openapi.yaml", "GET", R_OPENAPI},
-    {"/tubes/*/reservations", "POST", R_TUBE_RESERVE},
-    {"/tubes/*/kick", "POST", R_TUBE_KICK},
-    {"/tubes/*/pause", "POST", R_TUBE_PAUSE},
-    {"/tubes/*/ready", "GET", R_TUBE_PEEK},
-    {"/tubes/*/delayed", "GET", R_TUBE_PEEK},
-    {"/tubes/*/buried", "GET", R_TUBE_PEEK},
-    {"/reservations", "POST", R_RESERVE},
-    {"/jobs/*", "GET, DELETE", R_JOB},
-    {"/jobs/*/body", "GET", R_JOB_BODY},
-    {"/jobs/*/release", "POST", R_JOB_ACTION},
-    {"/jobs/*/bury", "POST", R_JOB_ACTION},
-    {"/jobs/*/touch", "POST", R_JOB_ACTION},
-    {"/jobs/*/kick", "POST", R_JOB_ACTION},
-    {"/jobs/*/reservations", "POST", R_JOB_RESERVE},
-};
-
-#define MAX_SEGMENTS 4
-
-/* Split url into up to MAX_SEGMENTS segments in buf; returns the count or
- * -1 if there are more, or an empty segment. */
-static int split_path(const char *url, char *buf, size_t size, char *seg[MAX_SEGMENTS])
-{
-    if (strlen(url) >= size || url[0] != '/') return -1;
-    strcpy(buf, url);
-    int n = 0;
-    char *p = buf + 1;
-    if (!*p) return 0;
-    for (;;) {
-        if (n == MAX_SEGMENTS) return -1;
-        seg[n++] = p;
-        char *slash = strchr(p, '/');
-        if (!slash) break;
-        *slash = '\0';
-        p = slash + 1;
-        if (!*p) break; /* a trailing slash is allowed */
-    }
-    for (int i = 0; i < n; i++) if (!*seg[i]) return -1;
-    return n;
-}
-
-/* Nonzero if the segments match the pattern. */
-static int pattern_matches(const char *pattern, char *seg[], int n)
-{
-    char buf[64];
-    char *pseg[MAX_SEGMENTS];
-    int pn = split_path(pattern, buf, sizeof buf, pseg);
-    if (pn != n) return 0;
-    for (int i = 0; i < n; i++)
-        if (strcmp(pseg[i], "*") != 0 && strcmp(pseg[i], seg[i]) != 0) return 0;
-    return 1;
-}
-
-/* Nonzero if method is one of the comma-separated list. */
-static int method_allowed(const char *methods, const char *method)
-{
-    size_t n = strlen(method);
-    for (const char *p = methods; (p = strstr(p, method)); p += n)
-        if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;
-    return 0;
-}
-
 enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
 {
-    char buf[1024];
-    char *seg[MAX_SEGMENTS];
-    int n = split_path(url, buf, sizeof buf, seg);
-    const struct route *found = NULL;
-    for (size_t i = 0; n >= 0 && i < sizeof routes / sizeof routes[0]; i++) {
-        if (!pattern_matches(routes[i].pattern, seg, n)) continue;
-        found = &routes[i];
-        break;
+    struct gw_match m;
+    int status = gw_match_route(method, url, &m);
+    if (status == 404) return not_found(r, "no such route");
+    if (status == 405) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "allowed: %s", m.allow);
+        return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m.allow);
     }
-    if (!found) return not_found(r, "no such route");
-    if (!method_allowed(found->methods, method)) {
-        enum MHD_Result ok;
-        struct MHD_Response *resp;
-        char text[160];
-        snprintf(text, sizeof text,
-                 "{\"type\":\"about:blank\",\"title\":\"Method Not Allowed\",\"status\":405,"
-                 "\"detail\":\"allowed: %s\",\"code\":\"METHOD_NOT_ALLOWED\"}", found->methods);
-        resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_COPY);
-        if (!resp) return MHD_NO;
-        MHD_add_response_header(resp, "Content-Type", "application/problem+json");
-        MHD_add_response_header(resp, "Allow", found->methods);
-        ok = MHD_queue_response(r->conn, 405, resp);
-        MHD_destroy_response(resp);
-        return ok;
-    }
-    switch (found->id) {
+    char **seg = m.seg;
+    switch (m.id) {
     case R_STATS: return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine), NULL);
     case R_TUBES: return route_list_tubes(r);
     case R_TUBE: return route_tube(r, seg[1], NULL);

@@ -1,0 +1,92 @@
+/* router.c - the HTTP route table and URL matching, without libmicrohttpd
+ * so that it can be unit-tested. */
+#include <string.h>
+
+#include "gateway.h"
+
+/* Path patterns: "*" matches one segment. `methods` lists what is allowed. */
+static const struct route {
+    const char *pattern;
+    const char *methods;
+    enum gw_route_id id;
+} routes[] = {
+    {"/stats", "GET", R_STATS},
+    {"/tubes", "GET", R_TUBES},
+    {"/tubes/*", "GET", R_TUBE},
+    {"/tubes/*/jobs", "POST", R_TUBE_JOBS},
+    {"/tubes/*/jobs/batch", "POST", R_TUBE_BATCH},
+    {"/tubes/*/reservations", "POST", R_TUBE_RESERVE},
+    {"/tubes/*/kick", "POST", R_TUBE_KICK},
+    {"/tubes/*/pause", "POST", R_TUBE_PAUSE},
+    {"/tubes/*/ready", "GET", R_TUBE_PEEK},
+    {"/tubes/*/delayed", "GET", R_TUBE_PEEK},
+    {"/tubes/*/buried", "GET", R_TUBE_PEEK},
+    {"/reservations", "POST", R_RESERVE},
+    {"/jobs/*", "GET, DELETE", R_JOB},
+    {"/jobs/*/body", "GET", R_JOB_BODY},
+    {"/jobs/*/release", "POST", R_JOB_ACTION},
+    {"/jobs/*/bury", "POST", R_JOB_ACTION},
+    {"/jobs/*/touch", "POST", R_JOB_ACTION},
+    {"/jobs/*/kick", "POST", R_JOB_ACTION},
+    {"/jobs/*/reservations", "POST", R_JOB_RESERVE},
+    {"/openapi.yaml", "GET", R_OPENAPI},
+};
+
+/* Split url into at most GW_MAX_SEGMENTS segments in buf; returns the count,
+ * or -1 if there are more, one is empty, or url does not start with '/'. */
+static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_SEGMENTS])
+{
+    if (strlen(url) >= size || url[0] != '/') return -1;
+    strcpy(buf, url);
+    int n = 0;
+    char *p = buf + 1;
+    if (!*p) return 0;
+    for (;;) {
+        if (n == GW_MAX_SEGMENTS) return -1;
+        seg[n++] = p;
+        char *slash = strchr(p, '/');
+        if (!slash) break;
+        *slash = '\0';
+        p = slash + 1;
+        if (!*p) break; /* a trailing slash is allowed */
+    }
+    for (int i = 0; i < n; i++)
+        if (!*seg[i]) return -1;
+    return n;
+}
+
+/* Nonzero if the segments match the pattern. */
+static int pattern_matches(const char *pattern, char *seg[], int n)
+{
+    char buf[64];
+    char *pseg[GW_MAX_SEGMENTS];
+    int pn = split_path(pattern, buf, sizeof buf, pseg);
+    if (pn != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(pseg[i], "*") != 0 && strcmp(pseg[i], seg[i]) != 0) return 0;
+    return 1;
+}
+
+/* Nonzero if method is one of the comma-separated list. */
+static int method_allowed(const char *methods, const char *method)
+{
+    size_t n = strlen(method);
+    for (const char *p = methods; (p = strstr(p, method)); p += n)
+        if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;
+    return 0;
+}
+
+int gw_match_route(const char *method, const char *url, struct gw_match *m)
+{
+    memset(m, 0, sizeof *m);
+    int n = split_path(url, m->buf, sizeof m->buf, m->seg);
+    if (n < 0) return 404;
+    m->nseg = n;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (!pattern_matches(routes[i].pattern, m->seg, n)) continue;
+        m->id = routes[i].id;
+        m->allow = routes[i].methods;
+        return method_allowed(routes[i].methods, method) ? 0 : 405;
+    }
+    return 404;
+}

@@ -1,0 +1,267 @@
+/* test_gateway.c - unit tests of the gateway parts that need no socket:
+ * routing, JSON rendering of jobs, base64, reservation tokens and the
+ * idempotency table. Data-driven where the cases are a table. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../../gateway/gateway.h"
+
+/* ---- routing ----------------------------------------------------------- */
+
+static const struct route_case {
+    const char *method, *url;
+    int status;              /* 0, 404 or 405 */
+    enum gw_route_id id;     /* when status is 0 or 405 */
+    const char *seg1;        /* second segment, if any */
+    const char *allow;       /* for 405 */
+} route_cases[] = {
+    {"GET", "/stats", 0, R_STATS, NULL, NULL},
+    {"POST", "/stats", 405, R_STATS, NULL, "GET"},
+    {"GET", "/tubes", 0, R_TUBES, NULL, NULL},
+    {"GET", "/tubes/", 0, R_TUBES, NULL, NULL},
+    {"GET", "/tubes/emails", 0, R_TUBE, "emails", NULL},
+    {"DELETE", "/tubes/emails", 405, R_TUBE, "emails", "GET"},
+    {"POST", "/tubes/emails/jobs", 0, R_TUBE_JOBS, "emails", NULL},
+    {"GET", "/tubes/emails/jobs", 405, R_TUBE_JOBS, "emails", "POST"},
+    {"POST", "/tubes/emails/jobs/batch", 0, R_TUBE_BATCH, "emails", NULL},
+    {"POST", "/tubes/a/reservations", 0, R_TUBE_RESERVE, "a", NULL},
+    {"POST", "/tubes/a/kick", 0, R_TUBE_KICK, "a", NULL},
+    {"POST", "/tubes/a/pause", 0, R_TUBE_PAUSE, "a", NULL},
+    {"GET", "/tubes/a/ready", 0, R_TUBE_PEEK, "a", NULL},
+    {"GET", "/tubes/a/delayed", 0, R_TUBE_PEEK, "a", NULL},
+    {"GET", "/tubes/a/buried", 0, R_TUBE_PEEK, "a", NULL},
+    {"POST", "/reservations", 0, R_RESERVE, NULL, NULL},
+    {"GET", "/jobs/12", 0, R_JOB, "12", NULL},
+    {"DELETE", "/jobs/12", 0, R_JOB, "12", NULL},
+    {"PUT", "/jobs/12", 405, R_JOB, "12", "GET, DELETE"},
+    {"GET", "/jobs/12/body", 0, R_JOB_BODY, "12", NULL},
+    {"POST", "/jobs/12/release", 0, R_JOB_ACTION, "12", NULL},
+    {"POST", "/jobs/12/bury", 0, R_JOB_ACTION, "12", NULL},
+    {"POST", "/jobs/12/touch", 0, R_JOB_ACTION, "12", NULL},
+    {"POST", "/jobs/12/kick", 0, R_JOB_ACTION, "12", NULL},
+    {"GET", "/jobs/12/kick", 405, R_JOB_ACTION, "12", "POST"},
+    {"POST", "/jobs/12/reservations", 0, R_JOB_RESERVE, "12", NULL},
+    {"GET", "/openapi.yaml", 0, R_OPENAPI, NULL, NULL},
+    {"GET", "/", 404, 0, NULL, NULL},
+    {"GET", "/nope", 404, 0, NULL, NULL},
+    {"GET", "/tubes/a/b/c/d", 404, 0, NULL, NULL},
+    {"GET", "/tubes//jobs", 404, 0, NULL, NULL},
+    {"GET", "tubes", 404, 0, NULL, NULL},
+    {"GET", "/jobs/1/2", 404, 0, NULL, NULL},
+    {"DE", "/jobs/12", 405, R_JOB, "12", "GET, DELETE"}, /* method names match whole */
+};
+
+/* Every row of route_cases routes as the table says. */
+static void test_routes(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof route_cases / sizeof route_cases[0]; i++) {
+        const struct route_case *c = &route_cases[i];
+        struct gw_match m;
+        int status = gw_match_route(c->method, c->url, &m);
+        if (status != c->status) fail_msg("%s %s: status %d, want %d", c->method, c->url, status, c->status);
+        if (c->status == 404) continue;
+        assert_int_equal(m.id, c->id);
+        if (c->seg1) assert_string_equal(m.seg[1], c->seg1);
+        if (c->allow) assert_string_equal(m.allow, c->allow);
+    }
+}
+
+/* A URL longer than the match buffer is refused, not truncated. */
+static void test_route_long_url(void **state)
+{
+    (void)state;
+    char url[2048];
+    memset(url, 'a', sizeof url);
+    memcpy(url, "/tubes/", 7);
+    url[sizeof url - 1] = '\0';
+    struct gw_match m;
+    assert_int_equal(gw_match_route("GET", url, &m), 404);
+}
+
+/* ---- JSON rendering ---------------------------------------------------- */
+
+/* A job made in a fresh engine with the given body. */
+static struct bg_job *make_job(struct bg_engine *e, struct bg_client *c, const char *body, size_t n)
+{
+    struct bg_job *j = bg_job_new(e, 7, 0, 30, (uint32_t)n + 2, 0);
+    assert_non_null(j);
+    memcpy(j->body, body, n);
+    memcpy(j->body + n, "\r\n", 2);
+    assert_int_equal(bg_put(c, c->use, j, 0), 0);
+    return j;
+}
+
+static void noop_reserved(struct bg_client *c, struct bg_job *j) { (void)c; (void)j; }
+static void noop_ended(struct bg_client *c, int o) { (void)c; (void)o; }
+static const struct bg_client_ops noop_ops = {noop_reserved, noop_ended};
+
+/* UTF-8 bodies render as "body"; other bytes as "body_base64" that decodes
+ * back to the same bytes; the stats fields come from the stats model. */
+static void test_json_job_bodies(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct bg_client c;
+    assert_int_equal(bg_engine_init(&e, 1000), 0);
+    assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
+    static const struct { const char *bytes; size_t n; int utf8; } bodies[] = {
+        {"hello", 5, 1}, {"", 0, 1}, {"caf\xc3\xa9", 5, 1}, {"\x00\x01\x02\xff", 4, 0},
+        {"\xc3", 1, 0}, {"a\r\nb", 4, 1}, {"\xff\xfe\xfd", 3, 0},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        struct bg_job *j = make_job(&e, &c, bodies[i].bytes, bodies[i].n);
+        json_t *v = gw_json_job(&e, j, 5 * BG_SECOND, "tok", 1);
+        assert_non_null(v);
+        assert_int_equal(json_integer_value(json_object_get(v, "id")), j->id);
+        assert_string_equal(json_string_value(json_object_get(v, "state")), "ready");
+        assert_int_equal(json_integer_value(json_object_get(v, "priority")), 7);
+        assert_int_equal(json_integer_value(json_object_get(v, "ttr")), 30);
+        assert_int_equal(json_integer_value(json_object_get(v, "age")), 5);
+        assert_string_equal(json_string_value(json_object_get(v, "reservation")), "tok");
+        json_t *text = json_object_get(v, "body"), *b64 = json_object_get(v, "body_base64");
+        if (bodies[i].utf8) {
+            assert_non_null(text);
+            assert_null(b64);
+            assert_int_equal(json_string_length(text), bodies[i].n);
+            assert_memory_equal(json_string_value(text), bodies[i].bytes, bodies[i].n);
+        } else {
+            assert_null(text);
+            assert_non_null(b64);
+            size_t n;
+            char *raw = gw_base64_decode(json_string_value(b64), json_string_length(b64), &n);
+            assert_non_null(raw);
+            assert_int_equal(n, bodies[i].n);
+            assert_memory_equal(raw, bodies[i].bytes, n);
+            free(raw);
+        }
+        json_decref(v);
+        v = gw_json_job(&e, j, 0, NULL, 0);
+        assert_null(json_object_get(v, "body"));
+        assert_null(json_object_get(v, "body_base64"));
+        assert_null(json_object_get(v, "reservation"));
+        json_decref(v);
+    }
+    bg_client_close(&c, 0);
+    bg_engine_destroy(&e);
+}
+
+/* base64 decoding accepts padded and unpadded input and rejects junk. */
+static void test_base64_decode(void **state)
+{
+    (void)state;
+    static const struct { const char *in; const char *out; size_t n; } ok[] = {
+        {"", "", 0}, {"YQ==", "a", 1}, {"YQ", "a", 1}, {"YWI=", "ab", 2}, {"YWJj", "abc", 3},
+        {"AAEC/w==", "\x00\x01\x02\xff", 4}, {"+/+/", "\xfb\xff\xbf", 3},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        size_t n;
+        char *raw = gw_base64_decode(ok[i].in, strlen(ok[i].in), &n);
+        assert_non_null(raw);
+        assert_int_equal(n, ok[i].n);
+        assert_memory_equal(raw, ok[i].out, n);
+        free(raw);
+    }
+    static const char *const bad[] = {"Y", "YQ=x", "a b=", "Y*==", "\xc3\xa9"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t n;
+        assert_null(gw_base64_decode(bad[i], strlen(bad[i]), &n));
+    }
+}
+
+/* ---- tokens ------------------------------------------------------------ */
+
+/* A token checks for its own reservation only: another id, another
+ * reservation count, another key or any changed character fails. */
+static void test_tokens(void **state)
+{
+    (void)state;
+    struct bg_token_key k1 = {{1, 2, 3, 4}}, k2 = {{1, 2, 3, 5}};
+    char t[BG_TOKEN_MAX];
+    bg_token_make(&k1, 42, 3, t);
+    assert_int_equal(bg_token_check(&k1, t, 42, 3), 0);
+    assert_int_equal(bg_token_check(&k1, t, 42, 4), BG_NOT_FOUND);
+    assert_int_equal(bg_token_check(&k1, t, 43, 3), BG_NOT_FOUND);
+    assert_int_equal(bg_token_check(&k2, t, 42, 3), BG_NOT_FOUND);
+    for (size_t i = 0; t[i]; i++) {
+        char copy[BG_TOKEN_MAX];
+        strcpy(copy, t);
+        copy[i] = copy[i] == '0' ? '1' : '0';
+        assert_int_equal(bg_token_check(&k1, copy, 42, 3), BG_NOT_FOUND);
+    }
+    assert_int_equal(bg_token_check(&k1, "", 42, 3), BG_NOT_FOUND);
+    char longer[BG_TOKEN_MAX + 8];
+    snprintf(longer, sizeof longer, "%sx", t);
+    assert_int_equal(bg_token_check(&k1, longer, 42, 3), BG_NOT_FOUND);
+}
+
+/* ---- idempotency ------------------------------------------------------- */
+
+/* Keys are remembered for the window, then forgotten; bad keys are refused. */
+static void test_idempotency(void **state)
+{
+    (void)state;
+    struct gw_idempotency *t = gw_idempotency_new();
+    assert_non_null(t);
+    uint64_t id;
+    const char *tube;
+    bg_time t0 = 100 * BG_SECOND;
+    assert_int_equal(gw_idempotency_find(t, "k1", t0, &id, &tube), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_remember(t, "k1", "emails", 9, t0), 0);
+    assert_int_equal(gw_idempotency_find(t, "k1", t0 + BG_SECOND, &id, &tube), 0);
+    assert_int_equal(id, 9);
+    assert_string_equal(tube, "emails");
+    assert_int_equal(gw_idempotency_find(t, "k2", t0, &id, &tube), BG_NOT_FOUND);
+    bg_time late = t0 + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
+    assert_int_equal(gw_idempotency_find(t, "k1", late - 1, &id, &tube), 0);
+    assert_int_equal(gw_idempotency_find(t, "k1", late, &id, &tube), BG_NOT_FOUND);
+    static const char *const keys[] = {"a", "order-123", "x~!@#$%^&*()_+"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) assert_true(gw_idempotency_valid_key(keys[i]));
+    char too_long[GW_IDEMPOTENCY_KEY_MAX + 2];
+    memset(too_long, 'k', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = '\0';
+    static const char *const bad[] = {"", "with space", "tab\t", "caf\xc3\xa9"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) assert_false(gw_idempotency_valid_key(bad[i]));
+    assert_false(gw_idempotency_valid_key(too_long));
+    gw_idempotency_free(t);
+}
+
+/* The table never holds more than GW_IDEMPOTENCY_MAX keys: the oldest go. */
+static void test_idempotency_bounded(void **state)
+{
+    (void)state;
+    struct gw_idempotency *t = gw_idempotency_new();
+    char key[32];
+    for (int i = 0; i < GW_IDEMPOTENCY_MAX + 10; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_int_equal(gw_idempotency_remember(t, key, "t", (uint64_t)i, 0), 0);
+    }
+    uint64_t id;
+    const char *tube;
+    assert_int_equal(gw_idempotency_find(t, "key-0", 0, &id, &tube), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_find(t, "key-9", 0, &id, &tube), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_find(t, "key-10", 0, &id, &tube), 0);
+    snprintf(key, sizeof key, "key-%d", GW_IDEMPOTENCY_MAX + 9);
+    assert_int_equal(gw_idempotency_find(t, key, 0, &id, &tube), 0);
+    assert_int_equal(id, GW_IDEMPOTENCY_MAX + 9);
+    gw_idempotency_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_routes),
+        cmocka_unit_test(test_route_long_url),
+        cmocka_unit_test(test_json_job_bodies),
+        cmocka_unit_test(test_base64_decode),
+        cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_idempotency),
+        cmocka_unit_test(test_idempotency_bounded),
+    };
+    return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
+}
