@@ -199,6 +199,9 @@ struct bg_engine {
     struct bg_heap client_timers; /* waiting clients by wake_at */
     uint32_t max_job_size;
     uint8_t draining;
+    uint8_t journal_broken;     /* the log cannot write: puts are refused */
+    const struct bg_journal_ops *journal;
+    void *journal_ctx;
     /* current counts, kept as jobs move */
     uint64_t ready_count, urgent_count, reserved_count, delayed_count, buried_count;
     uint64_t clients, connections, producers, workers, waiting;
@@ -290,6 +293,76 @@ void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserve
 /* 0 if token names that reservation, else BG_NOT_FOUND (constant time). */
 int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t id,
                    uint32_t reserves);
+
+/* ---- journal.c: the write-ahead log's record format (no files) --------- */
+
+#define BG_JOURNAL_VERSION 1
+#define BG_JOURNAL_HEADER_SIZE 16
+enum bg_record_type { BG_REC_JOB = 1, BG_REC_UPDATE = 2, BG_REC_DELETE = 3, BG_REC_PAUSE = 4 };
+/* bg_journal_decode results besides 0 */
+#define BG_JOURNAL_TORN (-100)     /* the data ends inside a record */
+#define BG_JOURNAL_CORRUPT (-101)  /* checksum or structure is wrong */
+
+/* A job as the log keeps it. Times are wall-clock nanoseconds so that
+ * delays survive a restart. body is NULL in an update record. */
+struct bg_journal_job {
+    uint64_t id;
+    const char *tube;
+    uint32_t pri;
+    uint8_t state;              /* ready, delayed or buried (reserved logs as ready) */
+    uint32_t delay_s, ttr_s;
+    uint64_t deadline_wall;     /* delayed: when it becomes ready */
+    uint64_t created_wall;
+    uint32_t reserves, timeouts, releases, buries, kicks;
+    uint32_t body_len;          /* including the CRLF */
+    const char *body;
+};
+
+struct bg_journal_record {
+    uint8_t type;               /* enum bg_record_type */
+    struct bg_journal_job job;  /* JOB, UPDATE; DELETE uses job.id */
+    char tube[BG_TUBE_NAME_MAX + 1];
+    uint32_t pause_s;           /* PAUSE */
+    uint64_t unpause_wall;
+};
+
+uint32_t bg_crc32c(const void *data, size_t n);
+void bg_journal_segment_header(char out[BG_JOURNAL_HEADER_SIZE]);
+/* 0 if data starts with a segment header of our version, else BG_BAD_FORMAT. */
+int bg_journal_check_header(const char *data, size_t len);
+/* Append a record (JOB with body, or UPDATE without) to out. */
+int bg_journal_encode_job(struct bg_buf *out, const struct bg_journal_job *r, int with_body);
+int bg_journal_encode_delete(struct bg_buf *out, uint64_t id);
+int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
+                            uint64_t unpause_wall);
+/* Decode the record at data: 0 (*used bytes, rec points into data),
+ * BG_JOURNAL_TORN or BG_JOURNAL_CORRUPT. */
+int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used);
+
+/* ---- engine <-> log ----------------------------------------------------- */
+
+/* What the engine tells the log. Set engine->journal to receive it. */
+struct bg_journal_ops {
+    /* j was put (with_body) or changed state, priority or counters */
+    void (*job_saved)(void *ctx, const struct bg_job *j, int with_body);
+    void (*job_deleted)(void *ctx, uint64_t id);
+    void (*tube_paused)(void *ctx, const struct bg_tube *t);
+};
+
+/* Recreate a job from the log (replacing one with the same id), in state
+ * ready, delayed (ready at deadline_mono) or buried. 0 or BG_OUT_OF_MEMORY. */
+int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
+                          bg_time deadline_mono, bg_time created_mono, bg_time now);
+/* Apply an update record to an existing job; BG_NOT_FOUND if there is none. */
+int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r,
+                             bg_time deadline_mono, bg_time now);
+/* Forget a job (a delete record). */
+void bg_engine_restore_delete(struct bg_engine *e, uint64_t id);
+/* Restore a tube's pause; creates the tube only while it is paused. */
+int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t pause_s,
+                            bg_time unpause_mono, bg_time now);
+/* Fill a log view of j (state reserved is logged as ready). */
+void bg_journal_job_of(const struct bg_job *j, struct bg_journal_job *out);
 
 /* ---- stats.c: the one stats model -------------------------------------- */
 

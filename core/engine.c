@@ -421,6 +421,12 @@ static void job_free(struct bg_engine *e, struct bg_job *j)
     bg_free(j);
 }
 
+/* Tell the log about a saved job, if there is a log. */
+static void journal_saved(struct bg_engine *e, const struct bg_job *j, int with_body)
+{
+    if (e->journal) e->journal->job_saved(e->journal_ctx, j, with_body);
+}
+
 /* ---- engine lifetime --------------------------------------------------- */
 
 int bg_engine_init(struct bg_engine *e, uint32_t max_job_size)
@@ -645,9 +651,9 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
 {
     struct bg_engine *e = c->engine;
     (void)c;
-    if (e->draining) {
+    if (e->draining || e->journal_broken) {
         bg_free(j);
-        return BG_DRAINING;
+        return e->draining ? BG_DRAINING : BG_OUT_OF_MEMORY;
     }
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not
@@ -664,7 +670,9 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
     e->stat.total_jobs++;
     t->stat.total_jobs++;
-    return job_enqueue(e, j, j->delay_s, now);
+    int r = job_enqueue(e, j, j->delay_s, now);
+    journal_saved(e, j, 1);
+    return r;
 }
 
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now)
@@ -766,6 +774,7 @@ int bg_delete(struct bg_client *c, uint64_t id)
     if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
     j->tube->stat.cmd_delete++;
     job_unlink(e, j);
+    if (e->journal) e->journal->job_deleted(e->journal_ctx, j->id);
     job_free(e, j);
     return 0;
 }
@@ -778,7 +787,9 @@ int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s,
     j->pri = pri;
     j->delay_s = delay_s;
     j->releases++;
-    return job_enqueue(c->engine, j, delay_s, now);
+    int r = job_enqueue(c->engine, j, delay_s, now);
+    journal_saved(c->engine, j, 0);
+    return r;
 }
 
 int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri)
@@ -789,6 +800,7 @@ int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri)
     j->pri = pri;
     j->buries++;
     job_bury(c->engine, j);
+    journal_saved(c->engine, j, 0);
     return 0;
 }
 
@@ -812,7 +824,9 @@ static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
 {
     job_unlink(e, j);
     j->kicks++;
-    return job_enqueue(e, j, 0, now);
+    int r = job_enqueue(e, j, 0, now);
+    journal_saved(e, j, 0);
+    return r;
 }
 
 /* Stops at the first job that could not be made ready, as the reference
@@ -851,6 +865,135 @@ int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_ti
     t->stat.cmd_pause++;
     if (bg_heap_push(&e->tube_timers, t) != 0) {
         t->pause_ns = 0; /* cannot schedule the end: do not pause at all */
+        return BG_OUT_OF_MEMORY;
+    }
+    if (e->journal) e->journal->tube_paused(e->journal_ctx, t);
+    return 0;
+}
+
+/* ---- restoring from the log -------------------------------------------- */
+
+void bg_journal_job_of(const struct bg_job *j, struct bg_journal_job *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = j->id;
+    out->tube = j->tube->name;
+    out->pri = j->pri;
+    out->state = j->state == BG_JOB_RESERVED ? BG_JOB_READY : j->state;
+    out->delay_s = j->delay_s;
+    out->ttr_s = j->ttr_s;
+    out->reserves = j->reserves;
+    out->timeouts = j->timeouts;
+    out->releases = j->releases;
+    out->buries = j->buries;
+    out->kicks = j->kicks;
+    out->body_len = j->body_size;
+    out->body = j->body;
+}
+
+/* Place a restored job in the structure of state r->state. */
+static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_journal_job *r,
+                         bg_time deadline_mono, bg_time now)
+{
+    if (r->state == BG_JOB_BURIED) {
+        job_bury(e, j);
+        return 0;
+    }
+    if (r->state == BG_JOB_DELAYED && deadline_mono > now) {
+        j->deadline_at = deadline_mono;
+        if (bg_heap_push(&j->tube->delayed, j) != 0) goto bury;
+        if (bg_heap_push(&e->job_timers, j) != 0) {
+            bg_heap_remove(&j->tube->delayed, j->tube_slot);
+            goto bury;
+        }
+        j->state = BG_JOB_DELAYED;
+        e->delayed_count++;
+        return 0;
+    }
+    if (bg_heap_push(&j->tube->ready, j) != 0) goto bury;
+    j->state = BG_JOB_READY;
+    count_ready(e, j, +1);
+    return 0;
+bury:
+    job_bury(e, j);
+    return BG_BURIED;
+}
+
+/* Copy the logged fields that an update may change. */
+static void restore_fields(struct bg_job *j, const struct bg_journal_job *r)
+{
+    j->pri = r->pri;
+    j->delay_s = r->delay_s;
+    j->ttr_s = r->ttr_s ? r->ttr_s : 1;
+    j->reserves = r->reserves;
+    j->timeouts = r->timeouts;
+    j->releases = r->releases;
+    j->buries = r->buries;
+    j->kicks = r->kicks;
+}
+
+int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
+                          bg_time deadline_mono, bg_time created_mono, bg_time now)
+{
+    bg_engine_restore_delete(e, r->id);
+    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return BG_OUT_OF_MEMORY;
+    struct bg_tube *t = tube_get(e, r->tube);
+    if (!t) return BG_OUT_OF_MEMORY;
+    struct bg_job *j = bg_malloc(sizeof *j + r->body_len);
+    if (!j) {
+        tube_ref(t);
+        tube_unref(e, t); /* frees a tube made for nothing */
+        return BG_OUT_OF_MEMORY;
+    }
+    memset(j, 0, sizeof *j);
+    j->id = r->id;
+    j->body_size = r->body_len;
+    memcpy(j->body, r->body, r->body_len);
+    j->created_at = created_mono;
+    j->tube_slot = j->timer_slot = NO_SLOT;
+    restore_fields(j, r);
+    j->tube = t;
+    tube_ref(t);
+    size_t b = id_bucket(e, j->id);
+    j->hash_next = e->jobs[b];
+    e->jobs[b] = j;
+    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+    if (j->id >= e->next_id) e->next_id = j->id + 1;
+    restore_place(e, j, r, deadline_mono, now);
+    return 0;
+}
+
+int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r,
+                             bg_time deadline_mono, bg_time now)
+{
+    struct bg_job *j = bg_job_find(e, r->id);
+    if (!j) return BG_NOT_FOUND;
+    job_unlink(e, j);
+    restore_fields(j, r);
+    restore_place(e, j, r, deadline_mono, now);
+    return 0;
+}
+
+void bg_engine_restore_delete(struct bg_engine *e, uint64_t id)
+{
+    struct bg_job *j = bg_job_find(e, id);
+    if (!j) return;
+    if (id >= e->next_id) e->next_id = id + 1;
+    job_unlink(e, j);
+    job_free(e, j);
+}
+
+int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t pause_s,
+                            bg_time unpause_mono, bg_time now)
+{
+    struct bg_tube *t = bg_tube_find(e, tube);
+    if (!t || unpause_mono <= now) return 0;
+    if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
+    t->timer_slot = NO_SLOT;
+    t->pause_ns = pause_s ? (bg_time)pause_s * BG_SECOND : 1;
+    t->unpause_at = unpause_mono;
+    if (bg_heap_push(&e->tube_timers, t) != 0) {
+        t->pause_ns = 0;
         return BG_OUT_OF_MEMORY;
     }
     return 0;

@@ -11,11 +11,17 @@ static void usage(FILE *f)
         "Use: beangate [OPTIONS]\n"
         "\n"
         "Options:\n"
+        " -b DIR   write-ahead log directory\n"
+        " -f MS    fsync at most once every MS milliseconds (default is 50ms);\n"
+        "          use -f0 for \"always fsync\" (replies wait for the disk)\n"
+        " -F       never fsync\n"
         " -l ADDR  listen on address (default is 127.0.0.1; unix:/path for a UNIX socket)\n"
         " -p PORT  listen on port (default is 11300)\n"
         " -u USER  become user and group\n"
         " -z BYTES set the maximum job size in bytes (default is 65535);\n"
         "          max allowed is %d bytes\n"
+        " -s BYTES set the size of each write-ahead log file (default is 10485760);\n"
+        "          will be rounded up to a multiple of 4096 bytes\n"
         " -v       show version information\n"
         " -V       increase verbosity\n"
         " -h       show this help\n"
@@ -76,6 +82,10 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     cfg->http_listen = "127.0.0.1";
     cfg->http_port = "11301";
     cfg->http_enabled = 1;
+    cfg->log_dir = NULL;
+    cfg->fsync_ms = 50;
+    cfg->fsync_never = 0;
+    cfg->segment_size = 10485760;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) == 0) {
@@ -87,7 +97,7 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
         for (const char *f = a + 1; *f; f++) {
             char flag = *f;
             const char *value = NULL;
-            if (strchr("lpuz", flag)) {
+            if (strchr("lpuzbfs", flag)) {
                 /* the value is the rest of this word, or the next word */
                 if (f[1]) value = f + 1;
                 else if (i + 1 < argc) value = argv[++i];
@@ -108,6 +118,16 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
                     size = BG_JOB_SIZE_LIMIT;
                 }
                 cfg->max_job_size = (uint32_t)size;
+                break;
+            case 'b': cfg->log_dir = value; break;
+            case 'f':
+                if (parse_size(value, &size) != 0 || size > 1000000000) return usage_error("invalid time: ", value);
+                cfg->fsync_ms = (int)size;
+                break;
+            case 'F': cfg->fsync_never = 1; break;
+            case 's':
+                if (parse_size(value, &size) != 0 || size == 0) return usage_error("invalid size: ", value);
+                cfg->segment_size = (size + 4095) / 4096 * 4096;
                 break;
             case 'V': cfg->verbose++; break;
             case 'v':

@@ -12,6 +12,7 @@
 
 #include "server.h"
 #include "../gateway/gateway.h"
+#include "wal.h"
 
 bg_time server_now(void)
 {
@@ -32,11 +33,13 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->hostname = srv->hostname;
     pi->os = srv->os;
     pi->platform = srv->platform;
-    pi->binlog_max_size = 10485760; /* the reference's default; no log yet */
+    pi->binlog_max_size = 10485760; /* the reference's default without -b */
+    wal_stats(srv->wal, pi);
 }
 
 void server_arm_timer(struct server *srv)
 {
+    wal_kick(srv->wal); /* whatever this turn logged goes to the flusher */
     bg_time next = bg_engine_next_deadline(&srv->engine);
     if (next == srv->timer_at) return;
     srv->timer_at = next;
@@ -154,6 +157,17 @@ int main(int argc, char **argv)
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
+    static struct wal wal;
+    if (cfg.log_dir) {
+        struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size};
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wall = (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
+        if (wal_open(&wal, &wcfg, &srv.engine, srv.base, server_now(), wall) != 0) return 111;
+        srv.wal = &wal;
+        wal.on_synced = net_release_held;
+        wal.on_synced_arg = &srv;
+    }
     if (net_listen(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
@@ -174,6 +188,7 @@ int main(int argc, char **argv)
 
     gateway_stop(srv.gateway);
     net_shutdown(&srv);
+    wal_close(srv.wal);
     bg_engine_destroy(&srv.engine);
     event_free(srv.timer);
     event_free(srv.process_ev);

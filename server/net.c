@@ -19,6 +19,7 @@
 #include <pwd.h>
 
 #include "server.h"
+#include "wal.h"
 
 struct conn {
     struct bg_session session;   /* first: the codec's view */
@@ -28,7 +29,9 @@ struct conn {
     struct bg_buf in;            /* bytes not yet consumed by the codec */
     struct conn *prev, *next;    /* srv->conns */
     struct conn *woken_next;
-    uint8_t is_woken, peer_eof, read_paused;
+    uint64_t hold_seq;           /* replies wait until the log synced this */
+    struct conn *held_next;      /* srv->held */
+    uint8_t is_woken, peer_eof, read_paused, is_held;
 };
 
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
@@ -60,6 +63,11 @@ static void conn_free(struct conn *c)
         while (*p != c) p = &(*p)->woken_next;
         *p = c->woken_next;
     }
+    if (c->is_held) {
+        struct conn **p = &srv->held;
+        while (*p != c) p = &(*p)->held_next;
+        *p = c->held_next;
+    }
     if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     bg_session_close(&c->session, server_now());
@@ -74,6 +82,16 @@ static void conn_free(struct conn *c)
 static int conn_flush(struct conn *c)
 {
     struct bg_buf *out = &c->session.out;
+    struct wal *w = c->srv->wal;
+    if (w && c->hold_seq > w->synced_seq) {
+        /* durable replies: nothing goes out before its record is on disk */
+        if (!c->is_held) {
+            c->is_held = 1;
+            c->held_next = c->srv->held;
+            c->srv->held = c;
+        }
+        return 0;
+    }
     while (out->len) {
         ssize_t n = write(c->fd, bg_buf_head(out), out->len);
         if (n > 0) {
@@ -100,8 +118,11 @@ static int conn_run(struct conn *c)
         size_t used = 0;
         int woke = 0;
         if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
+            struct wal *w = c->srv->wal;
+            uint64_t before = w ? w->appended_seq : 0;
             used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
             bg_buf_consume(&c->in, used);
+            if (wal_durable(w) && w->appended_seq > before) c->hold_seq = w->appended_seq;
         }
         if (c->peer_eof && s->state == BG_WAITING) {
             bg_session_peer_eof(s); /* TIMED_OUT; later commands still run */
@@ -114,6 +135,7 @@ static int conn_run(struct conn *c)
         /* feeding paused at the output limit and the socket took it all:
          * go on with the input already buffered */
         if (!((used || woke) && s->out.len == 0 && c->in.len)) break;
+        if (c->is_held) break;
     }
     int done_reading = c->peer_eof && (s->state != BG_WAITING);
     if ((s->state == BG_CLOSING || done_reading) && s->out.len == 0) {
@@ -169,6 +191,29 @@ void net_conn_wake(struct conn *c)
     c->woken_next = c->srv->woken;
     c->srv->woken = c;
     event_active(c->srv->process_ev, EV_READ, 0);
+}
+
+void net_release_held(void *arg)
+{
+    struct server *srv = arg;
+    struct conn **p = &srv->held;
+    struct conn *ready = NULL;
+    while (*p) {
+        struct conn *c = *p;
+        if (c->hold_seq <= srv->wal->synced_seq) {
+            *p = c->held_next;
+            c->is_held = 0;
+            c->held_next = ready;
+            ready = c;
+        } else {
+            p = &c->held_next;
+        }
+    }
+    while (ready) {
+        struct conn *c = ready;
+        ready = c->held_next;
+        conn_run(c);
+    }
 }
 
 void net_process_woken(struct server *srv)

@@ -25,6 +25,10 @@ struct server_config {
     const char *http_port;       /* --http-port, default 11301 */
     int http_enabled;            /* 0 with --no-http */
     int http_explicit;           /* --http-listen or --http-port given */
+    const char *log_dir;         /* -b, NULL: in memory only */
+    int fsync_ms;                /* -f, default 50; 0: durable replies */
+    int fsync_never;             /* -F */
+    uint64_t segment_size;       /* -s, default 10485760 */
 };
 
 /* Parse argv like beanstalkd. Returns 0 to run, 1 when the process should
@@ -56,6 +60,8 @@ struct server {
     char unix_path[108];
     struct conn *conns;          /* every open connection */
     struct conn *woken;          /* connections with async output */
+    struct conn *held;           /* connections waiting for the log */
+    struct wal *wal;             /* NULL without -b */
     bg_time started_at;
     char instance_id[17];
     char hostname[256];
@@ -73,6 +79,8 @@ void server_arm_timer(struct server *srv);
 void server_process_info(struct server *srv, struct bg_process_info *pi);
 /* Queue a connection for processing on the next loop turn. */
 void net_conn_wake(struct conn *c);
+/* The log synced more: let held replies go (wal on_synced callback). */
+void net_release_held(void *srv);
 /* Process every woken connection (the process_ev callback). */
 void net_process_woken(struct server *srv);
 

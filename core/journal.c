@@ -1,0 +1,246 @@
+/* journal.c - the write-ahead log's record format: encoding and decoding,
+ * pure (no files). A segment is a header followed by records:
+ *
+ *   segment header  "BGWAL\r\n\0" u32 version u32 reserved          (16 bytes)
+ *   record          u32 payload_len  u32 crc32c(type..payload)  u8 type  payload
+ *
+ * All integers little-endian. A record whose length runs past the end of the
+ * data is a torn tail; one whose checksum does not match is corrupt. Either
+ * way the reader stops there and says so; it never guesses. */
+#include <string.h>
+
+#include "core.h"
+
+static const char segment_magic[8] = {'B', 'G', 'W', 'A', 'L', '\r', '\n', '\0'};
+
+/* ---- CRC-32C (Castagnoli), table-driven -------------------------------- */
+
+static uint32_t crc_table[256];
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+uint32_t bg_crc32c(const void *data, size_t n)
+{
+    if (!crc_table[1]) crc_init();
+    const unsigned char *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* ---- little-endian helpers --------------------------------------------- */
+
+static void put_u8(unsigned char **p, uint8_t v) { *(*p)++ = v; }
+
+static void put_u32(unsigned char **p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char **p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+/* ---- encoding ---------------------------------------------------------- */
+
+void bg_journal_segment_header(char out[BG_JOURNAL_HEADER_SIZE])
+{
+    unsigned char *p = (unsigned char *)out;
+    memcpy(p, segment_magic, sizeof segment_magic);
+    p += sizeof segment_magic;
+    put_u32(&p, BG_JOURNAL_VERSION);
+    put_u32(&p, 0);
+}
+
+int bg_journal_check_header(const char *data, size_t len)
+{
+    if (len < BG_JOURNAL_HEADER_SIZE || memcmp(data, segment_magic, sizeof segment_magic) != 0)
+        return BG_BAD_FORMAT;
+    if (get_u32((const unsigned char *)data + 8) != BG_JOURNAL_VERSION) return BG_BAD_FORMAT;
+    return 0;
+}
+
+/* Reserve room for a record of `payload` bytes; returns where the type byte
+ * goes. The length and checksum are filled in by finish_record. */
+static unsigned char *start_record(struct bg_buf *out, size_t payload)
+{
+    unsigned char *p = (unsigned char *)bg_buf_reserve(out, 8 + 1 + payload);
+    return p ? p + 8 : NULL;
+}
+
+static void finish_record(struct bg_buf *out, unsigned char *type_at, unsigned char *end)
+{
+    unsigned char *head = type_at - 8;
+    uint32_t payload = (uint32_t)(end - type_at - 1);
+    unsigned char *p = head;
+    put_u32(&p, payload);
+    put_u32(&p, bg_crc32c(type_at, (size_t)(end - type_at)));
+    out->len += (size_t)(end - head);
+}
+
+/* The fields every job record carries, after the type byte. */
+#define JOB_FIXED (8 + 4 + 1 + 4 + 4 + 8 + 8 + 5 * 4)
+
+static void put_job_fixed(unsigned char **p, const struct bg_journal_job *r)
+{
+    put_u64(p, r->id);
+    put_u32(p, r->pri);
+    put_u8(p, r->state);
+    put_u32(p, r->delay_s);
+    put_u32(p, r->ttr_s);
+    put_u64(p, r->deadline_wall);
+    put_u64(p, r->created_wall);
+    put_u32(p, r->reserves);
+    put_u32(p, r->timeouts);
+    put_u32(p, r->releases);
+    put_u32(p, r->buries);
+    put_u32(p, r->kicks);
+}
+
+int bg_journal_encode_job(struct bg_buf *out, const struct bg_journal_job *r, int with_body)
+{
+    size_t tube_len = strlen(r->tube);
+    size_t payload = JOB_FIXED + 1 + tube_len + (with_body ? 4 + r->body_len : 0);
+    unsigned char *type_at = start_record(out, payload);
+    if (!type_at) return BG_OUT_OF_MEMORY;
+    unsigned char *p = type_at;
+    put_u8(&p, with_body ? BG_REC_JOB : BG_REC_UPDATE);
+    put_job_fixed(&p, r);
+    put_u8(&p, (uint8_t)tube_len);
+    memcpy(p, r->tube, tube_len);
+    p += tube_len;
+    if (with_body) {
+        put_u32(&p, r->body_len);
+        memcpy(p, r->body, r->body_len);
+        p += r->body_len;
+    }
+    finish_record(out, type_at, p);
+    return 0;
+}
+
+int bg_journal_encode_delete(struct bg_buf *out, uint64_t id)
+{
+    unsigned char *type_at = start_record(out, 8);
+    if (!type_at) return BG_OUT_OF_MEMORY;
+    unsigned char *p = type_at;
+    put_u8(&p, BG_REC_DELETE);
+    put_u64(&p, id);
+    finish_record(out, type_at, p);
+    return 0;
+}
+
+int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
+                            uint64_t unpause_wall)
+{
+    size_t tube_len = strlen(tube);
+    unsigned char *type_at = start_record(out, 4 + 8 + 1 + tube_len);
+    if (!type_at) return BG_OUT_OF_MEMORY;
+    unsigned char *p = type_at;
+    put_u8(&p, BG_REC_PAUSE);
+    put_u32(&p, pause_s);
+    put_u64(&p, unpause_wall);
+    put_u8(&p, (uint8_t)tube_len);
+    memcpy(p, tube, tube_len);
+    p += tube_len;
+    finish_record(out, type_at, p);
+    return 0;
+}
+
+/* ---- decoding ---------------------------------------------------------- */
+
+/* Read a tube name of n bytes into out; 0 or BG_BAD_FORMAT. */
+static int get_tube(const unsigned char *p, size_t n, char out[BG_TUBE_NAME_MAX + 1])
+{
+    if (!bg_tube_name_valid((const char *)p, n)) return BG_BAD_FORMAT;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return 0;
+}
+
+int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    if (len < 9) return BG_JOURNAL_TORN;
+    uint32_t payload = get_u32(p);
+    if (payload > BG_JOB_SIZE_LIMIT + 1024u) return BG_JOURNAL_CORRUPT;
+    if (len - 9 < payload) return BG_JOURNAL_TORN;
+    if (get_u32(p + 4) != bg_crc32c(p + 8, (size_t)payload + 1)) return BG_JOURNAL_CORRUPT;
+    const unsigned char *b = p + 9, *end = b + payload;
+    memset(rec, 0, sizeof *rec);
+    rec->type = p[8];
+    switch (rec->type) {
+    case BG_REC_JOB:
+    case BG_REC_UPDATE: {
+        struct bg_journal_job *j = &rec->job;
+        if (payload < JOB_FIXED + 1) return BG_JOURNAL_CORRUPT;
+        j->id = get_u64(b);
+        j->pri = get_u32(b + 8);
+        j->state = b[12];
+        j->delay_s = get_u32(b + 13);
+        j->ttr_s = get_u32(b + 17);
+        j->deadline_wall = get_u64(b + 21);
+        j->created_wall = get_u64(b + 29);
+        j->reserves = get_u32(b + 37);
+        j->timeouts = get_u32(b + 41);
+        j->releases = get_u32(b + 45);
+        j->buries = get_u32(b + 49);
+        j->kicks = get_u32(b + 53);
+        b += JOB_FIXED;
+        size_t tube_len = *b++;
+        if ((size_t)(end - b) < tube_len || get_tube(b, tube_len, rec->tube) != 0)
+            return BG_JOURNAL_CORRUPT;
+        j->tube = rec->tube;
+        b += tube_len;
+        if (j->state != BG_JOB_READY && j->state != BG_JOB_DELAYED && j->state != BG_JOB_BURIED)
+            return BG_JOURNAL_CORRUPT;
+        if (rec->type == BG_REC_JOB) {
+            if (end - b < 4) return BG_JOURNAL_CORRUPT;
+            j->body_len = get_u32(b);
+            b += 4;
+            if ((size_t)(end - b) != j->body_len || j->body_len < 2) return BG_JOURNAL_CORRUPT;
+            j->body = (const char *)b;
+            b += j->body_len;
+        }
+        break;
+    }
+    case BG_REC_DELETE:
+        if (payload != 8) return BG_JOURNAL_CORRUPT;
+        rec->job.id = get_u64(b);
+        b += 8;
+        break;
+    case BG_REC_PAUSE: {
+        if (payload < 13) return BG_JOURNAL_CORRUPT;
+        rec->pause_s = get_u32(b);
+        rec->unpause_wall = get_u64(b + 4);
+        size_t tube_len = b[12];
+        b += 13;
+        if ((size_t)(end - b) != tube_len || get_tube(b, tube_len, rec->tube) != 0)
+            return BG_JOURNAL_CORRUPT;
+        b += tube_len;
+        break;
+    }
+    default:
+        return BG_JOURNAL_CORRUPT;
+    }
+    if (b != end) return BG_JOURNAL_CORRUPT;
+    *used = (size_t)(end - p);
+    return 0;
+}
