@@ -134,12 +134,13 @@ struct gw_idempotency *gw_idempotency_new(void);
 void gw_idempotency_free(struct gw_idempotency *t);
 /* Nonzero if key is 1..GW_IDEMPOTENCY_KEY_MAX visible ASCII characters. */
 int gw_idempotency_valid_key(const char *key);
-/* The job a live key made: 0, or BG_NOT_FOUND. */
+/* The job a live key made, its tube and first state: 0, or BG_NOT_FOUND. */
 int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
-                        uint64_t *job_id, const char **tube);
-/* Remember that key made job_id in tube. 0 or BG_OUT_OF_MEMORY. */
+                        uint64_t *job_id, const char **tube, const char **state);
+/* Remember that key made job_id in tube, answered with `state` (a static
+ * string). 0 or BG_OUT_OF_MEMORY. */
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
-                            uint64_t job_id, bg_time now);
+                            uint64_t job_id, const char *state, bg_time now);
 
 /* openapi.c (generated from openapi/openapi.yaml) */
 extern const char gw_openapi_yaml[];

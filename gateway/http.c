@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "gateway.h"
 
@@ -139,6 +140,12 @@ enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status)
     return ok;
 }
 
+static int hex_digit(char ch)
+{
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version,
                                  const char *upload_data, size_t *upload_size, void **con_cls)
@@ -204,6 +211,27 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
+/* Percent-decode uri in place, except %00: a NUL would cut the path or a
+ * value short, so it stays as the three characters and fails validation. */
+static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
+{
+    (void)cls;
+    (void)conn;
+    char *out = uri;
+    for (const char *in = uri; *in; in++) {
+        int hi, lo;
+        if (in[0] == '%' && (hi = hex_digit(in[1])) >= 0 && (lo = hex_digit(in[2])) >= 0 &&
+            (hi | lo) != 0) {
+            *out++ = (char)(hi * 16 + lo);
+            in += 2;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+    return (size_t)(out - uri);
+}
+
 static void holder_job_reserved(struct bg_client *c, struct bg_job *j) { (void)c; (void)j; }
 static void holder_wait_ended(struct bg_client *c, int outcome) { (void)c; (void)outcome; }
 static const struct bg_client_ops holder_ops = {holder_job_reserved, holder_wait_ended};
@@ -258,6 +286,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
                                   MHD_OPTION_SOCK_ADDR, res->ai_addr,
                                   MHD_OPTION_NOTIFY_COMPLETED, completed_cb, gw,
+                                  MHD_OPTION_UNESCAPE_CALLBACK, unescape_cb, gw,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_CONNECTION_LIMIT,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_IDLE_TIMEOUT_S,
                                   MHD_OPTION_END);
@@ -292,6 +321,13 @@ void gateway_stop(struct gateway *gw)
         }
     }
     gw->woken = NULL;
+    /* let the resumed long-polls answer 204 before the daemon goes */
+    struct timespec pause = {0, 2000000};
+    for (int i = 0; i < 50 && gw->waiting; i++) {
+        MHD_run(gw->daemon);
+        nanosleep(&pause, NULL);
+    }
+    MHD_run(gw->daemon);
     MHD_stop_daemon(gw->daemon);
     event_free(gw->epoll_ev);
     event_free(gw->timer_ev);

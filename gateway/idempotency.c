@@ -11,6 +11,7 @@ struct idem_entry {
     struct idem_entry *older, *newer; /* age order */
     bg_time expires_at;
     uint64_t job_id;
+    const char *state;          /* the first answer's state (a static string) */
     char tube[BG_TUBE_NAME_MAX + 1];
     char key[GW_IDEMPOTENCY_KEY_MAX + 1];
 };
@@ -62,13 +63,14 @@ int gw_idempotency_valid_key(const char *key)
 }
 
 int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
-                        uint64_t *job_id, const char **tube)
+                        uint64_t *job_id, const char **tube, const char **state)
 {
     expire(t, now);
     for (struct idem_entry *e = t->buckets[key_bucket(key)]; e; e = e->hash_next) {
         if (strcmp(e->key, key) == 0) {
             *job_id = e->job_id;
             *tube = e->tube;
+            *state = e->state;
             return 0;
         }
     }
@@ -76,7 +78,7 @@ int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
 }
 
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
-                            uint64_t job_id, bg_time now)
+                            uint64_t job_id, const char *state, bg_time now)
 {
     expire(t, now);
     if (t->count >= GW_IDEMPOTENCY_MAX) entry_remove(t, t->oldest);
@@ -85,6 +87,7 @@ int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const cha
     strcpy(e->key, key);
     strcpy(e->tube, tube);
     e->job_id = job_id;
+    e->state = state;
     e->expires_at = now + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
     size_t b = key_bucket(key);
     e->hash_next = t->buckets[b];

@@ -70,6 +70,7 @@ static int pattern_matches(const char *pattern, char *seg[], int n)
 /* Nonzero if method is one of the comma-separated list. */
 static int method_allowed(const char *methods, const char *method)
 {
+    if (strcmp(method, "HEAD") == 0) method = "GET"; /* HEAD is GET without the body */
     size_t n = strlen(method);
     for (const char *p = methods; (p = strstr(p, method)); p += n)
         if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;

@@ -101,21 +101,29 @@ static enum MHD_Result reply_job_with_body(struct gw_request *r, const struct bg
 
 static const char *const state_names[] = {"ready", "delayed", "reserved", "buried"};
 
-/* {id, tube, state} of a put job; "deleted" if it is gone by now. */
-static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
+/* The state a job entered when it was put (a waiting reserver may have
+ * taken it at once). */
+static const char *put_state(struct gateway *gw, uint64_t id)
 {
     struct bg_job *j = bg_job_find(gw->engine, id);
-    return json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state",
-                     j ? state_names[j->state] : "deleted");
+    return j ? state_names[j->state] : "reserved";
 }
 
-/* 201 with Location for a put (or its idempotent replay). */
-static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *tube, int replayed)
+/* {id, tube, state} of a put job. */
+static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
+{
+    return json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", put_state(gw, id));
+}
+
+/* 201 with Location for a put; replayed_state is the first answer's state
+ * when this is an idempotent replay, else NULL. */
+static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *tube,
+                                 const char *replayed_state)
 {
     char location[48];
     snprintf(location, sizeof location, "/jobs/%llu", (unsigned long long)id);
-    json_t *v = put_result(r->gw, id, tube);
-    if (!replayed) return gw_reply_json(r->conn, 201, v, location);
+    if (!replayed_state) return gw_reply_json(r->conn, 201, put_result(r->gw, id, tube), location);
+    json_t *v = json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", replayed_state);
     return gw_reply_json_headers(r->conn, 201, v, location, "Idempotent-Replayed", "true");
 }
 
@@ -136,11 +144,12 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
         if (!gw_idempotency_valid_key(key))
             return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
                                     "Idempotency-Key must be 1-128 visible ASCII characters");
-        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube) == 0) {
+        const char *first_state;
+        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube, &first_state) == 0) {
             if (strcmp(first_tube, tube) != 0)
                 return gw_reply_problem(r->conn, 409, "IDEMPOTENCY_KEY_REUSED",
                                         "this Idempotency-Key was used for another tube");
-            return reply_put(r, first_id, tube, 1);
+            return reply_put(r, first_id, tube, first_state);
         }
     }
     if (gw->engine->draining) return outcome_problem(r, BG_DRAINING);
@@ -152,8 +161,9 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     uint64_t id = j->id;
     int rc = bg_put_named(&gw->holder, tube, j, now);
     if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
-    if (key) gw_idempotency_remember(gw->idempotency, key, tube, id, now); /* best effort */
-    return reply_put(r, id, tube, 0);
+    const char *state = put_state(gw, id);
+    if (key) gw_idempotency_remember(gw->idempotency, key, tube, id, state, now); /* best effort */
+    return reply_put(r, id, tube, NULL);
 }
 
 /* One entry of a batch put: the result object for it. */
@@ -305,15 +315,18 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
         return bad_param(r, "count");
     if (timeout > GW_MAX_WAIT_S) timeout = GW_MAX_WAIT_S;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
-    /* validate every name before touching the engine */
+    /* validate every name (empty ones included) before touching the engine */
     char names[2048];
     if (strlen(tubes) >= sizeof names) return bad_tube(r);
-    strcpy(names, tubes);
     int n = 0;
-    for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!bg_tube_name_valid(t, strlen(t))) return bad_tube(r);
-        n++;
+    for (const char *t = tubes;; n++) {
+        const char *comma = strchr(t, ',');
+        size_t len = comma ? (size_t)(comma - t) : strlen(t);
+        if (!bg_tube_name_valid(t, len)) return bad_tube(r);
+        if (!comma) break;
+        t = comma + 1;
     }
+    n++;
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
     if (bg_client_init_bare(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
         return outcome_problem(r, BG_OUT_OF_MEMORY);
@@ -369,10 +382,17 @@ static enum MHD_Result route_job(struct gw_request *r, const char *method, const
                                  const char *action)
 {
     struct gateway *gw = r->gw;
-    char *end;
-    uint64_t id = strtoull(id_text, &end, 10);
-    if (!*id_text || *end || *id_text < '0' || *id_text > '9')
-        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned integers");
+    uint64_t id = 0;
+    for (const char *p = id_text; *p; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (*p < '0' || *p > '9' || id > (UINT64_MAX - d) / 10) {
+            id_text = "";
+            break;
+        }
+        id = id * 10 + d;
+    }
+    if (!*id_text)
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned 64-bit integers");
     struct bg_job *j = bg_job_find(gw->engine, id);
     if (!j) return not_found(r, "no such job");
     bg_time now = gw->now();

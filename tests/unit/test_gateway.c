@@ -209,17 +209,18 @@ static void test_idempotency(void **state)
     struct gw_idempotency *t = gw_idempotency_new();
     assert_non_null(t);
     uint64_t id;
-    const char *tube;
+    const char *tube, *st;
     bg_time t0 = 100 * BG_SECOND;
-    assert_int_equal(gw_idempotency_find(t, "k1", t0, &id, &tube), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_remember(t, "k1", "emails", 9, t0), 0);
-    assert_int_equal(gw_idempotency_find(t, "k1", t0 + BG_SECOND, &id, &tube), 0);
+    assert_int_equal(gw_idempotency_find(t, "k1", t0, &id, &tube, &st), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_remember(t, "k1", "emails", 9, "delayed", t0), 0);
+    assert_int_equal(gw_idempotency_find(t, "k1", t0 + BG_SECOND, &id, &tube, &st), 0);
     assert_int_equal(id, 9);
     assert_string_equal(tube, "emails");
-    assert_int_equal(gw_idempotency_find(t, "k2", t0, &id, &tube), BG_NOT_FOUND);
+    assert_string_equal(st, "delayed");
+    assert_int_equal(gw_idempotency_find(t, "k2", t0, &id, &tube, &st), BG_NOT_FOUND);
     bg_time late = t0 + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
-    assert_int_equal(gw_idempotency_find(t, "k1", late - 1, &id, &tube), 0);
-    assert_int_equal(gw_idempotency_find(t, "k1", late, &id, &tube), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_find(t, "k1", late - 1, &id, &tube, &st), 0);
+    assert_int_equal(gw_idempotency_find(t, "k1", late, &id, &tube, &st), BG_NOT_FOUND);
     static const char *const keys[] = {"a", "order-123", "x~!@#$%^&*()_+"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) assert_true(gw_idempotency_valid_key(keys[i]));
     char too_long[GW_IDEMPOTENCY_KEY_MAX + 2];
@@ -239,15 +240,15 @@ static void test_idempotency_bounded(void **state)
     char key[32];
     for (int i = 0; i < GW_IDEMPOTENCY_MAX + 10; i++) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(gw_idempotency_remember(t, key, "t", (uint64_t)i, 0), 0);
+        assert_int_equal(gw_idempotency_remember(t, key, "t", (uint64_t)i, "ready", 0), 0);
     }
     uint64_t id;
-    const char *tube;
-    assert_int_equal(gw_idempotency_find(t, "key-0", 0, &id, &tube), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_find(t, "key-9", 0, &id, &tube), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_find(t, "key-10", 0, &id, &tube), 0);
+    const char *tube, *st;
+    assert_int_equal(gw_idempotency_find(t, "key-0", 0, &id, &tube, &st), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_find(t, "key-9", 0, &id, &tube, &st), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_find(t, "key-10", 0, &id, &tube, &st), 0);
     snprintf(key, sizeof key, "key-%d", GW_IDEMPOTENCY_MAX + 9);
-    assert_int_equal(gw_idempotency_find(t, key, 0, &id, &tube), 0);
+    assert_int_equal(gw_idempotency_find(t, key, 0, &id, &tube, &st), 0);
     assert_int_equal(id, GW_IDEMPOTENCY_MAX + 9);
     gw_idempotency_free(t);
 }

@@ -1,0 +1,1884 @@
+#!/usr/bin/env python3
+"""Integration tests of beangate's HTTP/JSON gateway, over real HTTP.
+
+Usage:
+  python3 tests/http/test_http.py build/beangate
+      starts the binary on free loopback ports (TCP and HTTP) and runs every
+      test against it; the server is stopped with SIGTERM at the end and must
+      exit with status 0.
+
+  python3 tests/http/test_http.py build/beangate --base-url URL \\
+          --direct-url URL --tcp-port N [--server-pid PID]
+      uses an already running server, reached through URL for HTTP (for
+      example a `prism proxy` in front of it, see tests/http/run_contract.sh).
+      The server's own HTTP address (--direct-url) and TCP port (--tcp-port)
+      are still needed:
+        * the cross-protocol tests talk beanstalk to --tcp-port;
+        * requests the document itself declares invalid (bad numbers, bad
+          tube names, unknown paths, wrong methods, malformed JSON), which a
+          validating proxy refuses without forwarding, go to --direct-url, and
+          so do raw-socket tests (413 before the body, a client that hangs up
+          during a long-poll) and non-UTF-8 bodies (a proxy that parses bodies
+          as text may change them);
+        * the drain test sends SIGUSR1 to --server-pid (skipped without it).
+      Any response carrying an `sl-violations` header (prism answers 500 with
+      it when a response breaks the document) fails the test that got it, and
+      the violation is printed; so does an error that prism made up itself
+      (a `https://stoplight.io/prism/errors#...` problem).
+
+The binary (argv[1]) is also used for tests that need a server of their own
+(`--no-http`). Python 3 standard library only. Prints PASS/FAIL/SKIP per test
+and ends with one line `http: N passed, M failed[, K skipped]`; exits 1 on
+failure. BEANGATE_HTTP_ONLY="test_a test_b" runs only those tests. The
+30 s long-poll cap is checked by a request started before the other tests
+(BEANGATE_HTTP_SKIP_CAP=1 skips it).
+"""
+
+import base64
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+OPENAPI_PATH = os.path.join(REPO, "openapi", "openapi.yaml")
+
+HTTP_TIMEOUT = 10.0       # every HTTP exchange gives up after this (plus any long-poll wait)
+TCP_TIMEOUT = 5.0         # every beanstalk socket read gives up after this
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 5.0
+WAKE_LIMIT = 1.0          # a long-poll must answer within this after the put
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
+
+DEFAULT_PRIORITY = 2147483648
+DEFAULT_TTR = 60
+JOB_KEYS = {"id", "tube", "state", "priority", "age", "delay", "ttr", "time_left",
+            "reserves", "timeouts", "releases", "buries", "kicks"}
+TUBE_KEYS = {"name", "current_jobs_urgent", "current_jobs_ready", "current_jobs_reserved",
+             "current_jobs_delayed", "current_jobs_buried", "total_jobs", "current_using",
+             "current_watching", "current_waiting", "cmd_delete", "cmd_pause_tube", "pause",
+             "pause_time_left"}
+SERVER_KEYS = {
+    "current_jobs_urgent", "current_jobs_ready", "current_jobs_reserved",
+    "current_jobs_delayed", "current_jobs_buried", "cmd_put", "cmd_peek", "cmd_peek_ready",
+    "cmd_peek_delayed", "cmd_peek_buried", "cmd_reserve", "cmd_reserve_with_timeout",
+    "cmd_delete", "cmd_release", "cmd_use", "cmd_watch", "cmd_ignore", "cmd_bury", "cmd_kick",
+    "cmd_touch", "cmd_stats", "cmd_stats_job", "cmd_stats_tube", "cmd_list_tubes",
+    "cmd_list_tube_used", "cmd_list_tubes_watched", "cmd_pause_tube", "job_timeouts",
+    "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
+    "current_workers", "current_waiting", "total_connections", "draining"}
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
+
+
+class Skip(Exception):
+    """Raised by a test that cannot run in this mode; the message says why."""
+
+
+class Target:
+    """Where the tests send their requests."""
+    binary = None
+    base = None          # (host, port) for HTTP, maybe a proxy
+    direct = None        # (host, port) of the server's own HTTP listener
+    tcp_port = None
+    server_pid = None
+    proxied = False      # base != direct
+
+
+T = Target()
+VIOLATIONS = []          # every sl-violations / prism-made error seen, for the summary
+VIOLATIONS_LOCK = threading.Lock()
+
+
+# ---- assertions ----------------------------------------------------------------
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def check_eq(got, want, what):
+    if got != want:
+        if isinstance(got, (bytes, bytearray)) and isinstance(want, (bytes, bytearray)):
+            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
+                     min(len(got), len(want)))
+            raise AssertionError("%s: got %d bytes, want %d (first difference at byte %d: got %r, want %r)"
+                                 % (what, len(got), len(want), i, bytes(got[max(0, i - 20):i + 20]),
+                                    bytes(want[max(0, i - 20):i + 20])))
+        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+
+
+def uniq(prefix):
+    """A tube name (or key) no other test uses."""
+    return "%s.%08x" % (prefix, random.getrandbits(32))
+
+
+# ---- HTTP ---------------------------------------------------------------------------
+
+class Resp:
+    def __init__(self, status, reason, headers, body, elapsed, url):
+        self.status = status
+        self.reason = reason
+        self.headers = headers        # list of (name, value)
+        self.body = body
+        self.elapsed = elapsed
+        self.url = url
+
+    def header(self, name):
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    def json(self):
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise AssertionError("%s: body is not JSON (%s): %r" % (self.url, e, self.body[:300])) from None
+
+    def describe(self):
+        return "%d %s, headers %s, body %r" % (self.status, self.reason, dict(self.headers), self.body[:400])
+
+
+def prism_problem(resp):
+    """The message of an error prism made up (or None)."""
+    viol = resp.header("sl-violations")
+    if viol:
+        return "contract violation (sl-violations) on %s: %s" % (resp.url, viol)
+    ctype = resp.header("content-type") or ""
+    if "problem+json" in ctype and b"stoplight.io/prism/errors" in resp.body:
+        try:
+            doc = json.loads(resp.body.decode("utf-8"))
+        except ValueError:
+            doc = {}
+        return "the proxy refused or failed %s: %s %s: %s; %s" % (
+            resp.url, doc.get("status"), doc.get("title"), doc.get("detail"),
+            json.dumps(doc.get("validation", "")))
+    return None
+
+
+def request(method, path, body=None, headers=None, via="base", timeout=HTTP_TIMEOUT):
+    """One HTTP exchange on a new connection. via: "base" (maybe a proxy) or
+    "direct" (the server itself)."""
+    host, port = T.base if via == "base" else T.direct
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    hdrs = dict(headers or {})
+    if body is not None and not any(k.lower() == "content-type" for k in hdrs):
+        hdrs["Content-Type"] = "application/octet-stream"
+    url = "http://%s:%d%s" % (host, port, path)
+    t0 = time.monotonic()
+    try:
+        conn.request(method, path, body=body, headers=hdrs)
+        r = conn.getresponse()
+        data = r.read()
+        resp = Resp(r.status, r.reason, r.getheaders(), data, time.monotonic() - t0,
+                    "%s %s" % (method, url))
+    except socket.timeout:
+        raise AssertionError("%s %s: no answer within %.1f s" % (method, url, timeout)) from None
+    except (ConnectionError, http.client.HTTPException) as e:
+        raise AssertionError("%s %s: %s: %s" % (method, url, type(e).__name__, e)) from None
+    finally:
+        conn.close()
+    msg = prism_problem(resp)
+    if msg:
+        with VIOLATIONS_LOCK:
+            VIOLATIONS.append(msg)
+        raise AssertionError(msg)
+    return resp
+
+
+def get(path, **kw):
+    return request("GET", path, **kw)
+
+
+def post(path, body=None, **kw):
+    return request("POST", path, body=body, **kw)
+
+
+def delete(path, **kw):
+    return request("DELETE", path, **kw)
+
+
+def post_json(path, doc, **kw):
+    hdrs = dict(kw.pop("headers", {}) or {})
+    hdrs["Content-Type"] = "application/json"
+    data = doc if isinstance(doc, (bytes, bytearray)) else json.dumps(doc).encode()
+    return request("POST", path, body=data, headers=hdrs, **kw)
+
+
+def q(**params):
+    """?a=1&b=2 from keyword arguments (None left out)."""
+    items = [(k, str(v)) for k, v in params.items() if v is not None]
+    return "?" + urllib.parse.urlencode(items, safe=",") if items else ""
+
+
+def expect_status(resp, status, what):
+    if resp.status != status:
+        raise AssertionError("%s: status %d, want %d; %s" % (what, resp.status, status, resp.describe()))
+
+
+def expect_json(resp, status, what):
+    expect_status(resp, status, what)
+    ctype = resp.header("content-type") or ""
+    check(ctype.split(";")[0].strip() == "application/json",
+          "%s: Content-Type %r, want application/json" % (what, ctype))
+    return resp.json()
+
+
+def expect_problem(resp, status, code, what):
+    """An application/problem+json error with the given status and code."""
+    expect_status(resp, status, what)
+    ctype = resp.header("content-type") or ""
+    check(ctype.split(";")[0].strip() == "application/problem+json",
+          "%s: Content-Type %r, want application/problem+json" % (what, ctype))
+    doc = resp.json()
+    check(isinstance(doc, dict), "%s: problem is not an object: %r" % (what, doc))
+    check_eq(set(doc), PROBLEM_KEYS, "%s: problem keys" % what)
+    check_eq(doc["status"], status, "%s: problem status" % what)
+    check_eq(doc["code"], code, "%s: problem code" % what)
+    check(isinstance(doc["type"], str) and doc["type"], "%s: problem type %r" % (what, doc["type"]))
+    check(isinstance(doc["title"], str) and doc["title"], "%s: problem title %r" % (what, doc["title"]))
+    check(isinstance(doc["detail"], str), "%s: problem detail %r" % (what, doc["detail"]))
+    if status == 503:
+        ra = resp.header("Retry-After")
+        check(ra is not None and ra.strip().isdigit(), "%s: Retry-After %r, want seconds" % (what, ra))
+    if status == 405:
+        check(resp.header("Allow"), "%s: no Allow header" % what)
+    return doc
+
+
+def check_job(doc, what, body=None, reserved=False, with_body=None):
+    """A job JSON: the stats keys; plus `reservation` when reserved; plus
+    exactly one of body/body_base64 when with_body (default: when reserved or
+    body is given), which must equal body (bytes) when given."""
+    check(isinstance(doc, dict), "%s: job is not an object: %r" % (what, doc))
+    if with_body is None:
+        with_body = reserved or body is not None
+    want = set(JOB_KEYS)
+    if reserved:
+        want.add("reservation")
+    if with_body:
+        if body is None:
+            check(("body" in doc) != ("body_base64" in doc),
+                  "%s: want exactly one of body and body_base64, got keys %r" % (what, sorted(doc)))
+            want.add("body" if "body" in doc else "body_base64")
+        else:
+            try:
+                body.decode("utf-8")
+                want.add("body")
+            except UnicodeDecodeError:
+                want.add("body_base64")
+    check_eq(set(doc), want, "%s: job keys" % what)
+    for k in JOB_KEYS - {"tube", "state"}:
+        check(isinstance(doc[k], int) and not isinstance(doc[k], bool) and doc[k] >= 0,
+              "%s: %s is %r, want a non-negative integer" % (what, k, doc[k]))
+    check(doc["state"] in ("ready", "delayed", "reserved", "buried"), "%s: state %r" % (what, doc["state"]))
+    if reserved:
+        check(isinstance(doc["reservation"], str) and len(doc["reservation"]) >= 16,
+              "%s: reservation token %r looks guessable" % (what, doc["reservation"]))
+        check_eq(doc["state"], "reserved", "%s: state" % what)
+    if "body" in doc:
+        check(isinstance(doc["body"], str), "%s: body %r is not a string" % (what, doc["body"]))
+        if body is not None:
+            check_eq(doc["body"].encode("utf-8"), body, "%s: body" % what)
+    if "body_base64" in doc:
+        try:
+            raw = base64.b64decode(doc["body_base64"], validate=True)
+        except (ValueError, TypeError) as e:
+            raise AssertionError("%s: body_base64 is not base64: %s" % (what, e)) from None
+        check(not _is_utf8(raw), "%s: body_base64 used for a valid UTF-8 body %r" % (what, raw[:40]))
+        if body is not None:
+            check_eq(raw, body, "%s: body_base64" % what)
+    return doc
+
+
+def _is_utf8(b):
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+# ---- small API helpers ---------------------------------------------------------------
+
+def put(tube, body=b"x", via="base", headers=None, **params):
+    r = post("/tubes/%s/jobs%s" % (tube, q(**params)), body=body, via=via, headers=headers)
+    doc = expect_json(r, 201, "put into %s" % tube)
+    check_eq(set(doc), {"id", "tube", "state"}, "put reply keys")
+    check_eq(r.header("Location"), "/jobs/%d" % doc["id"], "put Location")
+    check_eq(doc["tube"], tube, "put reply tube")
+    return doc["id"]
+
+
+def reserve(tube, timeout=0, via="base", headers=None, **params):
+    """POST /tubes/T/reservations; returns the Resp."""
+    return post("/tubes/%s/reservations%s" % (tube, q(timeout=timeout, **params)), via=via,
+                headers=headers, timeout=HTTP_TIMEOUT + timeout)
+
+
+def reserve_one(tube, body=None, timeout=0, what="reserve"):
+    doc = expect_json(reserve(tube, timeout), 200, what)
+    return check_job(doc, what, body=body, reserved=True)
+
+
+def job_stats(jid, via="base"):
+    return check_job(expect_json(get("/jobs/%d" % jid, via=via), 200, "GET /jobs/%d" % jid),
+                     "GET /jobs/%d" % jid)
+
+
+def tube_stats(tube):
+    doc = expect_json(get("/tubes/%s" % tube), 200, "GET /tubes/%s" % tube)
+    check_eq(set(doc), TUBE_KEYS, "tube stats keys")
+    return doc
+
+
+def server_stats(via="base"):
+    doc = expect_json(get("/stats", via=via), 200, "GET /stats")
+    check_eq(set(doc), SERVER_KEYS, "server stats keys")
+    return doc
+
+
+class Later(threading.Thread):
+    """Run fn in a thread; .result/.error/.done_at once it ends."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.result = None
+        self.error = None
+        self.done_at = None
+
+    def run(self):
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # reported by get()
+            self.error = e
+        self.done_at = time.monotonic()
+
+    def get(self, timeout):
+        self.join(timeout)
+        check(not self.is_alive(), "a background request did not end within %.1f s" % timeout)
+        if self.error:
+            raise self.error
+        return self.result
+
+
+# ---- beanstalk over TCP -------------------------------------------------------------
+
+class Beanstalk:
+    def __init__(self, port=None):
+        self.sock = socket.create_connection(("127.0.0.1", port or T.tcp_port), timeout=TCP_TIMEOUT)
+        self.buf = b""
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    def _fill(self, deadline):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("beanstalk: timed out; received so far %r" % self.buf[:200])
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(65536)
+        except socket.timeout:
+            raise AssertionError("beanstalk: timed out; received so far %r" % self.buf[:200]) from None
+        if not chunk:
+            raise AssertionError("beanstalk: connection closed; received so far %r" % self.buf[:200])
+        self.buf += chunk
+
+    def line(self, timeout=TCP_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while b"\r\n" not in self.buf:
+            self._fill(deadline)
+        i = self.buf.index(b"\r\n") + 2
+        out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+    def exact(self, n, timeout=TCP_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while len(self.buf) < n:
+            self._fill(deadline)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def cmd(self, text, timeout=TCP_TIMEOUT):
+        self.sock.sendall(text if isinstance(text, bytes) else text.encode())
+        return self.line(timeout)
+
+    def expect(self, text, want):
+        got = self.cmd(text)
+        check_eq(got, want, "beanstalk %r" % (text.strip() if isinstance(text, str) else text[:40]))
+
+    def put(self, body, pri=0, delay=0, ttr=60):
+        got = self.cmd(b"put %d %d %d %d\r\n" % (pri, delay, ttr, len(body)) + body + b"\r\n")
+        check(got.startswith(b"INSERTED "), "beanstalk put: %r" % got)
+        return int(got.split()[1])
+
+    def job(self, line, word):
+        parts = line.split()
+        check(len(parts) == 3 and parts[0] == word, "beanstalk: want %s, got %r" % (word.decode(), line))
+        body = self.exact(int(parts[2]) + 2)
+        check_eq(body[-2:], b"\r\n", "beanstalk job body end")
+        return int(parts[1]), body[:-2]
+
+    def stats(self):
+        got = self.cmd("stats\r\n")
+        check(got.startswith(b"OK "), "beanstalk stats: %r" % got)
+        data = self.exact(int(got.split()[1]) + 2)
+        out = {}
+        for raw in data.decode("latin-1").split("\n"):
+            if ": " in raw:
+                k, v = raw.split(": ", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+
+# ---- the server process (local mode) -------------------------------------------------
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+class Server:
+    """One beangate process on free loopback ports."""
+
+    def __init__(self, extra=(), http=True):
+        self.extra = list(extra)
+        self.http = http
+        self.proc = None
+        self.err = None
+        self.tcp_port = None
+        self.http_port = None
+
+    def argv(self):
+        a = [T.binary, "-l", "127.0.0.1", "-p", str(self.tcp_port)]
+        if self.http:
+            a += ["--http-listen", "127.0.0.1", "--http-port", str(self.http_port)]
+        return a + self.extra
+
+    def start(self):
+        last = ""
+        for _ in range(5):
+            self.tcp_port, self.http_port = free_port(), free_port()
+            self.err = tempfile.TemporaryFile()
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=self.err)
+            if self._ready():
+                return self
+            self.stop()
+            last = self.stderr()
+            if "cannot listen" not in last:
+                break
+        raise AssertionError("server %r did not start: %s" % (self.argv(), last.strip()[-600:]))
+
+    def _ready(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with Beanstalk(self.tcp_port) as b:
+                    if b.cmd("list-tube-used\r\n") != b"USING default\r\n":
+                        continue
+                if self.http:
+                    c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
+                    try:
+                        c.request("GET", "/stats")
+                        if c.getresponse().status != 200:
+                            continue
+                    finally:
+                        c.close()
+                return True
+            except (OSError, AssertionError, http.client.HTTPException):
+                time.sleep(0.05)
+        return False
+
+    def stderr(self):
+        try:
+            self.err.seek(0)
+            return self.err.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+
+    def stop(self, sig=signal.SIGTERM):
+        """Stop the server; returns (exit status or None if it hung, stderr)."""
+        if self.proc is None:
+            return None, ""
+        status = self.proc.poll()
+        if status is None:
+            try:
+                self.proc.send_signal(sig)
+                status = self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                status = None
+            except ProcessLookupError:
+                status = self.proc.wait(5)
+        err = self.stderr()
+        try:
+            self.err.close()
+        except OSError:
+            pass
+        self.proc = None
+        return status, err
+
+
+def check_stopped(status, err, what):
+    check(status is not None, "%s: server did not exit within %.0f s of SIGTERM" % (what, STOP_TIMEOUT))
+    bad = [m for m in SANITIZER_MARKERS if m in err]
+    check(not bad, "%s: sanitizer report: %s" % (what, err.strip()[:1500]))
+    check(status == 0, "%s: exit status %r, want 0; stderr: %s" % (what, status, err.strip()[-600:]))
+
+
+# ======================================================================================
+# the tests
+# ======================================================================================
+
+# ---- put ----------------------------------------------------------------------------
+
+def test_put_defaults():
+    tube = uniq("put")
+    r = post("/tubes/%s/jobs" % tube, body=b"hello")
+    doc = expect_json(r, 201, "put")
+    check_eq(set(doc), {"id", "tube", "state"}, "put reply keys")
+    check(isinstance(doc["id"], int) and doc["id"] > 0, "put id %r" % doc["id"])
+    check_eq(doc, {"id": doc["id"], "tube": tube, "state": "ready"}, "put reply")
+    check_eq(r.header("Location"), "/jobs/%d" % doc["id"], "Location")
+    check_eq(r.header("Idempotent-Replayed"), None, "Idempotent-Replayed on a first put")
+    j = check_job(expect_json(get(r.header("Location")), 200, "GET Location"), "GET Location")
+    check_eq((j["id"], j["tube"], j["state"], j["priority"], j["delay"], j["ttr"], j["reserves"]),
+             (doc["id"], tube, "ready", DEFAULT_PRIORITY, 0, DEFAULT_TTR, 0),
+             "defaults (id, tube, state, priority, delay, ttr, reserves)")
+    check(j["age"] <= 2, "age %r of a new job" % j["age"])
+
+
+def test_put_with_parameters():
+    tube = uniq("putp")
+    jid = put(tube, b"later", priority=5, delay=100, ttr=7)
+    j = job_stats(jid)
+    check_eq((j["state"], j["priority"], j["delay"], j["ttr"]), ("delayed", 5, 100, 7),
+             "state, priority, delay, ttr")
+    check(98 <= j["time_left"] <= 100, "time_left %r of a job delayed 100 s" % j["time_left"])
+    r = post("/tubes/%s/jobs%s" % (tube, q(priority=4294967295, ttr=0)), body=b"max")
+    doc = expect_json(r, 201, "put priority 2^32-1")
+    j = job_stats(doc["id"])
+    check_eq(j["priority"], 4294967295, "priority 2^32-1")
+    check_eq(j["ttr"], 1, "ttr 0 is taken as 1 (as beanstalk does)")
+
+
+def test_put_empty_body():
+    tube = uniq("empty")
+    jid = put(tube, b"")
+    doc = expect_json(get("/tubes/%s/ready" % tube), 200, "peek ready")
+    check_job(doc, "peek empty job", body=b"")
+    check_eq(doc["id"], jid, "peeked id")
+    r = get("/jobs/%d/body" % jid)
+    expect_status(r, 200, "GET body of an empty job")
+    check_eq(r.body, b"", "empty body")
+
+
+def test_put_bad_numbers_400():
+    tube = uniq("badnum")
+    for params in ("priority=abc", "priority=-1", "priority=4294967296", "delay=1.5", "ttr=",
+                   "delay=99999999999999999999", "ttr=%2B5"):
+        r = post("/tubes/%s/jobs?%s" % (tube, params), body=b"x", via="direct")
+        expect_problem(r, 400, "BAD_FORMAT", "put with %s" % params)
+    expect_problem(get("/tubes/%s" % tube, via="direct"), 404, "NOT_FOUND", "no job was stored")
+
+
+def test_bad_tube_names_400():
+    for name in ("-starts-with-dash", "a!b", "x" * 201, "sp%20ace", "%2Dx"):
+        r = post("/tubes/%s/jobs" % name, body=b"x", via="direct")
+        expect_problem(r, 400, "BAD_FORMAT", "put into tube %r" % name[:30])
+        expect_problem(get("/tubes/%s" % name, via="direct"), 400, "BAD_FORMAT", "GET tube %r" % name[:30])
+        expect_problem(post("/tubes/%s/reservations" % name, via="direct"), 400, "BAD_FORMAT",
+                       "reserve from tube %r" % name[:30])
+    ok = "A" * 200
+    jid = put(ok, b"longest name")
+    check_eq(job_stats(jid)["tube"], ok, "a 200-byte tube name works")
+    weird = "a+b;c.d$e_f(g)-h"
+    jid = put(weird, b"punctuation")
+    check_eq(job_stats(jid)["tube"], weird, "tube name with every allowed punctuation")
+    delete("/jobs/%d" % jid)
+
+
+def test_nul_in_path_does_not_cut_it():
+    """A %00 in the path must not make the server act on a shorter path:
+    DELETE /jobs/ID%00x must not delete job ID, POST /tubes/T%00x/jobs must not
+    put into T."""
+    tube = uniq("nul")
+    jid = put(tube, b"keep me")
+    r = delete("/jobs/%d%%00x" % jid, via="direct")
+    check(r.status in (400, 404), "DELETE /jobs/%d%%00x: status %d, want 400 or 404; %s"
+          % (jid, r.status, r.describe()))
+    check_eq(job_stats(jid)["state"], "ready", "the job is still there")
+    r = get("/tubes/%s%%00x" % tube, via="direct")
+    check(r.status in (400, 404), "GET /tubes/%s%%00x: status %d, want 400 or 404; %s"
+          % (tube, r.status, r.describe()))
+    r = post("/tubes/%s%%00x/jobs" % tube, body=b"x", via="direct")
+    expect_problem(r, 400, "BAD_FORMAT", "put into a tube name with a NUL")
+    check_eq(tube_stats(tube)["total_jobs"], 1, "nothing more stored in %s" % tube)
+    expect_status(delete("/jobs/%d" % jid), 204, "delete")
+
+
+def test_put_job_too_big_413():
+    tube = uniq("big")
+    max_size = server_stats()["max_job_size"]
+    r = post("/tubes/%s/jobs" % tube, body=b"y" * (max_size + 1))
+    expect_problem(r, 413, "JOB_TOO_BIG", "put of max_job_size + 1 bytes")
+    jid = put(tube, b"z" * max_size)
+    check_eq(len(get("/jobs/%d/body" % jid).body), max_size, "a body of exactly max_job_size is stored")
+    delete("/jobs/%d" % jid)
+
+
+def read_http_head(sock, timeout):
+    """Read one response head (and what body follows within the timeout)."""
+    sock.settimeout(timeout)
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("no response head within %.1f s; got %r" % (timeout, data[:200]))
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            raise AssertionError("no response head within %.1f s; got %r" % (timeout, data[:200])) from None
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_put_413_before_body_is_sent():
+    """The limit is checked from Content-Length: the 413 comes before any byte
+    of the body is sent (with and without Expect: 100-continue)."""
+    host, port = T.direct
+    tube = uniq("big")
+    for expect in (True, False):
+        s = socket.create_connection((host, port), timeout=5)
+        try:
+            head = ("POST /tubes/%s/jobs HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/octet-stream\r\n"
+                    "Content-Length: 50000000\r\n%s\r\n" % (tube, host, port,
+                                                           "Expect: 100-continue\r\n" if expect else ""))
+            s.sendall(head.encode())
+            data = read_http_head(s, 3.0)
+        finally:
+            s.close()
+        first = data.split(b"\r\n", 1)[0]
+        check(first.startswith(b"HTTP/1.1 413"), "Expect %s: want 413 before the body, got %r"
+              % (expect, data[:300]))
+        check(b"100 Continue" not in data, "a 100 Continue was sent for a body that is too big")
+        check(b"JOB_TOO_BIG" in data, "413 without code JOB_TOO_BIG: %r" % data[:400])
+    # a client that sends the body anyway: the connection is closed after the
+    # 413 and the body is not read as further requests
+    smuggled = uniq("smuggled")
+    s = socket.create_connection((host, port), timeout=5)
+    try:
+        s.sendall(("POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" % tube).encode())
+        time.sleep(0.2)
+        inner = ("POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" % smuggled).encode()
+        try:
+            s.sendall(inner + b"y" * (70000 - len(inner)))
+        except OSError:
+            pass  # the server may have closed already
+        data = b""
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        s.close()
+    check(data.startswith(b"HTTP/1.1 413"), "want 413, got %r" % data[:200])
+    check_eq(data.count(b"HTTP/1.1 "), 1, "responses on a connection whose body was refused")
+    expect_problem(get("/tubes/%s" % tube), 404, "NOT_FOUND", "nothing stored")
+    expect_problem(get("/tubes/%s" % smuggled), 404, "NOT_FOUND", "the refused body was not run as a request")
+
+
+def test_keep_alive_connection():
+    """Several requests, a long-poll among them, on one HTTP/1.1 connection."""
+    tube = uniq("keep")
+    host, port = T.base
+    c = http.client.HTTPConnection(host, port, timeout=HTTP_TIMEOUT)
+    try:
+        c.request("POST", "/tubes/%s/jobs" % tube, body=b"a", headers={"Content-Type": "application/octet-stream"})
+        r = c.getresponse()
+        check_eq((r.status, json.loads(r.read())["tube"]), (201, tube), "put on a kept-alive connection")
+        c.request("POST", "/tubes/%s/reservations?timeout=1" % tube)
+        r = c.getresponse()
+        doc = json.loads(r.read())
+        check_eq((r.status, doc["body"]), (200, "a"), "reserve on the same connection")
+        t0 = time.monotonic()
+        c.request("POST", "/tubes/%s/reservations?timeout=1" % tube)
+        r = c.getresponse()
+        check_eq((r.status, r.read()), (204, b""), "long-poll timeout on the same connection")
+        check(time.monotonic() - t0 >= 0.9, "the long-poll did not wait")
+        c.request("DELETE", "/jobs/%d?reservation=%s" % (doc["id"], doc["reservation"]))
+        r = c.getresponse()
+        check_eq((r.status, r.read()), (204, b""), "delete on the same connection")
+    finally:
+        c.close()
+
+
+# ---- reserve ------------------------------------------------------------------------------
+
+def test_reserve_poll_empty_204():
+    tube = uniq("empty")
+    r = reserve(tube)
+    expect_status(r, 204, "reserve with nothing ready")
+    check_eq(r.body, b"", "204 body")
+    check(r.elapsed < 0.8, "timeout 0 must not wait: took %.2f s" % r.elapsed)
+    r = post("/reservations?tubes=%s,%s" % (tube, uniq("other")))
+    expect_status(r, 204, "multi-tube poll with nothing ready")
+
+
+def test_reserve_timeout_1s_204():
+    tube = uniq("timeout")
+    r = reserve(tube, timeout=1)
+    expect_status(r, 204, "reserve timeout=1")
+    check_eq(r.body, b"", "204 body")
+    check(0.9 <= r.elapsed <= 2.2, "timeout=1 answered after %.2f s, want about 1 s" % r.elapsed)
+
+
+def test_reserve_json():
+    tube = uniq("res")
+    jid = put(tube, b"payload", priority=10, ttr=30)
+    doc = reserve_one(tube, body=b"payload")
+    check_eq((doc["id"], doc["tube"], doc["state"], doc["priority"], doc["ttr"], doc["reserves"]),
+             (jid, tube, "reserved", 10, 30, 1), "reserved job (id, tube, state, priority, ttr, reserves)")
+    check(28 <= doc["time_left"] <= 30, "time_left %r of a fresh reservation with ttr 30" % doc["time_left"])
+    j = job_stats(jid)
+    check_eq(j["state"], "reserved", "GET state after reserve")
+    expect_status(reserve(tube), 204, "nothing else ready")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete with token")
+    expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "GET a deleted job")
+
+
+def test_reserve_priority_order():
+    tube = uniq("order")
+    a = put(tube, b"a", priority=50)
+    b = put(tube, b"b", priority=5)
+    c = put(tube, b"c", priority=50)
+    got = [reserve_one(tube)["id"] for _ in range(3)]
+    check_eq(got, [b, a, c], "reserve order (priority, then id)")
+
+
+def test_reserve_raw_octet_stream():
+    tube = uniq("raw")
+    jid = put(tube, b"raw body", priority=3, ttr=9)
+    r = reserve(tube, headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw reserve")
+    check_eq((r.header("Content-Type") or "").split(";")[0], "application/octet-stream", "Content-Type")
+    check_eq(r.body, b"raw body", "raw body")
+    check_eq(r.header("X-Job-Id"), str(jid), "X-Job-Id")
+    check_eq(r.header("X-Job-Tube"), tube, "X-Job-Tube")
+    check_eq(r.header("X-Job-Priority"), "3", "X-Job-Priority")
+    check_eq(r.header("X-Job-Ttr"), "9", "X-Job-Ttr")
+    token = r.header("X-Reservation")
+    check(token and len(token) >= 16, "X-Reservation %r" % token)
+    expect_problem(delete("/jobs/%d" % jid), 409, "RESERVATION_REQUIRED", "delete without token")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=token))), 204, "delete with X-Reservation")
+
+
+def longpoll_then(tube, do_put, via="base"):
+    """Start a long-poll, wait until the server has it, run do_put(); return
+    (job JSON, seconds from the put to the answer)."""
+    lp = Later(lambda: reserve(tube, timeout=10, via=via))
+    lp.start()
+    time.sleep(0.4)
+    check(lp.is_alive(), "the long-poll answered before any put: %r"
+          % (lp.result.describe() if lp.result else lp.error))
+    t_put = time.monotonic()
+    jid = do_put()
+    r = lp.get(12)
+    took = lp.done_at - t_put
+    doc = check_job(expect_json(r, 200, "woken long-poll"), "woken long-poll", reserved=True)
+    check_eq(doc["id"], jid, "the long-poll got the job that was put")
+    check(took <= WAKE_LIMIT, "the long-poll answered %.2f s after the put, want <= %.1f s" % (took, WAKE_LIMIT))
+    return doc, took
+
+
+def test_longpoll_woken_by_http_put():
+    tube = uniq("wake")
+    doc, _ = longpoll_then(tube, lambda: put(tube, b"from http"))
+    check_eq(doc["body"], "from http", "body")
+    expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204, "delete")
+
+
+def test_longpoll_woken_by_tcp_put():
+    tube = uniq("wake")
+    with Beanstalk() as b:
+        b.expect("use %s\r\n" % tube, b"USING %s\r\n" % tube.encode())
+
+        doc, _ = longpoll_then(tube, lambda: b.put(b"from tcp", pri=7))
+    check_eq((doc["body"], doc["priority"]), ("from tcp", 7), "body and priority of the TCP job")
+    expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204, "delete")
+
+
+def test_longpoll_client_disconnect_loses_no_job():
+    """A client hangs up during a long-poll; then a job arrives. The job must
+    be reservable by another client at once (within about 1 s), not after
+    its TTR (60 s)."""
+    host, port = T.direct
+    tube = uniq("gone")
+    s = socket.create_connection((host, port), timeout=5)
+    try:
+        s.sendall(("POST /tubes/%s/reservations?timeout=20 HTTP/1.1\r\nHost: %s:%d\r\n"
+                   "Content-Length: 0\r\n\r\n" % (tube, host, port)).encode())
+        time.sleep(0.4)
+        check_eq(tube_stats(tube)["current_waiting"], 1, "the long-poll waits on the tube")
+    finally:
+        s.close()  # a normal close (FIN), as a client that gives up does
+    time.sleep(0.3)
+    t_put = time.monotonic()
+    jid = put(tube, b"must not be lost", ttr=60)
+    r = reserve(tube, timeout=5)
+    took = time.monotonic() - t_put
+    doc = check_job(expect_json(r, 200, "reserve after the other client left"), "reserve", reserved=True)
+    check_eq(doc["id"], jid, "the job the gone client's long-poll was matched with")
+    check(took <= 1.5, "the job became reservable %.2f s after the put, want about 1 s" % took)
+    check_eq(doc["state"], "reserved", "state")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
+    r = get("/tubes/%s" % tube)
+    if r.status == 200:  # else the tube is gone: nothing waits on it nor holds a job
+        st = r.json()
+        check_eq((st["current_waiting"], st["current_jobs_reserved"]), (0, 0),
+                 "tube (waiting, reserved) at the end")
+    else:
+        expect_problem(r, 404, "NOT_FOUND", "tube at the end")
+
+
+def test_concurrent_longpollers_get_different_jobs():
+    tube = uniq("many")
+    n = 4
+    polls = [Later(lambda: reserve(tube, timeout=10)) for _ in range(n)]
+    for p in polls:
+        p.start()
+    time.sleep(0.5)
+    check(all(p.is_alive() for p in polls), "a long-poll answered before any put")
+    t_put = time.monotonic()
+    ids = [put(tube, b"job %d" % i) for i in range(n)]
+    got = []
+    for p in polls:
+        r = p.get(12)
+        doc = check_job(expect_json(r, 200, "concurrent long-poll"), "concurrent long-poll", reserved=True)
+        got.append(doc)
+        check(p.done_at - t_put <= WAKE_LIMIT + 0.5, "a long-poll answered %.2f s after the puts"
+              % (p.done_at - t_put))
+    check_eq(sorted(d["id"] for d in got), sorted(ids), "each long-poll got a different job, all of them")
+    for d in got:
+        expect_status(delete("/jobs/%d%s" % (d["id"], q(reservation=d["reservation"]))), 204, "delete")
+
+
+def test_reserve_count_batch():
+    tube = uniq("batchres")
+    ids = [put(tube, b"b%d" % i, priority=100 - i) for i in range(5)]
+    doc = expect_json(reserve(tube, count=3), 200, "reserve count=3")
+    check_eq(set(doc), {"jobs"}, "batch reserve keys")
+    check_eq(len(doc["jobs"]), 3, "jobs in count=3")
+    for j in doc["jobs"]:
+        check_job(j, "batch job", reserved=True, body=("b%d" % ids.index(j["id"])).encode())
+    check_eq([j["id"] for j in doc["jobs"]], [ids[4], ids[3], ids[2]], "batch in priority order")
+    tokens = {j["reservation"] for j in doc["jobs"]}
+    check_eq(len(tokens), 3, "distinct tokens")
+    doc2 = expect_json(reserve(tube, count=10), 200, "reserve count=10 with 2 ready")
+    check_eq([j["id"] for j in doc2["jobs"]], [ids[1], ids[0]], "the rest")
+    expect_status(reserve(tube, count=5), 204, "count=5 with nothing ready")
+    for j in doc["jobs"] + doc2["jobs"]:
+        expect_status(delete("/jobs/%d%s" % (j["id"], q(reservation=j["reservation"]))), 204, "delete")
+
+
+def test_reserve_count_longpoll():
+    tube = uniq("batchlp")
+    lp = Later(lambda: reserve(tube, timeout=10, count=3))
+    lp.start()
+    time.sleep(0.4)
+    check(lp.is_alive(), "count long-poll answered early")
+    t_put = time.monotonic()
+    jid = put(tube, b"one")
+    doc = expect_json(lp.get(12), 200, "count long-poll")
+    check(lp.done_at - t_put <= WAKE_LIMIT, "count long-poll answered %.2f s after the put"
+          % (lp.done_at - t_put))
+    check_eq([j["id"] for j in doc["jobs"]], [jid], "count long-poll jobs")
+    check_job(doc["jobs"][0], "count long-poll job", body=b"one", reserved=True)
+
+
+def test_reserve_several_tubes():
+    a, b, c = uniq("ma"), uniq("mb"), uniq("mc")
+    jc = put(c, b"in c")
+    jb = put(b, b"in b")
+    r = post("/reservations%s" % q(tubes="%s,%s" % (a, b)))
+    doc = check_job(expect_json(r, 200, "reserve a,b"), "reserve a,b", body=b"in b", reserved=True)
+    check_eq((doc["id"], doc["tube"]), (jb, b), "job from b")
+    expect_status(post("/reservations%s" % q(tubes="%s,%s" % (a, b))), 204, "a,b now empty (c not watched)")
+    # 'default' is not watched unless named
+    jd = put("default", b"in default")
+    try:
+        expect_status(post("/reservations%s" % q(tubes=a)), 204, "default is not watched")
+    finally:
+        expect_status(delete("/jobs/%d" % jd), 204, "delete the default job")
+    # long-poll over several tubes, woken by a put into the second
+    lp = Later(lambda: post("/reservations%s" % q(tubes="%s,%s" % (a, c), timeout=10, count=5),
+                            timeout=HTTP_TIMEOUT + 10))
+    lp.start()
+    time.sleep(0.4)
+    # c already has a job ready: the long-poll must not have waited for it
+    r = lp.get(3)
+    docs = expect_json(r, 200, "a,c count=5")["jobs"]
+    check_eq([d["id"] for d in docs], [jc], "jobs from a,c")
+    # with a name containing '/', usable in the query
+    slash = uniq("with/slash")
+    with Beanstalk() as bs:
+        bs.expect("use %s\r\n" % slash, b"USING %s\r\n" % slash.encode())
+        js = bs.put(b"slashed")
+    doc = check_job(expect_json(post("/reservations%s" % q(tubes=slash)), 200, "reserve tube with '/'"),
+                    "reserve tube with '/'", body=b"slashed", reserved=True)
+    check_eq((doc["id"], doc["tube"]), (js, slash), "job from a tube whose name has '/'")
+
+
+def test_reserve_bad_parameters_400():
+    tube = uniq("badres")
+    for params in ("timeout=abc", "timeout=-1", "count=0", "count=101", "count=x", "timeout=1e3"):
+        expect_problem(post("/tubes/%s/reservations?%s" % (tube, params), via="direct"), 400,
+                       "BAD_FORMAT", "reserve with %s" % params)
+    for params in ("", "tubes=", "tubes=-bad", "tubes=a,,b", "tubes=" + ",".join("t%d" % i for i in range(65))):
+        expect_problem(post("/reservations?%s" % params, via="direct"), 400, "BAD_FORMAT",
+                       "multi-tube reserve with %r" % params[:40])
+
+
+def test_reserve_timeout_above_cap_is_accepted():
+    tube = uniq("cap")
+    lp = Later(lambda: reserve(tube, timeout=1000))
+    lp.start()
+    time.sleep(0.3)
+    jid = put(tube, b"capped")
+    doc = expect_json(lp.get(5), 200, "reserve timeout=1000")
+    check_eq(doc["id"], jid, "job")
+
+
+def test_reserve_job_by_id():
+    tube = uniq("rjob")
+    jid = put(tube, b"pick me", delay=100)
+    r = post("/jobs/%d/reservations" % jid)
+    doc = check_job(expect_json(r, 200, "reserve-job of a delayed job"), "reserve-job", body=b"pick me",
+                    reserved=True)
+    check_eq(doc["id"], jid, "id")
+    expect_problem(post("/jobs/%d/reservations" % jid), 409, "NOT_FOUND", "reserve-job of a reserved job")
+    expect_problem(post("/jobs/%d/reservations" % 987654321), 404, "NOT_FOUND", "reserve-job of no job")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
+    jid = put(tube, b"raw pick")
+    r = post("/jobs/%d/reservations" % jid, headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw reserve-job")
+    check_eq(r.body, b"raw pick", "raw body")
+    check_eq(r.header("X-Job-Id"), str(jid), "X-Job-Id")
+    token = r.header("X-Reservation")
+    check(token, "X-Reservation on reserve-job")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=token))), 204, "delete")
+
+
+# ---- jobs -------------------------------------------------------------------------------
+
+def test_get_job_and_body():
+    tube = uniq("get")
+    jid = put(tube, b"some body", priority=12, ttr=33)
+    j = job_stats(jid)
+    check_eq((j["id"], j["tube"], j["priority"], j["ttr"]), (jid, tube, 12, 33), "GET job")
+    r = get("/jobs/%d/body" % jid)
+    expect_status(r, 200, "GET body")
+    check_eq((r.header("Content-Type") or "").split(";")[0], "application/octet-stream", "body Content-Type")
+    check_eq(r.body, b"some body", "body bytes")
+    check_eq((r.header("X-Job-Id"), r.header("X-Job-Tube"), r.header("X-Job-Priority"), r.header("X-Job-Ttr")),
+             (str(jid), tube, "12", "33"), "X-Job-* headers")
+    check_eq(r.header("X-Reservation"), None, "X-Reservation on GET body")
+    expect_problem(get("/jobs/987654321"), 404, "NOT_FOUND", "GET no job")
+    expect_problem(get("/jobs/987654321/body"), 404, "NOT_FOUND", "GET body of no job")
+    for bad in ("abc", "-1", "1x", "18446744073709551616"):
+        expect_problem(get("/jobs/%s" % bad, via="direct"), 400, "BAD_FORMAT", "GET /jobs/%s" % bad)
+
+
+def test_delete_ready_delayed_buried():
+    tube = uniq("del")
+    ready = put(tube, b"r")
+    delayed = put(tube, b"d", delay=100)
+    buried = put(tube, b"b")
+    doc = expect_json(post("/jobs/%d/reservations" % buried), 200, "reserve-job")
+    expect_json(post("/jobs/%d/bury%s" % (buried, q(reservation=doc["reservation"]))), 200, "bury")
+    for jid, what in ((ready, "ready"), (delayed, "delayed"), (buried, "buried")):
+        check_eq(job_stats(jid)["state"], what, "state before delete")
+        r = delete("/jobs/%d" % jid)
+        expect_status(r, 204, "delete a %s job without token" % what)
+        check_eq(r.body, b"", "204 body")
+        expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "GET deleted %s job" % what)
+        expect_problem(delete("/jobs/%d" % jid), 404, "NOT_FOUND", "delete twice")
+
+
+def test_reservation_token_rules():
+    tube = uniq("tok")
+    j1 = put(tube, b"one")
+    j2 = put(tube, b"two")
+    d1 = reserve_one(tube)
+    d2 = reserve_one(tube)
+    check_eq((d1["id"], d2["id"]), (j1, j2), "ids")
+    check(d1["reservation"] != d2["reservation"], "two jobs share a token")
+    expect_problem(delete("/jobs/%d" % j1), 409, "RESERVATION_REQUIRED", "delete reserved without token")
+    expect_problem(delete("/jobs/%d?reservation=bogus" % j1), 409, "RESERVATION_MISMATCH", "bogus token")
+    expect_problem(delete("/jobs/%d%s" % (j1, q(reservation=d2["reservation"]))), 409,
+                   "RESERVATION_MISMATCH", "token of another job")
+    tampered = d1["reservation"][:-1] + ("0" if d1["reservation"][-1] != "0" else "1")
+    expect_problem(delete("/jobs/%d%s" % (j1, q(reservation=tampered))), 409, "RESERVATION_MISMATCH",
+                   "token with its last character changed")
+    check_eq(job_stats(j1)["state"], "reserved", "still reserved after refused deletes")
+    for action in ("release", "bury", "touch"):
+        expect_problem(post("/jobs/%d/%s" % (j1, action)), 409, "RESERVATION_REQUIRED",
+                       "%s without token" % action)
+        expect_problem(post("/jobs/%d/%s?reservation=bogus" % (j1, action)), 409, "RESERVATION_MISMATCH",
+                       "%s with a bogus token" % action)
+        expect_problem(post("/jobs/%d/%s?reservation=x" % (987654321, action)), 404, "NOT_FOUND",
+                       "%s of no job" % action)
+    # actions that need a reservation, on a job that is not reserved
+    j3 = put(tube, b"three", delay=100)
+    for action in ("release", "bury", "touch"):
+        expect_problem(post("/jobs/%d/%s" % (j3, action)), 409, "RESERVATION_REQUIRED",
+                       "%s of a delayed job without token" % action)
+        expect_problem(post("/jobs/%d/%s%s" % (j3, action, q(reservation=d1["reservation"]))), 409,
+                       "RESERVATION_MISMATCH", "%s of a delayed job with another job's token" % action)
+    expect_status(delete("/jobs/%d%s" % (j1, q(reservation=d1["reservation"]))), 204, "delete j1")
+    expect_status(delete("/jobs/%d%s" % (j2, q(reservation=d2["reservation"]))), 204, "delete j2")
+    expect_status(delete("/jobs/%d" % j3), 204, "delete j3")
+
+
+def test_release():
+    tube = uniq("rel")
+    jid = put(tube, b"again", priority=20)
+    d = reserve_one(tube)
+    r = post("/jobs/%d/release%s" % (jid, q(reservation=d["reservation"], priority=7)))
+    j = check_job(expect_json(r, 200, "release"), "release reply")
+    check_eq((j["id"], j["state"], j["priority"], j["releases"]), (jid, "ready", 7, 1), "after release")
+    expect_problem(post("/jobs/%d/touch%s" % (jid, q(reservation=d["reservation"]))), 409,
+                   "RESERVATION_MISMATCH",
+                   "old token after release (job ready)")
+    expect_problem(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 409,
+                   "RESERVATION_MISMATCH", "delete a released job with its old token")
+    d2 = reserve_one(tube, body=b"again")
+    check_eq(d2["reserves"], 2, "reserves after the second reserve")
+    check(d2["reservation"] != d["reservation"], "a new reservation must have a new token")
+    expect_problem(post("/jobs/%d/release%s" % (jid, q(reservation=d["reservation"]))), 409,
+                   "RESERVATION_MISMATCH", "release with the first reservation's token")
+    r = post("/jobs/%d/release%s" % (jid, q(reservation=d2["reservation"], delay=100)))
+    j = check_job(expect_json(r, 200, "release with delay"), "release reply")
+    check_eq((j["state"], j["priority"], j["delay"], j["releases"]), ("delayed", 7, 100, 2),
+             "after release with delay (priority kept)")
+    for params in ("priority=x", "delay=-3"):
+        d3 = expect_json(post("/jobs/%d/reservations" % jid), 200, "reserve-job")
+        expect_problem(post("/jobs/%d/release?reservation=%s&%s" % (jid, d3["reservation"], params),
+                            via="direct"), 400, "BAD_FORMAT", "release with %s" % params)
+        expect_json(post("/jobs/%d/release%s" % (jid, q(reservation=d3["reservation"], delay=100))), 200,
+                    "release")
+    expect_status(delete("/jobs/%d" % jid), 204, "delete the delayed job")
+
+
+def test_bury_peek_kick():
+    tube = uniq("bury")
+    jid = put(tube, b"bury me", priority=30)
+    d = reserve_one(tube)
+    j = check_job(expect_json(post("/jobs/%d/bury%s" % (jid, q(reservation=d["reservation"], priority=9))),
+                              200, "bury"), "bury reply")
+    check_eq((j["state"], j["priority"], j["buries"]), ("buried", 9, 1), "after bury")
+    expect_problem(post("/jobs/%d/bury%s" % (jid, q(reservation=d["reservation"]))), 409,
+                   "RESERVATION_MISMATCH", "bury a buried job with the old token")
+    p = check_job(expect_json(get("/tubes/%s/buried" % tube), 200, "peek buried"), "peek buried",
+                  body=b"bury me")
+    check_eq(p["id"], jid, "peeked buried id")
+    expect_problem(get("/tubes/%s/ready" % tube), 404, "NOT_FOUND", "peek ready with none ready")
+    j = check_job(expect_json(post("/jobs/%d/kick" % jid), 200, "kick buried job"), "kick reply")
+    check_eq((j["state"], j["kicks"]), ("ready", 1), "after kick")
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a ready job")
+    d = reserve_one(tube)
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a reserved job")
+    expect_problem(post("/jobs/%d/kick" % 987654321), 404, "NOT_FOUND", "kick no job")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete")
+    jd = put(tube, b"delayed", delay=100)
+    j = check_job(expect_json(post("/jobs/%d/kick" % jd), 200, "kick delayed job"), "kick reply")
+    check_eq(j["state"], "ready", "kicked delayed job")
+    expect_status(delete("/jobs/%d" % jd), 204, "delete")
+
+
+def test_touch_and_ttr():
+    tube = uniq("touch")
+    jid = put(tube, b"slow work", ttr=4)
+    d = reserve_one(tube)
+    time.sleep(1.3)
+    before = job_stats(jid)["time_left"]
+    check(before <= 3, "time_left %d after 1.3 s of a 4 s TTR" % before)
+    j = check_job(expect_json(post("/jobs/%d/touch%s" % (jid, q(reservation=d["reservation"]))), 200, "touch"),
+                  "touch reply")
+    check(j["time_left"] >= 3 and j["state"] == "reserved", "after touch: %r" % j)
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204,
+                  "the token still works after touch")
+
+
+def test_ttr_expiry_ends_the_reservation():
+    tube = uniq("ttr")
+    jid = put(tube, b"too slow", ttr=1)
+    d = reserve_one(tube)
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline and job_stats(jid)["state"] == "reserved":
+        time.sleep(0.2)
+    j = job_stats(jid)
+    check_eq((j["state"], j["timeouts"]), ("ready", 1), "after the TTR ran out")
+    expect_problem(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 409, "RESERVATION_MISMATCH",
+                   "delete with an expired token")
+    d2 = reserve_one(tube)
+    expect_problem(post("/jobs/%d/touch%s" % (jid, q(reservation=d["reservation"]))), 409,
+                   "RESERVATION_MISMATCH", "touch with the expired token while reserved again")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d2["reservation"]))), 204, "delete")
+
+
+def test_method_not_allowed_405():
+    cases = (("PUT", "/jobs/1", "GET, DELETE"), ("POST", "/jobs/1", "GET, DELETE"),
+             ("GET", "/tubes/x/jobs", "POST"), ("DELETE", "/stats", "GET"), ("POST", "/tubes", "GET"),
+             ("GET", "/tubes/x/reservations", "POST"), ("GET", "/reservations", "POST"),
+             ("DELETE", "/tubes/x", "GET"), ("PATCH", "/jobs/1/release", "POST"),
+             ("GET", "/jobs/1/kick", "POST"), ("POST", "/jobs/1/body", "GET"),
+             ("GET", "/tubes/x/jobs/batch", "POST"), ("POST", "/openapi.yaml", "GET"))
+    for method, path, allow in cases:
+        r = request(method, path, via="direct")
+        expect_problem(r, 405, "METHOD_NOT_ALLOWED", "%s %s" % (method, path))
+        check_eq(r.header("Allow"), allow, "Allow of %s %s" % (method, path))
+
+
+def test_unknown_route_404():
+    for method, path in (("GET", "/"), ("GET", "/nope"), ("GET", "/jobs"), ("GET", "/jobs/1/nope"),
+                         ("POST", "/tubes/x/y"), ("GET", "/tubes/a/b/c/d/e"), ("GET", "/stats/x"),
+                         ("GET", "//stats")):
+        expect_problem(request(method, path, via="direct"), 404, "NOT_FOUND", "%s %s" % (method, path))
+
+
+# ---- tubes -------------------------------------------------------------------------------
+
+def test_list_tubes():
+    tube = uniq("list")
+    put(tube, b"x")
+    doc = expect_json(get("/tubes"), 200, "GET /tubes")
+    check_eq(set(doc), {"tubes"}, "keys")
+    check(tube in doc["tubes"] and "default" in doc["tubes"], "GET /tubes lacks %s or default: %r"
+          % (tube, doc["tubes"][:20]))
+    check_eq(len(doc["tubes"]), len(set(doc["tubes"])), "no name twice")
+
+
+def test_tube_stats():
+    tube = uniq("stats")
+    put(tube, b"urgent", priority=1)
+    put(tube, b"normal")
+    put(tube, b"delayed", delay=100)
+    put(tube, b"to bury", priority=2000)
+    d = reserve_one(tube)        # priority 1
+    b = reserve_one(tube)        # priority 2000 (before the default 2^31)
+    expect_json(post("/jobs/%d/bury%s" % (b["id"], q(reservation=b["reservation"]))), 200, "bury")
+    st = tube_stats(tube)
+    check_eq(st["name"], tube, "name")
+    got = {k: st[k] for k in ("current_jobs_urgent", "current_jobs_ready", "current_jobs_reserved",
+                              "current_jobs_delayed", "current_jobs_buried", "total_jobs", "pause",
+                              "pause_time_left", "cmd_delete", "cmd_pause_tube")}
+    check_eq(got, {"current_jobs_urgent": 0, "current_jobs_ready": 1, "current_jobs_reserved": 1,
+                   "current_jobs_delayed": 1, "current_jobs_buried": 1, "total_jobs": 4, "pause": 0,
+                   "pause_time_left": 0, "cmd_delete": 0, "cmd_pause_tube": 0}, "tube stats")
+    expect_status(delete("/jobs/%d%s" % (d["id"], q(reservation=d["reservation"]))), 204, "delete")
+    check_eq(tube_stats(tube)["cmd_delete"], 1, "cmd_delete after a delete")
+    expect_problem(get("/tubes/%s" % uniq("nosuch")), 404, "NOT_FOUND", "stats of no tube")
+
+
+def test_tube_kick():
+    tube = uniq("kick")
+    ids = [put(tube, b"k%d" % i) for i in range(3)]
+    for _ in ids:
+        d = reserve_one(tube)
+        expect_json(post("/jobs/%d/bury%s" % (d["id"], q(reservation=d["reservation"]))), 200, "bury")
+    later = put(tube, b"delayed", delay=100)
+    doc = expect_json(post("/tubes/%s/kick%s" % (tube, q(bound=2))), 200, "kick bound=2")
+    check_eq(doc, {"kicked": 2}, "kick bound=2")
+    check_eq(expect_json(post("/tubes/%s/kick" % tube), 200, "kick"), {"kicked": 1}, "kick default bound 1")
+    check_eq(expect_json(post("/tubes/%s/kick%s" % (tube, q(bound=10))), 200, "kick"), {"kicked": 1},
+             "kick with no buried job kicks the delayed one")
+    check_eq(job_stats(later)["state"], "ready", "kicked delayed job")
+    check_eq(expect_json(post("/tubes/%s/kick%s" % (tube, q(bound=10))), 200, "kick"), {"kicked": 0},
+             "nothing left to kick")
+    expect_problem(post("/tubes/%s/kick?bound=x" % tube, via="direct"), 400, "BAD_FORMAT", "bound=x")
+    expect_problem(post("/tubes/%s/kick" % uniq("nosuch")), 404, "NOT_FOUND", "kick no tube")
+
+
+def test_tube_pause():
+    tube = uniq("pause")
+    jid = put(tube, b"paused")
+    st = expect_json(post("/tubes/%s/pause%s" % (tube, q(delay=2))), 200, "pause delay=2")
+    check_eq(set(st), TUBE_KEYS, "pause reply keys")
+    check_eq((st["name"], st["pause"], st["cmd_pause_tube"]), (tube, 2, 1), "pause reply")
+    check(1 <= st["pause_time_left"] <= 2, "pause_time_left %r" % st["pause_time_left"])
+    expect_status(reserve(tube), 204, "reserve from a paused tube")
+    t0 = time.monotonic()
+    doc = check_job(expect_json(reserve(tube, timeout=6), 200, "long-poll across the pause"), "job",
+                    reserved=True)
+    took = time.monotonic() - t0
+    check_eq(doc["id"], jid, "job after the pause")
+    check(0.8 <= took <= 3.5, "the paused tube gave its job after %.2f s, want about 2 s" % took)
+    st = expect_json(post("/tubes/%s/pause" % tube), 200, "pause with no delay")
+    check_eq(st["pause"], 0, "pause 0 ends the pause")
+    expect_problem(post("/tubes/%s/pause?delay=x" % tube, via="direct"), 400, "BAD_FORMAT", "delay=x")
+    expect_problem(post("/tubes/%s/pause%s" % (uniq("nosuch"), q(delay=1))), 404, "NOT_FOUND", "pause no tube")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
+
+
+def test_peek_ready_delayed_buried():
+    tube = uniq("peek")
+    for state in ("ready", "delayed", "buried"):
+        expect_problem(get("/tubes/%s/%s" % (tube, state)), 404, "NOT_FOUND",
+                       "peek %s of a tube that does not exist" % state)
+    r1 = put(tube, b"second", priority=9)
+    r0 = put(tube, b"first", priority=1)
+    dl = put(tube, b"soon", delay=50)
+    put(tube, b"later", delay=100)
+    expect_problem(get("/tubes/%s/buried" % tube), 404, "NOT_FOUND", "peek buried with none")
+    p = check_job(expect_json(get("/tubes/%s/ready" % tube), 200, "peek ready"), "peek ready", body=b"first")
+    check_eq(p["id"], r0, "peek ready gives the most urgent")
+    p = check_job(expect_json(get("/tubes/%s/delayed" % tube), 200, "peek delayed"), "peek delayed",
+                  body=b"soon")
+    check_eq((p["id"], p["state"]), (dl, "delayed"), "peek delayed gives the soonest")
+    r = get("/tubes/%s/ready" % tube, headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw peek")
+    check_eq((r.body, r.header("X-Job-Id"), r.header("X-Reservation")), (b"first", str(r0), None),
+             "raw peek (body, X-Job-Id, X-Reservation)")
+    check_eq(job_stats(r0)["state"], "ready", "peek does not reserve")
+    check_eq(job_stats(r1)["reserves"], 0, "peek does not reserve")
+
+
+def test_stats():
+    st = server_stats()
+    check_eq(st["draining"], False, "draining")
+    for k in SERVER_KEYS - {"draining"}:
+        check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
+    before = st["total_jobs"]
+    put(uniq("st"), b"x")
+    check_eq(server_stats()["total_jobs"], before + 1, "total_jobs after one put")
+
+
+def routes_from_source():
+    """{(path, METHOD)} from the route table (`routes[] = {...}` in a
+    gateway/*.c file; '*' -> {x})."""
+    import re
+    src = ""
+    gw_dir = os.path.join(REPO, "gateway")
+    for name in sorted(os.listdir(gw_dir)):
+        if name.endswith(".c"):
+            with open(os.path.join(gw_dir, name)) as f:
+                text = f.read()
+            if "routes[] = {" in text:
+                src = text
+                break
+    check(src, "no route table (routes[] = {...}) in gateway/*.c")
+    table = src[src.index("routes[] = {"):]
+    table = table[:table.index("};")]
+    out = set()
+    for pattern, methods in re.findall(r'\{"(/[^"]*)",\s*"([^"]+)",\s*R_\w+\}', table):
+        path = re.sub(r"/\*", "/{x}", pattern)
+        for m in methods.split(","):
+            out.add((path, m.strip()))
+    return out
+
+
+def routes_from_document():
+    """{(path, METHOD)} from openapi/openapi.yaml (path parameters -> {x})."""
+    import re
+    out = set()
+    path = None
+    in_paths = False
+    with open(OPENAPI_PATH) as f:
+        for line in f:
+            if re.match(r"^paths:", line):
+                in_paths = True
+                continue
+            if in_paths and re.match(r"^\S", line):
+                break
+            if not in_paths:
+                continue
+            m = re.match(r"^  (/\S*):\s*$", line)
+            if m:
+                path = re.sub(r"\{[^}]+\}", "{x}", m.group(1))
+                continue
+            m = re.match(r"^    (get|put|post|delete|patch|head|options|trace):\s*$", line)
+            if m and path:
+                out.add((path, m.group(1).upper()))
+    return out
+
+
+def test_document_matches_route_table():
+    """Every route of the gateway's route table is in openapi/openapi.yaml with
+    the same methods, and the document has nothing else."""
+    src, doc = routes_from_source(), routes_from_document()
+    check(len(src) >= 20, "could not read the route table (%d routes)" % len(src))
+    check_eq(sorted(src - doc), [], "routes of the route table missing from openapi.yaml")
+    check_eq(sorted(doc - src), [], "operations of openapi.yaml missing from the route table")
+
+
+def test_openapi_served():
+    r = get("/openapi.yaml")
+    expect_status(r, 200, "GET /openapi.yaml")
+    check_eq((r.header("Content-Type") or "").split(";")[0], "application/yaml", "Content-Type")
+    with open(OPENAPI_PATH, "rb") as f:
+        want = f.read()
+    check_eq(r.body, want, "served document vs openapi/openapi.yaml (rebuild if it changed)")
+
+
+# ---- both protocols ----------------------------------------------------------------------
+
+def test_http_put_tcp_reserve():
+    tube = uniq("x1")
+    jid = put(tube, b"made over http", priority=11)
+    with Beanstalk() as b:
+        b.expect("watch %s\r\n" % tube, b"WATCHING 2\r\n")
+        b.expect("ignore default\r\n", b"WATCHING 1\r\n")
+        got, body = b.job(b.cmd("reserve-with-timeout 2\r\n"), b"RESERVED")
+        check_eq((got, body), (jid, b"made over http"), "TCP reserve of the HTTP job")
+        j = job_stats(jid)
+        check_eq(j["state"], "reserved", "HTTP sees the TCP reservation")
+        expect_problem(delete("/jobs/%d" % jid), 409, "RESERVATION_REQUIRED",
+                       "HTTP delete of a TCP-reserved job without token")
+        expect_problem(delete("/jobs/%d?reservation=%s" % (jid, "1-1-" + "0" * 32)), 409,
+                       "RESERVATION_MISMATCH", "HTTP delete of a TCP-reserved job with a token")
+        b.expect("delete %d\r\n" % jid, b"DELETED\r\n")
+    expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "GET after TCP delete")
+
+
+def test_tcp_put_http_reserve_delete():
+    tube = uniq("x2")
+    with Beanstalk() as b:
+        b.expect("use %s\r\n" % tube, b"USING %s\r\n" % tube.encode())
+        jid = b.put(b"made over tcp", pri=4, ttr=20)
+        d = reserve_one(tube, body=b"made over tcp")
+        check_eq((d["id"], d["priority"], d["ttr"]), (jid, 4, 20), "HTTP reserve of the TCP job")
+        check_eq(b.cmd("delete %d\r\n" % jid), b"NOT_FOUND\r\n", "TCP delete of an HTTP-reserved job")
+        expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "HTTP delete")
+        check_eq(b.cmd("peek %d\r\n" % jid), b"NOT_FOUND\r\n", "TCP peek after HTTP delete")
+
+
+def test_ids_increase_across_protocols():
+    tube = uniq("ids")
+    ids = []
+    with Beanstalk() as b:
+        b.expect("use %s\r\n" % tube, b"USING %s\r\n" % tube.encode())
+        for i in range(4):
+            ids.append(put(tube, b"h%d" % i))
+            ids.append(b.put(b"t%d" % i, pri=DEFAULT_PRIORITY))
+        check(all(x < y for x, y in zip(ids, ids[1:])), "ids do not increase across protocols: %r" % ids)
+        st = b.stats()
+        hs = server_stats()
+        check_eq(hs["total_jobs"], int(st["total-jobs"]), "total_jobs over HTTP vs total-jobs over TCP")
+        check_eq(hs["max_job_size"], int(st["max-job-size"]), "max_job_size vs max-job-size")
+        check_eq(tube_stats(tube)["total_jobs"], 8, "tube total_jobs")
+        check_eq(len({x for x in ids}), 8, "distinct ids")
+        # TCP sees HTTP's jobs in order
+        b.expect("watch %s\r\n" % tube, b"WATCHING 2\r\n")
+        got = []
+        for _ in range(8):
+            jid, _body = b.job(b.cmd("reserve-with-timeout 1\r\n"), b"RESERVED")
+            got.append(jid)
+            b.expect("delete %d\r\n" % jid, b"DELETED\r\n")
+        check_eq(got, ids, "TCP reserve order (same priority: by id)")
+
+
+# ---- batch ------------------------------------------------------------------------------
+
+def test_batch_put():
+    tube = uniq("batch")
+    max_size = server_stats()["max_job_size"]
+    binary = bytes(range(256)) * 2
+    doc = {"jobs": [
+        {"body": "plain text ✓"},
+        {"body_base64": base64.b64encode(binary).decode()},
+        {"body": "params", "priority": 3, "delay": 100, "ttr": 9},
+        {"body_base64": base64.b64encode(b"q" * (max_size + 1)).decode()},
+        {"body": ""},
+    ]}
+    r = post_json("/tubes/%s/jobs/batch" % tube, doc)
+    res = expect_json(r, 200, "batch put")
+    check_eq(set(res), {"results"}, "batch reply keys")
+    out = res["results"]
+    check_eq([x["status"] for x in out], [201, 201, 201, 413, 201], "batch statuses in order")
+    for x in (out[0], out[1], out[2], out[4]):
+        check_eq(set(x), {"status", "id", "tube", "state"}, "created entry keys")
+        check_eq(x["tube"], tube, "entry tube")
+    check_eq([x["state"] for x in (out[0], out[1], out[2], out[4])], ["ready", "ready", "delayed", "ready"],
+             "entry states")
+    check_eq(set(out[3]), {"status", "code", "detail"}, "failed entry keys")
+    check_eq(out[3]["code"], "JOB_TOO_BIG", "too big entry code")
+    ids = [out[i]["id"] for i in (0, 1, 2, 4)]
+    check(all(x < y for x, y in zip(ids, ids[1:])), "batch ids in order: %r" % ids)
+    check_eq(get("/jobs/%d/body" % out[0]["id"]).body, "plain text ✓".encode(), "text entry body")
+    check_eq(get("/jobs/%d/body" % out[1]["id"], via="direct").body, binary, "base64 entry body (raw)")
+    j = job_stats(out[2]["id"])
+    check_eq((j["priority"], j["delay"], j["ttr"], j["state"]), (3, 100, 9, "delayed"), "entry parameters")
+    j = job_stats(out[0]["id"])
+    check_eq((j["priority"], j["ttr"]), (DEFAULT_PRIORITY, DEFAULT_TTR), "entry defaults")
+    check_eq(tube_stats(tube)["total_jobs"], 4, "jobs stored")
+
+
+def test_batch_put_invalid_entries():
+    """Entries the schema forbids (sent straight to the server): each gets its
+    own 400 result; the others are stored."""
+    tube = uniq("batchbad")
+    doc = {"jobs": [
+        {"body": "ok"},
+        {"body": "a", "body_base64": "YQ=="},
+        {},
+        {"body": "neg", "priority": -1},
+        {"body": "big", "ttr": 4294967296},
+        {"body_base64": "not base64!"},
+        {"body": "extra", "colour": "red"},
+        {"body": 5},
+        "just a string",
+        {"body": "ok too"},
+    ]}
+    res = expect_json(post_json("/tubes/%s/jobs/batch" % tube, doc, via="direct"), 200, "batch with bad entries")
+    out = res["results"]
+    check_eq([x["status"] for x in out], [201, 400, 400, 400, 400, 400, 400, 400, 400, 201], "statuses")
+    for x in out[1:9]:
+        check_eq((set(x), x["code"]), ({"status", "code", "detail"}, "BAD_FORMAT"), "bad entry result")
+    check_eq(tube_stats(tube)["total_jobs"], 2, "only the good entries were stored")
+
+
+def test_batch_put_malformed_400():
+    tube = uniq("batchmal")
+    for body in (b"{not json", b"[]", b'{"jobs": {}}', b'{"jobs": []}', b'{"other": 1}',
+                 json.dumps({"jobs": [{"body": "x"}] * 101}).encode()):
+        expect_problem(post_json("/tubes/%s/jobs/batch" % tube, body, via="direct"), 400, "BAD_FORMAT",
+                       "batch body %r" % body[:30])
+    res = expect_json(post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "x"}] * 100}), 200,
+                      "batch of exactly 100")
+    check_eq([x["status"] for x in res["results"]], [201] * 100, "100 entries stored")
+    expect_problem(post_json("/tubes/-bad/jobs/batch", {"jobs": [{"body": "x"}]}, via="direct"), 400,
+                   "BAD_FORMAT", "batch into a bad tube name")
+
+
+# ---- idempotency ---------------------------------------------------------------------------
+
+def test_idempotency_replay():
+    tube = uniq("idem")
+    key = uniq("key")
+    r1 = post("/tubes/%s/jobs?priority=5" % tube, body=b"once", headers={"Idempotency-Key": key})
+    d1 = expect_json(r1, 201, "first put with a key")
+    check_eq(r1.header("Idempotent-Replayed"), None, "Idempotent-Replayed on the first put")
+    r2 = post("/tubes/%s/jobs?priority=5" % tube, body=b"once", headers={"Idempotency-Key": key})
+    d2 = expect_json(r2, 201, "retry with the same key")
+    check_eq(d2, d1, "retry JSON")
+    check_eq(r2.header("Idempotent-Replayed"), "true", "Idempotent-Replayed on the retry")
+    check_eq(r2.header("Location"), r1.header("Location"), "retry Location")
+    check_eq(tube_stats(tube)["total_jobs"], 1, "one job stored for two puts with one key")
+    other = put(tube, b"other", headers={"Idempotency-Key": uniq("key")})
+    check(other != d1["id"], "a different key stores a new job")
+    no_key = put(tube, b"once")
+    check(no_key not in (d1["id"], other), "no key stores a new job")
+
+
+def test_idempotency_key_for_another_tube_409():
+    key = uniq("key")
+    put(uniq("idemA"), b"a", headers={"Idempotency-Key": key})
+    other = uniq("idemB")
+    r = post("/tubes/%s/jobs" % other, body=b"a", headers={"Idempotency-Key": key})
+    expect_problem(r, 409, "IDEMPOTENCY_KEY_REUSED", "same key, another tube")
+    expect_problem(get("/tubes/%s" % other), 404, "NOT_FOUND", "nothing stored in the other tube")
+
+
+def test_idempotency_replay_is_the_first_answer():
+    """The retry answers what the first put answered, even if the job has
+    moved on since (here: it was reserved)."""
+    tube = uniq("idem2")
+    key = uniq("key")
+    r1 = post("/tubes/%s/jobs" % tube, body=b"work", headers={"Idempotency-Key": key})
+    d1 = expect_json(r1, 201, "first put")
+    d = reserve_one(tube)
+    r2 = post("/tubes/%s/jobs" % tube, body=b"work", headers={"Idempotency-Key": key})
+    d2 = expect_json(r2, 201, "retry after the job was reserved")
+    check_eq(r2.header("Idempotent-Replayed"), "true", "Idempotent-Replayed")
+    check_eq(d2, d1, "retry JSON (same as the first answer)")
+    check_eq(tube_stats(tube)["total_jobs"], 1, "no second job")
+    expect_status(delete("/jobs/%d%s" % (d["id"], q(reservation=d["reservation"]))), 204, "delete")
+    r3 = post("/tubes/%s/jobs" % tube, body=b"work", headers={"Idempotency-Key": key})
+    d3 = expect_json(r3, 201, "retry after the job was deleted")
+    check_eq((d3, r3.header("Idempotent-Replayed")), (d1, "true"), "retry after delete (JSON, Idempotent-Replayed)")
+    expect_problem(get("/tubes/%s" % tube), 404, "NOT_FOUND", "no job stored by the retry")
+
+
+def test_idempotency_key_invalid_400():
+    tube = uniq("idembad")
+    for key in ("k" * 129, "has space", "tab\tkey", "caf\u00e9"):
+        hdr = key.encode("utf-8")
+        host, port = T.direct
+        s = socket.create_connection((host, port), timeout=5)
+        try:
+            s.sendall(b"POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"
+                      b"Content-Length: 1\r\nConnection: close\r\n\r\nx" % (tube.encode(), hdr))
+            data = read_http_head(s, 3.0)
+        finally:
+            s.close()
+        check(data.startswith(b"HTTP/1.1 400"), "Idempotency-Key %r: want 400, got %r" % (key[:20], data[:200]))
+        check(b"BAD_FORMAT" in data, "Idempotency-Key %r: want BAD_FORMAT: %r" % (key[:20], data[:400]))
+    jid = put(tube, b"x", headers={"Idempotency-Key": "k" * 128})
+    check(jid > 0, "a 128-character key works")
+
+
+# ---- bodies -----------------------------------------------------------------------------
+
+def test_binary_body_base64():
+    tube = uniq("bin")
+    body = bytes(range(256)) + b"\r\n\x00\xff"
+    jid = put(tube, body, via="direct")  # a validating proxy may not pass non-UTF-8 bytes intact
+    p = check_job(expect_json(get("/tubes/%s/ready" % tube), 200, "peek"), "peek binary", body=body)
+    check("body" not in p, "a non-UTF-8 body must come as body_base64 only")
+    d = reserve_one(tube, body=body, what="reserve binary")
+    check_eq(d["id"], jid, "id")
+    r = get("/jobs/%d/body" % jid, via="direct")
+    check_eq(r.body, body, "raw GET of the binary body")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete")
+
+
+def test_binary_raw_round_trip():
+    tube = uniq("rawbin")
+    body = os.urandom(4096) + b"\x80\x00\r\n"
+    jid = put(tube, body, via="direct")
+    r = reserve(tube, via="direct", headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw reserve of a binary job")
+    check_eq(r.body, body, "raw bytes back")
+    check_eq(r.header("X-Job-Id"), str(jid), "X-Job-Id")
+    with Beanstalk() as b:
+        got, tcp_body = b.job(b.cmd("peek %d\r\n" % jid), b"FOUND")
+        check_eq(tcp_body, body, "the same bytes over TCP")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=r.header("X-Reservation"))), via="direct"), 204,
+                  "delete")
+
+
+def test_utf8_and_nul_bodies_as_json_text():
+    tube = uniq("utf8")
+    for body in ("héllo wörld ✓ 日本".encode(), b"nul\x00inside", b'{"a": "json"}\r\n'):
+        jid = put(tube, body)
+        d = reserve_one(tube, body=body, what="reserve %r" % body[:20])
+        check("body_base64" not in d, "valid UTF-8 must come as body")
+        expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete")
+
+
+# ---- server level -----------------------------------------------------------------------
+
+def listening_ports(pid):
+    """The TCP ports process pid listens on (from /proc)."""
+    inodes = set()
+    fd_dir = "/proc/%d/fd" % pid
+    for fd in os.listdir(fd_dir):
+        try:
+            link = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, table)) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_no_http_flag():
+    """--no-http: only the beanstalk port is listening."""
+    http_port = free_port()
+    srv = Server(extra=["--http-port", str(http_port), "--no-http"], http=False).start()
+    try:
+        with Beanstalk(srv.tcp_port) as b:
+            b.expect("list-tube-used\r\n", b"USING default\r\n")
+        ports = listening_ports(srv.proc.pid)
+        check_eq(ports, {srv.tcp_port}, "ports a --no-http server listens on")
+        try:
+            socket.create_connection(("127.0.0.1", http_port), timeout=2).close()
+            raise AssertionError("something answers on --http-port %d of a --no-http server" % http_port)
+        except ConnectionRefusedError:
+            pass
+    finally:
+        status, err = srv.stop()
+    check_stopped(status, err, "--no-http server")
+
+
+def test_sigterm_with_waiting_longpoll():
+    """A server with a suspended long-poll stops cleanly and promptly."""
+    srv = Server().start()
+    try:
+        saved = T.base, T.direct
+        T.base = T.direct = ("127.0.0.1", srv.http_port)
+        try:
+            lp = Later(lambda: reserve(uniq("idle"), timeout=20))
+            lp.start()
+            time.sleep(0.4)
+            check(lp.is_alive(), "the long-poll answered at once")
+        finally:
+            T.base, T.direct = saved
+        t0 = time.monotonic()
+        status, err = srv.stop()
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    check_stopped(status, err, "SIGTERM with a waiting long-poll")
+    check(took <= 2.0, "exit took %.2f s with a waiting long-poll" % took)
+    lp.join(5)
+    check(not lp.is_alive(), "the long-poll's client still waits after the server exited")
+    if lp.result is not None:  # an answer is not required, but if one came it must be a good one
+        check(lp.result.status in (204, 503), "the long-poll got %s at shutdown" % lp.result.describe())
+
+
+CAP_POLL = {}
+
+
+def start_cap_poll():
+    """Started before the other tests: a long-poll with timeout=45 on an
+    empty tube, which must answer 204 after the 30 s cap."""
+    if not os.environ.get("BEANGATE_HTTP_SKIP_CAP"):
+        t = Later(lambda: reserve(uniq("cap30"), timeout=45))
+        CAP_POLL["started"] = time.monotonic()
+        CAP_POLL["poll"] = t
+        t.start()
+
+
+def test_timeout_is_capped_at_30s():
+    if "poll" not in CAP_POLL:
+        raise Skip("BEANGATE_HTTP_SKIP_CAP is set")
+    lp = CAP_POLL["poll"]
+    lp.join(max(0.0, CAP_POLL["started"] + 40 - time.monotonic()))
+    r = lp.get(1)
+    took = lp.done_at - CAP_POLL["started"]
+    expect_status(r, 204, "long-poll with timeout=45")
+    check(29.0 <= took <= 32.0, "timeout=45 answered after %.1f s, want the 30 s cap" % took)
+
+
+def test_drain_sigusr1_503():
+    """Last test: SIGUSR1 makes the server drain; puts answer 503 DRAINING
+    with Retry-After; existing jobs can still be reserved and deleted."""
+    if not T.server_pid:
+        raise Skip("no --server-pid: cannot send SIGUSR1")
+    tube = uniq("drain")
+    jid = put(tube, b"before the drain")
+    total = server_stats()["total_jobs"]
+    os.kill(T.server_pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not server_stats()["draining"]:
+        time.sleep(0.05)
+    check_eq(server_stats()["draining"], True, "draining after SIGUSR1")
+    expect_problem(post("/tubes/%s/jobs" % tube, body=b"no"), 503, "DRAINING", "put while draining")
+    expect_problem(post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "no"}]}), 503, "DRAINING",
+                   "batch put while draining")
+    expect_problem(post("/tubes/%s/jobs" % tube, body=b"no", headers={"Idempotency-Key": uniq("k")}), 503,
+                   "DRAINING", "put with a new key while draining")
+    d = reserve_one(tube, body=b"before the drain")
+    check_eq(d["id"], jid, "an existing job is still reserved while draining")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete while draining")
+    check_eq(server_stats()["total_jobs"], total, "nothing stored while draining")
+
+
+TESTS = [
+    test_put_defaults,
+    test_put_with_parameters,
+    test_put_empty_body,
+    test_put_bad_numbers_400,
+    test_bad_tube_names_400,
+    test_nul_in_path_does_not_cut_it,
+    test_put_job_too_big_413,
+    test_put_413_before_body_is_sent,
+    test_keep_alive_connection,
+    test_reserve_poll_empty_204,
+    test_reserve_timeout_1s_204,
+    test_reserve_json,
+    test_reserve_priority_order,
+    test_reserve_raw_octet_stream,
+    test_longpoll_woken_by_http_put,
+    test_longpoll_woken_by_tcp_put,
+    test_longpoll_client_disconnect_loses_no_job,
+    test_concurrent_longpollers_get_different_jobs,
+    test_reserve_count_batch,
+    test_reserve_count_longpoll,
+    test_reserve_several_tubes,
+    test_reserve_bad_parameters_400,
+    test_reserve_timeout_above_cap_is_accepted,
+    test_reserve_job_by_id,
+    test_get_job_and_body,
+    test_delete_ready_delayed_buried,
+    test_reservation_token_rules,
+    test_release,
+    test_bury_peek_kick,
+    test_touch_and_ttr,
+    test_ttr_expiry_ends_the_reservation,
+    test_method_not_allowed_405,
+    test_unknown_route_404,
+    test_list_tubes,
+    test_tube_stats,
+    test_tube_kick,
+    test_tube_pause,
+    test_peek_ready_delayed_buried,
+    test_stats,
+    test_openapi_served,
+    test_document_matches_route_table,
+    test_http_put_tcp_reserve,
+    test_tcp_put_http_reserve_delete,
+    test_ids_increase_across_protocols,
+    test_batch_put,
+    test_batch_put_invalid_entries,
+    test_batch_put_malformed_400,
+    test_idempotency_replay,
+    test_idempotency_key_for_another_tube_409,
+    test_idempotency_replay_is_the_first_answer,
+    test_idempotency_key_invalid_400,
+    test_binary_body_base64,
+    test_binary_raw_round_trip,
+    test_utf8_and_nul_bodies_as_json_text,
+    test_no_http_flag,
+    test_sigterm_with_waiting_longpoll,
+    test_timeout_is_capped_at_30s,
+    test_drain_sigusr1_503,   # last: the server drains from here on
+]
+
+
+# ---- runner ------------------------------------------------------------------------------
+
+def parse_url(url):
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname or u.path not in ("", "/"):
+        raise ValueError("want http://HOST:PORT, got %r" % url)
+    return (u.hostname, u.port or 80)
+
+
+def main(argv):
+    args = argv[1:]
+    usage = ("usage: %s PATH/TO/beangate [--base-url URL --direct-url URL --tcp-port N [--server-pid PID]]"
+             % argv[0])
+    if not args or args[0].startswith("--"):
+        print(usage, file=sys.stderr)
+        return 2
+    T.binary = os.path.abspath(args[0])
+    opts = {}
+    rest = args[1:]
+    while rest:
+        if rest[0] not in ("--base-url", "--direct-url", "--tcp-port", "--server-pid") or len(rest) < 2:
+            print(usage, file=sys.stderr)
+            return 2
+        opts[rest[0]] = rest[1]
+        rest = rest[2:]
+    if not os.access(T.binary, os.X_OK):
+        print("not an executable: %s" % T.binary, file=sys.stderr)
+        return 2
+    server = None
+    try:
+        if "--base-url" in opts:
+            if "--tcp-port" not in opts or "--direct-url" not in opts:
+                print("--base-url needs --direct-url and --tcp-port\n" + usage, file=sys.stderr)
+                return 2
+            T.base = parse_url(opts["--base-url"])
+            T.direct = parse_url(opts["--direct-url"])
+            T.tcp_port = int(opts["--tcp-port"])
+            T.server_pid = int(opts["--server-pid"]) if "--server-pid" in opts else None
+            T.proxied = T.base != T.direct
+            print("using %s (server HTTP %s, TCP port %d)" % (opts["--base-url"], opts["--direct-url"],
+                                                            T.tcp_port), flush=True)
+        else:
+            server = Server().start()
+            T.base = T.direct = ("127.0.0.1", server.http_port)
+            T.tcp_port = server.tcp_port
+            T.server_pid = server.proc.pid
+            print("started %s" % " ".join(server.argv()), flush=True)
+    except (AssertionError, ValueError) as e:
+        print("FAIL setup: %s" % e, flush=True)
+        print("http: 0 passed, 1 failed", flush=True)
+        return 1
+
+    passed = failed = skipped = 0
+    t_all = time.monotonic()
+    only = set(os.environ.get("BEANGATE_HTTP_ONLY", "").split()) or None
+    if not only or "test_timeout_is_capped_at_30s" in only:
+        start_cap_poll()
+    try:
+        for fn in TESTS:
+            name = fn.__name__
+            if only and name not in only:
+                continue
+            t0 = time.monotonic()
+            try:
+                fn()
+            except Skip as e:
+                skipped += 1
+                print("SKIP %s: %s" % (name, e), flush=True)
+                continue
+            except AssertionError as e:
+                failed += 1
+                print("FAIL %s: %s" % (name, e), flush=True)
+                continue
+            except Exception as e:  # a broken test or an unexpected error
+                failed += 1
+                print("FAIL %s: %s: %s" % (name, type(e).__name__, e), flush=True)
+                continue
+            passed += 1
+            print("PASS %s (%.2f s)" % (name, time.monotonic() - t0), flush=True)
+    finally:
+        if server is not None:
+            status, err = server.stop()
+            try:
+                check_stopped(status, err, "the test server")
+                passed += 1
+                print("PASS server_stops_cleanly", flush=True)
+            except AssertionError as e:
+                failed += 1
+                print("FAIL server_stops_cleanly: %s" % e, flush=True)
+    if VIOLATIONS:
+        print("contract violations seen: %d" % len(VIOLATIONS), flush=True)
+        for v in sorted(set(VIOLATIONS)):
+            print("  " + v[:2000], flush=True)
+    summary = "http: %d passed, %d failed" % (passed, failed)
+    if skipped:
+        summary += ", %d skipped" % skipped
+    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
+    print(summary, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
