@@ -976,9 +976,9 @@ int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r
 
 void bg_engine_restore_delete(struct bg_engine *e, uint64_t id)
 {
+    if (id >= e->next_id) e->next_id = id + 1; /* ids are never reused */
     struct bg_job *j = bg_job_find(e, id);
     if (!j) return;
-    if (id >= e->next_id) e->next_id = id + 1;
     job_unlink(e, j);
     job_free(e, j);
 }

@@ -4,7 +4,8 @@
 #      integration tests over TCP, the differential test against Debian's
 #      beanstalkd, and real client libraries' own test suites;
 #   2. the same suites again in an AddressSanitizer + UndefinedBehaviorSanitizer build;
-#   3. the libFuzzer harness of the codec for FUZZ_SECONDS (default 60).
+#   3. the libFuzzer harnesses: the codec for FUZZ_SECONDS (default 60) and
+#      the log reader for FUZZ_LOG_SECONDS (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
@@ -22,11 +23,14 @@ cmake -S . -B build-asan -DBEANGATE_TESTS=ON -DBEANGATE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ctest --test-dir build-asan --output-on-failure
 
-echo "== fuzzing the codec for ${FUZZ_SECONDS:-60} s"
+echo "== fuzzing the codec for ${FUZZ_SECONDS:-60} s and the log reader for ${FUZZ_LOG_SECONDS:-30} s"
 CC=clang cmake -S . -B build-fuzz -DBEANGATE_TESTS=OFF -DBEANGATE_FUZZ=ON >/dev/null
-cmake --build build-fuzz -j"$jobs" --target fuzz_codec
-mkdir -p build-fuzz/corpus
+cmake --build build-fuzz -j"$jobs" --target fuzz_codec fuzz_journal
+mkdir -p build-fuzz/corpus build-fuzz/corpus-journal
+# new inputs go to build-fuzz/; the seeds in fuzz/ are read only
 build-fuzz/fuzz/fuzz_codec -max_total_time="${FUZZ_SECONDS:-60}" -max_len=4096 \
-    -print_final_stats=1 build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 12
-echo "fuzz: 1 passed, 0 failed"
+    -print_final_stats=1 build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 5
+build-fuzz/fuzz/fuzz_journal -max_total_time="${FUZZ_LOG_SECONDS:-30}" -max_len=8192 \
+    -print_final_stats=1 build-fuzz/corpus-journal fuzz/corpus-journal 2>&1 | tail -n 5
+echo "fuzz: 2 passed, 0 failed"
 echo "all test suites passed"
