@@ -33,6 +33,12 @@
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
     const char *port;             /* default 11301 */
+    /* the write-ahead log, seen through the server (all NULL without -b):
+     * log_seq(arg, 0) = records appended, log_seq(arg, 1) = records synced;
+     * log_durable(arg) nonzero when replies must wait for the disk */
+    uint64_t (*log_seq)(void *arg, int synced);
+    int (*log_durable)(void *arg);
+    void *log_arg;
 };
 
 struct gateway;
@@ -43,6 +49,8 @@ struct gateway;
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg);
+/* The log synced more: send the responses that were waiting for it. */
+void gateway_release_held(struct gateway *gw);
 /* Resume every suspended request, stop the daemon, free everything. */
 void gateway_stop(struct gateway *gw);
 
@@ -68,6 +76,9 @@ struct gw_request {
     struct gw_request *next_woken;
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
+    uint64_t hold_seq;            /* response queued, waiting for this log record */
+    struct gw_request *held_next; /* gw->held */
+    int held;
 };
 
 struct gateway {
@@ -83,6 +94,8 @@ struct gateway {
     struct gw_request *woken;     /* long-polls resolved, to resume */
     struct gw_request *waiting;   /* every suspended long-poll */
     struct gw_idempotency *idempotency;
+    struct gw_request *held;      /* responses waiting for the log */
+    struct gateway_config cfg;
 };
 
 /* Answer with a JSON value (taken over) and a status. */

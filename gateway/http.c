@@ -181,8 +181,42 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         *upload_size = 0;
         return MHD_YES;
     }
-    if (r->responded) return MHD_YES;
-    return gw_route(r, method, url);
+    if (r->responded || r->held) return MHD_YES;
+    uint64_t before = gw->cfg.log_seq ? gw->cfg.log_seq(gw->cfg.log_arg, 0) : 0;
+    enum MHD_Result ok = gw_route(r, method, url);
+    if (gw->cfg.log_durable && gw->cfg.log_durable(gw->cfg.log_arg)) {
+        uint64_t after = gw->cfg.log_seq(gw->cfg.log_arg, 0);
+        if (after > before && ok == MHD_YES && !r->suspended) {
+            /* durable acknowledgement: the queued response leaves only
+             * once the records it reports are on disk */
+            r->hold_seq = after;
+            r->held = 1;
+            r->held_next = gw->held;
+            gw->held = r;
+            MHD_suspend_connection(conn);
+        }
+    }
+    return ok;
+}
+
+void gateway_release_held(struct gateway *gw)
+{
+    if (!gw || !gw->held) return;
+    uint64_t synced = gw->cfg.log_seq(gw->cfg.log_arg, 1);
+    struct gw_request **p = &gw->held;
+    int resumed = 0;
+    while (*p) {
+        struct gw_request *r = *p;
+        if (r->hold_seq <= synced) {
+            *p = r->held_next;
+            r->held_next = NULL;
+            MHD_resume_connection(r->conn);
+            resumed = 1;
+        } else {
+            p = &r->held_next;
+        }
+    }
+    if (resumed) event_active(gw->run_ev, EV_READ, 0);
 }
 
 /* A request ended: if it reserved jobs that never reached the client,
@@ -278,6 +312,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     }
     gw->engine = engine;
     gw->base = base;
+    gw->cfg = *cfg;
     gw->now = now;
     gw->after_run = after_run;
     gw->after_run_arg = after_run_arg;
@@ -321,6 +356,8 @@ void gateway_stop(struct gateway *gw)
         }
     }
     gw->woken = NULL;
+    for (struct gw_request *r = gw->held; r; r = r->held_next) MHD_resume_connection(r->conn);
+    gw->held = NULL;
     /* let the resumed long-polls answer 204 before the daemon goes */
     struct timespec pause = {0, 2000000};
     for (int i = 0; i < 50 && gw->waiting; i++) {

@@ -122,5 +122,6 @@ json_t *gw_json_server(const struct bg_engine *e)
     json_object_set_new(v, "current_waiting", json_integer((json_int_t)e->waiting));
     json_object_set_new(v, "total_connections", json_integer((json_int_t)e->stat.total_connections));
     json_object_set_new(v, "draining", json_boolean(e->draining));
+    json_object_set_new(v, "binlog_failed", json_boolean(e->journal_broken));
     return v;
 }

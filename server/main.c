@@ -54,6 +54,23 @@ void server_arm_timer(struct server *srv)
     evtimer_add(srv->timer, &tv);
 }
 
+/* The log's record counts, for the gateway's durable replies. */
+static uint64_t log_seq(void *arg, int synced)
+{
+    struct wal *w = ((struct server *)arg)->wal;
+    return !w ? 0 : synced ? w->synced_seq : w->appended_seq;
+}
+
+static int log_durable(void *arg) { return wal_durable(((struct server *)arg)->wal); }
+
+/* The log synced more: replies over both protocols may go. */
+static void on_log_synced(void *arg)
+{
+    struct server *srv = arg;
+    net_release_held(srv);
+    gateway_release_held(srv->gateway);
+}
+
 /* The gateway changed the queue: the next deadline may have moved. */
 static void after_gateway_run(void *arg) { server_arm_timer(arg); }
 
@@ -134,6 +151,7 @@ int main(int argc, char **argv)
     if (r != 0) return r;
 
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
     static struct server srv;
     srv.listen_fd = -1;
     srv.verbose = cfg.verbose;
@@ -165,13 +183,13 @@ int main(int argc, char **argv)
         uint64_t wall = (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
         if (wal_open(&wal, &wcfg, &srv.engine, srv.base, server_now(), wall) != 0) return 111;
         srv.wal = &wal;
-        wal.on_synced = net_release_held;
+        wal.on_synced = on_log_synced;
         wal.on_synced_arg = &srv;
     }
     if (net_listen(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
-        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port};
+        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
