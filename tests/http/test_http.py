@@ -75,7 +75,8 @@ SERVER_KEYS = {
     "cmd_touch", "cmd_stats", "cmd_stats_job", "cmd_stats_tube", "cmd_list_tubes",
     "cmd_list_tube_used", "cmd_list_tubes_watched", "cmd_pause_tube", "job_timeouts",
     "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
-    "current_workers", "current_waiting", "total_connections", "draining"}
+    "current_workers", "current_waiting", "total_connections", "draining",
+    "binlog_failed"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
 
@@ -1287,7 +1288,8 @@ def test_peek_ready_delayed_buried():
 def test_stats():
     st = server_stats()
     check_eq(st["draining"], False, "draining")
-    for k in SERVER_KEYS - {"draining"}:
+    check_eq(st["binlog_failed"], False, "binlog_failed without -b")
+    for k in SERVER_KEYS - {"draining", "binlog_failed"}:
         check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
     before = st["total_jobs"]
     put(uniq("st"), b"x")
