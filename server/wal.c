@@ -266,7 +266,16 @@ void wal_kick(struct wal *w)
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
     struct wal_batch *b = &w->batch;
     int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !(w->unsynced && sync_due)) return;
+    if (!retry && w->pending.len == 0 && !(w->unsynced && sync_due)) {
+        if (w->unsynced && !w->cfg.fsync_never) {
+            /* the tail of a burst is synced when its time comes */
+            bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
+            bg_time wait = due > now ? due - now : 0;
+            struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000) + 1};
+            evtimer_add(w->sync_timer, &tv);
+        }
+        return;
+    }
     if (!retry) {
         bg_buf_clear(&b->data);
         b->close_fd = -1;
