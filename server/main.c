@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <pwd.h>
 #include <grp.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include "server.h"
 #include "../gateway/gateway.h"
@@ -143,8 +145,46 @@ static void describe_host(struct server *srv)
     }
 }
 
+/* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
+ * (default 127.0.0.1:11301) and exit 0 if it answers 200, else 1. Docker's
+ * HEALTHCHECK uses this: a slim image has no curl. */
+static int healthcheck(const char *arg)
+{
+    char host[256] = "127.0.0.1";
+    const char *port = "11301";
+    const char *env_port = getenv("BEANGATE_HTTP_PORT");
+    if (env_port && *env_port) port = env_port;
+    if (arg && *arg) {
+        const char *colon = strrchr(arg, ':');
+        if (!colon || (size_t)(colon - arg) >= sizeof host) return 1;
+        memcpy(host, arg, (size_t)(colon - arg));
+        host[colon - arg] = '\0';
+        port = colon + 1;
+    }
+    struct addrinfo hints = {0}, *res;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, port, &hints, &res) != 0) return 1;
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+    freeaddrinfo(res);
+    char reply[64] = {0};
+    static const char request[] = "GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (ok) ok = write(fd, request, sizeof request - 1) == (ssize_t)(sizeof request - 1);
+    if (ok) ok = read(fd, reply, sizeof reply - 1) > 12;
+    if (fd >= 0) close(fd);
+    int healthy = ok && strncmp(reply + 8, " 200", 4) == 0;
+    printf("%s\n", healthy ? "healthy" : "unhealthy");
+    return healthy ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strncmp(argv[1], "--healthcheck", 13) == 0 &&
+        (argv[1][13] == '\0' || argv[1][13] == '='))
+        return healthcheck(argv[1][13] == '=' ? argv[1] + 14 : NULL);
     struct server_config cfg;
     int r = server_config_parse(&cfg, argc, argv);
     if (r == 1) return 0;
