@@ -358,7 +358,10 @@ int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r
                              bg_time deadline_mono, bg_time now);
 /* Forget a job (a delete record). */
 void bg_engine_restore_delete(struct bg_engine *e, uint64_t id);
-/* Restore a tube's pause; creates the tube only while it is paused. */
+/* After the last record: drop tubes that only a pause record made. */
+void bg_engine_restore_finish(struct bg_engine *e);
+/* Restore a tube's pause (or its end, if unpause_mono has passed); creates
+ * the tube, since its jobs may come in later records. */
 int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t pause_s,
                             bg_time unpause_mono, bg_time now);
 /* Fill a log view of j (state reserved is logged as ready). */

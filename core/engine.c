@@ -986,10 +986,14 @@ void bg_engine_restore_delete(struct bg_engine *e, uint64_t id)
 int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t pause_s,
                             bg_time unpause_mono, bg_time now)
 {
-    struct bg_tube *t = bg_tube_find(e, tube);
-    if (!t || unpause_mono <= now) return 0;
+    struct bg_tube *t = tube_get(e, tube); /* jobs may come after the pause */
+    if (!t) return BG_OUT_OF_MEMORY;
     if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
     t->timer_slot = NO_SLOT;
+    if (unpause_mono <= now) { /* the pause ended (or was ended) */
+        t->pause_ns = 0;
+        return 0;
+    }
     t->pause_ns = pause_s ? (bg_time)pause_s * BG_SECOND : 1;
     t->unpause_at = unpause_mono;
     if (bg_heap_push(&e->tube_timers, t) != 0) {
@@ -997,6 +1001,15 @@ int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t paus
         return BG_OUT_OF_MEMORY;
     }
     return 0;
+}
+
+void bg_engine_restore_finish(struct bg_engine *e)
+{
+    /* a pause record may have made a tube that no job ever used */
+    for (uint32_t i = e->tube_count; i-- > 0;) {
+        struct bg_tube *t = e->tube_list[i];
+        if (t->refs == 0) tube_destroy(e, t);
+    }
 }
 
 /* ---- time -------------------------------------------------------------- */

@@ -136,6 +136,7 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     r.created_wall = wall_now() - (mono_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
     w->appended_seq++;
+    w->pending_records++;
     if (with_body) w->live_bytes += job_record_size(j);
 }
 
@@ -145,6 +146,7 @@ static void hook_job_deleted(void *ctx, uint64_t id)
     struct bg_job *j = bg_job_find(w->engine, id);
     if (bg_journal_encode_delete(&w->pending, id) != 0) return append_failed(w);
     w->appended_seq++;
+    w->pending_records++;
     if (j) w->live_bytes -= job_record_size(j);
 }
 
@@ -156,6 +158,7 @@ static void hook_tube_paused(void *ctx, const struct bg_tube *t)
     if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND), unpause) != 0)
         return append_failed(w);
     w->appended_seq++;
+    w->pending_records++;
 }
 
 const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused};
@@ -233,6 +236,12 @@ static int snapshot(struct wal *w, struct bg_buf *out, uint64_t *records)
             (*records)++;
         }
     }
+    /* ids are never reused: a delete record of the highest id given out
+     * keeps the counter above it even when that job is gone */
+    if (e->next_id > 1 && !bg_job_find(e, e->next_id - 1)) {
+        if (bg_journal_encode_delete(out, e->next_id - 1) != 0) return BG_OUT_OF_MEMORY;
+        (*records)++;
+    }
     for (uint32_t i = 0; i < e->tube_count; i++) {
         struct bg_tube *t = e->tube_list[i];
         if (!t->pause_ns || t->unpause_at <= now) continue;
@@ -292,6 +301,7 @@ void wal_kick(struct wal *w)
                 return;
             }
             bg_buf_clear(&w->pending);
+            w->pending_records = 0;
             w->records_migrated += records;
             w->compact_index = w->cur_index;
             w->compact_seq = w->appended_seq;
@@ -303,39 +313,46 @@ void wal_kick(struct wal *w)
                 note_failure(w, errno, "create_segment");
                 return;
             }
-            struct bg_buf swap = b->data;
-            b->data = w->pending;
-            w->pending = swap;
-            bg_buf_clear(&w->pending);
+            /* at most about one segment per batch, cut at a record end */
+            size_t take = 0;
+            uint64_t records = 0;
+            const unsigned char *p = (const unsigned char *)bg_buf_head(&w->pending);
+            while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
+                uint32_t payload = (uint32_t)p[take] | (uint32_t)p[take + 1] << 8 |
+                                   (uint32_t)p[take + 2] << 16 | (uint32_t)p[take + 3] << 24;
+                take += 9 + (size_t)payload;
+                records++;
+            }
+            if (bg_buf_append(&b->data, bg_buf_head(&w->pending), take) != 0) {
+                note_failure(w, ENOMEM, "batch");
+                return;
+            }
+            bg_buf_consume(&w->pending, take);
+            w->pending_records -= records;
         }
         b->fd = w->cur_fd;
         b->offset = *segment_size_at(w, w->cur_index);
-        b->end_seq = w->appended_seq;
-    } else if (w->pending.len) {
-        /* retrying: what was appended since rides along */
-        if (bg_buf_append(&b->data, bg_buf_head(&w->pending), w->pending.len) != 0) return;
-        bg_buf_clear(&w->pending);
-        b->end_seq = w->appended_seq;
+        b->end_seq = w->appended_seq - w->pending_records;
+        b->sync_dir |= w->dir_dirty;
+        w->dir_dirty = 0;
     }
+    /* retrying: the same batch again; what was appended since waits */
     b->sync = sync_due;
     b->error = 0;
     submit(w);
 }
 
-/* The loop side of a finished batch. */
-static void notify_cb(evutil_socket_t fd, short what, void *arg)
+/* Account for a batch the flusher finished (on the loop thread, or in
+ * wal_close). Returns 0 if it was written, or the flusher's errno. */
+static int batch_done(struct wal *w)
 {
-    (void)what;
-    struct wal *w = arg;
-    uint64_t n;
-    if (read(fd, &n, sizeof n) != sizeof n) return;
     pthread_mutex_lock(&w->lock);
     w->busy = 0;
     pthread_mutex_unlock(&w->lock);
     struct wal_batch *b = &w->batch;
     if (b->error) {
         note_failure(w, b->error, b->sync ? "write_or_sync" : "write");
-        return;
+        return b->error;
     }
     if (w->failed_errno) {
         fprintf(stderr, "level=info event=wal_recovered puts=accepted\n");
@@ -346,26 +363,32 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
     if (size && b->fd == w->cur_fd) *size += b->data.len;
     w->total_bytes += b->data.len;
     w->written_seq = b->end_seq;
+    w->records_written = w->written_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
         w->last_sync = mono_now();
         w->unsynced = 0;
     } else {
         w->unsynced = 1;
-        if (!w->cfg.fsync_never) {
-            struct timeval tv = {0, (suseconds_t)w->cfg.fsync_ms * 1000};
-            tv.tv_sec = tv.tv_usec / 1000000;
-            tv.tv_usec %= 1000000;
-            evtimer_add(w->sync_timer, &tv);
-        }
     }
-    w->records_written = w->written_seq;
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
         segments_drop_below(w, w->compact_index);
         w->compact_seq = 0;
+        w->dir_dirty = 1; /* the next batch syncs the directory */
     }
+    return 0;
+}
+
+/* The loop side of a finished batch. */
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct wal *w = arg;
+    uint64_t n;
+    if (read(fd, &n, sizeof n) != sizeof n) return;
+    if (batch_done(w) != 0) return; /* the retry timer is armed */
     if (w->on_synced) w->on_synced(w->on_synced_arg);
     wal_kick(w);
 }
@@ -497,7 +520,7 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         indexes[n++] = index;
     }
     closedir(d);
-    qsort(indexes, n, sizeof *indexes, index_less);
+    if (n) qsort(indexes, n, sizeof *indexes, index_less);
     uint64_t records = 0;
     w->first_index = n ? indexes[0] : 1;
     for (size_t i = 0; i < n; i++) {
@@ -518,6 +541,7 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
     }
     w->cur_index = n ? indexes[n - 1] : 0;
     free(indexes);
+    bg_engine_restore_finish(w->engine);
     fprintf(stderr, "level=info event=wal_recovered_jobs jobs=%zu records=%llu segments=%zu torn=%llu\n",
             w->engine->job_count, (unsigned long long)records, n, (unsigned long long)w->torn_records);
     return 0;
@@ -585,15 +609,17 @@ void wal_close(struct wal *w)
             uint64_t n;
             struct timespec ts = {0, 1000000};
             while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
-            w->busy = 0;
+            if (batch_done(w) != 0) break; /* the disk refuses: nothing more can go */
         }
-        if (round == 0 && w->pending.len && !w->batch.error) {
+        if (round == 0 && w->pending.len) {
             bg_buf_clear(&w->batch.data);
             struct bg_buf swap = w->batch.data;
             w->batch.data = w->pending;
             w->pending = swap;
+            w->pending_records = 0;
             w->batch.fd = w->cur_fd;
             w->batch.offset = *segment_size_at(w, w->cur_index);
+            w->batch.end_seq = w->appended_seq;
             w->batch.sync = !w->cfg.fsync_never;
             submit(w);
         }

@@ -1,0 +1,1641 @@
+#!/usr/bin/env python3
+"""Durability tests for beangate's write-ahead log (-b DIR).
+
+Usage: python3 tests/durability/test_wal.py build/beangate
+
+Every test starts the real server on a free loopback port with --no-http and
+a log directory under one private temporary directory, talks to it over real
+sockets, stops or kills it, restarts it on the same directory and compares
+what came back with what the server acknowledged before. Servers stopped
+with SIGTERM must exit with status 0 and no sanitizer report on stderr (so
+the same file checks an ASan+UBSan build); a killed server's stderr is
+checked for sanitizer reports too.
+
+What is checked:
+  restart_full_state_*   every job field, body and tube count survives a
+                         restart (SIGTERM and SIGKILL); reserved -> ready;
+                         delays and pauses keep their wall-clock deadline;
+                         new ids continue above every earlier id
+  crash_cycles           >= 20 SIGKILLs at random moments under 4 writers
+                         with -f 0: every acknowledged put is there with its
+                         body, no acknowledged delete comes back
+  compaction_*           the directory stays small under churn (-s 65536)
+  ids_*                  ids are never reused after compaction
+  disk_full_*            a file-size limit (prlimit) makes puts answer
+                         OUT_OF_MEMORY, the server recovers by itself
+  lock_*                 a second server on the same directory refuses
+  torn_tail_*            a torn or garbage tail is dropped, the rest kept
+  fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
+  binlog_stats           the binlog-* fields of `stats`
+
+Python 3 standard library only. Prints PASS/FAIL per test and ends with one
+line `durability: N passed, M failed`; exits 1 on failure. Environment:
+BEANGATE_DUR_ONLY="name ..." runs only those tests; BEANGATE_DUR_SEED fixes
+the random seed (printed at the start).
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BINARY = None             # set from argv[1]
+NO_HTTP = []              # ["--no-http"] when the binary has the gateway
+WORK = None               # the private temporary directory of this run
+SEED = None
+READ_TIMEOUT = 5.0        # every socket read gives up after this
+START_TIMEOUT = 15.0      # a server must answer a command within this
+STOP_TIMEOUT = 10.0       # a server must exit this long after SIGTERM
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer",
+                     "ERROR: ThreadSanitizer", "WARNING: ThreadSanitizer")
+TORN_EVENTS = ("event=wal_torn_tail", "event=wal_corrupt_record", "event=wal_bad_segment")
+JOURNAL_HEADER = 16       # core/journal.c: segment header bytes
+JOB_FIXED = 57            # core/journal.c: fixed job fields after the type byte
+
+ALL_SERVERS = []          # every Server made, so that none outlives the run
+
+
+# ---- formatting ---------------------------------------------------------------
+
+def show(data, limit=200):
+    """repr of bytes, shortened for long data."""
+    if data is None:
+        return "None"
+    data = bytes(data)
+    if len(data) <= limit:
+        return repr(data)
+    return "%r...(%d bytes in all, last: %r)" % (data[:limit], len(data), data[-40:])
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def check_eq(got, want, what):
+    if got != want:
+        if isinstance(got, (bytes, bytearray)) and isinstance(want, (bytes, bytearray)):
+            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
+                     min(len(got), len(want)))
+            raise AssertionError("%s: got %s, want %s (first difference at byte %d)"
+                                 % (what, show(got), show(want), i))
+        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+
+
+def log(msg):
+    print("  " + msg, flush=True)
+
+
+# ---- record sizes (core/journal.c) ---------------------------------------------
+
+def put_record_size(tube, body_len):
+    """A JOB record: len+crc+type, fixed fields, tube, body length, body+CRLF."""
+    return 9 + JOB_FIXED + 1 + len(tube) + 4 + body_len + 2
+
+
+def update_record_size(tube):
+    return 9 + JOB_FIXED + 1 + len(tube)
+
+
+DELETE_RECORD_SIZE = 9 + 8
+
+
+# ---- a beanstalk client connection -------------------------------------------
+
+class ConnLost(AssertionError):
+    """The server closed or reset the connection."""
+
+
+class Conn:
+    def __init__(self, sock, timeout=READ_TIMEOUT):
+        self.sock = sock
+        self.timeout = timeout
+        self.buf = bytearray()
+        self.pos = 0
+        sock.settimeout(timeout)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def send(self, data):
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise ConnLost("send failed: %s" % e) from None
+
+    def pending(self):
+        return bytes(self.buf[self.pos:])
+
+    def _fill(self, deadline, what):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("timed out waiting for %s; received so far %s"
+                                 % (what, show(self.pending())))
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(1 << 20)
+        except socket.timeout:
+            raise AssertionError("timed out waiting for %s; received so far %s"
+                                 % (what, show(self.pending()))) from None
+        except (ConnectionResetError, BrokenPipeError):
+            raise ConnLost("connection reset waiting for %s" % what) from None
+        if not chunk:
+            raise ConnLost("connection closed by server waiting for %s; received so far %s"
+                           % (what, show(self.pending())))
+        if self.pos > (1 << 20):
+            del self.buf[:self.pos]
+            self.pos = 0
+        self.buf += chunk
+
+    def read_exact(self, n, timeout=None, what=None):
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        while len(self.buf) - self.pos < n:
+            self._fill(deadline, what or "%d bytes" % n)
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return data
+
+    def read_line(self, timeout=None, what="a reply line"):
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        while True:
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = bytes(self.buf[self.pos:i + 2])
+                self.pos = i + 2
+                return line
+            self._fill(deadline, what)
+
+    def expect(self, want, what, timeout=None):
+        try:
+            got = self.read_exact(len(want), timeout, what)
+        except ConnLost:
+            raise
+        except AssertionError as e:
+            raise AssertionError("%s: want %s; %s" % (what, show(want), e)) from None
+        check_eq(got, want, what)
+
+    def cmd(self, line, want, what=None, timeout=None):
+        self.send(line)
+        self.expect(want, what or line[:60].decode("latin-1").strip(), timeout)
+
+    def read_ok(self, what, timeout=None):
+        """Read `OK <n>` + YAML; returns the YAML, or None for NOT_FOUND."""
+        line = self.read_line(timeout, what)
+        if line == b"NOT_FOUND\r\n":
+            return None
+        check(line.startswith(b"OK "), "%s: want an OK reply, got %s" % (what, show(line)))
+        n = int(line[3:-2])
+        body = self.read_exact(n + 2, timeout, what)
+        check_eq(body[-2:], b"\r\n", "end of OK reply to " + what)
+        return body[:-2]
+
+    def yaml(self, command, timeout=None):
+        self.send(command + b"\r\n")
+        body = self.read_ok(command.decode("latin-1"), timeout)
+        return None if body is None else parse_yaml(body)
+
+
+def parse_yaml(body):
+    out = {}
+    for raw in body.decode("latin-1").split("\n"):
+        if ": " in raw:
+            k, v = raw.split(": ", 1)
+            out[k] = v.strip().strip('"')
+    return out
+
+
+def parse_yaml_list(body):
+    return [raw[2:] for raw in body.decode("latin-1").split("\n") if raw.startswith("- ")]
+
+
+def put_cmd(body, pri=0, delay=0, ttr=60):
+    return b"put %d %d %d %d\r\n" % (pri, delay, ttr, len(body)) + body + b"\r\n"
+
+
+def job_reply(word, jid, body):
+    return b"%s %d %d\r\n" % (word, jid, len(body)) + body + b"\r\n"
+
+
+def read_inserted(c, what):
+    line = c.read_line(what=what)
+    check(line.startswith(b"INSERTED "), "%s: want INSERTED <id>, got %s" % (what, show(line)))
+    return int(line[9:-2])
+
+
+def put(c, body, pri=0, delay=0, ttr=60, what="put"):
+    c.send(put_cmd(body, pri, delay, ttr))
+    return read_inserted(c, what)
+
+
+def use(c, tube):
+    c.cmd(b"use %s\r\n" % tube, b"USING %s\r\n" % tube)
+
+
+def read_peek(c, jid, what=None):
+    """The reply to `peek jid`: the body, or None for NOT_FOUND."""
+    what = what or "peek %d" % jid
+    line = c.read_line(what=what)
+    if line == b"NOT_FOUND\r\n":
+        return None
+    m = re.match(rb"FOUND (\d+) (\d+)\r\n$", line)
+    check(m is not None, "%s: want FOUND or NOT_FOUND, got %s" % (what, show(line)))
+    check_eq(int(m.group(1)), jid, what + ": id in FOUND")
+    data = c.read_exact(int(m.group(2)) + 2, what=what + " body")
+    check_eq(data[-2:], b"\r\n", what + ": end of body")
+    return data[:-2]
+
+
+def peek_many(c, ids, chunk=500):
+    """Pipelined peeks: {id: body or None}."""
+    ids = list(ids)
+    out = {}
+    for i in range(0, len(ids), chunk):
+        part = ids[i:i + chunk]
+        c.send(b"".join(b"peek %d\r\n" % j for j in part))
+        for j in part:
+            out[j] = read_peek(c, j)
+    return out
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def dir_size(path):
+    """Total bytes of the files in path (files may vanish while we look)."""
+    total = 0
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return 0
+    for n in names:
+        try:
+            total += os.stat(os.path.join(path, n)).st_size
+        except OSError:
+            pass
+    return total
+
+
+def segments(path):
+    """{index: size} of the segment files in path."""
+    out = {}
+    for n in os.listdir(path):
+        m = re.match(r"beangate\.(\d+)\.wal$", n)
+        if m:
+            try:
+                out[int(m.group(1))] = os.stat(os.path.join(path, n)).st_size
+            except OSError:
+                pass
+    return out
+
+
+def new_dir(name):
+    d = os.path.join(WORK, name)
+    os.makedirs(d)
+    return d
+
+
+# ---- the server process --------------------------------------------------------
+
+class Server:
+    """One beangate process on a log directory; start() may be called again
+    after stop() (a restart on the same directory, on a new port)."""
+
+    def __init__(self, logdir, args=(), name="srv"):
+        self.logdir = logdir
+        self.args = list(args)
+        self.name = name
+        self.proc = None
+        self.port = None
+        self.err_path = None
+        self.err_paths = []   # one per start
+        self.runs = 0
+        ALL_SERVERS.append(self)
+
+    def argv(self):
+        argv = [BINARY, "-l", "127.0.0.1", "-p", str(self.port)] + NO_HTTP
+        if self.logdir:
+            argv += ["-b", self.logdir]
+        return argv + self.args
+
+    def start(self):
+        last = ""
+        for _attempt in range(5):
+            self.port = free_port()
+            self.runs += 1
+            self.err_path = os.path.join(WORK, "%s-%s-%d.stderr"
+                                         % (os.path.basename(self.logdir or "mem"), self.name, self.runs))
+            self.err_paths.append(self.err_path)
+            err = open(self.err_path, "ab")  # O_APPEND: we read it while the server writes
+            try:
+                self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=err)
+            finally:
+                err.close()
+            status = self._wait_ready()
+            if status == "ok":
+                return self
+            last = "%s (status %r); stderr: %s" % (status, self.proc.returncode, self.stderr()[-800:])
+            if "cannot listen" in last:
+                continue
+            break
+        raise AssertionError("server %r did not start: %s" % (self.argv(), last.strip()))
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return "exited"
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=2.0)
+            except OSError:
+                time.sleep(0.02)
+                continue
+            c = Conn(s, 2.0)
+            try:
+                c.send(b"list-tube-used\r\n")
+                if c.read_line() == b"USING default\r\n":
+                    return "ok"
+            except AssertionError:
+                pass
+            finally:
+                c.close()
+            time.sleep(0.02)
+        self.proc.kill()
+        self.proc.wait(5)
+        return "no answer within %.0f s (killed)" % START_TIMEOUT
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stderr(self):
+        try:
+            with open(self.err_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except (OSError, TypeError):
+            return ""
+
+    def connect(self, timeout=READ_TIMEOUT):
+        return Conn(socket.create_connection(("127.0.0.1", self.port), timeout=timeout), timeout)
+
+    def stop(self, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):
+        """Send sig and wait; returns (exit status or None if it hung, seconds)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return (self.proc.returncode if self.proc else None), 0.0
+        t0 = time.monotonic()
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            status = None
+        return status, time.monotonic() - t0
+
+    def check_sanitizer(self, how):
+        err = self.stderr()
+        bad = [m for m in SANITIZER_MARKERS if m in err]
+        check(not bad, "sanitizer report on stderr (%s; %s): %s" % (how, ", ".join(bad), err.strip()[:2000]))
+
+    def stop_checked(self, max_seconds=STOP_TIMEOUT):
+        """SIGTERM: exit status 0, in time, no sanitizer report."""
+        status, took = self.stop(signal.SIGTERM, max_seconds)
+        err = self.stderr()
+        check(status is not None, "server did not exit within %.1f s of SIGTERM (killed); stderr: %s"
+              % (max_seconds, err.strip()[-600:]))
+        self.check_sanitizer("after SIGTERM")
+        check(status == 0, "exit status %r after SIGTERM, want 0; stderr: %s" % (status, err.strip()[-600:]))
+        return took
+
+    def kill(self):
+        """SIGKILL (a crash); stderr is still checked for sanitizer reports."""
+        self.stop(signal.SIGKILL, 5.0)
+        self.check_sanitizer("before SIGKILL")
+
+    def restart(self, sig):
+        if sig == signal.SIGKILL:
+            self.kill()
+        else:
+            self.stop_checked()
+        return self.start()
+
+
+def stop_all():
+    """Kill what still runs; returns the sanitizer reports of every server
+    started since the last call."""
+    reports = []
+    for srv in ALL_SERVERS:
+        if srv.running():
+            srv.stop(signal.SIGKILL, 5.0)
+        for path in srv.err_paths:
+            try:
+                with open(path, "rb") as f:
+                    err = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if any(m in err for m in SANITIZER_MARKERS):
+                reports.append("%s: %s" % (os.path.basename(path), err.strip()[:1500]))
+    del ALL_SERVERS[:]
+    return reports
+
+
+def check_no_torn(srv, what):
+    err = srv.stderr()
+    bad = [e for e in TORN_EVENTS if e in err]
+    check(not bad, "%s: the log was damaged (%s) although nothing was cut; stderr: %s"
+          % (what, ", ".join(bad), err.strip()[-800:]))
+
+
+# ---- 1. restart keeps the full state -----------------------------------------------
+
+JOB_EXACT = ("tube", "state", "pri", "delay", "ttr", "reserves", "timeouts", "releases", "buries", "kicks")
+
+
+def derive_tube_counts(jobs):
+    """tube -> {current-jobs-*} from stats-job dicts (urgent: ready, pri < 1024)."""
+    out = {}
+    for st in jobs.values():
+        t = out.setdefault(st["tube"], {k: 0 for k in ("urgent", "ready", "reserved", "delayed", "buried")})
+        t[st["state"]] += 1
+        if st["state"] == "ready" and int(st["pri"]) < 1024:
+            t["urgent"] += 1
+    return out
+
+
+def tube_counts(st):
+    return {k: int(st["current-jobs-" + k]) for k in ("urgent", "ready", "reserved", "delayed", "buried")}
+
+
+def snapshot_state(c, max_id):
+    jobs, bodies = {}, {}
+    for jid in range(1, max_id + 1):
+        st = c.yaml(b"stats-job %d" % jid)
+        body = peek_many(c, [jid])[jid]
+        check((st is None) == (body is None),
+              "job %d: stats-job %s but peek %s" % (jid, "NOT_FOUND" if st is None else "found",
+                                                     "NOT_FOUND" if body is None else "found"))
+        if st is not None:
+            jobs[jid] = st
+            bodies[jid] = body
+    c.send(b"list-tubes\r\n")
+    tubes = parse_yaml_list(c.read_ok("list-tubes"))
+    tstats = {t: c.yaml(b"stats-tube " + t.encode()) for t in tubes}
+    return jobs, bodies, tstats
+
+
+def full_state_scenario(srv, rng):
+    """Build the state; returns (connections to keep open, ids by name)."""
+    c = srv.connect()
+    holder = srv.connect()
+    ids = {}
+    use(c, b"a")
+    ids["a_pri0"] = put(c, b"pri zero", pri=0)
+    ids["a_pri5"] = put(c, b"pri five", pri=5, ttr=5)
+    ids["a_pri1024"] = put(c, b"pri 1024, not urgent", pri=1024, ttr=100)
+    ids["a_primax"] = put(c, b"pri max", pri=4294967295, ttr=3600)
+    ids["a_binary"] = put(c, b"\r\n\x00bin\r\nary\x00\x00\r\n" + bytes(range(256)) + b"\r\n", pri=7, ttr=17)
+    ids["a_empty"] = put(c, b"", pri=3)
+    use(c, b"big")
+    big = bytearray(rng.randbytes(60000))
+    big[100:104] = b"\r\n\x00\r"
+    big[-2:] = b"\r\n"
+    ids["big"] = put(c, bytes(big), pri=100)
+    use(c, b"b")
+    ids["b_delay1000"] = put(c, b"delayed 1000 s", pri=11, delay=1000, ttr=30)
+    ids["b_delay2000"] = put(c, b"delayed 2000 s\x00", pri=2000, delay=2000)
+    use(c, b"c")
+    ids["c_buried"] = put(c, b"to bury", pri=50)
+    ids["c_kicked"] = put(c, b"to bury then kick", pri=60)
+    ids["c_released_delay"] = put(c, b"to release with a delay", pri=70)
+    ids["c_released"] = put(c, b"to release now", pri=80)
+    ids["c_kicked_delayed"] = put(c, b"delayed, then kicked", pri=90, delay=500)
+    c.cmd(b"reserve-job %d\r\n" % ids["c_buried"], job_reply(b"RESERVED", ids["c_buried"], b"to bury"))
+    c.cmd(b"bury %d 999\r\n" % ids["c_buried"], b"BURIED\r\n")
+    c.cmd(b"reserve-job %d\r\n" % ids["c_kicked"], job_reply(b"RESERVED", ids["c_kicked"], b"to bury then kick"))
+    c.cmd(b"bury %d 61\r\n" % ids["c_kicked"], b"BURIED\r\n")
+    c.cmd(b"kick-job %d\r\n" % ids["c_kicked"], b"KICKED\r\n")
+    c.cmd(b"reserve-job %d\r\n" % ids["c_released_delay"],
+          job_reply(b"RESERVED", ids["c_released_delay"], b"to release with a delay"))
+    c.cmd(b"release %d 71 500\r\n" % ids["c_released_delay"], b"RELEASED\r\n")
+    c.cmd(b"reserve-job %d\r\n" % ids["c_released"], job_reply(b"RESERVED", ids["c_released"], b"to release now"))
+    c.cmd(b"release %d 81 0\r\n" % ids["c_released"], b"RELEASED\r\n")
+    c.cmd(b"kick-job %d\r\n" % ids["c_kicked_delayed"], b"KICKED\r\n")
+    use(c, b"t")
+    ids["t_1"] = put(c, b"in the paused tube", pri=1)
+    ids["t_2"] = put(c, b"in the paused tube, delayed", pri=2, delay=1000)
+    c.cmd(b"pause-tube t 3600\r\n", b"PAUSED\r\n")
+    # one job reserved (by another connection) when the server goes down
+    use(holder, b"r")
+    ids["r_reserved"] = put(holder, b"reserved at shutdown", pri=5, ttr=120)
+    holder.cmd(b"reserve-job %d\r\n" % ids["r_reserved"],
+               job_reply(b"RESERVED", ids["r_reserved"], b"reserved at shutdown"))
+    # the newest id is a deleted job
+    use(c, b"a")
+    ids["a_deleted"] = put(c, b"deleted before the restart", pri=1)
+    c.cmd(b"delete %d\r\n" % ids["a_deleted"], b"DELETED\r\n")
+    return [c, holder], ids
+
+
+def check_restart_full_state(sig):
+    rng = random.Random(SEED)
+    d = new_dir("full_state_%s" % signal.Signals(sig).name)
+    srv = Server(d, ["-f", "0"]).start()
+    conns, ids = full_state_scenario(srv, rng)
+    max_id = max(ids.values())
+    check_eq(ids["a_deleted"], max_id, "the deleted job has the highest id")
+    c = conns[0]
+    jobs0, bodies0, tubes0 = snapshot_state(c, max_id)
+    t_snap = time.monotonic()
+    check(ids["a_deleted"] not in jobs0, "deleted job still there before the restart")
+    check_eq(jobs0[ids["r_reserved"]]["state"], "reserved", "state of the reserved job before the restart")
+    check_eq(len(jobs0), len(ids) - 1, "jobs before the restart")
+    for t, st in tubes0.items():  # our derivation of the tube counts matches the server before
+        if t in derive_tube_counts(jobs0):
+            check_eq(tube_counts(st), derive_tube_counts(jobs0)[t], "stats-tube %s before the restart" % t)
+    # the restart (the holder connection is still open, the job reserved)
+    srv.restart(sig)
+    for x in conns:
+        x.close()
+    elapsed = time.monotonic() - t_snap
+    check_no_torn(srv, "restart after %s" % signal.Signals(sig).name)
+    c = srv.connect()
+    jobs1, bodies1, tubes1 = snapshot_state(c, max_id)
+    # jobs: the same ids, the same bodies, the same fields
+    check_eq(sorted(jobs1), sorted(jobs0), "job ids after the restart")
+    for jid, old in jobs0.items():
+        new = jobs1[jid]
+        name = next(k for k, v in ids.items() if v == jid)
+        what = "job %d (%s) after the restart" % (jid, name)
+        check_eq(bodies1[jid], bodies0[jid], what + ": body")
+        for k in JOB_EXACT:
+            want = old[k]
+            if jid == ids["r_reserved"] and k == "state":
+                want = "ready"
+            if jid == ids["r_reserved"] and k == "reserves":
+                # reserving is not logged (nor is it in beanstalkd's binlog): the
+                # count may fall back to the one of the last record
+                check(new[k] in (old[k], str(int(old[k]) - 1)),
+                      "%s: reserves %s, want %s or %d" % (what, new[k], old[k], int(old[k]) - 1))
+                continue
+            check_eq(new[k], want, "%s: %s" % (what, k))
+        age0, age1 = int(old["age"]), int(new["age"])
+        check(age0 <= age1 <= age0 + elapsed + 2,
+              "%s: age %d, want between %d and %d" % (what, age1, age0, age0 + elapsed + 2))
+        if new["state"] == "delayed":
+            tl0, tl1 = int(old["time-left"]), int(new["time-left"])
+            check(tl0 - elapsed - 2 <= tl1 <= tl0,
+                  "%s: time-left %d, want between %d and %d (wall-clock deadline)"
+                  % (what, tl1, tl0 - elapsed - 2, tl0))
+        elif new["state"] in ("ready", "buried"):
+            check_eq(new["time-left"], "0", what + ": time-left")
+    # tubes: counts derived from the jobs, and the pause
+    want_counts = derive_tube_counts({j: dict(st, state="ready" if st["state"] == "reserved" else st["state"])
+                                      for j, st in jobs0.items()})
+    for t, counts in want_counts.items():
+        check(t in tubes1, "tube %s missing after the restart (list-tubes: %s)" % (t, sorted(tubes1)))
+        check_eq(tube_counts(tubes1[t]), counts, "stats-tube %s counts after the restart" % t)
+        want_pause = tubes0[t]["pause"]
+        check_eq(tubes1[t]["pause"], want_pause, "stats-tube %s pause after the restart" % t)
+        ptl0, ptl1 = int(tubes0[t]["pause-time-left"]), int(tubes1[t]["pause-time-left"])
+        check(ptl0 - elapsed - 2 <= ptl1 <= ptl0,
+              "stats-tube %s pause-time-left %d, want between %d and %d"
+              % (t, ptl1, ptl0 - elapsed - 2, ptl0))
+    check_eq(tubes1["t"]["pause"], "3600", "tube t is still paused for 3600 s")
+    # the pause works: a ready job in t is not handed out
+    w = srv.connect()
+    w.cmd(b"watch t\r\n", b"WATCHING 2\r\n")
+    w.cmd(b"ignore default\r\n", b"WATCHING 1\r\n")
+    w.cmd(b"reserve-with-timeout 0\r\n", b"TIMED_OUT\r\n", "reserve from the paused tube t after the restart")
+    w.close()
+    # new ids continue above every earlier one, the deleted one included
+    new_id = put(c, b"after the restart")
+    check(new_id > max_id, "put after the restart got id %d, want > %d (the highest id before, a deleted job)"
+          % (new_id, max_id))
+    check_eq(peek_many(c, [new_id])[new_id], b"after the restart", "peek of the new job")
+    c.close()
+    srv.stop_checked()
+
+
+def test_restart_full_state_sigterm():
+    check_restart_full_state(signal.SIGTERM)
+
+
+def test_restart_full_state_sigkill():
+    check_restart_full_state(signal.SIGKILL)
+
+
+def test_restart_pause_of_tube_without_jobs():
+    """A tube paused while it holds no job yet (it exists because a client
+    uses it), then given jobs: the pause is logged before the jobs."""
+    d = new_dir("pause_before_put")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    use(c, b"pz")
+    c.cmd(b"pause-tube pz 3600\r\n", b"PAUSED\r\n")
+    jid = put(c, b"put after the pause")
+    st0 = c.yaml(b"stats-tube pz")
+    check_eq(st0["pause"], "3600", "stats-tube pz pause before the restart")
+    c.close()
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    check_eq(peek_many(c, [jid])[jid], b"put after the pause", "the job survived")
+    st1 = c.yaml(b"stats-tube pz")
+    check(st1 is not None, "tube pz missing after the restart")
+    check_eq(st1["pause"], "3600", "stats-tube pz pause after the restart (pause-tube logged before the "
+                                   "tube's first job)")
+    check(int(st1["pause-time-left"]) >= 3590, "stats-tube pz pause-time-left %s" % st1["pause-time-left"])
+    c.close()
+    srv.stop_checked()
+
+
+def test_restart_unpause_persists():
+    """pause-tube t 3600, then pause-tube t 0 (ends the pause): after a
+    restart the tube must not be paused again."""
+    d = new_dir("unpause")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    use(c, b"up")
+    jid = put(c, b"in a tube paused and unpaused")
+    c.cmd(b"pause-tube up 3600\r\n", b"PAUSED\r\n")
+    c.cmd(b"pause-tube up 0\r\n", b"PAUSED\r\n")
+    check_eq(c.yaml(b"stats-tube up")["pause"], "0", "stats-tube up pause after pause-tube up 0")
+    c.close()
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    st = c.yaml(b"stats-tube up")
+    check_eq((st["pause"], st["pause-time-left"]), ("0", "0"),
+             "stats-tube up (pause, pause-time-left) after the restart (the pause was ended before it)")
+    c.cmd(b"watch up\r\n", b"WATCHING 2\r\n")
+    c.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", jid, b"in a tube paused and unpaused"),
+          "reserve from the unpaused tube after the restart")
+    c.close()
+    srv.stop_checked()
+
+
+def test_restart_delay_runs_while_down():
+    """Delays are wall-clock deadlines: they keep running while the server is
+    down. A 2 s delay is over after 3 s down; a 30 s one has <= 27 s left."""
+    d = new_dir("delay_down")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    short = put(c, b"delay 2", delay=2)
+    long_ = put(c, b"delay 30", delay=30)
+    c.close()
+    srv.stop_checked()
+    time.sleep(3.0)
+    srv.start()
+    c = srv.connect()
+    st = c.yaml(b"stats-job %d" % short)
+    check_eq(st["state"], "ready", "state of the 2 s job after 3 s down")
+    st = c.yaml(b"stats-job %d" % long_)
+    check_eq(st["state"], "delayed", "state of the 30 s job after 3 s down")
+    check(int(st["time-left"]) <= 27, "time-left of the 30 s job after 3 s down: %s, want <= 27"
+          % st["time-left"])
+    check(int(st["time-left"]) >= 24, "time-left of the 30 s job after 3 s down: %s, want >= 24"
+          % st["time-left"])
+    c.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", short, b"delay 2"), "reserve the 2 s job")
+    c.close()
+    srv.stop_checked()
+
+
+# ---- 2. crashes under concurrent load -------------------------------------------------
+
+CRASH_CYCLES = 20
+CRASH_WORKERS = 4
+
+
+class CrashWorker(threading.Thread):
+    """Puts random bodies and deletes its own acknowledged jobs until the
+    connection dies. Everything is recorded only when the reply arrived."""
+
+    def __init__(self, srv, k, pool, seed, max_known, stop):
+        super().__init__(daemon=True)
+        self.srv, self.k, self.pool = srv, k, list(pool)
+        self.rng = random.Random(seed)
+        self.max_known = max_known
+        self.stop_ev = stop
+        self.tube = b"crash-%d" % k
+        self.acked_puts = {}      # id -> body
+        self.acked_deletes = []   # ids
+        self.in_doubt = None      # id of a delete without a reply
+        self.errors = []
+        self.reused = []
+
+    def body(self):
+        n = self.rng.randint(1, 2000)
+        b = bytearray(self.rng.randbytes(n))
+        if n >= 4 and self.rng.random() < 0.3:
+            i = self.rng.randrange(n - 3)
+            b[i:i + 4] = b"\r\n\x00\r"
+        return bytes(b)
+
+    def run(self):
+        c = None
+        t_end = time.monotonic() + 10.0
+        try:
+            c = self.srv.connect(timeout=READ_TIMEOUT)
+            use(c, self.tube)
+            for _op in range(200000):
+                if self.stop_ev.is_set() or time.monotonic() > t_end:
+                    break
+                if self.pool and self.rng.random() < 0.35:
+                    jid = self.pool.pop(self.rng.randrange(len(self.pool)))
+                    self.in_doubt = jid
+                    c.send(b"delete %d\r\n" % jid)
+                    line = c.read_line(what="delete %d" % jid)
+                    self.in_doubt = None
+                    if line == b"DELETED\r\n":
+                        self.acked_deletes.append(jid)
+                    else:
+                        self.errors.append("delete %d of an acknowledged live job: %s" % (jid, show(line)))
+                        return
+                else:
+                    body = self.body()
+                    c.send(put_cmd(body))
+                    line = c.read_line(what="put")
+                    if not line.startswith(b"INSERTED "):
+                        self.errors.append("put: %s" % show(line))
+                        return
+                    jid = int(line[9:-2])
+                    if jid <= self.max_known:
+                        self.reused.append(jid)
+                    self.acked_puts[jid] = body
+                    self.pool.append(jid)
+        except ConnLost:
+            pass  # the server was killed
+        except (AssertionError, OSError) as e:
+            if not self.stop_ev.is_set():
+                self.errors.append("worker %d before the kill: %s" % (self.k, e))
+        finally:
+            if c:
+                c.close()
+
+
+def check_crash_cycles(extra_args, name):
+    rng = random.Random(SEED + 2)
+    d = new_dir(name)
+    srv = Server(d, ["-f", "0"] + extra_args)
+    present = {}      # id -> (worker, body): acknowledged and not deleted
+    gone = set()      # acknowledged deletes, and in-doubt deletes seen done
+    doubt = {}        # id -> (worker, body): delete sent, no reply
+    totals = {"puts": 0, "deletes": 0, "doubt_kept": 0, "doubt_gone": 0, "cycles": 0}
+    t0 = time.monotonic()
+    max_known = 0
+
+    def verify(when):
+        c = srv.connect(timeout=10.0)
+        got = peek_many(c, sorted(present))
+        missing = [j for j in sorted(present) if got[j] is None]
+        wrong = [j for j in sorted(present) if got[j] is not None and got[j] != present[j][1]]
+        check(not missing, "%s: %d acknowledged puts are missing, e.g. ids %s"
+              % (when, len(missing), missing[:10]))
+        check(not wrong, "%s: %d jobs have another body, e.g. id %d: got %s, want %s"
+              % (when, len(wrong), wrong[0], show(got[wrong[0]], 60), show(present[wrong[0]][1], 60))
+              if wrong else "")
+        got = peek_many(c, sorted(gone))
+        back = [j for j in sorted(gone) if got[j] is not None]
+        check(not back, "%s: %d acknowledged deletes came back, e.g. ids %s" % (when, len(back), back[:10]))
+        got = peek_many(c, sorted(doubt))
+        for j, (k, body) in sorted(doubt.items()):
+            if got[j] is None:
+                gone.add(j)
+                totals["doubt_gone"] += 1
+            else:
+                check_eq(got[j], body, "%s: body of job %d (delete without reply)" % (when, j))
+                present[j] = (k, body)
+                totals["doubt_kept"] += 1
+        doubt.clear()
+        c.close()
+
+    for cycle in range(CRASH_CYCLES):
+        srv.start()  # a kill may leave a torn tail: no check of stderr here
+        if cycle:
+            verify("cycle %d, after the restart" % cycle)
+        stop = threading.Event()
+        workers = []
+        for k in range(CRASH_WORKERS):
+            pool = [j for j, (w, _b) in present.items() if w == k]
+            workers.append(CrashWorker(srv, k, pool, rng.randrange(1 << 30), max_known, stop))
+        for w in workers:
+            w.start()
+        time.sleep(rng.uniform(0.2, 1.5))
+        srv.kill()
+        stop.set()
+        for w in workers:
+            w.join(15)
+        check(not any(w.is_alive() for w in workers), "cycle %d: a worker is still running 15 s after the kill"
+              % cycle)
+        errors = [e for w in workers for e in w.errors]
+        check(not errors, "cycle %d: %s" % (cycle, "; ".join(errors[:3])))
+        reused = sorted(j for w in workers for j in w.reused)
+        check(not reused, "cycle %d: ids %s handed out again (<= %d, the highest id of earlier cycles)"
+              % (cycle, reused[:10], max_known))
+        for w in workers:
+            for jid, body in w.acked_puts.items():
+                present[jid] = (w.k, body)
+                max_known = max(max_known, jid)
+            for jid in w.acked_deletes:
+                present.pop(jid, None)
+                gone.add(jid)
+            if w.in_doubt is not None and w.in_doubt in present:
+                doubt[w.in_doubt] = present.pop(w.in_doubt)
+            totals["puts"] += len(w.acked_puts)
+            totals["deletes"] += len(w.acked_deletes)
+        max_known = max([max_known] + list(gone) + list(doubt))
+        totals["cycles"] += 1
+        check(time.monotonic() - t0 < 150, "crash cycles take too long (%.0f s after %d cycles)"
+              % (time.monotonic() - t0, cycle + 1))
+    srv.start()
+    verify("after the last crash")
+    c = srv.connect()
+    new_id = put(c, b"after the crashes")
+    check(new_id > max_known, "put after the crashes got id %d, want > %d" % (new_id, max_known))
+    last_stats = c.yaml(b"stats")
+    c.close()
+    srv.stop_checked()
+    st_line = "binlog-oldest-index %s, binlog-current-index %s, binlog-records-migrated %s" % tuple(
+        last_stats.get(k) for k in ("binlog-oldest-index", "binlog-current-index", "binlog-records-migrated"))
+    log("%s: %d cycles, %d acknowledged puts, %d acknowledged deletes, %d live at the end, "
+        "deletes without reply: %d kept / %d done, %.1f s; at the end %s"
+        % (name, totals["cycles"], totals["puts"], totals["deletes"], len(present), totals["doubt_kept"],
+           totals["doubt_gone"], time.monotonic() - t0, st_line))
+    check(totals["puts"] >= 200, "only %d acknowledged puts in %d cycles: the load did not run"
+          % (totals["puts"], totals["cycles"]))
+    check(totals["deletes"] >= 50, "only %d acknowledged deletes: the load did not run" % totals["deletes"])
+
+
+def test_crash_cycles():
+    check_crash_cycles([], "crash")
+
+
+def test_crash_cycles_small_segments():
+    """The same with -s 262144: segments rotate and compaction runs (and is
+    interrupted) under the kills."""
+    check_crash_cycles(["-s", "262144"], "crash_small_segments")
+
+
+# ---- 3. compaction keeps the directory small ---------------------------------------------
+
+SEG = 65536
+
+
+class DirSampler(threading.Thread):
+    """Samples the directory's total size every 2 ms until stopped (<= 120 s)."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path = path
+        self.max = 0
+        self.at_max = []  # [(segment index, size)] when the maximum was seen
+        self.stop_ev = threading.Event()
+
+    def sample(self):
+        try:
+            segs = segments(self.path)
+        except OSError:
+            return
+        total = sum(segs.values())
+        if total > self.max:
+            self.max = total
+            self.at_max = sorted(segs.items())
+
+    def run(self):
+        t_end = time.monotonic() + 120
+        while not self.stop_ev.is_set() and time.monotonic() < t_end:
+            self.sample()
+            time.sleep(0.002)
+
+    def finish(self):
+        self.stop_ev.set()
+        self.join(5)
+        self.sample()
+        return self.max
+
+
+def stats_int(c, key):
+    st = c.yaml(b"stats")
+    check(key in st, "stats has no %s" % key)
+    return int(st[key])
+
+
+def test_compaction_release_churn():
+    n_jobs, iterations, chunk = 100, 20000, 250
+    d = new_dir("compact_release")
+    srv = Server(d, ["-s", str(SEG)]).start()
+    c = srv.connect(timeout=20.0)
+    bodies = {}
+    for i in range(n_jobs):
+        body = (b"%03d-" % i) * 25
+        jid = put(c, body)
+        bodies[jid] = body
+    ids = sorted(bodies)
+    live = n_jobs * put_record_size("default", 100)
+    bound = 4 * SEG + 3 * live  # docs/durability.md: 3 x live + segments + one batch
+    logged = live
+    sampler = DirSampler(d)
+    sampler.start()
+    max_after_chunk = 0
+    try:
+        for start in range(0, iterations, chunk):
+            send, want = [], []
+            for i in range(start, start + chunk):
+                jid = ids[i % n_jobs]
+                send.append(b"reserve-job %d\r\nrelease %d 0 1000\r\n" % (jid, jid))
+                want.append(job_reply(b"RESERVED", jid, bodies[jid]) + b"RELEASED\r\n")
+            c.send(b"".join(send))
+            c.expect(b"".join(want), "reserve-job/release chunk at iteration %d" % start, timeout=20.0)
+            logged += chunk * update_record_size("default")
+            size = dir_size(d)
+            max_after_chunk = max(max_after_chunk, size)
+            check(size <= bound, "after %d iterations the directory holds %d bytes, want <= %d "
+                  "(4 * %d + 2 * %d live); segments (index, bytes): %s"
+                  % (start + chunk, size, bound, SEG, live, sorted(segments(d).items())))
+    finally:
+        max_seen = sampler.finish()
+    time.sleep(0.2)  # -f 50: the last batch is synced by then
+    st = c.yaml(b"stats")
+    end_size = dir_size(d)
+    log("compaction (release churn): %d iterations, ~%d bytes logged (record sizes), binlog-records-written %s, "
+        "binlog-records-migrated %s, segments %s..%s; dir max %d bytes (sampled every 2 ms), %d after a chunk, "
+        "%d at the end; live %d; bound %d"
+        % (iterations, logged, st["binlog-records-written"], st["binlog-records-migrated"],
+           st["binlog-oldest-index"], st["binlog-current-index"], max_seen, max_after_chunk, end_size, live,
+           bound))
+    check(logged > 2 * bound, "the test logged only %d bytes, not enough to need compaction" % logged)
+    check(int(st["binlog-oldest-index"]) > 1, "binlog-oldest-index is %s: no segment was ever deleted"
+          % st["binlog-oldest-index"])
+    check(int(st["binlog-records-migrated"]) > 0, "binlog-records-migrated is 0: no compaction")
+    check(max_seen <= bound, "the directory reached %d bytes, want <= %d; segments then (index, bytes): %s"
+          % (max_seen, bound, sampler.at_max))
+    check(end_size <= bound, "the directory holds %d bytes at the end, want <= %d" % (end_size, bound))
+    c.close()
+    # every job is still there, delayed for ~1000 s
+    srv.restart(signal.SIGTERM)
+    check_no_torn(srv, "restart after the release churn")
+    c = srv.connect()
+    got = peek_many(c, ids)
+    for jid in ids:
+        check_eq(got[jid], bodies[jid], "job %d after the restart" % jid)
+    st = c.yaml(b"stats")
+    check_eq(st["current-jobs-delayed"], str(n_jobs), "delayed jobs after the restart")
+    c.close()
+    srv.stop_checked()
+
+
+def test_compaction_put_delete_churn():
+    n_keep, pairs, chunk = 1000, 30000, 250
+    d = new_dir("compact_churn")
+    srv = Server(d, ["-s", str(SEG), "-f", "0"]).start()
+    c = srv.connect(timeout=20.0)
+    use(c, b"keep")
+    keep = {}
+    for start in range(0, n_keep, chunk):
+        part = [b"keep-%06d-" % i + b"k" * 88 for i in range(start, start + chunk)]
+        c.send(b"".join(put_cmd(b) for b in part))
+        for b in part:
+            keep[read_inserted(c, "put of a long-lived job")] = b
+    use(c, b"churn")
+    live = n_keep * put_record_size("keep", 100)
+    bound = 4 * SEG + 3 * live  # docs/durability.md: 3 x live + segments + one batch
+    logged = live
+    churn_ids = []
+    max_after_chunk = 0
+    sampler = DirSampler(d)
+    sampler.start()
+    try:
+        for start in range(0, pairs, chunk):
+            bodies = [b"churn-%06d-" % i + b"c" * 87 for i in range(start, start + chunk)]
+            c.send(b"".join(put_cmd(b) for b in bodies))
+            ids = [read_inserted(c, "churn put") for _ in bodies]
+            c.send(b"".join(b"delete %d\r\n" % j for j in ids))
+            c.expect(b"DELETED\r\n" * len(ids), "churn deletes at pair %d" % start, timeout=20.0)
+            churn_ids += ids
+            logged += chunk * (put_record_size("churn", 100) + DELETE_RECORD_SIZE)
+            size = dir_size(d)
+            max_after_chunk = max(max_after_chunk, size)
+            check(size <= bound, "after %d pairs the directory holds %d bytes, want <= %d; segments "
+                  "(index, bytes): %s" % (start + chunk, size, bound, sorted(segments(d).items())))
+    finally:
+        max_seen = sampler.finish()
+    st = c.yaml(b"stats")
+    end_size = dir_size(d)
+    log("compaction (put/delete churn): %d pairs, ~%d bytes logged, binlog-records-written %s, "
+        "binlog-records-migrated %s, segments %s..%s; dir max %d bytes (sampled every 2 ms), %d after a chunk, "
+        "%d at the end; live %d; bound %d"
+        % (pairs, logged, st["binlog-records-written"], st["binlog-records-migrated"],
+           st["binlog-oldest-index"], st["binlog-current-index"], max_seen, max_after_chunk, end_size, live,
+           bound))
+    check(int(st["binlog-oldest-index"]) > 1, "binlog-oldest-index is %s: no segment was ever deleted"
+          % st["binlog-oldest-index"])
+    batch = chunk * put_record_size("churn", 100)
+    check(max_seen <= bound, "the directory reached %d bytes, want <= %d = 4 * %d + 3 * %d live "
+          "(docs/durability.md promises < 2 x live + 2 segments + one batch = %d; but while a snapshot is "
+          "written the old segments are still there: up to 3 * live + segment + one batch = %d); segments then "
+          "(index, bytes): %s"
+          % (max_seen, bound, SEG, live, 2 * live + 2 * SEG + batch, 3 * live + SEG + batch, sampler.at_max))
+    c.close()
+    max_id = max(churn_ids)
+    srv.restart(signal.SIGKILL)  # -f 0: everything acknowledged is on disk
+    c = srv.connect(timeout=20.0)
+    got = peek_many(c, sorted(keep))
+    missing = [j for j in sorted(keep) if got[j] != keep[j]]
+    check(not missing, "%d long-lived jobs missing or changed after the restart, e.g. %s"
+          % (len(missing), missing[:10]))
+    got = peek_many(c, churn_ids, chunk=1000)
+    back = [j for j in churn_ids if got[j] is not None]
+    check(not back, "%d deleted churn jobs came back, e.g. %s" % (len(back), back[:10]))
+    new_id = put(c, b"after the churn")
+    check(new_id > max_id, "put after the restart got id %d, want > %d (the highest id given out)"
+          % (new_id, max_id))
+    c.close()
+    srv.stop_checked()
+
+
+def test_ids_not_reused_after_compaction():
+    """Job K lives; job X (a higher id) is put and deleted; then only updates
+    of K are logged until a compaction drops the segment with X's records.
+    After a restart a new put must still get an id above X."""
+    d = new_dir("ids_compaction")
+    srv = Server(d, ["-s", "4096", "-f", "0"]).start()
+    c = srv.connect()
+    k = put(c, b"K" * 200)
+    x = put(c, b"X, deleted")
+    c.cmd(b"delete %d\r\n" % x, b"DELETED\r\n")
+    compacted = False
+    t_end = time.monotonic() + 20
+    for i in range(200):
+        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
+        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
+        st = c.yaml(b"stats")
+        if int(st["binlog-oldest-index"]) > 1:
+            compacted = True
+            break
+        check(time.monotonic() < t_end, "no compaction within 20 s")
+    check(compacted, "no compaction after 2000 releases with -s 4096")
+    c.close()
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    check_eq(peek_many(c, [k])[k], b"K" * 200, "job K after the restart")
+    check_eq(peek_many(c, [x])[x], None, "deleted job X after the restart")
+    new_id = put(c, b"new after compaction")
+    check(new_id > x, "put after compaction + restart got id %d, want > %d (id %d was given out and deleted "
+          "before the compaction; ids must not be reused)" % (new_id, x, x))
+    c.close()
+    srv.stop_checked()
+
+
+# ---- 4. disk full (injected with a file-size limit) ---------------------------------------
+
+def set_fsize(pid, soft):
+    """Set RLIMIT_FSIZE of pid (soft limit; the hard one is left unlimited so
+    that no privilege is needed to raise it again). prlimit(1) if present,
+    else the same syscall through the resource module."""
+    value = "unlimited" if soft is None else str(soft)
+    exe = shutil.which("prlimit")
+    if exe:
+        r = subprocess.run([exe, "--pid", str(pid), "--fsize=%s:unlimited" % value],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=10)
+        check(r.returncode == 0, "prlimit --pid %d --fsize=%s:unlimited failed: %s"
+              % (pid, value, r.stdout.decode(errors="replace")))
+        return "prlimit"
+    import resource
+    if not hasattr(resource, "prlimit"):
+        raise AssertionError("cannot inject a write failure: prlimit(1) is not installed (apt-get install "
+                             "util-linux) and this Python has no resource.prlimit")
+    lim = resource.RLIM_INFINITY if soft is None else soft
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (lim, resource.RLIM_INFINITY))
+    return "resource.prlimit"
+
+
+def test_disk_full_refuses_puts_then_recovers():
+    d = new_dir("disk_full")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    use(c, b"old")
+    acked = {}
+    old = []
+    for i in range(3):
+        body = b"before the failure %d" % i
+        jid = put(c, body)
+        acked[jid] = body
+        old.append(jid)
+    c.close()
+    largest = max(segments(d).values())
+    limit = largest + 64
+    how = set_fsize(srv.proc.pid, limit)
+    log("disk full: file-size limit %d bytes (largest segment %d) set with %s" % (limit, largest, how))
+    held = []        # (connection, body) of puts without a reply yet
+    refused_at = None
+    try:
+        for attempt in range(1, 7):
+            p = srv.connect(timeout=2.0)
+            use(p, b"new")
+            body = b"during the failure %d " % attempt + b"f" * 500
+            p.send(put_cmd(body))
+            try:
+                line = p.read_line(timeout=2.0)
+            except ConnLost:
+                raise
+            except AssertionError:
+                held.append((p, body))  # its record was appended: held until the log works
+                continue
+            if line == b"OUT_OF_MEMORY\r\n":
+                refused_at = attempt
+                p.close()
+                break
+            p.close()
+            raise AssertionError("put %d while no byte can be written: got %s, want OUT_OF_MEMORY "
+                                 "(or no reply until the log works)" % (attempt, show(line)))
+        check(refused_at is not None and refused_at <= 4,
+              "no put answered OUT_OF_MEMORY within 4 attempts (held: %d, refused at %r); stderr: %s"
+              % (len(held), refused_at, srv.stderr()[-600:]))
+        check(len(held) <= 2, "%d puts held, want at most 2" % len(held))
+        check("event=wal_failure" in srv.stderr(), "stderr has no event=wal_failure: %s" % srv.stderr()[-600:])
+        # reserve and delete of existing jobs still answer
+        b = srv.connect(timeout=2.0)
+        b.cmd(b"watch old\r\n", b"WATCHING 2\r\n")
+        b.cmd(b"ignore default\r\n", b"WATCHING 1\r\n")
+        b.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", old[0], acked[old[0]]),
+              "reserve during the failure", timeout=2.0)
+        b.cmd(b"delete %d\r\n" % old[0], b"DELETED\r\n", "delete of the reserved job during the failure",
+              timeout=2.0)
+        b.cmd(b"delete %d\r\n" % old[1], b"DELETED\r\n", "delete of a ready job during the failure", timeout=2.0)
+        b.cmd(b"peek %d\r\n" % old[2], job_reply(b"FOUND", old[2], acked[old[2]]), "peek during the failure",
+              timeout=2.0)
+        del acked[old[0]], acked[old[1]]
+        b.close()
+        # a second refusal, still failing
+        p = srv.connect(timeout=2.0)
+        p.cmd(put_cmd(b"still failing"), b"OUT_OF_MEMORY\r\n", "put while the limit is still there", timeout=2.0)
+        p.close()
+    finally:
+        set_fsize(srv.proc.pid, None)
+    t_lift = time.monotonic()
+    inserted = None
+    for attempt in range(40):
+        if time.monotonic() - t_lift > 3.5:
+            break
+        p = srv.connect(timeout=2.0)
+        body = b"after the recovery %d" % attempt
+        p.send(put_cmd(body))
+        line = p.read_line(timeout=2.0)
+        p.close()
+        if line.startswith(b"INSERTED "):
+            inserted = int(line[9:-2])
+            acked[inserted] = body
+            break
+        check_eq(line, b"OUT_OF_MEMORY\r\n", "put after the limit was lifted")
+        time.sleep(0.1)
+    took = time.monotonic() - t_lift
+    check(inserted is not None, "puts still refused %.1f s after the limit was lifted; stderr: %s"
+          % (took, srv.stderr()[-600:]))
+    log("disk full: OUT_OF_MEMORY at put attempt %d; puts accepted again %.2f s after the limit was lifted; "
+        "%d put(s) were held until then" % (refused_at, took, len(held)))
+    check("event=wal_recovered" in srv.stderr(), "stderr has no event=wal_recovered: %s" % srv.stderr()[-600:])
+    for p, body in held:
+        jid = read_inserted(p, "held put after the recovery")
+        acked[jid] = body
+        p.close()
+    srv.restart(signal.SIGKILL)
+    c = srv.connect()
+    got = peek_many(c, sorted(acked))
+    for jid, body in acked.items():
+        check_eq(got[jid], body, "acknowledged job %d after the restart" % jid)
+    got = peek_many(c, old[:2])
+    for jid in old[:2]:
+        check_eq(got[jid], None, "job %d deleted during the failure, after the restart" % jid)
+    c.close()
+    srv.stop_checked()
+
+
+# ---- 5. the lock --------------------------------------------------------------------------
+
+def test_lock_second_server_refused():
+    d = new_dir("lock")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jid = put(c, b"first server")
+    argv = [BINARY, "-l", "127.0.0.1", "-p", str(free_port())] + NO_HTTP + ["-b", d]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=5)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a second server on the same directory still runs after 5 s (killed)") from None
+    took = time.monotonic() - t0
+    err = r.stderr.decode(errors="replace")
+    check(r.returncode != 0, "the second server exited with status 0; stderr: %s" % err)
+    check("lock" in err.lower(), "the second server's message does not mention the lock: %r" % err)
+    check(took < 3, "the second server took %.1f s to give up" % took)
+    check(not any(m in err for m in SANITIZER_MARKERS), "sanitizer report from the second server: %s" % err)
+    # the first one is unharmed
+    jid2 = put(c, b"first server, still")
+    got = peek_many(c, [jid, jid2])
+    check_eq(got[jid], b"first server", "first job")
+    check_eq(got[jid2], b"first server, still", "second job")
+    c.close()
+    srv.stop_checked()
+    # the lock goes with the process
+    srv.start()
+    c = srv.connect()
+    check_eq(peek_many(c, [jid2])[jid2], b"first server, still", "job after a restart on the directory")
+    c.close()
+    srv.stop_checked()
+
+
+# ---- 6. torn and corrupt tails ----------------------------------------------------------
+
+def newest_segment(d):
+    segs = segments(d)
+    check(segs, "no segment in %s" % d)
+    i = max(segs)
+    return os.path.join(d, "beangate.%d.wal" % i), segs[i]
+
+
+def test_torn_tail_garbage_appended():
+    d = new_dir("torn_garbage")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jobs = {}
+    for i in range(20):
+        body = b"job %d " % i + bytes(range(i, i + 40))
+        jobs[put(c, body, pri=i)] = body
+    c.close()
+    srv.stop_checked()
+    path, size = newest_segment(d)
+    check(size > JOURNAL_HEADER, "the newest segment %s has no records (%d bytes)" % (path, size))
+    garbage = bytes(random.Random(SEED + 6).randbytes(37))
+    with open(path, "ab") as f:
+        f.write(garbage)
+    srv.start()
+    err = srv.stderr()
+    check(any(e in err for e in ("event=wal_torn_tail", "event=wal_corrupt_record")),
+          "no event=wal_torn_tail / wal_corrupt_record on stderr after 37 garbage bytes: %s" % err[-600:])
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs))
+    for jid, body in jobs.items():
+        check_eq(got[jid], body, "job %d after the garbage tail" % jid)
+    new_id = put(c, b"after the garbage")
+    check(new_id > max(jobs), "put after the restart got id %d, want > %d" % (new_id, max(jobs)))
+    jobs[new_id] = b"after the garbage"
+    c.close()
+    # and once more: the damaged segment and the new one together
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs))
+    for jid, body in jobs.items():
+        check_eq(got[jid], body, "job %d after a second restart" % jid)
+    c.close()
+    srv.stop_checked()
+
+
+def test_torn_tail_last_record_cut():
+    d = new_dir("torn_cut")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jobs = {}
+    for i in range(20):
+        body = b"cut test %d " % i + b"x" * (50 + i)
+        jobs[put(c, body)] = body  # one record per synced batch
+    last = max(jobs)
+    c.close()
+    srv.kill()
+    path, size = newest_segment(d)
+    check(size >= JOURNAL_HEADER + put_record_size("default", len(jobs[last])),
+          "the newest segment is too short (%d bytes) to hold the last put" % size)
+    with open(path, "r+b") as f:
+        f.truncate(size - 5)
+    srv.start()
+    err = srv.stderr()
+    check(any(e in err for e in ("event=wal_torn_tail", "event=wal_corrupt_record")),
+          "no event=wal_torn_tail / wal_corrupt_record on stderr after cutting the last record: %s" % err[-600:])
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs))
+    for jid, body in jobs.items():
+        if jid == last:
+            check_eq(got[jid], None, "job %d whose record was cut (the reader must not guess)" % jid)
+        else:
+            check_eq(got[jid], body, "job %d (complete record) after the cut" % jid)
+    c.close()
+    srv.stop_checked()
+
+
+def test_torn_empty_newest_segment():
+    """A crash right after a segment file was created leaves it empty (no
+    header): it is ignored, everything before it is kept."""
+    d = new_dir("torn_empty")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jobs = {}
+    for i in range(5):
+        jobs[put(c, b"before the empty segment %d" % i)] = b"before the empty segment %d" % i
+    c.close()
+    srv.kill()
+    newest = max(segments(d))
+    open(os.path.join(d, "beangate.%d.wal" % (newest + 1)), "wb").close()
+    srv.start()
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs))
+    for jid, body in jobs.items():
+        check_eq(got[jid], body, "job %d after an empty newest segment" % jid)
+    new_id = put(c, b"after")
+    check(new_id > max(jobs), "put after the restart got id %d, want > %d" % (new_id, max(jobs)))
+    c.close()
+    srv.stop_checked()
+
+
+# ---- 7. -f 50 and -F flush at exit ------------------------------------------------------
+
+def check_mode_survives_sigterm(mode_args, name):
+    d = new_dir("mode_" + name)
+    srv = Server(d, mode_args).start()
+    c = srv.connect()
+    jobs = {}
+    states = {}
+    use(c, b"m1")
+    cmds = []
+    bodies = []
+    for i in range(200):
+        body = b"%s job %d\r\n\x00" % (name.encode(), i)
+        bodies.append(body)
+        cmds.append(put_cmd(body, pri=i, delay=1000 if i % 10 == 0 else 0))
+    c.send(b"".join(cmds))
+    for i, body in enumerate(bodies):
+        jid = read_inserted(c, "put %d" % i)
+        jobs[jid] = body
+        states[jid] = "delayed" if i % 10 == 0 else "ready"
+    bury = sorted(j for j, s in states.items() if s == "ready")[:5]
+    for jid in bury:
+        c.cmd(b"reserve-job %d\r\n" % jid, job_reply(b"RESERVED", jid, jobs[jid]))
+        c.cmd(b"bury %d 5\r\n" % jid, b"BURIED\r\n")
+        states[jid] = "buried"
+    gone = sorted(jobs)[-3:]
+    for jid in gone:
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n")
+        del jobs[jid], states[jid]
+    c.close()
+    srv.stop_checked()  # right away: the tail is written at exit
+    srv.start()
+    check_no_torn(srv, name + " restart")
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs) + gone)
+    for jid in gone:
+        check_eq(got[jid], None, "%s: deleted job %d after the restart" % (name, jid))
+    for jid, body in jobs.items():
+        check_eq(got[jid], body, "%s: job %d after the restart" % (name, jid))
+        st = c.yaml(b"stats-job %d" % jid)
+        check_eq(st["state"], states[jid], "%s: state of job %d" % (name, jid))
+    c.close()
+    srv.stop_checked()
+
+
+def test_fsync_modes_f50_survives_sigterm():
+    check_mode_survives_sigterm(["-f", "50"], "f50")
+
+
+def test_fsync_modes_F_survives_sigterm():
+    check_mode_survives_sigterm(["-F"], "F")
+
+
+class PutStream(threading.Thread):
+    """Pipelines puts (20 per write) and records every INSERTED, until the
+    connection dies."""
+
+    def __init__(self, srv, seed):
+        super().__init__(daemon=True)
+        self.srv = srv
+        self.rng = random.Random(seed)
+        self.acked = {}
+        self.error = None
+        self.stopping = False
+
+    def run(self):
+        c = None
+        t_end = time.monotonic() + 15
+        try:
+            c = self.srv.connect(timeout=READ_TIMEOUT)
+            for _round in range(100000):
+                if time.monotonic() > t_end:
+                    break
+                bodies = [self.rng.randbytes(self.rng.randint(1, 3000)) for _ in range(20)]
+                c.send(b"".join(put_cmd(b) for b in bodies))
+                for b in bodies:
+                    line = c.read_line(what="put")
+                    if not line.startswith(b"INSERTED "):
+                        if not self.stopping:
+                            self.error = "put: %s" % show(line)
+                        return
+                    self.acked[int(line[9:-2])] = b
+        except ConnLost:
+            pass
+        except (AssertionError, OSError) as e:
+            if not self.stopping:
+                self.error = str(e)
+        finally:
+            if c:
+                c.close()
+
+
+def check_sigterm_under_load(mode_args, name, rounds=5):
+    rng = random.Random(SEED + 7)
+    d = new_dir("load_" + name)
+    srv = Server(d, mode_args)
+    acked = {}
+
+    def verify(when):
+        c = srv.connect(timeout=10.0)
+        got = peek_many(c, sorted(acked))
+        c.close()
+        missing = [j for j in sorted(acked) if got[j] is None]
+        changed = [j for j in sorted(acked) if got[j] is not None and got[j] != acked[j]]
+        err = srv.stderr()
+        torn = [line for line in err.splitlines() if any(e in line for e in TORN_EVENTS)]
+        problems = []
+        if missing:
+            problems.append("%d of %d acknowledged puts missing (ids %d..%d, e.g. %s)"
+                            % (len(missing), len(acked), missing[0], missing[-1], missing[:8]))
+        if changed:
+            problems.append("%d acknowledged puts have another body (e.g. id %d)" % (len(changed), changed[0]))
+        if torn:
+            problems.append("the log was damaged although the server was only stopped with SIGTERM: %s"
+                            % "; ".join(torn[:3]))
+        check(not problems, "%s: %s: %s" % (name, when, "; ".join(problems)))
+
+    for rnd in range(rounds):
+        srv.start()
+        if rnd:
+            verify("restart %d after SIGTERM under load" % rnd)
+        streams = [PutStream(srv, rng.randrange(1 << 30)) for _ in range(2)]
+        for s in streams:
+            s.start()
+        time.sleep(rng.uniform(0.2, 0.6))
+        for s in streams:
+            s.stopping = True
+        srv.stop_checked()
+        for s in streams:
+            s.join(10)
+            check(not s.is_alive(), "%s: a writer still runs after the server stopped" % name)
+            check(s.error is None, "%s: writer: %s" % (name, s.error))
+            acked.update(s.acked)
+    srv.start()
+    verify("last restart after SIGTERM under load")
+    srv.stop_checked()
+    log("%s: %d acknowledged puts over %d SIGTERM restarts under load, all there" % (name, len(acked), rounds))
+
+
+def test_sigterm_under_load_f50():
+    check_sigterm_under_load(["-f", "50"], "f50")
+
+
+def test_sigterm_under_load_F():
+    check_sigterm_under_load(["-F"], "F")
+
+
+def test_sigterm_under_load_f0():
+    check_sigterm_under_load(["-f", "0"], "f0")
+
+
+# ---- 8. binlog stats ----------------------------------------------------------------------
+
+def test_binlog_stats():
+    d = new_dir("binlog_stats")
+    srv = Server(d, ["-f", "0", "-s", "10000"]).start()
+    c = srv.connect()
+    st = c.yaml(b"stats")
+    check_eq(st.get("binlog-max-size"), "12288", "binlog-max-size with -s 10000 (rounded up to 4096)")
+    oldest, current = int(st["binlog-oldest-index"]), int(st["binlog-current-index"])
+    check(current >= oldest >= 1, "binlog-current-index %d >= binlog-oldest-index %d >= 1" % (current, oldest))
+    w0 = int(st["binlog-records-written"])
+    for i in range(5):
+        put(c, b"stats job %d" % i)
+    st = c.yaml(b"stats")
+    w1 = int(st["binlog-records-written"])
+    check(w1 >= w0 + 5, "binlog-records-written %d after 5 puts, was %d" % (w1, w0))
+    # more than a segment: the current index moves on
+    use(c, b"fill")
+    for i in range(40):
+        put(c, b"f" * 500)
+    st = c.yaml(b"stats")
+    w2 = int(st["binlog-records-written"])
+    check(w2 >= w1 + 40, "binlog-records-written %d after 40 more puts, was %d" % (w2, w1))
+    o2, c2 = int(st["binlog-oldest-index"]), int(st["binlog-current-index"])
+    check(c2 > current, "binlog-current-index %d after ~20 kB with -s 10000, was %d" % (c2, current))
+    check(c2 >= o2 >= 1, "binlog-current-index %d >= binlog-oldest-index %d >= 1" % (c2, o2))
+    check_eq(st.get("binlog-max-size"), "12288", "binlog-max-size later")
+    c.close()
+    srv.stop_checked()
+    # without -b: zeros, and beanstalkd's default size
+    srv = Server(None, []).start()
+    c = srv.connect()
+    st = c.yaml(b"stats")
+    for k in ("binlog-oldest-index", "binlog-current-index", "binlog-records-written", "binlog-records-migrated"):
+        check_eq(st.get(k), "0", "%s without -b" % k)
+    check_eq(st.get("binlog-max-size"), "10485760", "binlog-max-size without -b")
+    c.close()
+    srv.stop_checked()
+    for s_arg, want in (("65536", "65536"), ("1", "4096"), ("4097", "8192")):
+        srv = Server(new_dir("binlog_stats_s%s" % s_arg), ["-s", s_arg]).start()
+        c = srv.connect()
+        check_eq(c.yaml(b"stats").get("binlog-max-size"), want, "binlog-max-size with -s " + s_arg)
+        c.close()
+        srv.stop_checked()
+
+
+# ---- runner ---------------------------------------------------------------------------
+
+TESTS = [
+    test_restart_full_state_sigterm,
+    test_restart_full_state_sigkill,
+    test_restart_pause_of_tube_without_jobs,
+    test_restart_unpause_persists,
+    test_restart_delay_runs_while_down,
+    test_crash_cycles,
+    test_crash_cycles_small_segments,
+    test_compaction_release_churn,
+    test_compaction_put_delete_churn,
+    test_ids_not_reused_after_compaction,
+    test_disk_full_refuses_puts_then_recovers,
+    test_lock_second_server_refused,
+    test_torn_tail_garbage_appended,
+    test_torn_tail_last_record_cut,
+    test_torn_empty_newest_segment,
+    test_fsync_modes_f50_survives_sigterm,
+    test_fsync_modes_F_survives_sigterm,
+    test_sigterm_under_load_f50,
+    test_sigterm_under_load_F,
+    test_sigterm_under_load_f0,
+    test_binlog_stats,
+]
+
+
+def main(argv):
+    global BINARY, NO_HTTP, WORK, SEED
+    if len(argv) != 2:
+        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
+        return 2
+    BINARY = os.path.abspath(argv[1])
+    if not os.access(BINARY, os.X_OK):
+        print("not an executable: %s" % BINARY, file=sys.stderr)
+        return 2
+    try:
+        usage = subprocess.run([BINARY, "-h"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=10).stdout
+    except subprocess.TimeoutExpired:
+        usage = b""
+    NO_HTTP = ["--no-http"] if b"--no-http" in usage else []
+    SEED = int(os.environ.get("BEANGATE_DUR_SEED") or random.randrange(1 << 30))
+    print("seed %d (BEANGATE_DUR_SEED to repeat)" % SEED, flush=True)
+    only = set(os.environ.get("BEANGATE_DUR_ONLY", "").split()) or None
+    WORK = tempfile.mkdtemp(prefix="beangate-durability-")
+    passed = failed = 0
+    t_all = time.monotonic()
+    try:
+        for fn in TESTS:
+            name = fn.__name__
+            if only and name not in only and name[5:] not in only:
+                continue
+            t0 = time.monotonic()
+            error = None
+            try:
+                fn()
+            except AssertionError as e:
+                error = str(e)
+            except Exception as e:  # a broken test or an unexpected error
+                error = "%s: %s" % (type(e).__name__, e)
+            reports = stop_all()
+            if reports and not any(m in (error or "") for m in SANITIZER_MARKERS):
+                error = ((error + "; and ") if error else "") + "sanitizer report: " + " | ".join(reports)[:3000]
+            if error is not None:
+                failed += 1
+                print("FAIL %s: %s" % (name, error), flush=True)
+                continue
+            passed += 1
+            print("PASS %s (%.1f s)" % (name, time.monotonic() - t0), flush=True)
+    finally:
+        stop_all()
+        shutil.rmtree(WORK, ignore_errors=True)
+    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
+    print("durability: %d passed, %d failed" % (passed, failed), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
