@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# bench/smoke.sh BEANGATE BENCH - CI's check that the benchmark tool still
+# works: every scenario, small and bounded, against a fresh beangate on free
+# loopback ports. Not a performance test: it only checks that each run
+# completes without an unexpected reply.
+set -uo pipefail
+G="$1"; B="$2"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port); hport=$(free_port)
+"$G" -l 127.0.0.1 -p "$port" --http-listen 127.0.0.1 --http-port "$hport" 2>/dev/null & pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
+passed=0; failed=0
+run() {
+    if out=$("$B" -q --csv -p "$port" --http-port "$hport" --timeout 10 -s 5 "$@" 2>&1); then
+        passed=$((passed + 1)); echo "PASS $* -> $(echo "$out" | tail -1)"
+    else
+        failed=$((failed + 1)); echo "FAIL $*: $out"
+    fi
+}
+run -t put -c 2 -P 16 -d 100 -n 20000
+run -t reserve-delete -c 2 -P 16 -d 100 -n 10000
+run -t cycle -c 2 -d 100 -n 2000
+run -t tubes -c 1 -P 16 -d 100 -T 200 -W 20 -n 5000
+run -t http-put -c 4 -d 100 -n 2000
+run -t http-reserve-delete -c 4 -d 100 -n 1000
+echo "bench-smoke: $passed passed, $failed failed"
+[ "$failed" = 0 ]
