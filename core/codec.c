@@ -58,15 +58,45 @@ static void reply_word(struct bg_session *s, int outcome)
     s->out.len += n + 2;
 }
 
-/* "<word> <id> <bytes>\r\n<body>\r\n" */
-static void reply_job(struct bg_session *s, const char *word, const struct bg_job *j)
+/* Write v in decimal at p; returns the end. */
+static char *put_decimal(char *p, uint64_t v)
 {
-    if (bg_buf_printf(&s->out, "%s %llu %u\r\n", word, (unsigned long long)j->id,
-                      j->body_size - 2) != 0) {
+    char digits[20];
+    int n = 0;
+    do digits[n++] = (char)('0' + v % 10); while ((v /= 10) != 0);
+    while (n) *p++ = digits[--n];
+    return p;
+}
+
+/* "<word> <a>[ <b>]\r\n", then `extra` bytes of body: one reserve, no printf
+ * (the hot path of put and reserve). */
+static void reply_numbers(struct bg_session *s, const char *word, size_t word_len, uint64_t a,
+                          int with_b, uint64_t b, const char *extra, size_t extra_len)
+{
+    char *p = bg_buf_reserve(&s->out, word_len + 44 + extra_len);
+    if (!p) {
         s->state = BG_CLOSING;
         return;
     }
-    out_append(s, j->body, j->body_size);
+    char *start = p;
+    memcpy(p, word, word_len);
+    p += word_len;
+    *p++ = ' ';
+    p = put_decimal(p, a);
+    if (with_b) {
+        *p++ = ' ';
+        p = put_decimal(p, b);
+    }
+    *p++ = '\r';
+    *p++ = '\n';
+    if (extra_len) memcpy(p, extra, extra_len);
+    s->out.len += (size_t)(p - start) + extra_len;
+}
+
+/* "<word> <id> <bytes>\r\n<body>\r\n" */
+static void reply_job(struct bg_session *s, const char *word, const struct bg_job *j)
+{
+    reply_numbers(s, word, strlen(word), j->id, 1, j->body_size - 2, j->body, j->body_size);
 }
 
 /* ---- number parsing (reference semantics) ------------------------------ */
@@ -167,6 +197,7 @@ typedef void (*execute_fn)(struct bg_session *s, const struct request *r, bg_tim
 
 struct command {
     const char *match;  /* reference: matched as a prefix, in table order */
+    uint8_t match_len;
     enum bg_cmd cmd;
     enum arg_shape shape;
     execute_fn execute;
@@ -197,39 +228,39 @@ static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_ti
 /* reference: the order decides which prefix wins ("reserve-job " before
  * "reserve", "kick-job " before "kick ", "stats-tube " before "stats"). */
 static const struct command commands[] = {
-    {"put ", BG_CMD_PUT, ARGS_PUT, exec_put},
-    {"peek ", BG_CMD_PEEK, ARGS_ID, exec_peek},
-    {"peek-ready", BG_CMD_PEEK_READY, ARGS_NONE, exec_peek_state},
-    {"peek-delayed", BG_CMD_PEEK_DELAYED, ARGS_NONE, exec_peek_state},
-    {"peek-buried", BG_CMD_PEEK_BURIED, ARGS_NONE, exec_peek_state},
-    {"reserve-with-timeout ", BG_CMD_RESERVE_WITH_TIMEOUT, ARGS_TIMEOUT, exec_reserve},
-    {"reserve-job ", BG_CMD_RESERVE_JOB, ARGS_ID, exec_reserve_job},
-    {"reserve", BG_CMD_RESERVE, ARGS_NONE, exec_reserve},
-    {"delete ", BG_CMD_DELETE, ARGS_ID, exec_delete},
-    {"release ", BG_CMD_RELEASE, ARGS_RELEASE, exec_release},
-    {"bury ", BG_CMD_BURY, ARGS_BURY, exec_bury},
-    {"kick-job ", BG_CMD_KICK_JOB, ARGS_ID, exec_kick_job},
-    {"kick ", BG_CMD_KICK, ARGS_KICK, exec_kick},
-    {"touch ", BG_CMD_TOUCH, ARGS_ID, exec_touch},
-    {"stats-job ", BG_CMD_STATS_JOB, ARGS_ID, exec_stats_job},
-    {"stats-tube ", BG_CMD_STATS_TUBE, ARGS_NAME, exec_stats_tube},
-    {"stats", BG_CMD_STATS, ARGS_NONE, exec_stats},
-    {"use ", BG_CMD_USE, ARGS_NAME, exec_use},
-    {"watch ", BG_CMD_WATCH, ARGS_NAME, exec_watch},
-    {"ignore ", BG_CMD_IGNORE, ARGS_NAME, exec_ignore},
-    {"list-tubes-watched", BG_CMD_LIST_TUBES_WATCHED, ARGS_NONE, exec_list_tubes},
-    {"list-tube-used", BG_CMD_LIST_TUBE_USED, ARGS_NONE, exec_list_tube_used},
-    {"list-tubes", BG_CMD_LIST_TUBES, ARGS_NONE, exec_list_tubes},
-    {"quit", BG_CMD_QUIT, ARGS_NONE, exec_quit},
-    {"pause-tube", BG_CMD_PAUSE_TUBE, ARGS_PAUSE, exec_pause_tube},
+    {"put ", 4, BG_CMD_PUT, ARGS_PUT, exec_put},
+    {"peek ", 5, BG_CMD_PEEK, ARGS_ID, exec_peek},
+    {"peek-ready", 10, BG_CMD_PEEK_READY, ARGS_NONE, exec_peek_state},
+    {"peek-delayed", 12, BG_CMD_PEEK_DELAYED, ARGS_NONE, exec_peek_state},
+    {"peek-buried", 11, BG_CMD_PEEK_BURIED, ARGS_NONE, exec_peek_state},
+    {"reserve-with-timeout ", 21, BG_CMD_RESERVE_WITH_TIMEOUT, ARGS_TIMEOUT, exec_reserve},
+    {"reserve-job ", 12, BG_CMD_RESERVE_JOB, ARGS_ID, exec_reserve_job},
+    {"reserve", 7, BG_CMD_RESERVE, ARGS_NONE, exec_reserve},
+    {"delete ", 7, BG_CMD_DELETE, ARGS_ID, exec_delete},
+    {"release ", 8, BG_CMD_RELEASE, ARGS_RELEASE, exec_release},
+    {"bury ", 5, BG_CMD_BURY, ARGS_BURY, exec_bury},
+    {"kick-job ", 9, BG_CMD_KICK_JOB, ARGS_ID, exec_kick_job},
+    {"kick ", 5, BG_CMD_KICK, ARGS_KICK, exec_kick},
+    {"touch ", 6, BG_CMD_TOUCH, ARGS_ID, exec_touch},
+    {"stats-job ", 10, BG_CMD_STATS_JOB, ARGS_ID, exec_stats_job},
+    {"stats-tube ", 11, BG_CMD_STATS_TUBE, ARGS_NAME, exec_stats_tube},
+    {"stats", 5, BG_CMD_STATS, ARGS_NONE, exec_stats},
+    {"use ", 4, BG_CMD_USE, ARGS_NAME, exec_use},
+    {"watch ", 6, BG_CMD_WATCH, ARGS_NAME, exec_watch},
+    {"ignore ", 7, BG_CMD_IGNORE, ARGS_NAME, exec_ignore},
+    {"list-tubes-watched", 18, BG_CMD_LIST_TUBES_WATCHED, ARGS_NONE, exec_list_tubes},
+    {"list-tube-used", 14, BG_CMD_LIST_TUBE_USED, ARGS_NONE, exec_list_tube_used},
+    {"list-tubes", 10, BG_CMD_LIST_TUBES, ARGS_NONE, exec_list_tubes},
+    {"quit", 4, BG_CMD_QUIT, ARGS_NONE, exec_quit},
+    {"pause-tube", 10, BG_CMD_PAUSE_TUBE, ARGS_PAUSE, exec_pause_tube},
 };
 
 /* The table entry whose prefix the line starts with, or NULL. */
 static const struct command *command_lookup(const char *line)
 {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        size_t n = strlen(commands[i].match);
-        if (strncmp(line, commands[i].match, n) == 0) return &commands[i];
+        const struct command *c = &commands[i];
+        if (line[0] == c->match[0] && strncmp(line, c->match, c->match_len) == 0) return c;
     }
     return NULL;
 }
@@ -238,7 +269,7 @@ static const struct command *command_lookup(const char *line)
  * 0 or BG_BAD_FORMAT. */
 static int parse_args(const struct command *c, const char *line, size_t len, struct request *r)
 {
-    const char *p = line + strlen(c->match);
+    const char *p = line + c->match_len;
     const char *end;
     uint64_t v;
     memset(r, 0, sizeof *r);
@@ -246,7 +277,7 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
     switch (c->shape) {
     case ARGS_NONE:
         /* reference: quit ignores what follows; the others reject it */
-        return c->cmd == BG_CMD_QUIT || len == strlen(c->match) ? 0 : BG_BAD_FORMAT;
+        return c->cmd == BG_CMD_QUIT || len == c->match_len ? 0 : BG_BAD_FORMAT;
     case ARGS_ID:
         return read_uint(p, NULL, UINT64_MAX, &r->id);
     case ARGS_NAME:
@@ -366,9 +397,8 @@ static void finish_put(struct bg_session *s, bg_time now)
     uint64_t id = j->id;
     int r = bg_put(&s->client, s->client.use, j, now);
     if (r == 0 || r == BG_BURIED) {
-        if (bg_buf_printf(&s->out, "%s %llu\r\n", r == 0 ? "INSERTED" : "BURIED",
-                          (unsigned long long)id) != 0)
-            s->state = BG_CLOSING;
+        if (r == 0) reply_numbers(s, "INSERTED", 8, id, 0, 0, NULL, 0);
+        else reply_numbers(s, "BURIED", 6, id, 0, 0, NULL, 0);
         return;
     }
     reply_word(s, r);
