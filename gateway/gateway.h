@@ -9,6 +9,8 @@
  *   json.c    rendering of jobs, tubes, stats and problem+json errors
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   router.c  the route table and URL matching (no libmicrohttpd)
+ *   auth.c    optional bearer tokens, compared in constant time
+ *   metrics.c /metrics (Prometheus text), /livez, /readyz, request counters
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -30,6 +32,10 @@
 #define GW_BATCH_MAX 100              /* entries in a batch put or reserve */
 #define GW_BATCH_BODY_MAX (32u << 20) /* bytes of JSON in a batch put */
 
+#define GW_AUTH_TOKEN_MAX 512         /* bytes in one bearer token */
+#define GW_AUTH_TOKENS_MAX 256        /* tokens configured at most */
+#define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
+
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
     const char *port;             /* default 11301 */
@@ -39,6 +45,10 @@ struct gateway_config {
     uint64_t (*log_seq)(void *arg, int synced);
     int (*log_durable)(void *arg);
     void *log_arg;
+    const char *const *tokens;    /* bearer tokens (copied); none: no auth */
+    size_t token_count;
+    int metrics_auth;             /* /metrics needs a token too */
+    bg_time started_at;           /* the server's start, for uptime */
 };
 
 struct gateway;
@@ -53,6 +63,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
 void gateway_release_held(struct gateway *gw);
 /* Resume every suspended request, stop the daemon, free everything. */
 void gateway_stop(struct gateway *gw);
+/* /readyz answers 200 once the server says it serves (listeners up), and
+ * while it is not draining. The gateway starts not ready. NULL: no-op. */
+void gateway_set_ready(struct gateway *gw, int ready);
 
 /* ---- internal: shared by http.c and routes.c --------------------------- */
 
@@ -71,6 +84,11 @@ struct gw_request {
     int wait_outcome;             /* 0: got jobs; BG_TIMED_OUT */
     uint32_t want;                /* batch size asked for (0: single) */
     uint32_t got;
+    /* metrics: from the first access-handler call to the completion */
+    bg_time started;
+    int route;                    /* route table index; -1: no route */
+    int method;                   /* gw_metrics_method_index */
+    unsigned status;              /* status queued; 0: none yet */
     uint64_t job_ids[GW_BATCH_MAX]; /* reserved for this request, in order */
     uint32_t job_reserves[GW_BATCH_MAX];
     struct gw_request *next_woken;
@@ -96,6 +114,12 @@ struct gateway {
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
     struct gateway_config cfg;
+    struct gw_auth *auth;         /* NULL: no token configured */
+    int metrics_auth;
+    int ready;                    /* gateway_set_ready */
+    bg_time started_at;
+    uint64_t in_flight;           /* requests begun and not completed */
+    struct gw_metrics *metrics;
 };
 
 /* Answer with a JSON value (taken over) and a status. */
@@ -107,6 +131,10 @@ enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status,
 /* Answer with application/problem+json for an outcome or status. */
 enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
                                  const char *detail);
+/* The same with one more header (name may be NULL). */
+enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
+                                        const char *code, const char *detail,
+                                        const char *name, const char *value);
 /* The same with an Allow header (405). */
 enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
                                        const char *detail, const char *allow);
@@ -117,11 +145,12 @@ enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
 enum gw_route_id {
     R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_BATCH, R_TUBE_RESERVE, R_TUBE_KICK,
     R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
-    R_OPENAPI,
+    R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS,
 };
 #define GW_MAX_SEGMENTS 4
 struct gw_match {
     enum gw_route_id id;
+    int index;                    /* in the route table (gw_route_pattern) */
     const char *allow;            /* the methods the path allows */
     char buf[1024];
     char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf */
@@ -130,6 +159,10 @@ struct gw_match {
 /* Match method and url against the route table: 0 (m->id, m->seg set),
  * 404 (no such path) or 405 (m->allow lists the methods). */
 int gw_match_route(const char *method, const char *url, struct gw_match *m);
+/* The route table: its size, and the path pattern of entry i, such as
+ * "/tubes/{tube}/jobs" (the label of the HTTP metrics). */
+int gw_route_count(void);
+const char *gw_route_pattern(int i);
 
 /* routes.c: dispatch a complete request. */
 enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);
@@ -140,6 +173,36 @@ void gw_wake(struct gw_request *r);
 /* http.c: track / forget a suspended long-poll (resumed at shutdown). */
 void gw_list(struct gw_request *r);
 void gw_unlist(struct gw_request *r);
+
+/* auth.c: bearer tokens */
+struct gw_auth;
+/* Copy n tokens (each 1..GW_AUTH_TOKEN_MAX bytes). NULL if one is too long
+ * or memory ran out. */
+struct gw_auth *gw_auth_new(const char *const *tokens, size_t n);
+void gw_auth_free(struct gw_auth *a);
+/* Nonzero if token[0..len) is one of the tokens. Constant time: compares
+ * every byte of every configured token, whatever matches or not. */
+int gw_auth_match(const struct gw_auth *a, const char *token, size_t len);
+/* Nonzero if an Authorization header value is "Bearer <a token>". */
+int gw_auth_check(const struct gw_auth *a, const char *authorization);
+
+/* metrics.c */
+struct gw_metrics;
+struct gw_metrics *gw_metrics_new(void);
+void gw_metrics_free(struct gw_metrics *m);
+/* Index of an HTTP method for the metrics (unknown methods share one). */
+int gw_metrics_method_index(const char *method);
+const char *gw_metrics_method_name(int index);
+/* Count one finished request: route index (-1: none), method index,
+ * status (0: none was sent), and its duration. */
+void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned status,
+                        double seconds);
+/* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
+int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
+/* The handlers of /metrics, /livez and /readyz. */
+enum MHD_Result gw_reply_metrics(struct gw_request *r);
+enum MHD_Result gw_reply_livez(struct gw_request *r);
+enum MHD_Result gw_reply_readyz(struct gw_request *r);
 
 /* idempotency.c */
 struct gw_idempotency;

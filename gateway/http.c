@@ -3,6 +3,7 @@
  * timer, and MHD_run runs on the loop thread. Request bodies are collected
  * here, with the size limit checked before any byte is read. */
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 
 #include "gateway.h"
+#include "../server/log.h"
 
 static void gw_run(struct gateway *gw);
 
@@ -111,7 +113,15 @@ enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, cons
 enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
                                        const char *detail, const char *allow)
 {
-    const char *title = status == 400 ? "Bad Request" : status == 404 ? "Not Found"
+    return gw_reply_problem_header(c, status, code, detail, allow ? "Allow" : NULL, allow);
+}
+
+enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
+                                        const char *code, const char *detail,
+                                        const char *name, const char *value)
+{
+    const char *title = status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
+                      : status == 404 ? "Not Found"
                       : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
                       : status == 413 ? "Content Too Large" : status == 503 ? "Service Unavailable"
                       : "Internal Server Error";
@@ -125,7 +135,7 @@ enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "application/problem+json");
     if (status == 503) MHD_add_response_header(resp, "Retry-After", "5");
-    if (allow) MHD_add_response_header(resp, "Allow", allow);
+    if (name) MHD_add_response_header(resp, name, value);
     enum MHD_Result ok = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ok;
@@ -146,6 +156,66 @@ static int hex_digit(char ch)
          : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
 }
 
+/* Remember the status of the response just queued, for the metrics. */
+static void note_status(struct gw_request *r)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    if (info) r->status = info->http_status;
+}
+
+/* Nonzero if the request needs a bearer token: any configured, and the
+ * route is not a health check (nor /metrics without --metrics-auth). An
+ * unknown path needs one too, so that it tells nothing. */
+static int needs_token(const struct gateway *gw, int match_status, enum gw_route_id id)
+{
+    if (!gw->auth) return 0;
+    if (match_status != 404) {
+        if (id == R_LIVEZ || id == R_READYZ) return 0;
+        if (id == R_METRICS) return gw->metrics_auth;
+    }
+    return 1;
+}
+
+/* First call for a request: count it, check its token and body size. */
+static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, const char *url,
+                                     const char *method)
+{
+    struct MHD_Connection *conn = r->conn;
+    struct gw_match m;
+    int match_status = gw_match_route(method, url, &m);
+    r->route = match_status == 404 ? -1 : m.index;
+    r->method = gw_metrics_method_index(method);
+    if (needs_token(gw, match_status, m.id)) {
+        const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+        if (!gw_auth_check(gw->auth, given)) {
+            r->body_too_big = 1; /* the body, if any, is not kept */
+            r->responded = 1;
+            log_event(BG_LOG_DEBUG, "http_unauthorized", "method=%s path=%s token=%s",
+                      log_str(method), log_str(url), given ? "wrong" : "missing");
+            enum MHD_Result ok = gw_reply_problem_header(
+                conn, 401, "UNAUTHORIZED", "a valid bearer token is required",
+                "WWW-Authenticate",
+                given ? "Bearer realm=\"beangate\", error=\"invalid_token\""
+                      : "Bearer realm=\"beangate\"");
+            note_status(r);
+            return ok;
+        }
+    }
+    /* the size limit is checked before any of the body is read */
+    uint64_t max = gw->engine->max_job_size;
+    r->body_limit = strstr(url, "/batch") ? GW_BATCH_BODY_MAX : max;
+    const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (len && strtoull(len, NULL, 10) > r->body_limit) {
+        r->body_too_big = 1;
+        r->responded = 1;
+        enum MHD_Result ok = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
+        note_status(r);
+        return ok;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version,
                                  const char *upload_data, size_t *upload_size, void **con_cls)
@@ -158,17 +228,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         if (!r) return MHD_NO;
         r->gw = gw;
         r->conn = conn;
+        r->started = gw->now();
+        gw->in_flight++;
         *con_cls = r;
-        /* the size limit is checked before any of the body is read */
-        uint64_t max = gw->engine->max_job_size;
-        r->body_limit = strstr(url, "/batch") ? GW_BATCH_BODY_MAX : max;
-        const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (len && strtoull(len, NULL, 10) > r->body_limit) {
-            r->body_too_big = 1;
-            r->responded = 1;
-            return gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
-        }
-        return MHD_YES;
+        return begin_request(gw, r, url, method);
     }
     if (*upload_size) {
         if (!r->body_too_big) {
@@ -184,6 +247,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     if (r->responded || r->held) return MHD_YES;
     uint64_t before = gw->cfg.log_seq ? gw->cfg.log_seq(gw->cfg.log_arg, 0) : 0;
     enum MHD_Result ok = gw_route(r, method, url);
+    note_status(r);
     if (gw->cfg.log_durable && gw->cfg.log_durable(gw->cfg.log_arg)) {
         uint64_t after = gw->cfg.log_seq(gw->cfg.log_arg, 0);
         if (after > before && ok == MHD_YES && !r->suspended) {
@@ -239,6 +303,17 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
         }
     }
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
+    bg_time now = gw->now();
+    double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
+    gw_metrics_observe(gw->metrics, r->route, r->method, r->status, seconds);
+    gw->in_flight--;
+    if (log_enabled(BG_LOG_DEBUG)) {
+        const char *pattern = gw_route_pattern(r->route);
+        log_event(BG_LOG_DEBUG, "http_request", "method=%s route=%s status=%u seconds=%.6f completed=%s",
+                  gw_metrics_method_name(r->method), log_str(pattern ? pattern : "unmatched"),
+                  r->status, seconds,
+                  toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "yes" : "no");
+    }
     gw_unlist(r);
     bg_buf_free(&r->body);
     free(r);
@@ -280,6 +355,32 @@ static int random_key(struct bg_token_key *key)
     return n == sizeof key->k ? 0 : -1;
 }
 
+/* libmicrohttpd's own error messages, as log events. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
+    log_event(BG_LOG_WARN, "http_server_error", "msg=%s", log_str(msg));
+}
+
+void gateway_set_ready(struct gateway *gw, int ready)
+{
+    if (gw) gw->ready = ready != 0;
+}
+
+/* Free what gateway_start made before its daemon. */
+static void free_parts(struct gateway *gw)
+{
+    bg_client_close(&gw->holder, gw->now());
+    gw_idempotency_free(gw->idempotency);
+    gw_auth_free(gw->auth);
+    gw_metrics_free(gw->metrics);
+    free(gw);
+}
+
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg)
@@ -291,21 +392,14 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     hints.ai_flags = AI_PASSIVE;
     int rc = getaddrinfo(cfg->listen_addr, cfg->port, &hints, &res);
     if (rc != 0) {
-        fprintf(stderr, "beangate: cannot resolve HTTP address %s port %s: %s\n",
-                cfg->listen_addr, cfg->port, gai_strerror(rc));
+        log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s error=%s",
+                  log_str(cfg->listen_addr), log_str(cfg->port), log_str(gai_strerror(rc)));
         return NULL;
     }
     struct gateway *gw = calloc(1, sizeof *gw);
     if (!gw || random_key(&gw->key) != 0 ||
         bg_client_init_bare(engine, &gw->holder, &holder_ops, gw) != 0) {
-        fprintf(stderr, "beangate: cannot set up the HTTP gateway\n");
-        freeaddrinfo(res);
-        free(gw);
-        return NULL;
-    }
-    gw->idempotency = gw_idempotency_new();
-    if (!gw->idempotency) {
-        bg_client_close(&gw->holder, now());
+        log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         freeaddrinfo(res);
         free(gw);
         return NULL;
@@ -316,9 +410,21 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->now = now;
     gw->after_run = after_run;
     gw->after_run_arg = after_run_arg;
+    gw->started_at = cfg->started_at;
+    gw->metrics_auth = cfg->metrics_auth;
+    gw->idempotency = gw_idempotency_new();
+    gw->metrics = gw_metrics_new();
+    if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
+    if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth)) {
+        log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
+        freeaddrinfo(res);
+        free_parts(gw);
+        return NULL;
+    }
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
+                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, gw, /* must be first */
                                   MHD_OPTION_SOCK_ADDR, res->ai_addr,
                                   MHD_OPTION_NOTIFY_COMPLETED, completed_cb, gw,
                                   MHD_OPTION_UNESCAPE_CALLBACK, unescape_cb, gw,
@@ -327,10 +433,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                                   MHD_OPTION_END);
     freeaddrinfo(res);
     if (!gw->daemon) {
-        fprintf(stderr, "beangate: cannot listen for HTTP on %s port %s\n", cfg->listen_addr, cfg->port);
-        bg_client_close(&gw->holder, now());
-        gw_idempotency_free(gw->idempotency);
-        free(gw);
+        log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s",
+                  log_str(cfg->listen_addr), log_str(cfg->port));
+        free_parts(gw);
         return NULL;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(gw->daemon, MHD_DAEMON_INFO_EPOLL_FD);
@@ -339,12 +444,16 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
     gw_run(gw);
+    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s",
+              log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
+              cfg->token_count, gw->metrics_auth ? "on" : "off");
     return gw;
 }
 
 void gateway_stop(struct gateway *gw)
 {
     if (!gw) return;
+    gw->ready = 0;
     /* suspended connections must be resumed before the daemon stops */
     MHD_quiesce_daemon(gw->daemon);
     for (struct gw_request *r = gw->waiting; r; r = r->next_waiting) {
@@ -369,7 +478,5 @@ void gateway_stop(struct gateway *gw)
     event_free(gw->epoll_ev);
     event_free(gw->timer_ev);
     event_free(gw->run_ev);
-    bg_client_close(&gw->holder, gw->now());
-    gw_idempotency_free(gw->idempotency);
-    free(gw);
+    free_parts(gw);
 }

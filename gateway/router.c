@@ -1,10 +1,13 @@
 /* router.c - the HTTP route table and URL matching, without libmicrohttpd
  * so that it can be unit-tested. */
+#include <stdio.h>
 #include <string.h>
 
 #include "gateway.h"
 
-/* Path patterns: "*" matches one segment. `methods` lists what is allowed. */
+/* Path patterns: "*" matches one segment. `methods` lists what is allowed.
+ * (tests/http/test_http.py reads this table to compare it with
+ * openapi/openapi.yaml.) */
 static const struct route {
     const char *pattern;
     const char *methods;
@@ -30,6 +33,9 @@ static const struct route {
     {"/jobs/*/kick", "POST", R_JOB_ACTION},
     {"/jobs/*/reservations", "POST", R_JOB_RESERVE},
     {"/openapi.yaml", "GET", R_OPENAPI},
+    {"/livez", "GET", R_LIVEZ},
+    {"/readyz", "GET", R_READYZ},
+    {"/metrics", "GET", R_METRICS},
 };
 
 /* Split url into at most GW_MAX_SEGMENTS segments in buf; returns the count,
@@ -86,8 +92,38 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m)
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (!pattern_matches(routes[i].pattern, m->seg, n)) continue;
         m->id = routes[i].id;
+        m->index = (int)i;
         m->allow = routes[i].methods;
         return method_allowed(routes[i].methods, method) ? 0 : 405;
     }
     return 404;
+}
+
+int gw_route_count(void) { return (int)(sizeof routes / sizeof routes[0]); }
+
+/* The pattern with each "*" named as in openapi.yaml: {tube} after
+ * "tubes", {id} after "jobs". */
+static void name_pattern(const char *pattern, char *out, size_t size)
+{
+    char buf[64];
+    char *seg[GW_MAX_SEGMENTS];
+    int n = split_path(pattern, buf, sizeof buf, seg);
+    size_t o = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && o < size; i++) {
+        const char *name = seg[i];
+        if (strcmp(name, "*") == 0)
+            name = i > 0 && strcmp(seg[i - 1], "tubes") == 0 ? "{tube}"
+                 : i > 0 && strcmp(seg[i - 1], "jobs") == 0 ? "{id}" : "{x}";
+        o += (size_t)snprintf(out + o, size - o, "/%s", name);
+    }
+    if (n <= 0) snprintf(out, size, "%s", pattern);
+}
+
+const char *gw_route_pattern(int i)
+{
+    static char names[sizeof routes / sizeof routes[0]][64];
+    if (i < 0 || i >= gw_route_count()) return NULL;
+    if (!names[i][0]) name_pattern(routes[i].pattern, names[i], sizeof names[i]);
+    return names[i];
 }

@@ -509,6 +509,9 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
     case R_TUBE_JOBS: return route_put(r, seg[1]);
     case R_TUBE_BATCH: return route_batch_put(r, seg[1]);
     case R_OPENAPI: return reply_openapi(r);
+    case R_LIVEZ: return gw_reply_livez(r);
+    case R_READYZ: return gw_reply_readyz(r);
+    case R_METRICS: return gw_reply_metrics(r);
     case R_TUBE_RESERVE: return route_reserve(r, seg[1]);
     case R_TUBE_KICK:
     case R_TUBE_PAUSE:

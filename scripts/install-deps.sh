@@ -9,7 +9,7 @@ mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
 if [ "$mode" = test ]; then
-    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl)
+    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux)
 fi
 
 missing=()

@@ -229,7 +229,9 @@ int main(int argc, char **argv)
     if (net_listen(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
-        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv};
+        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv,
+                                      cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
+                                      srv.started_at};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
@@ -242,6 +244,7 @@ int main(int argc, char **argv)
     if (cfg.verbose)
         fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
 
+    gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
     event_base_dispatch(srv.base);
 
     gateway_stop(srv.gateway);

@@ -15,24 +15,38 @@
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
+/* Every setting is a flag and an environment variable BEANGATE_<NAME>
+ * (config.c); command line > environment > default. */
 struct server_config {
     const char *listen_addr;     /* "127.0.0.1", or "unix:/path" */
     const char *port;            /* "11300" */
     const char *user;            /* -u, or NULL */
     uint32_t max_job_size;       /* -z */
-    int verbose;                 /* -V count */
+    int verbose;                 /* -V count, or BEANGATE_VERBOSE=N */
     const char *http_listen;     /* --http-listen, default 127.0.0.1 */
     const char *http_port;       /* --http-port, default 11301 */
     int http_enabled;            /* 0 with --no-http */
-    int http_explicit;           /* --http-listen or --http-port given */
+    int http_explicit;           /* HTTP address or port given (flag or env) */
+    const char *http_token_file; /* --http-token-file, or NULL */
+    /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
+     * gateway is open. They live as long as the process. */
+    const char *const *http_tokens;
+    size_t http_token_count;
+    int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
     uint64_t segment_size;       /* -s, default 10485760 */
 };
 
-/* Parse argv like beanstalkd. Returns 0 to run, 1 when the process should
- * exit 0 (-h, -v), or SERVER_USAGE_EXIT after printing the usage. */
+#define SERVER_FSYNC_MS_DEFAULT 50
+#define SERVER_SEGMENT_SIZE_DEFAULT 10485760
+
+/* Read the environment, then argv like beanstalkd, then the bearer tokens.
+ * Returns 0 to run, 1 when the process should exit 0 (-h, -v), or
+ * SERVER_USAGE_EXIT after printing why (and the usage for a bad flag).
+ * Sets the log level (log.h) and, with -V, logs the effective
+ * configuration (never a token's value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
 
 /* ---- net.c: listeners and connections ---------------------------------- */

@@ -1,0 +1,391 @@
+/* metrics.c - operations endpoints: /metrics in the Prometheus text format
+ * 0.0.4, /livez and /readyz; and the HTTP request counters behind
+ * beangate_http_requests_total and beangate_http_request_duration_seconds.
+ *
+ * The server figures come from the same stats model as beanstalk `stats`
+ * (struct bg_engine counters, bg_stats_tube). Every label value is bounded:
+ * routes are the table's patterns, methods a fixed list, statuses the few
+ * the gateway sends, and at most GW_METRICS_TUBES_MAX tubes are exported. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway.h"
+
+/* ---- HTTP request counters --------------------------------------------- */
+
+static const char *const method_names[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH",
+                                           "OPTIONS", "other"};
+#define METHOD_COUNT ((int)(sizeof method_names / sizeof method_names[0]))
+
+/* Upper bounds of the latency buckets, as numbers and as label text. */
+static const double bucket_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                   0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const char *const bucket_text[] = {"0.0005", "0.001", "0.0025", "0.005", "0.01",
+                                          "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5",
+                                          "5", "10", "30"};
+#define BUCKETS ((int)(sizeof bucket_le / sizeof bucket_le[0]))
+
+/* Series of beangate_http_requests_total kept at most; more are dropped
+ * and counted (cannot happen with the statuses the gateway sends). */
+#define STATUS_SERIES_MAX 4096
+
+struct route_hist {
+    uint64_t in_bucket[BUCKETS]; /* not cumulative: rendering adds them up */
+    uint64_t count;
+    double sum;
+};
+
+struct status_series {
+    int route, method;
+    unsigned status;
+    uint64_t n;
+};
+
+struct gw_metrics {
+    int routes;                  /* gw_route_count() + 1: the last is "no route" */
+    struct route_hist *hist;
+    struct status_series *series;
+    size_t series_len, series_cap;
+    uint64_t dropped;
+};
+
+struct gw_metrics *gw_metrics_new(void)
+{
+    struct gw_metrics *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->routes = gw_route_count() + 1;
+    m->hist = calloc((size_t)m->routes, sizeof *m->hist);
+    if (!m->hist) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void gw_metrics_free(struct gw_metrics *m)
+{
+    if (!m) return;
+    free(m->hist);
+    free(m->series);
+    free(m);
+}
+
+int gw_metrics_method_index(const char *method)
+{
+    for (int i = 0; i < METHOD_COUNT - 1; i++)
+        if (strcmp(method, method_names[i]) == 0) return i;
+    return METHOD_COUNT - 1;
+}
+
+const char *gw_metrics_method_name(int index)
+{
+    return index >= 0 && index < METHOD_COUNT ? method_names[index] : "other";
+}
+
+void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned status,
+                        double seconds)
+{
+    if (!m) return;
+    if (route < 0 || route >= m->routes - 1) route = m->routes - 1;
+    if (method < 0 || method >= METHOD_COUNT) method = METHOD_COUNT - 1;
+    if (status > 999) status = 0;
+    if (seconds < 0) seconds = 0;
+    struct route_hist *h = &m->hist[route];
+    h->count++;
+    h->sum += seconds;
+    for (int b = 0; b < BUCKETS; b++) {
+        if (seconds <= bucket_le[b]) {
+            h->in_bucket[b]++;
+            break;
+        }
+    }
+    for (size_t i = 0; i < m->series_len; i++) {
+        struct status_series *s = &m->series[i];
+        if (s->route == route && s->method == method && s->status == status) {
+            s->n++;
+            return;
+        }
+    }
+    if (m->series_len == m->series_cap) {
+        size_t cap = m->series_cap ? m->series_cap * 2 : 64;
+        struct status_series *grown = cap <= STATUS_SERIES_MAX
+                                          ? realloc(m->series, cap * sizeof *grown) : NULL;
+        if (!grown) {
+            m->dropped++;
+            return;
+        }
+        m->series = grown;
+        m->series_cap = cap;
+    }
+    m->series[m->series_len++] = (struct status_series){route, method, status, 1};
+}
+
+/* ---- rendering --------------------------------------------------------- */
+
+static const char *route_label(const struct gw_metrics *m, int route)
+{
+    return route < m->routes - 1 ? gw_route_pattern(route) : "unmatched";
+}
+
+/* The HELP and TYPE lines of a family. */
+static int family(struct bg_buf *b, const char *name, const char *type, const char *help)
+{
+    return bg_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value with \\, \" and \n escaped. */
+static int label_value(struct bg_buf *b, const char *s)
+{
+    int rc = 0;
+    for (const char *p = s; rc == 0 && *p; p++) {
+        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
+        rc = esc ? bg_buf_append(b, esc, 2) : bg_buf_append(b, p, 1);
+    }
+    return rc;
+}
+
+/* name{label="value"} n */
+static int sample1(struct bg_buf *b, const char *name, const char *label, const char *value,
+                   uint64_t n)
+{
+    int rc = bg_buf_printf(b, "%s{%s=\"", name, label);
+    if (rc == 0) rc = label_value(b, value);
+    if (rc == 0) rc = bg_buf_printf(b, "\"} %llu\n", (unsigned long long)n);
+    return rc;
+}
+
+/* name{tube="t",label="value"} n */
+static int tube_sample(struct bg_buf *b, const char *name, const char *tube, const char *label,
+                       const char *value, uint64_t n)
+{
+    int rc = bg_buf_printf(b, "%s{tube=\"", name);
+    if (rc == 0) rc = label_value(b, tube);
+    if (rc == 0 && label) rc = bg_buf_printf(b, "\",%s=\"%s", label, value);
+    if (rc == 0) rc = bg_buf_printf(b, "\"} %llu\n", (unsigned long long)n);
+    return rc;
+}
+
+static int gauge(struct bg_buf *b, const char *name, const char *help, uint64_t n)
+{
+    int rc = family(b, name, "gauge", help);
+    if (rc == 0) rc = bg_buf_printf(b, "%s %llu\n", name, (unsigned long long)n);
+    return rc;
+}
+
+static int counter(struct bg_buf *b, const char *name, const char *help, uint64_t n)
+{
+    int rc = family(b, name, "counter", help);
+    if (rc == 0) rc = bg_buf_printf(b, "%s %llu\n", name, (unsigned long long)n);
+    return rc;
+}
+
+/* The beanstalk command names, indexed by enum bg_cmd. */
+static const char *const command_names[] = {
+    "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
+    "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury", "kick",
+    "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
+    "list-tubes-watched", "pause-tube", "reserve-job", "kick-job", "quit",
+};
+_Static_assert(sizeof command_names / sizeof command_names[0] == BG_CMD_COUNT,
+               "one name per enum bg_cmd");
+
+static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now)
+{
+    const struct bg_engine *e = gw->engine;
+    int rc = family(b, "beangate_current_jobs", "gauge",
+                    "Jobs in the server now, by state (current-jobs-* of stats).");
+    if (rc == 0) rc = sample1(b, "beangate_current_jobs", "state", "ready", e->ready_count);
+    if (rc == 0) rc = sample1(b, "beangate_current_jobs", "state", "delayed", e->delayed_count);
+    if (rc == 0) rc = sample1(b, "beangate_current_jobs", "state", "reserved", e->reserved_count);
+    if (rc == 0) rc = sample1(b, "beangate_current_jobs", "state", "buried", e->buried_count);
+    if (rc == 0)
+        rc = gauge(b, "beangate_current_jobs_urgent",
+                   "Ready jobs with a priority below 1024 (current-jobs-urgent).", e->urgent_count);
+    if (rc == 0)
+        rc = counter(b, "beangate_jobs_total", "Jobs put since the start (total-jobs).",
+                     e->stat.total_jobs);
+    if (rc == 0)
+        rc = counter(b, "beangate_job_timeouts_total",
+                     "Reservations that ran out of time (job-timeouts).", e->stat.job_timeouts);
+    if (rc == 0)
+        rc = family(b, "beangate_commands_total", "counter",
+                    "Beanstalk protocol commands by name (cmd-* of stats); HTTP requests are "
+                    "in beangate_http_requests_total.");
+    for (int i = 0; rc == 0 && i < BG_CMD_COUNT; i++)
+        rc = sample1(b, "beangate_commands_total", "command", command_names[i], e->stat.cmd[i]);
+    if (rc == 0)
+        rc = gauge(b, "beangate_current_connections",
+                   "Open beanstalk connections (current-connections).", e->connections);
+    if (rc == 0)
+        rc = counter(b, "beangate_connections_total",
+                     "Beanstalk connections accepted since the start (total-connections).",
+                     e->stat.total_connections);
+    if (rc == 0)
+        rc = gauge(b, "beangate_current_producers",
+                   "Connections that have put a job (current-producers).", e->producers);
+    if (rc == 0)
+        rc = gauge(b, "beangate_current_workers",
+                   "Connections that have reserved a job (current-workers).", e->workers);
+    if (rc == 0)
+        rc = gauge(b, "beangate_current_waiting",
+                   "Clients waiting in a reserve (current-waiting).", e->waiting);
+    if (rc == 0) rc = gauge(b, "beangate_current_tubes", "Tubes that exist (current-tubes).", e->tube_count);
+    if (rc == 0)
+        rc = gauge(b, "beangate_draining", "1 while the server is draining (SIGUSR1), else 0.",
+                   e->draining ? 1 : 0);
+    if (rc == 0)
+        rc = gauge(b, "beangate_ready", "1 when /readyz answers 200, else 0.",
+                   gw->ready && !e->draining ? 1 : 0);
+    if (rc == 0)
+        rc = gauge(b, "beangate_max_job_size_bytes", "The maximum job size (-z).", e->max_job_size);
+    if (rc == 0) rc = family(b, "beangate_uptime_seconds", "gauge", "Seconds since the server started.");
+    if (rc == 0)
+        rc = bg_buf_printf(b, "beangate_uptime_seconds %.3f\n",
+                           now > gw->started_at ? (double)(now - gw->started_at) / 1e9 : 0.0);
+    if (rc == 0) rc = family(b, "beangate_build_info", "gauge", "Always 1; the labels tell the version.");
+    if (rc == 0)
+        rc = bg_buf_printf(b, "beangate_build_info{version=\"%s\",protocol=\"%s\"} 1\n",
+                           BEANGATE_VERSION, BG_VERSION);
+    return rc;
+}
+
+static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
+{
+    const struct bg_engine *e = gw->engine;
+    uint32_t n = e->tube_count < GW_METRICS_TUBES_MAX ? e->tube_count : GW_METRICS_TUBES_MAX;
+    static const char *const states[] = {"ready", "delayed", "reserved", "buried"};
+    struct bg_stats_tube st;
+    int rc = family(b, "beangate_tube_current_jobs", "gauge", "Jobs in a tube now, by state.");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        bg_stats_tube(e->tube_list[i], now, &st);
+        const uint64_t by_state[] = {st.ready, st.delayed, st.reserved, st.buried};
+        for (int k = 0; rc == 0 && k < 4; k++)
+            rc = tube_sample(b, "beangate_tube_current_jobs", st.name, "state", states[k], by_state[k]);
+    }
+    if (rc == 0)
+        rc = family(b, "beangate_tube_current_jobs_urgent", "gauge",
+                    "Ready jobs of a tube with a priority below 1024.");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        bg_stats_tube(e->tube_list[i], now, &st);
+        rc = tube_sample(b, "beangate_tube_current_jobs_urgent", st.name, NULL, NULL, st.urgent);
+    }
+    if (rc == 0)
+        rc = family(b, "beangate_tube_jobs_total", "counter",
+                    "Jobs put into a tube since it was created (it starts again at 0 if the "
+                    "tube goes away and comes back).");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        bg_stats_tube(e->tube_list[i], now, &st);
+        rc = tube_sample(b, "beangate_tube_jobs_total", st.name, NULL, NULL, st.total_jobs);
+    }
+    if (rc == 0)
+        rc = family(b, "beangate_tube_current_waiting", "gauge",
+                    "Clients waiting in a reserve on a tube.");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        bg_stats_tube(e->tube_list[i], now, &st);
+        rc = tube_sample(b, "beangate_tube_current_waiting", st.name, NULL, NULL, st.waiting);
+    }
+    if (rc == 0) rc = family(b, "beangate_tube_paused", "gauge", "1 while a tube is paused, else 0.");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const struct bg_tube *t = e->tube_list[i];
+        rc = tube_sample(b, "beangate_tube_paused", t->name, NULL, NULL,
+                         t->pause_ns && t->unpause_at > now ? 1 : 0);
+    }
+    if (rc == 0)
+        rc = gauge(b, "beangate_tubes_exported", "Tubes that have beangate_tube_* series here.", n);
+    if (rc == 0)
+        rc = gauge(b, "beangate_tubes_omitted",
+                   "Tubes left out of the beangate_tube_* series (at most 1000 are exported).",
+                   e->tube_count - n);
+    return rc;
+}
+
+static int render_http(const struct gateway *gw, struct bg_buf *b)
+{
+    const struct gw_metrics *m = gw->metrics;
+    int rc = family(b, "beangate_http_requests_total", "counter",
+                    "HTTP requests by route pattern, method and status (0: the client went "
+                    "away before a response).");
+    for (size_t i = 0; rc == 0 && i < m->series_len; i++) {
+        const struct status_series *s = &m->series[i];
+        rc = bg_buf_printf(b, "beangate_http_requests_total{route=\"");
+        if (rc == 0) rc = label_value(b, route_label(m, s->route));
+        if (rc == 0)
+            rc = bg_buf_printf(b, "\",method=\"%s\",status=\"%u\"} %llu\n", method_names[s->method],
+                               s->status, (unsigned long long)s->n);
+    }
+    if (rc == 0)
+        rc = counter(b, "beangate_http_requests_untracked_total",
+                     "HTTP requests left out of beangate_http_requests_total (too many series).",
+                     m->dropped);
+    if (rc == 0)
+        rc = family(b, "beangate_http_request_duration_seconds", "histogram",
+                    "HTTP request time by route pattern, from the request's headers to the "
+                    "end of its response (long-polls included).");
+    for (int r = 0; rc == 0 && r < m->routes; r++) {
+        const struct route_hist *h = &m->hist[r];
+        if (!h->count) continue;
+        uint64_t cumulative = 0;
+        for (int k = 0; rc == 0 && k <= BUCKETS; k++) {
+            cumulative += k < BUCKETS ? h->in_bucket[k] : 0;
+            rc = bg_buf_printf(b, "beangate_http_request_duration_seconds_bucket{route=\"");
+            if (rc == 0) rc = label_value(b, route_label(m, r));
+            if (rc == 0)
+                rc = bg_buf_printf(b, "\",le=\"%s\"} %llu\n", k < BUCKETS ? bucket_text[k] : "+Inf",
+                                   (unsigned long long)(k < BUCKETS ? cumulative : h->count));
+        }
+        if (rc == 0) rc = bg_buf_printf(b, "beangate_http_request_duration_seconds_sum{route=\"");
+        if (rc == 0) rc = label_value(b, route_label(m, r));
+        if (rc == 0) rc = bg_buf_printf(b, "\"} %.9f\n", h->sum);
+        if (rc == 0) rc = bg_buf_printf(b, "beangate_http_request_duration_seconds_count{route=\"");
+        if (rc == 0) rc = label_value(b, route_label(m, r));
+        if (rc == 0) rc = bg_buf_printf(b, "\"} %llu\n", (unsigned long long)h->count);
+    }
+    if (rc == 0)
+        rc = gauge(b, "beangate_http_requests_in_flight",
+                   "HTTP requests begun and not finished (long-polls included).", gw->in_flight);
+    return rc;
+}
+
+int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
+{
+    int rc = render_server(gw, out, now);
+    if (rc == 0) rc = render_tubes(gw, out, now);
+    if (rc == 0 && gw->metrics) rc = render_http(gw, out);
+    return rc;
+}
+
+/* ---- the endpoints ----------------------------------------------------- */
+
+enum MHD_Result gw_reply_metrics(struct gw_request *r)
+{
+    struct bg_buf b = {0};
+    if (gw_metrics_render(r->gw, &b, r->gw->now()) != 0) {
+        bg_buf_free(&b);
+        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(b.len, bg_buf_head(&b),
+                                                                MHD_RESPMEM_MUST_COPY);
+    bg_buf_free(&b);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+enum MHD_Result gw_reply_livez(struct gw_request *r)
+{
+    return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
+}
+
+enum MHD_Result gw_reply_readyz(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    if (gw->engine->draining)
+        return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
+    if (!gw->ready)
+        return gw_reply_problem(r->conn, 503, "STARTING", "the server is not serving yet");
+    return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
+}

@@ -1,0 +1,773 @@
+#!/usr/bin/env python3
+"""Operations tests of beangate: health and readiness, /metrics (checked by
+`promtool check metrics`), bearer-token auth of the HTTP gateway, settings
+from the environment and their precedence, and the log lines.
+
+Usage:
+  python3 tests/http/test_ops.py build/beangate
+
+Every test starts its own server(s) on free loopback ports and stops them
+(SIGTERM, then SIGKILL after a few seconds); a server must exit with status
+0 and leave no sanitizer report on stderr. Python 3 standard library only.
+`promtool` comes from Debian's package `prometheus`: when it is missing the
+script installs it with apt-get (as root); if that is not possible the
+promtool test FAILS and says so. Prints PASS/FAIL per test and ends with one
+line `ops: N passed, M failed`; exits 1 on failure. BEANGATE_OPS_ONLY="test_a
+test_b" runs only those tests.
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HTTP_TIMEOUT = 10.0
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 5.0
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
+BUCKETS = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
+           "1", "2.5", "5", "10", "30", "+Inf"]
+PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TOKEN_A = "ops-test-token-A-3f9c1e7a52"
+TOKEN_B = "ops-test-token-B-8d04b6c2e1"
+TOKEN_ENV = "ops-test-token-ENV-77aa19c0"
+
+BINARY = None
+
+
+# ---- assertions ---------------------------------------------------------------
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def check_eq(got, want, what):
+    if got != want:
+        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+
+
+# ---- processes ----------------------------------------------------------------
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra=None):
+    """The environment without any BEANGATE_* variable, plus extra."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
+    env.update(extra or {})
+    return env
+
+
+def port_open(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Server:
+    """A beangate process. args: extra flags; env: extra environment.
+    tcp_port/http_port: where it is expected to listen (chosen free when the
+    flags do not give them, unless ports=False)."""
+
+    def __init__(self, args=(), env=None, ports=True, http=True, tcp_port=None, http_port=None):
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.ports = ports
+        self.http = http
+        self.want_tcp, self.want_http = tcp_port, http_port
+        self.proc = None
+        self.err_file = None
+        self.tcp_port = None
+        self.http_port = None
+        self.stderr_text = ""
+
+    def start(self, tcp_port=None, http_port=None):
+        args = list(self.args)
+        if self.ports:
+            self.tcp_port = tcp_port or free_port()
+            args = ["-p", str(self.tcp_port)] + args
+            if self.http:
+                self.http_port = http_port or free_port()
+                args = ["--http-port", str(self.http_port)] + args
+            else:
+                args = ["--no-http"] + args
+        else:
+            self.tcp_port, self.http_port = tcp_port, http_port
+        self.err_file = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([BINARY] + args, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.err_file,
+                                     env=clean_env(self.env))
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("server exited with status %r at start; stderr: %s"
+                                     % (self.proc.returncode, self.read_stderr()[-2000:]))
+            if port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)):
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError("server did not listen within %.0f s; stderr: %s"
+                             % (START_TIMEOUT, self.read_stderr()[-2000:]))
+
+    def read_stderr(self):
+        self.err_file.seek(0)
+        return self.err_file.read().decode("utf-8", "replace")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self):
+        """SIGTERM; returns the exit status (kills after STOP_TIMEOUT)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.stderr_text = self.read_stderr()
+                raise AssertionError("server did not stop within %.0f s of SIGTERM (killed)"
+                                     % STOP_TIMEOUT)
+        self.stderr_text = self.read_stderr()
+        return self.proc.returncode
+
+    def __enter__(self):
+        if not self.ports:
+            return self.start(self.want_tcp, self.want_http)
+        for attempt in range(3):  # a free port may be taken by someone else meanwhile
+            try:
+                return self.start()
+            except AssertionError:
+                if attempt == 2:
+                    raise
+                self.kill()
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            status = self.stop()
+        finally:
+            self.kill()
+            if self.err_file:
+                self.err_file.close()
+        bad = [m for m in SANITIZER_MARKERS if m in self.stderr_text]
+        if exc_type is None:
+            check(not bad, "sanitizer report on stderr: %s" % self.stderr_text[-3000:])
+            check(status == 0, "exit status %r after SIGTERM, want 0; stderr: %s"
+                  % (status, self.stderr_text[-2000:]))
+        return False
+
+    # HTTP --------------------------------------------------------------------
+
+    def request(self, method, path, body=None, headers=None, timeout=HTTP_TIMEOUT):
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=dict(headers or {}))
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise AssertionError("%s %s: %s: %s" % (method, path, type(e).__name__, e)) from None
+        finally:
+            conn.close()
+
+    def get(self, path, token=None, **kw):
+        headers = {"Authorization": "Bearer " + token} if token else {}
+        return self.request("GET", path, headers=headers, **kw)
+
+    def metrics(self, token=None):
+        status, headers, body = self.get("/metrics", token=token)
+        check_eq(status, 200, "GET /metrics status")
+        return body.decode("utf-8")
+
+    # beanstalk ---------------------------------------------------------------
+
+    def beanstalk(self, data, want_lines):
+        """Send data on a new connection; read until want_lines lines came."""
+        with socket.create_connection(("127.0.0.1", self.tcp_port), timeout=HTTP_TIMEOUT) as s:
+            s.sendall(data)
+            got = b""
+            while got.count(b"\r\n") < want_lines:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            return got
+
+
+def run_binary(args, env=None, timeout=15):
+    """Run the binary to its end: (status, stdout, stderr)."""
+    try:
+        p = subprocess.run([BINARY] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=clean_env(env), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("%r did not exit within %d s (killed)" % (args, timeout)) from None
+    err = p.stderr.decode("utf-8", "replace")
+    bad = [m for m in SANITIZER_MARKERS if m in err]
+    check(not bad, "%r: sanitizer report on stderr: %s" % (args, err[:2000]))
+    return p.returncode, p.stdout.decode("utf-8", "replace"), err
+
+
+def token_file(*lines):
+    f = tempfile.NamedTemporaryFile("w", prefix="beangate-tokens-", delete=False)
+    f.write("\n".join(lines) + "\n")
+    f.close()
+    os.chmod(f.name, 0o600)
+    return f.name
+
+
+# ---- Prometheus text parsing ----------------------------------------------------
+
+SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels.items())): value}, and {family: type}; checks
+    that every sample belongs to a family with HELP and TYPE."""
+    samples, types, helps = {}, {}, set()
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# HELP "):
+            helps.add(line.split()[2])
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(None, 3)
+            types[name] = typ
+            continue
+        check(not line.startswith("#"), "unexpected comment line %r" % line)
+        m = SAMPLE_RE.match(line)
+        check(m, "not a sample line: %r" % line)
+        name, labels = m.group(1), dict(LABEL_RE.findall(m.group(3) or ""))
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        fam = name if name in types else base
+        check(fam in types, "sample %r has no # TYPE" % line)
+        check(fam in helps, "family %s has no # HELP" % fam)
+        samples[(name, frozenset(labels.items()))] = float(m.group(4))
+    return samples, types
+
+
+def value(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())))
+
+
+def series(samples, name):
+    return {k[1]: v for k, v in samples.items() if k[0] == name}
+
+
+# ---- promtool -------------------------------------------------------------------
+
+def find_promtool():
+    """The promtool path; installs Debian's `prometheus` if it is missing.
+    Raises AssertionError (loudly) if that cannot be done."""
+    path = shutil.which("promtool")
+    if path:
+        return path
+    why = []
+    if os.geteuid() != 0:
+        why.append("not root, so apt-get cannot install it")
+    elif not shutil.which("apt-get"):
+        why.append("no apt-get on this machine")
+    else:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"],
+                    ["apt-get", "update", "-q"],
+                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]):
+            print("ops: promtool is missing: running %s" % " ".join(cmd), flush=True)
+            try:
+                p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, env=env, timeout=600)
+                if p.returncode != 0:
+                    why.append("%s: exit %d: %s" % (" ".join(cmd), p.returncode,
+                                                    p.stdout.decode("utf-8", "replace")[-500:]))
+            except (OSError, subprocess.TimeoutExpired) as e:
+                why.append("%s: %s" % (" ".join(cmd), e))
+            path = shutil.which("promtool")
+            if path:
+                return path
+    msg = ("PROMTOOL IS NOT AVAILABLE, so the /metrics output could not be checked "
+           "(install Debian's package `prometheus`): " + "; ".join(why))
+    print("ops: " + "!" * 72 + "\nops: " + msg + "\nops: " + "!" * 72, flush=True)
+    raise AssertionError(msg)
+
+
+# ---- tests: health --------------------------------------------------------------
+
+def test_livez_readyz():
+    with Server() as srv:
+        status, headers, body = srv.get("/livez")
+        check_eq(status, 200, "GET /livez")
+        check_eq(json.loads(body), {"status": "ok"}, "GET /livez body")
+        check(headers.get("content-type", "").startswith("application/json"),
+              "/livez content type %r" % headers.get("content-type"))
+        status, _, body = srv.get("/readyz")
+        check_eq(status, 200, "GET /readyz while serving")
+        check_eq(json.loads(body), {"status": "ok"}, "GET /readyz body")
+        check_eq(value(parse_metrics(srv.metrics())[0], "beangate_ready"), 1.0, "beangate_ready")
+
+        srv.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while True:
+            status, headers, body = srv.get("/readyz")
+            if status == 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        check_eq(status, 503, "GET /readyz after SIGUSR1")
+        check(headers.get("content-type") == "application/problem+json",
+              "/readyz 503 content type %r" % headers.get("content-type"))
+        check(headers.get("retry-after"), "/readyz 503 has no Retry-After")
+        problem = json.loads(body)
+        check_eq(problem.get("code"), "DRAINING", "/readyz 503 code")
+        check_eq(problem.get("status"), 503, "/readyz 503 status field")
+        status, _, _ = srv.get("/livez")
+        check_eq(status, 200, "GET /livez while draining")
+        samples = parse_metrics(srv.metrics())[0]
+        check_eq(value(samples, "beangate_draining"), 1.0, "beangate_draining after SIGUSR1")
+        check_eq(value(samples, "beangate_ready"), 0.0, "beangate_ready after SIGUSR1")
+
+
+def test_health_methods():
+    with Server() as srv:
+        status, headers, _ = srv.request("POST", "/livez", body=b"")
+        check_eq(status, 405, "POST /livez")
+        check("GET" in (headers.get("allow") or ""), "POST /livez Allow %r" % headers.get("allow"))
+
+
+# ---- tests: metrics -------------------------------------------------------------
+
+def test_metrics_content():
+    with Server() as srv:
+        status, headers, body = srv.get("/metrics")
+        check_eq(status, 200, "GET /metrics")
+        check_eq(headers.get("content-type"), PROM_CONTENT_TYPE, "/metrics Content-Type")
+        before, types = parse_metrics(body.decode("utf-8"))
+        for fam, typ in (("beangate_current_jobs", "gauge"), ("beangate_jobs_total", "counter"),
+                         ("beangate_job_timeouts_total", "counter"),
+                         ("beangate_commands_total", "counter"),
+                         ("beangate_current_connections", "gauge"),
+                         ("beangate_connections_total", "counter"),
+                         ("beangate_current_tubes", "gauge"), ("beangate_current_waiting", "gauge"),
+                         ("beangate_draining", "gauge"), ("beangate_uptime_seconds", "gauge"),
+                         ("beangate_tube_current_jobs", "gauge"),
+                         ("beangate_tube_current_waiting", "gauge"),
+                         ("beangate_tube_paused", "gauge"), ("beangate_tubes_omitted", "gauge"),
+                         ("beangate_http_requests_total", "counter"),
+                         ("beangate_http_request_duration_seconds", "histogram")):
+            check_eq(types.get(fam), typ, "# TYPE of %s" % fam)
+        for state in ("ready", "delayed", "reserved", "buried"):
+            check(value(before, "beangate_current_jobs", state=state) is not None,
+                  "no beangate_current_jobs{state=%r}" % state)
+        check_eq(value(before, "beangate_draining"), 0.0, "beangate_draining")
+        check_eq(value(before, "beangate_jobs_total"), 0.0, "beangate_jobs_total at start")
+
+        # two jobs over HTTP, one over beanstalk, one reserved, one paused tube
+        tube = "ops.metrics-tube"
+        for i in range(2):
+            status, _, _ = srv.request("POST", "/tubes/%s/jobs" % tube, body=b"job %d" % i)
+            check_eq(status, 201, "POST /tubes/%s/jobs" % tube)
+        status, _, _ = srv.request("GET", "/jobs/999999")
+        check_eq(status, 404, "GET /jobs/999999")
+        reply = srv.beanstalk(b"use %s\r\nput 0 0 60 3\r\nabc\r\nput 0 5 60 1\r\nx\r\n"
+                              % tube.encode(), 3)
+        check(reply.startswith(b"USING"), "beanstalk use/put replies %r" % reply)
+        status, _, _ = srv.request("POST", "/tubes/%s/reservations?timeout=0" % tube, body=b"")
+        check_eq(status, 200, "reserve over HTTP")
+        status, _, _ = srv.request("POST", "/tubes/%s/pause?delay=60" % tube, body=b"")
+        check_eq(status, 200, "pause over HTTP")
+
+        after = parse_metrics(srv.metrics())[0]
+        check_eq(value(after, "beangate_jobs_total"), 4.0, "beangate_jobs_total after 4 puts")
+        check_eq(value(after, "beangate_commands_total", command="put"), 2.0,
+                 "beangate_commands_total{command=put} after 2 beanstalk puts")
+        check_eq(value(after, "beangate_commands_total", command="use"), 1.0,
+                 "beangate_commands_total{command=use}")
+        check(value(after, "beangate_connections_total") >= 1.0, "beangate_connections_total")
+        check_eq(value(after, "beangate_current_jobs", state="ready"), 2.0, "ready jobs")
+        check_eq(value(after, "beangate_current_jobs", state="reserved"), 1.0, "reserved jobs")
+        check_eq(value(after, "beangate_current_jobs", state="delayed"), 1.0, "delayed jobs")
+        check_eq(value(after, "beangate_tube_current_jobs", tube=tube, state="ready"), 2.0,
+                 "tube ready jobs")
+        check_eq(value(after, "beangate_tube_current_jobs", tube=tube, state="delayed"), 1.0,
+                 "tube delayed jobs")
+        check_eq(value(after, "beangate_tube_paused", tube=tube), 1.0, "tube paused")
+        check_eq(value(after, "beangate_tube_paused", tube="default"), 0.0, "default not paused")
+        check(value(after, "beangate_current_tubes") >= 2.0, "beangate_current_tubes")
+        check_eq(value(after, "beangate_tubes_omitted"), 0.0, "beangate_tubes_omitted")
+
+        # HTTP counters: labelled by the route pattern, never by the raw URL
+        check_eq(value(after, "beangate_http_requests_total", route="/tubes/{tube}/jobs",
+                       method="POST", status="201"), 2.0, "requests_total for the two puts")
+        check_eq(value(after, "beangate_http_requests_total", route="/jobs/{id}", method="GET",
+                       status="404"), 1.0, "requests_total for GET /jobs/999999")
+        check_eq(value(after, "beangate_http_requests_total", route="/metrics", method="GET",
+                       status="200"), 1.0, "requests_total for the first GET /metrics")
+        routes = {dict(labels).get("route") for labels in series(after, "beangate_http_requests_total")}
+        for r in routes:
+            check(tube not in r and "999999" not in r, "a route label holds a raw URL: %r" % r)
+
+        # the histogram: cumulative buckets, +Inf == _count, a sum
+        hist = series(after, "beangate_http_request_duration_seconds_bucket")
+        route = "/tubes/{tube}/jobs"
+        counts = [hist.get(frozenset({("route", route), ("le", le)})) for le in BUCKETS]
+        check(all(c is not None for c in counts), "buckets of %s: %r" % (route, counts))
+        check(all(a <= b for a, b in zip(counts, counts[1:])), "buckets not cumulative: %r" % counts)
+        check_eq(counts[-1], value(after, "beangate_http_request_duration_seconds_count", route=route),
+                 "+Inf bucket vs _count")
+        check_eq(counts[-1], 2.0, "observations of %s" % route)
+        check(value(after, "beangate_http_request_duration_seconds_sum", route=route) >= 0,
+              "_sum of %s" % route)
+        for labels, v in series(after, "beangate_http_request_duration_seconds_count").items():
+            r = dict(labels)["route"]
+            cs = [hist.get(frozenset({("route", r), ("le", le)})) for le in BUCKETS]
+            check(all(a <= b for a, b in zip(cs, cs[1:])) and cs[-1] == v,
+                  "histogram of %s: buckets %r, count %r" % (r, cs, v))
+
+        # counters only go up
+        later = parse_metrics(srv.metrics())[0]
+        check(value(later, "beangate_http_requests_total", route="/metrics", method="GET",
+                    status="200") == 2.0, "the second GET /metrics is counted")
+        check(value(later, "beangate_uptime_seconds") >= value(after, "beangate_uptime_seconds"),
+              "uptime went back")
+
+
+def test_metrics_long_poll_latency():
+    """A long-poll is measured until its response is sent."""
+    with Server() as srv:
+        t0 = time.monotonic()
+        status, _, _ = srv.request("POST", "/tubes/ops.empty/reservations?timeout=1", body=b"")
+        took = time.monotonic() - t0
+        check_eq(status, 204, "long-poll on an empty tube")
+        check(took >= 0.9, "long-poll answered after %.2f s, want about 1 s" % took)
+        samples = parse_metrics(srv.metrics())[0]
+        route = "/tubes/{tube}/reservations"
+        total = value(samples, "beangate_http_request_duration_seconds_sum", route=route)
+        check(total is not None and total >= 0.9, "duration _sum of the 1 s long-poll: %r" % total)
+        check_eq(value(samples, "beangate_http_request_duration_seconds_bucket", route=route, le="0.5"),
+                 0.0, "the 1 s long-poll in the le=0.5 bucket")
+        check_eq(value(samples, "beangate_http_request_duration_seconds_bucket", route=route, le="2.5"),
+                 1.0, "the 1 s long-poll in the le=2.5 bucket")
+        check_eq(value(samples, "beangate_http_requests_total", route=route, method="POST",
+                       status="204"), 1.0, "requests_total of the long-poll")
+
+
+def test_metrics_tube_cap():
+    """10k tubes cannot make /metrics huge: at most 1000 are exported."""
+    with Server() as srv:
+        n = 1010
+        with socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT) as s:
+            s.sendall(b"".join(b"watch ops.cap.%d\r\n" % i for i in range(n)))
+            got = b""
+            while got.count(b"\r\n") < n:
+                chunk = s.recv(65536)
+                check(chunk, "connection closed after %d replies" % got.count(b"\r\n"))
+                got += chunk
+            text = srv.metrics()
+            samples = parse_metrics(text)[0]
+            tubes = {dict(labels)["tube"] for labels in series(samples, "beangate_tube_paused")}
+            check_eq(len(tubes), 1000, "tubes in beangate_tube_paused")
+            current = value(samples, "beangate_current_tubes")
+            check_eq(current, float(n + 1), "beangate_current_tubes")
+            check_eq(value(samples, "beangate_tubes_omitted"), current - 1000, "beangate_tubes_omitted")
+            check_eq(value(samples, "beangate_tubes_exported"), 1000.0, "beangate_tubes_exported")
+            check(len(text) < 1000000, "/metrics is %d bytes with %d tubes" % (len(text), n))
+
+
+def test_promtool_check_metrics():
+    promtool = find_promtool()
+    with Server() as srv:
+        # make every family have samples: jobs, a tube, HTTP requests of several kinds
+        srv.request("POST", "/tubes/ops.prom/jobs", body=b"x")
+        srv.request("GET", "/no/such/route")
+        srv.request("POST", "/tubes/ops.prom/reservations?timeout=0", body=b"")
+        srv.beanstalk(b"stats\r\n", 1)
+        text = srv.metrics()
+    p = subprocess.run([promtool, "check", "metrics"], input=text.encode("utf-8"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode("utf-8", "replace")
+    check(p.returncode == 0 and not out.strip(),
+          "promtool check metrics: exit %d: %s" % (p.returncode, out[-3000:]))
+    check("route=\"unmatched\"" in text, "an unknown path is counted as route=\"unmatched\"")
+
+
+# ---- tests: auth ----------------------------------------------------------------
+
+def check_401(srv, path, token=None, method="GET", body=None):
+    headers = {"Authorization": "Bearer " + token} if token else {}
+    status, h, b = srv.request(method, path, body=body, headers=headers)
+    check_eq(status, 401, "%s %s with token %r" % (method, path, token))
+    check((h.get("www-authenticate") or "").startswith('Bearer realm="beangate"'),
+          "%s %s: WWW-Authenticate %r" % (method, path, h.get("www-authenticate")))
+    check_eq(h.get("content-type"), "application/problem+json", "401 content type")
+    check_eq(json.loads(b).get("code"), "UNAUTHORIZED", "401 problem code")
+
+
+def test_auth_token_file():
+    path = token_file("# beangate tokens", "", "  " + TOKEN_A + "  ", "# " + "not-a-token", TOKEN_B)
+    try:
+        with Server(["--http-token-file", path]) as srv:
+            for p in ("/stats", "/tubes", "/openapi.yaml", "/no/such/route", "/jobs/1"):
+                check_401(srv, p)
+                check_401(srv, p, token="wrong-token")
+            check_401(srv, "/stats", token=TOKEN_A + "x")
+            check_401(srv, "/stats", token=TOKEN_A[:-1])
+            check_401(srv, "/stats", token="not-a-token")
+            check_401(srv, "/tubes/ops.auth/jobs", method="POST", body=b"x" * 5000)
+            for tok in (TOKEN_A, TOKEN_B):
+                status, _, _ = srv.get("/stats", token=tok)
+                check_eq(status, 200, "GET /stats with a token of the file")
+                status, _, _ = srv.get("/openapi.yaml", token=tok)
+                check_eq(status, 200, "GET /openapi.yaml with a token")
+            status, _, _ = srv.request("POST", "/tubes/ops.auth/jobs", body=b"hi",
+                                       headers={"Authorization": "bearer " + TOKEN_A})
+            check_eq(status, 201, "POST a job with the scheme in lower case")
+            status, _, _ = srv.request("GET", "/stats", headers={"Authorization": TOKEN_A})
+            check_eq(status, 401, "GET /stats with the token but no Bearer scheme")
+            # health and metrics stay open
+            for p in ("/livez", "/readyz", "/metrics"):
+                status, _, _ = srv.get(p)
+                check_eq(status, 200, "GET %s without a token" % p)
+            samples = parse_metrics(srv.metrics())[0]
+            check_eq(value(samples, "beangate_http_requests_total", route="/stats", method="GET",
+                           status="401"), 6.0, "401s counted in beangate_http_requests_total")
+            # the beanstalk protocol is not affected
+            check(srv.beanstalk(b"list-tubes\r\n", 1).startswith(b"OK "), "beanstalk without auth")
+    finally:
+        os.unlink(path)
+
+
+def test_auth_env_tokens():
+    env = {"BEANGATE_HTTP_TOKENS": " %s , ,%s " % (TOKEN_ENV, TOKEN_B)}
+    with Server(env=env) as srv:
+        check_401(srv, "/stats")
+        check_401(srv, "/stats", token=TOKEN_A)
+        for tok in (TOKEN_ENV, TOKEN_B):
+            status, _, _ = srv.get("/stats", token=tok)
+            check_eq(status, 200, "GET /stats with a token of BEANGATE_HTTP_TOKENS")
+        status, _, _ = srv.get("/readyz")
+        check_eq(status, 200, "GET /readyz without a token")
+
+
+def test_auth_file_and_env_together():
+    path = token_file(TOKEN_A)
+    try:
+        env = {"BEANGATE_HTTP_TOKEN_FILE": path, "BEANGATE_HTTP_TOKENS": TOKEN_ENV}
+        with Server(env=env) as srv:
+            for tok in (TOKEN_A, TOKEN_ENV):
+                status, _, _ = srv.get("/tubes", token=tok)
+                check_eq(status, 200, "GET /tubes with either token")
+            check_401(srv, "/tubes", token=TOKEN_B)
+    finally:
+        os.unlink(path)
+
+
+def test_metrics_auth():
+    path = token_file(TOKEN_A)
+    try:
+        with Server(["--http-token-file", path, "--metrics-auth"]) as srv:
+            check_401(srv, "/metrics")
+            check_401(srv, "/metrics", token=TOKEN_B)
+            srv.metrics(token=TOKEN_A)
+            for p in ("/livez", "/readyz"):
+                status, _, _ = srv.get(p)
+                check_eq(status, 200, "GET %s without a token under --metrics-auth" % p)
+        with Server(["--http-token-file", path], env={"BEANGATE_METRICS_AUTH": "1"}) as srv:
+            check_401(srv, "/metrics")
+            srv.metrics(token=TOKEN_A)
+    finally:
+        os.unlink(path)
+
+
+def test_no_tokens_means_open():
+    with Server() as srv:
+        for p in ("/stats", "/tubes", "/openapi.yaml", "/metrics"):
+            status, _, _ = srv.get(p)
+            check_eq(status, 200, "GET %s without any token configured" % p)
+
+
+def test_bad_token_sources_exit_5():
+    empty = token_file("# only a comment", "", "   ")
+    try:
+        cases = [
+            (["--http-token-file", "/nonexistent/beangate-tokens"], {}, "/nonexistent/beangate-tokens"),
+            (["--http-token-file", empty], {}, "token"),
+            ([], {"BEANGATE_HTTP_TOKENS": " , "}, "BEANGATE_HTTP_TOKENS"),
+            ([], {"BEANGATE_HTTP_TOKENS": "a" * 600}, "BEANGATE_HTTP_TOKENS"),
+        ]
+        for args, env, word in cases:
+            rc, _, err = run_binary(["-p", str(free_port()), "--http-port", str(free_port())] + args,
+                                    env=env)
+            check(rc == 5, "%r %r: exit status %r, want 5; stderr %r" % (args, env, rc, err[-500:]))
+            check(word in err, "%r %r: stderr does not name %r: %r" % (args, env, word, err[-500:]))
+            check("a" * 600 not in err, "a token value was printed")
+    finally:
+        os.unlink(empty)
+
+
+# ---- tests: configuration --------------------------------------------------------
+
+def test_env_sets_ports():
+    tcp, http_port = free_port(), free_port()
+    env = {"BEANGATE_PORT": str(tcp), "BEANGATE_HTTP_PORT": str(http_port)}
+    with Server(env=env, ports=False, tcp_port=tcp, http_port=http_port) as srv:
+        check(srv.beanstalk(b"list-tubes\r\n", 1).startswith(b"OK "), "beanstalk on BEANGATE_PORT")
+        status, _, _ = srv.get("/livez")
+        check_eq(status, 200, "HTTP on BEANGATE_HTTP_PORT")
+
+
+def test_flag_overrides_env():
+    env_tcp, flag_tcp = free_port(), free_port()
+    env_http, flag_http = free_port(), free_port()
+    env = {"BEANGATE_PORT": str(env_tcp), "BEANGATE_HTTP_PORT": str(env_http),
+           "BEANGATE_MAX_JOB_SIZE": "100"}
+    with Server(["-p", str(flag_tcp), "--http-port", str(flag_http), "-z", "200"], env=env,
+                ports=False, tcp_port=flag_tcp, http_port=flag_http) as srv:
+        check(not port_open(env_tcp), "something listens on BEANGATE_PORT although -p was given")
+        check(not port_open(env_http), "something listens on BEANGATE_HTTP_PORT although --http-port was given")
+        stats = srv.beanstalk(b"stats\r\n", 2)
+        check(b"\nmax-job-size: 200\n" in stats, "-z 200 must win over BEANGATE_MAX_JOB_SIZE=100: %r"
+              % stats[:200])
+
+
+def test_env_no_http_and_listen():
+    tcp = free_port()
+    http_port = free_port()
+    with Server(["-p", str(tcp), "--http-port", str(http_port)],
+                env={"BEANGATE_NO_HTTP": "true", "BEANGATE_LISTEN": "127.0.0.1"}, ports=False,
+                tcp_port=tcp):
+        time.sleep(0.2)
+        check(not port_open(http_port), "HTTP listens although BEANGATE_NO_HTTP=true")
+
+
+def test_bad_env_exits_5():
+    for var, val in (("BEANGATE_PORT", "abc"), ("BEANGATE_PORT", "70000"),
+                     ("BEANGATE_HTTP_PORT", "-1"), ("BEANGATE_MAX_JOB_SIZE", "12k"),
+                     ("BEANGATE_VERBOSE", "lots"), ("BEANGATE_NO_HTTP", "maybe"),
+                     ("BEANGATE_METRICS_AUTH", "2"), ("BEANGATE_FSYNC_MS", "-5"),
+                     ("BEANGATE_NO_FSYNC", "sometimes"), ("BEANGATE_BINLOG_SIZE", "0")):
+        # the flags give free ports, so a binary that took the value would not
+        # take the default ports; a bad value is fatal even when a flag wins
+        rc, _, err = run_binary(["-p", str(free_port()), "--http-port", str(free_port())],
+                                env={var: val}, timeout=5)
+        check(rc == 5, "%s=%s: exit status %r, want 5; stderr %r" % (var, val, rc, err[-500:]))
+        check(var in err, "%s=%s: the message does not name the variable: %r" % (var, val, err[-500:]))
+    # -h still works with a bad variable; a bad flag still exits 5
+    rc, out, _ = run_binary(["-h"], env={"BEANGATE_PORT": "abc"})
+    check_eq(rc, 0, "-h with a bad BEANGATE_PORT")
+    rc, _, _ = run_binary(["-z", "abc"])
+    check_eq(rc, 5, "-z abc")
+
+
+def test_help_lists_env():
+    rc, out, _ = run_binary(["--help"])
+    check_eq(rc, 0, "--help exit status")
+    for word in ("-l ADDR", "--http-token-file", "--metrics-auth", "BEANGATE_LISTEN", "BEANGATE_PORT",
+                 "BEANGATE_USER", "BEANGATE_MAX_JOB_SIZE", "BEANGATE_VERBOSE", "BEANGATE_HTTP_LISTEN",
+                 "BEANGATE_HTTP_PORT", "BEANGATE_NO_HTTP", "BEANGATE_HTTP_TOKEN_FILE",
+                 "BEANGATE_HTTP_TOKENS", "BEANGATE_METRICS_AUTH", "BEANGATE_BINLOG_DIR",
+                 "BEANGATE_FSYNC_MS", "BEANGATE_NO_FSYNC", "BEANGATE_BINLOG_SIZE"):
+        check(word in out, "--help does not mention %s" % word)
+    check("command line" in out and "environment" in out, "--help does not tell the precedence")
+
+
+def test_verbose_logs_config_without_tokens():
+    path = token_file(TOKEN_A, TOKEN_B)
+    try:
+        env = {"BEANGATE_HTTP_TOKENS": TOKEN_ENV, "BEANGATE_MAX_JOB_SIZE": "1234"}
+        with Server(["-V", "--http-token-file", path], env=env) as srv:
+            pass
+        err = srv.stderr_text
+        lines = [l for l in err.splitlines() if "event=config " in l]
+        check(len(lines) == 1, "want one event=config line with -V, stderr: %r" % err[-2000:])
+        line = lines[0]
+        for want in ("level=info", "port=%d" % srv.tcp_port, "http_port=%d" % srv.http_port,
+                     "max_job_size=1234", "http_tokens=3", "http_token_file=%s" % path,
+                     "verbose=1", "metrics_auth=off"):
+            check(want in line, "config line lacks %r: %r" % (want, line))
+        for tok in (TOKEN_A, TOKEN_B, TOKEN_ENV):
+            check(tok not in err, "a token value is on stderr: %r" % err[-2000:])
+        # every log line is key=value pairs with level= and event=
+        for l in err.splitlines():
+            if l.startswith("ts="):
+                check(re.match(r"^ts=\S+ level=(error|warn|info|debug) event=[a-z_]+( |$)", l),
+                      "log line not in the format: %r" % l)
+        # without -V: no info lines
+        with Server() as quiet:
+            pass
+        check("level=info" not in quiet.stderr_text, "info lines without -V: %r" % quiet.stderr_text)
+        # BEANGATE_VERBOSE=2 gives debug lines (one per request)
+        with Server(env={"BEANGATE_VERBOSE": "2"}) as loud:
+            loud.get("/livez")
+        check("level=debug event=http_request" in loud.stderr_text and 'route=/livez' in loud.stderr_text,
+              "no debug request line with BEANGATE_VERBOSE=2: %r" % loud.stderr_text[-1500:])
+    finally:
+        os.unlink(path)
+
+
+# ---- runner ---------------------------------------------------------------------------
+
+TESTS = [
+    test_livez_readyz,
+    test_health_methods,
+    test_metrics_content,
+    test_metrics_long_poll_latency,
+    test_metrics_tube_cap,
+    test_promtool_check_metrics,
+    test_auth_token_file,
+    test_auth_env_tokens,
+    test_auth_file_and_env_together,
+    test_metrics_auth,
+    test_no_tokens_means_open,
+    test_bad_token_sources_exit_5,
+    test_env_sets_ports,
+    test_flag_overrides_env,
+    test_env_no_http_and_listen,
+    test_bad_env_exits_5,
+    test_help_lists_env,
+    test_verbose_logs_config_without_tokens,
+]
+
+
+def main(argv):
+    global BINARY
+    if len(argv) != 2:
+        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
+        return 2
+    BINARY = os.path.abspath(argv[1])
+    if not os.access(BINARY, os.X_OK):
+        print("not an executable: %s" % BINARY, file=sys.stderr)
+        return 2
+    only = os.environ.get("BEANGATE_OPS_ONLY", "").split()
+    passed = failed = 0
+    for test in TESTS:
+        if only and test.__name__ not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            test()
+        except Exception as e:  # AssertionError and anything unexpected
+            failed += 1
+            detail = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
+            print("FAIL %s (%.1f s): %s" % (test.__name__, time.monotonic() - t0, detail), flush=True)
+        else:
+            passed += 1
+            print("PASS %s (%.1f s)" % (test.__name__, time.monotonic() - t0), flush=True)
+    print("ops: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
