@@ -387,5 +387,8 @@ enum MHD_Result gw_reply_readyz(struct gw_request *r)
         return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
     if (!gw->ready)
         return gw_reply_problem(r->conn, 503, "STARTING", "the server is not serving yet");
+    if (gw->engine->journal_broken)
+        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY",
+                                "the write-ahead log cannot write: puts are refused until it can");
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }
