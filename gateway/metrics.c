@@ -236,7 +236,11 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                    e->draining ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_ready", "1 when /readyz answers 200, else 0.",
-                   gw->ready && !e->draining ? 1 : 0);
+                   gw->ready && !e->draining && !e->journal_broken ? 1 : 0);
+    if (rc == 0)
+        rc = gauge(b, "beangate_binlog_failed",
+                   "1 while the write-ahead log cannot write (puts are refused), else 0.",
+                   e->journal_broken ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_max_job_size_bytes", "The maximum job size (-z).", e->max_job_size);
     if (rc == 0) rc = family(b, "beangate_uptime_seconds", "gauge", "Seconds since the server started.");
