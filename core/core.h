@@ -396,6 +396,7 @@ struct bg_process_info {
     const char *platform;
     uint64_t binlog_oldest, binlog_current, binlog_migrated, binlog_written;
     uint64_t binlog_max_size;
+    uint64_t binlog_torn;       /* torn or corrupt tails dropped at recovery */
 };
 
 void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,

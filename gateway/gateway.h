@@ -49,6 +49,8 @@ struct gateway_config {
     size_t token_count;
     int metrics_auth;             /* /metrics needs a token too */
     bg_time started_at;           /* the server's start, for uptime */
+    /* process facts for GET /stats (binlog figures); arg is log_arg */
+    void (*process_info)(void *arg, struct bg_process_info *pi);
 };
 
 struct gateway;
@@ -228,5 +230,6 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n);
 json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);
-json_t *gw_json_server(const struct bg_engine *e);
+/* Server stats; pi adds the write-ahead log's figures (may be NULL). */
+json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi);
 #endif

@@ -94,7 +94,7 @@ json_t *gw_json_tube(const struct bg_stats_tube *st)
                      "pause_time_left", (json_int_t)st->pause_left_s);
 }
 
-json_t *gw_json_server(const struct bg_engine *e)
+json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi)
 {
     static const char *const cmd_keys[] = {
         "cmd_put", "cmd_peek", "cmd_peek_ready", "cmd_peek_delayed", "cmd_peek_buried",
@@ -123,5 +123,13 @@ json_t *gw_json_server(const struct bg_engine *e)
     json_object_set_new(v, "total_connections", json_integer((json_int_t)e->stat.total_connections));
     json_object_set_new(v, "draining", json_boolean(e->draining));
     json_object_set_new(v, "binlog_failed", json_boolean(e->journal_broken));
+    struct bg_process_info none = {0};
+    if (!pi) pi = &none;
+    json_object_set_new(v, "binlog_oldest_index", json_integer((json_int_t)pi->binlog_oldest));
+    json_object_set_new(v, "binlog_current_index", json_integer((json_int_t)pi->binlog_current));
+    json_object_set_new(v, "binlog_records_migrated", json_integer((json_int_t)pi->binlog_migrated));
+    json_object_set_new(v, "binlog_records_written", json_integer((json_int_t)pi->binlog_written));
+    json_object_set_new(v, "binlog_max_size", json_integer((json_int_t)pi->binlog_max_size));
+    json_object_set_new(v, "binlog_torn_records", json_integer((json_int_t)pi->binlog_torn));
     return v;
 }

@@ -503,7 +503,11 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
     }
     char **seg = m.seg;
     switch (m.id) {
-    case R_STATS: return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine), NULL);
+    case R_STATS: {
+        struct bg_process_info pi = {0};
+        if (r->gw->cfg.process_info) r->gw->cfg.process_info(r->gw->cfg.log_arg, &pi);
+        return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine, &pi), NULL);
+    }
     case R_TUBES: return route_list_tubes(r);
     case R_TUBE: return route_tube(r, seg[1], NULL);
     case R_TUBE_JOBS: return route_put(r, seg[1]);

@@ -56,6 +56,12 @@ void server_arm_timer(struct server *srv)
     evtimer_add(srv->timer, &tv);
 }
 
+/* Process facts for the gateway's GET /stats. */
+static void gateway_process_info(void *arg, struct bg_process_info *pi)
+{
+    server_process_info(arg, pi);
+}
+
 /* The log's record counts, for the gateway's durable replies. */
 static uint64_t log_seq(void *arg, int synced)
 {
@@ -231,7 +237,7 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at};
+                                      srv.started_at, gateway_process_info};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

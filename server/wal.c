@@ -413,6 +413,7 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_migrated = w->records_migrated;
     pi->binlog_written = w->records_written;
     pi->binlog_max_size = w->cfg.segment_size;
+    pi->binlog_torn = w->torn_records;
 }
 
 /* ---- recovery ---------------------------------------------------------- */

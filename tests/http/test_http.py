@@ -76,7 +76,8 @@ SERVER_KEYS = {
     "cmd_list_tube_used", "cmd_list_tubes_watched", "cmd_pause_tube", "job_timeouts",
     "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
     "current_workers", "current_waiting", "total_connections", "draining",
-    "binlog_failed"}
+    "binlog_failed", "binlog_oldest_index", "binlog_current_index", "binlog_records_migrated",
+    "binlog_records_written", "binlog_max_size", "binlog_torn_records"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
 
