@@ -4,6 +4,8 @@
 #      integration tests over TCP, the differential test against Debian's
 #      beanstalkd, and real client libraries' own test suites;
 #   2. the same suites again in an AddressSanitizer + UndefinedBehaviorSanitizer build;
+#   4. the container image: build, run, put over HTTP, reserve over TCP,
+#      restart on the same volume (docker/smoke-test);
 #   3. the libFuzzer harnesses: the codec for FUZZ_SECONDS (default 60) and
 #      the log reader for FUZZ_LOG_SECONDS (default 30).
 set -euo pipefail
@@ -33,4 +35,7 @@ build-fuzz/fuzz/fuzz_codec -max_total_time="${FUZZ_SECONDS:-60}" -max_len=4096 \
 build-fuzz/fuzz/fuzz_journal -max_total_time="${FUZZ_LOG_SECONDS:-30}" -max_len=8192 \
     -print_final_stats=1 build-fuzz/corpus-journal fuzz/corpus-journal 2>&1 | tail -n 5
 echo "fuzz: 2 passed, 0 failed"
+
+echo "== container image (docker, or podman-local where there is no engine)"
+docker/smoke-test
 echo "all test suites passed"

@@ -20,6 +20,7 @@
 
 #include "server.h"
 #include "wal.h"
+#include "log.h"
 
 struct conn {
     struct bg_session session;   /* first: the codec's view */
@@ -321,9 +322,28 @@ static int listen_tcp(const char *addr, const char *port)
     return fd;
 }
 
+/* The first socket systemd passed us (socket activation, the sd_listen_fds
+ * protocol: LISTEN_PID is us, LISTEN_FDS >= 1, the socket is fd 3), or -1. */
+static int inherited_socket(void)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() || strtol(fds, NULL, 10) < 1) return -1;
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_FDNAMES");
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) return -1;
+    fcntl(3, F_SETFD, FD_CLOEXEC);
+    return 3;
+}
+
 int net_listen(struct server *srv, const struct server_config *cfg)
 {
-    int fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
+    int fd = inherited_socket();
+    if (fd >= 0) {
+        log_event(BG_LOG_INFO, "listening", "inherited=systemd fd=3");
+    } else fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
                  ? listen_unix(srv, cfg->listen_addr + 5, cfg->user)
                  : listen_tcp(cfg->listen_addr, cfg->port);
     if (fd < 0) return -1;

@@ -1016,8 +1016,56 @@ def test_flag_u_nobody():
 
 # ---- runner ---------------------------------------------------------------------------
 
+def test_systemd_socket_activation():
+    # A listening socket passed as fd 3 with LISTEN_PID/LISTEN_FDS (the
+    # sd_listen_fds protocol) serves the beanstalk protocol; -p is ignored.
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    port = lsock.getsockname()[1]
+    saved = os.dup(3) if _fd_open(3) else None
+    os.dup2(lsock.fileno(), 3)
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" -p 1 --no-http',
+                                 BINARY], pass_fds=(3,), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    finally:
+        if saved is not None:
+            os.dup2(saved, 3)
+            os.close(saved)
+        else:
+            os.close(3)
+    lsock.close()
+    try:
+        c = socket.create_connection(("127.0.0.1", port), timeout=5)
+        c.settimeout(5)
+        c.sendall(b"put 0 0 10 2\r\nhi\r\nlist-tube-used\r\n")
+        got = b""
+        while not got.endswith(b"USING default\r\n"):
+            chunk = c.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        c.close()
+        check(got == b"INSERTED 1\r\nUSING default\r\n", "inherited socket replied %r" % got)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    check(proc.returncode == 0, "exit status %r after SIGTERM; stderr %r" % (proc.returncode, err[-500:]))
+    check(b"inherited=systemd" in err or proc.returncode == 0, "stderr %r" % err[-500:])
+
+
+def _fd_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
 TESTS = [
     test_put_reserve_delete_binary_body,
+    test_systemd_socket_activation,
     test_job_size_default_limit,
     test_job_size_flag_z10,
     test_pipelined_2000_puts_then_reserve_delete,
