@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install what is missing, build, and run every test:
 #   1. the normal build: unit tests (cmocka), recorded codec cases,
-#      integration tests over TCP, the differential test against Debian's
-#      beanstalkd, and real client libraries' own test suites;
+#      integration tests over TCP and HTTP, the differential test against
+#      Debian's beanstalkd, real client libraries' own test suites, the
+#      OpenAPI contract check, the write-ahead log's crash tests;
 #   2. the same suites again in an AddressSanitizer + UndefinedBehaviorSanitizer build;
-#   4. the container image: build, run, put over HTTP, reserve over TCP,
-#      restart on the same volume (docker/smoke-test);
 #   3. the libFuzzer harnesses: the codec for FUZZ_SECONDS (default 60) and
-#      the log reader for FUZZ_LOG_SECONDS (default 30).
+#      the log reader for FUZZ_LOG_SECONDS (default 30);
+#   4. the container image: build, run, put over HTTP, reserve over TCP,
+#      restart on the same volume (docker/smoke-test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
