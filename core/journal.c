@@ -26,13 +26,38 @@ static void crc_init(void)
     }
 }
 
-uint32_t bg_crc32c(const void *data, size_t n)
+static uint32_t crc32c_table(const unsigned char *p, size_t n)
 {
     if (!crc_table[1]) crc_init();
-    const unsigned char *p = data;
     uint32_t c = 0xFFFFFFFFu;
     for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The same CRC with the SSE4.2 instruction, 8 bytes at a time. */
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(const unsigned char *p, size_t n)
+{
+    uint64_t c = 0xFFFFFFFFu;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = __builtin_ia32_crc32di(c, word);
+    }
+    uint32_t c32 = (uint32_t)c;
+    for (; n; n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
+    return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+
+uint32_t bg_crc32c(const void *data, size_t n)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    static int has_sse42 = -1;
+    if (has_sse42 < 0) has_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    if (has_sse42) return crc32c_sse42(data, n);
+#endif
+    return crc32c_table(data, n);
 }
 
 /* ---- little-endian helpers --------------------------------------------- */

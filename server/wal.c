@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -418,26 +419,31 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
 
 /* ---- recovery ---------------------------------------------------------- */
 
-/* Read a whole file; NULL on error. */
-static char *read_all(int dir_fd, const char *name, size_t *len)
+/* Map a whole file read-only (no copy through a buffer); NULL on error.
+ * An empty file maps to a static empty buffer. */
+static char *map_all(int dir_fd, const char *name, size_t *len)
 {
+    static char empty[1];
     int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return NULL;
-    }
-    char *data = malloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (data && got < (size_t)st.st_size) {
-        ssize_t n = read(fd, data + got, (size_t)st.st_size - got);
-        if (n <= 0) break;
-        got += (size_t)n;
+    char *data = NULL;
+    if (fstat(fd, &st) == 0) {
+        *len = (size_t)st.st_size;
+        if (*len == 0) data = empty;
+        else {
+            data = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (data == MAP_FAILED) data = NULL;
+            else madvise(data, *len, MADV_SEQUENTIAL);
+        }
     }
     close(fd);
-    *len = got;
     return data;
+}
+
+static void unmap_all(char *data, size_t len)
+{
+    if (len) munmap(data, len);
 }
 
 /* Apply one segment's records to the engine. Returns records applied. */
@@ -528,14 +534,14 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = read_all(w->dir_fd, name, &len);
+        char *data = map_all(w->dir_fd, name, &len);
         if (!data) {
             fprintf(stderr, "level=error event=wal_unreadable file=%s error=\"%s\"\n", name, strerror(errno));
             free(indexes);
             return -1;
         }
         records += replay_segment(w, name, data, len, now, wall);
-        free(data);
+        unmap_all(data, len);
         uint64_t *size = segment_size_at(w, indexes[i]);
         if (size) *size = len;
         w->total_bytes += len;

@@ -138,6 +138,16 @@ static void test_flipped_byte_is_detected(void **state)
     }
 }
 
+/* The checksum is CRC-32C (Castagnoli): the standard check values. */
+static void test_crc32c_vectors(void **state)
+{
+    (void)state;
+    assert_int_equal(bg_crc32c("123456789", 9), 0xE3069283u);
+    assert_int_equal(bg_crc32c("", 0), 0);
+    unsigned char zeros[32] = {0};
+    assert_int_equal(bg_crc32c(zeros, 32), 0x8A9136AAu);
+}
+
 /* A segment header is recognised; another version or magic is not. */
 static void test_segment_header(void **state)
 {
@@ -208,6 +218,7 @@ static void test_restore_into_engine(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc32c_vectors),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_truncation_is_torn),
         cmocka_unit_test(test_flipped_byte_is_detected),
