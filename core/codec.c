@@ -190,7 +190,9 @@ struct request {
     uint32_t pri, delay, ttr;
     int64_t timeout;
     const char *name;
-    int trailing_garbage; /* put: reference answers BAD_FORMAT after counting */
+    int bad_after_count;  /* reference: BAD_FORMAT, but the command is counted
+                           * (put with trailing bytes, pause-tube with a
+                           * name it cannot use) */
 };
 
 typedef void (*execute_fn)(struct bg_session *s, const struct request *r, bg_time now);
@@ -290,7 +292,7 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
         if (read_uint(p, &p, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
         r->ttr = (uint32_t)v;
         if (read_uint(p, &end, UINT32_MAX, &r->bytes) != 0) return BG_BAD_FORMAT;
-        r->trailing_garbage = *end != '\0';
+        r->bad_after_count = *end != '\0';
         return 0;
     case ARGS_RELEASE:
         if (read_uint(p, &p, UINT64_MAX, &r->id) != 0) return BG_BAD_FORMAT;
@@ -317,9 +319,9 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
         while (*p == ' ') p++;
         const char *q = p;
         while (*q && bg_tube_name_char(*q)) q++;
-        if (!bg_tube_name_valid(p, (size_t)(q - p))) return BG_BAD_FORMAT;
         if (read_uint(q, NULL, UINT32_MAX, &v) != 0) return BG_BAD_FORMAT;
         r->delay = (uint32_t)v;
+        r->bad_after_count = !bg_tube_name_valid(p, (size_t)(q - p));
         ((char *)q)[0] = '\0'; /* the line is our own copy */
         r->name = p;
         return 0;
@@ -369,7 +371,7 @@ static void exec_put(struct bg_session *s, const struct request *r, bg_time now)
         skip_then_reply(s, r->bytes + 2, BG_JOB_TOO_BIG); /* reference: wraps */
         return;
     }
-    if (r->trailing_garbage) {
+    if (r->bad_after_count) {
         reply_word(s, BG_BAD_FORMAT);
         return;
     }
@@ -589,6 +591,10 @@ static void exec_quit(struct bg_session *s, const struct request *r, bg_time now
 
 static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_time now)
 {
+    if (r->bad_after_count) {
+        reply_word(s, BG_BAD_FORMAT);
+        return;
+    }
     int outcome = bg_pause_tube(s->client.engine, r->name, r->delay, now);
     if (outcome == 0) reply_text(s, "PAUSED\r\n");
     else reply_word(s, outcome);
