@@ -550,7 +550,10 @@ void bg_client_close(struct bg_client *c, bg_time now)
         job_unlink(e, j);
         job_enqueue(e, j, 0, now);
     }
-    while (c->watch_len) client_remove_watch(c, c->watch_len - 1);
+    /* reference: the watch set is cleared by removing its first entry over
+     * and over (the last moves into its slot): tubes that die here leave
+     * the tube list in that order */
+    while (c->watch_len) client_remove_watch(c, 0);
     bg_free(c->watch);
     c->watch = NULL;
     if (c->use) {
