@@ -356,6 +356,15 @@ int net_listen(struct server *srv, const struct server_config *cfg)
 
 void net_shutdown(struct server *srv)
 {
+    /* stop accepting first, then answer every blocked reserve (TIMED_OUT,
+     * as when a waiting client half-closes) and send what can be sent
+     * without blocking; reserved jobs go back to ready as the connections
+     * close */
+    if (srv->listen_ev) event_del(srv->listen_ev);
+    for (struct conn *c = srv->conns; c; c = c->next) {
+        if (c->session.state == BG_WAITING) bg_session_peer_eof(&c->session);
+        if (!c->is_held) conn_flush(c);
+    }
     while (srv->conns) conn_free(srv->conns);
     if (srv->listen_ev) event_free(srv->listen_ev);
     if (srv->listen_fd >= 0) close(srv->listen_fd);

@@ -857,6 +857,27 @@ def test_sigterm_with_busy_server():
     busy_server_then_signal(signal.SIGTERM)
 
 
+def test_sigterm_answers_blocked_reserve():
+    # Graceful stop: a connection blocked in reserve is answered TIMED_OUT
+    # before the server closes it, and the server exits 0.
+    srv = Server().start()
+    try:
+        c = srv.connect()
+        c.sock.sendall(b"reserve\r\n")
+        time.sleep(0.2)
+        srv.stop_checked()
+        c.sock.settimeout(READ_TIMEOUT)
+        got = b""
+        while True:
+            chunk = c.sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        check(got == b"TIMED_OUT\r\n", "a blocked reserve got %r at shutdown" % got)
+    finally:
+        srv.stop()
+
+
 def test_sigint_with_busy_server():
     busy_server_then_signal(signal.SIGINT)
 
@@ -1086,6 +1107,7 @@ TESTS = [
     test_drain_mode,
     test_sigterm_with_busy_server,
     test_sigint_with_busy_server,
+    test_sigterm_answers_blocked_reserve,
     test_slow_reader_does_not_stall_loop,
     test_pipelined_replies_beyond_output_high_water,
     test_garbage_flood_without_crlf,
