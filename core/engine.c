@@ -82,6 +82,17 @@ static void job_table_grow(struct bg_engine *e)
     bg_free(old);
 }
 
+/* Enter j into tube t (a reference) and the job table. */
+static void job_table_insert(struct bg_engine *e, struct bg_job *j, struct bg_tube *t)
+{
+    j->tube = t;
+    t->refs++; /* the job's reference to its tube */
+    size_t b = id_bucket(e, j->id);
+    j->hash_next = e->jobs[b];
+    e->jobs[b] = j;
+    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+}
+
 static void job_table_remove(struct bg_engine *e, struct bg_job *j)
 {
     struct bg_job **p = &e->jobs[id_bucket(e, j->id)];
@@ -665,12 +676,7 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
         bg_free(j);
         return BG_OUT_OF_MEMORY;
     }
-    j->tube = t;
-    tube_ref(t);
-    size_t b = id_bucket(e, j->id);
-    j->hash_next = e->jobs[b];
-    e->jobs[b] = j;
-    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+    job_table_insert(e, j, t);
     e->stat.total_jobs++;
     t->stat.total_jobs++;
     int r = job_enqueue(e, j, j->delay_s, now);
@@ -955,12 +961,7 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
     j->created_at = created_mono;
     j->tube_slot = j->timer_slot = NO_SLOT;
     restore_fields(j, r);
-    j->tube = t;
-    tube_ref(t);
-    size_t b = id_bucket(e, j->id);
-    j->hash_next = e->jobs[b];
-    e->jobs[b] = j;
-    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+    job_table_insert(e, j, t);
     if (j->id >= e->next_id) e->next_id = j->id + 1;
     restore_place(e, j, r, deadline_mono, now);
     return 0;
