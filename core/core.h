@@ -298,7 +298,11 @@ int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t i
 
 #define BG_JOURNAL_VERSION 1
 #define BG_JOURNAL_HEADER_SIZE 16
-enum bg_record_type { BG_REC_JOB = 1, BG_REC_UPDATE = 2, BG_REC_DELETE = 3, BG_REC_PAUSE = 4 };
+enum bg_record_type {
+    BG_REC_JOB = 1, BG_REC_UPDATE = 2, BG_REC_DELETE = 3, BG_REC_PAUSE = 4,
+    BG_REC_SNAPSHOT_END = 5, /* the records before it in this segment are the
+                              * whole state: older segments are superseded */
+};
 /* bg_journal_decode results besides 0 */
 #define BG_JOURNAL_TORN (-100)     /* the data ends inside a record */
 #define BG_JOURNAL_CORRUPT (-101)  /* checksum or structure is wrong */
@@ -333,6 +337,7 @@ int bg_journal_check_header(const char *data, size_t len);
 /* Append a record (JOB with body, or UPDATE without) to out. */
 int bg_journal_encode_job(struct bg_buf *out, const struct bg_journal_job *r, int with_body);
 int bg_journal_encode_delete(struct bg_buf *out, uint64_t id);
+int bg_journal_encode_snapshot_end(struct bg_buf *out);
 int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
                             uint64_t unpause_wall);
 /* Decode the record at data: 0 (*used bytes, rec points into data),

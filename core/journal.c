@@ -172,6 +172,16 @@ int bg_journal_encode_delete(struct bg_buf *out, uint64_t id)
     return 0;
 }
 
+int bg_journal_encode_snapshot_end(struct bg_buf *out)
+{
+    unsigned char *type_at = start_record(out, 0);
+    if (!type_at) return BG_OUT_OF_MEMORY;
+    unsigned char *p = type_at;
+    put_u8(&p, BG_REC_SNAPSHOT_END);
+    finish_record(out, type_at, p);
+    return 0;
+}
+
 int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
                             uint64_t unpause_wall)
 {
@@ -250,6 +260,9 @@ int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *re
         if (payload != 8) return BG_JOURNAL_CORRUPT;
         rec->job.id = get_u64(b);
         b += 8;
+        break;
+    case BG_REC_SNAPSHOT_END:
+        if (payload != 0) return BG_JOURNAL_CORRUPT;
         break;
     case BG_REC_PAUSE: {
         if (payload < 13) return BG_JOURNAL_CORRUPT;

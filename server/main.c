@@ -118,14 +118,18 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
     event_base_loopbreak(((struct server *)arg)->base);
 }
 
-/* Become `name`'s user and group. 0 or -1 with a message. */
-static int become_user(const char *name)
+/* Become `name`'s user and group, handing the log's files over first.
+ * 0 or -1 with a message. */
+static int become_user(const char *name, struct wal *wal)
 {
     struct passwd *pw = getpwnam(name);
     if (!pw) {
         fprintf(stderr, "beangate: getpwnam(\"%s\"): no such user\n", name);
         return -1;
     }
+    /* the log was opened as root: its files must be the user's, or the
+     * next segment could not be created */
+    if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return -1;
     if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
         perror("beangate: cannot become user");
         return -1;
@@ -246,7 +250,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "beangate: HTTP gateway not started; the beanstalk protocol is served\n");
     }
     /* every socket is open: privileged ports work, then privileges go */
-    if (cfg.user && become_user(cfg.user) != 0) return 111;
+    if (cfg.user && become_user(cfg.user, srv.wal) != 0) return 111;
     if (cfg.verbose)
         fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
 

@@ -251,6 +251,10 @@ static int snapshot(struct wal *w, struct bg_buf *out, uint64_t *records)
             return BG_OUT_OF_MEMORY;
         (*records)++;
     }
+    /* only a complete snapshot may make recovery skip the older segments
+     * (they may still be on disk after a crash, with jobs deleted since) */
+    if (bg_journal_encode_snapshot_end(out) != 0) return BG_OUT_OF_MEMORY;
+    (*records)++;
     return 0;
 }
 
@@ -406,6 +410,20 @@ int wal_durable(const struct wal *w)
     return w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
 }
 
+int wal_chown(struct wal *w, unsigned uid, unsigned gid)
+{
+    if (fchown(w->dir_fd, uid, gid) != 0 || fchown(w->lock_fd, uid, gid) != 0) goto fail;
+    for (uint64_t i = w->first_index; i <= w->cur_index; i++) {
+        char name[64];
+        segment_name(name, sizeof name, i);
+        if (fchownat(w->dir_fd, name, uid, gid, 0) != 0 && errno != ENOENT) goto fail;
+    }
+    return 0;
+fail:
+    fprintf(stderr, "level=error event=wal_chown dir=%s error=\"%s\"\n", w->cfg.dir, strerror(errno));
+    return -1;
+}
+
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
 {
     if (!w) return;
@@ -500,6 +518,19 @@ static uint64_t replay_segment(struct wal *w, const char *name, const char *data
     return applied;
 }
 
+/* Nonzero if the segment holds a complete snapshot (its end record). */
+static int segment_has_snapshot_end(const char *data, size_t len)
+{
+    if (bg_journal_check_header(data, len) != 0) return 0;
+    size_t at = BG_JOURNAL_HEADER_SIZE, used;
+    struct bg_journal_record rec;
+    while (at < len && bg_journal_decode(data + at, len - at, &rec, &used) == 0) {
+        if (rec.type == BG_REC_SNAPSHOT_END) return 1;
+        at += used;
+    }
+    return 0;
+}
+
 static int index_less(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -530,7 +561,29 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
     if (n) qsort(indexes, n, sizeof *indexes, index_less);
     uint64_t records = 0;
     w->first_index = n ? indexes[0] : 1;
-    for (size_t i = 0; i < n; i++) {
+    /* start at the newest segment holding a complete snapshot, if any */
+    size_t start = 0;
+    for (size_t i = n; i-- > 0 && start == 0;) {
+        char name[64];
+        segment_name(name, sizeof name, indexes[i]);
+        size_t len = 0;
+        char *data = map_all(w->dir_fd, name, &len);
+        if (data && segment_has_snapshot_end(data, len)) start = i;
+        if (data) unmap_all(data, len);
+    }
+    if (start)
+        fprintf(stderr, "level=info event=wal_snapshot file=beangate.%llu.wal skipped_segments=%zu\n",
+                (unsigned long long)indexes[start], start);
+    for (size_t i = 0; i < start; i++) { /* superseded by the snapshot */
+        char name[64];
+        segment_name(name, sizeof name, indexes[i]);
+        unlinkat(w->dir_fd, name, 0);
+    }
+    if (start) {
+        fsync(w->dir_fd);
+        w->first_index = indexes[start];
+    }
+    for (size_t i = start; i < n; i++) {
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;

@@ -75,6 +75,9 @@ void wal_kick(struct wal *w);
 int wal_durable(const struct wal *w);
 /* Write what is pending, sync, stop the flusher, close files. */
 void wal_close(struct wal *w);
+/* Give the directory and its files to uid:gid (before dropping
+ * privileges with -u). 0 or -1 with a message. */
+int wal_chown(struct wal *w, unsigned uid, unsigned gid);
 /* binlog-* figures for stats. */
 void wal_stats(const struct wal *w, struct bg_process_info *pi);
 

@@ -1102,6 +1102,44 @@ def test_ids_not_reused_after_compaction():
     srv.stop_checked()
 
 
+def test_old_segment_back_after_snapshot_is_ignored():
+    """A crash can leave segments that a compaction had deleted (the unlink
+    not yet on disk). Jobs deleted before that snapshot must not come back:
+    a complete snapshot supersedes every older segment."""
+    d = new_dir("old_segment_back")
+    srv = Server(d, ["-s", "4096", "-f", "0"]).start()
+    c = srv.connect()
+    k = put(c, b"K" * 200)
+    x = put(c, b"X, deleted before the snapshot")
+    live = put(c, b"L, alive: the snapshot's id mark is not a delete of X")
+    saved = {name: open(os.path.join(d, name), "rb").read()
+             for name in os.listdir(d) if name.endswith(".wal")}
+    c.cmd(b"delete %d\r\n" % x, b"DELETED\r\n")
+    compacted = False
+    t_end = time.monotonic() + 20
+    for i in range(200):
+        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
+        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
+        if int(c.yaml(b"stats")["binlog-oldest-index"]) > 1:
+            compacted = True
+            break
+        check(time.monotonic() < t_end, "no compaction within 20 s")
+    check(compacted, "no compaction after 2000 releases with -s 4096")
+    c.close()
+    srv.stop_checked()
+    for name, data in saved.items():  # the deleted segments come back
+        if not os.path.exists(os.path.join(d, name)):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+    srv.start()
+    c = srv.connect()
+    check_eq(peek_many(c, [x])[x], None, "job X, deleted before the snapshot, after old segments came back")
+    check_eq(peek_many(c, [k])[k], b"K" * 200, "job K")
+    check_eq(peek_many(c, [live])[live], b"L, alive: the snapshot's id mark is not a delete of X", "job L")
+    c.close()
+    srv.stop_checked()
+
+
 # ---- 4. disk full (injected with a file-size limit) ---------------------------------------
 
 def set_fsize(pid, soft):
@@ -1572,6 +1610,7 @@ TESTS = [
     test_compaction_release_churn,
     test_compaction_put_delete_churn,
     test_ids_not_reused_after_compaction,
+    test_old_segment_back_after_snapshot_is_ignored,
     test_disk_full_refuses_puts_then_recovers,
     test_lock_second_server_refused,
     test_torn_tail_garbage_appended,

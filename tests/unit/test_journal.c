@@ -28,11 +28,13 @@ static const struct record_case cases[] = {
     {"update", BG_REC_UPDATE, {UINT64_MAX, "default", 5, BG_JOB_DELAYED, 30, 60, 1ull << 62, 3, 9, 8, 7, 6, 5, 0, NULL}, NULL, 0, 0},
     {"delete", BG_REC_DELETE, {42, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL}, NULL, 0, 0},
     {"pause", BG_REC_PAUSE, {0}, "paused-tube", 300, 1700000000000000000ull},
+    {"snapshot-end", BG_REC_SNAPSHOT_END, {0}, NULL, 0, 0},
 };
 
 static void encode(const struct record_case *c, struct bg_buf *out)
 {
-    int r = c->type == BG_REC_DELETE ? bg_journal_encode_delete(out, c->job.id)
+    int r = c->type == BG_REC_SNAPSHOT_END ? bg_journal_encode_snapshot_end(out)
+          : c->type == BG_REC_DELETE ? bg_journal_encode_delete(out, c->job.id)
           : c->type == BG_REC_PAUSE ? bg_journal_encode_pause(out, c->pause_tube, c->pause_s, c->unpause_wall)
           : bg_journal_encode_job(out, &c->job, c->type == BG_REC_JOB);
     assert_int_equal(r, 0);
@@ -41,6 +43,7 @@ static void encode(const struct record_case *c, struct bg_buf *out)
 static void assert_same(const struct record_case *c, const struct bg_journal_record *rec)
 {
     assert_int_equal(rec->type, c->type);
+    if (c->type == BG_REC_SNAPSHOT_END) return;
     if (c->type == BG_REC_PAUSE) {
         assert_string_equal(rec->tube, c->pause_tube);
         assert_int_equal(rec->pause_s, c->pause_s);
