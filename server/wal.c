@@ -470,7 +470,17 @@ static uint64_t replay_segment(struct wal *w, const char *name, const char *data
 {
     struct bg_engine *e = w->engine;
     if (bg_journal_check_header(data, len) != 0) {
-        fprintf(stderr, "level=warn event=wal_bad_segment file=%s action=ignored\n", name);
+        if (len >= BG_JOURNAL_HEADER_SIZE) {
+            /* a whole header we cannot read: another format version (a
+             * downgrade?) or not our file. Starting without its jobs would
+             * lose them silently, so refuse. */
+            fprintf(stderr, "level=error event=wal_unknown_segment file=%s action=refuse_start "
+                            "hint=\"written by another beangate version, or not a beangate log\"\n", name);
+            w->unreadable = 1;
+            return 0;
+        }
+        /* a header torn while the segment was being created */
+        fprintf(stderr, "level=warn event=wal_torn_tail file=%s offset=0 dropped_bytes=%zu\n", name, len);
         w->torn_records++;
         return 0;
     }
@@ -595,6 +605,10 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         }
         records += replay_segment(w, name, data, len, now, wall);
         unmap_all(data, len);
+        if (w->unreadable) {
+            free(indexes);
+            return -1;
+        }
         uint64_t *size = segment_size_at(w, indexes[i]);
         if (size) *size = len;
         w->total_bytes += len;

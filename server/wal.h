@@ -45,6 +45,7 @@ struct wal {
     int dir_dirty;             /* segments were deleted: sync the directory */
     uint64_t records_written, records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
+    int unreadable;            /* a segment of an unknown format: refuse to start */
     int failed_errno;          /* last write/sync failure, 0 when healthy */
     /* compaction */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */

@@ -1140,6 +1140,18 @@ def test_old_segment_back_after_snapshot_is_ignored():
     srv.stop_checked()
 
 
+def test_unknown_format_version_refuses_start():
+    """A segment whose header names another format version (a downgrade)
+    must stop the start, not be skipped: its jobs would be lost silently."""
+    d = new_dir("unknown_version")
+    with open(os.path.join(d, "beangate.1.wal"), "wb") as f:
+        f.write(b"BGWAL\r\n\0" + (2).to_bytes(4, "little") + bytes(4))
+    r = subprocess.run([BINARY, "-l", "127.0.0.1", "-p", str(free_port()), "-b", d] + NO_HTTP,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
+    check(r.returncode == 111, "start on a version-2 segment exited %r, want 111" % r.returncode)
+    check(b"event=wal_unknown_segment" in r.stderr, "stderr %r" % r.stderr[-400:])
+
+
 # ---- 4. disk full (injected with a file-size limit) ---------------------------------------
 
 def set_fsize(pid, soft):
@@ -1611,6 +1623,7 @@ TESTS = [
     test_compaction_put_delete_churn,
     test_ids_not_reused_after_compaction,
     test_old_segment_back_after_snapshot_is_ignored,
+    test_unknown_format_version_refuses_start,
     test_disk_full_refuses_puts_then_recovers,
     test_lock_second_server_refused,
     test_torn_tail_garbage_appended,
