@@ -1,4 +1,5 @@
 /* main.c - the beangate process: flags, the loop, the timer, signals. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "server.h"
 #include "../gateway/gateway.h"
 #include "wal.h"
+#include "log.h"
 
 bg_time server_now(void)
 {
@@ -108,7 +110,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct server *srv = arg;
     srv->engine.draining = 1;
-    if (srv->verbose) fprintf(stderr, "beangate: entering drain mode\n");
+    log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
@@ -124,14 +126,14 @@ static int become_user(const char *name, struct wal *wal)
 {
     struct passwd *pw = getpwnam(name);
     if (!pw) {
-        fprintf(stderr, "beangate: getpwnam(\"%s\"): no such user\n", name);
+        log_event(BG_LOG_ERROR, "no_such_user", "user=%s", log_str(name));
         return -1;
     }
     /* the log was opened as root: its files must be the user's, or the
      * next segment could not be created */
     if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return -1;
     if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
-        perror("beangate: cannot become user");
+        log_event(BG_LOG_ERROR, "become_user_failed", "user=%s error=%s", log_str(name), log_str(strerror(errno)));
         return -1;
     }
     return 0;
@@ -208,12 +210,12 @@ int main(int argc, char **argv)
     srv.started_at = server_now();
     describe_host(&srv);
     if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
-        fprintf(stderr, "beangate: out of memory\n");
+        log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }
     srv.base = event_base_new();
     if (!srv.base) {
-        fprintf(stderr, "beangate: cannot create the event loop\n");
+        log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;
     }
     srv.timer = evtimer_new(srv.base, timer_cb, &srv);
@@ -247,12 +249,11 @@ int main(int argc, char **argv)
          * a drop-in start; an address or port asked for explicitly must */
         if (!srv.gateway && cfg.http_explicit) return 111;
         if (!srv.gateway)
-            fprintf(stderr, "beangate: HTTP gateway not started; the beanstalk protocol is served\n");
+            log_event(BG_LOG_WARN, "http_not_started", "reason=default_port_busy port=%s beanstalk=served", log_str(cfg.http_port));
     }
     /* every socket is open: privileged ports work, then privileges go */
     if (cfg.user && become_user(cfg.user, srv.wal) != 0) return 111;
-    if (cfg.verbose)
-        fprintf(stderr, "beangate: listening on %s port %s\n", cfg.listen_addr, cfg.port);
+    log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
 
     gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
     event_base_dispatch(srv.base);

@@ -252,7 +252,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         if (srv->conns) srv->conns->prev = c;
         srv->conns = c;
         event_add(c->read_ev, NULL);
-        if (srv->verbose) fprintf(stderr, "beangate: accepted connection fd %d\n", fd);
+        log_event(BG_LOG_DEBUG, "accepted", "fd=%d", fd);
     }
 }
 
@@ -263,7 +263,7 @@ static int listen_unix(struct server *srv, const char *path, const char *cfg_use
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     if (strlen(path) >= sizeof sa.sun_path) {
-        fprintf(stderr, "beangate: unix socket path too long: %s\n", path);
+        log_event(BG_LOG_ERROR, "listen_failed", "addr=%s error=\"path too long\"", log_str(path));
         return -1;
     }
     strcpy(sa.sun_path, path);
@@ -272,14 +272,14 @@ static int listen_unix(struct server *srv, const char *path, const char *cfg_use
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            fprintf(stderr, "beangate: %s exists and is not a socket\n", path);
+            log_event(BG_LOG_ERROR, "listen_failed", "addr=%s error=\"exists and is not a socket\"", log_str(path));
             close(fd);
             return -1;
         }
         unlink(path); /* a stale socket from an earlier run */
     }
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
-        fprintf(stderr, "beangate: cannot listen on unix:%s: %s\n", path, strerror(errno));
+        log_event(BG_LOG_ERROR, "listen_failed", "addr=%s error=%s", log_str(path), log_str(strerror(errno)));
         close(fd);
         return -1;
     }
@@ -289,7 +289,7 @@ static int listen_unix(struct server *srv, const char *path, const char *cfg_use
          * neither accept its clients' permissions nor remove the file */
         struct passwd *pw = getpwnam(cfg_user);
         if (pw && chown(path, pw->pw_uid, pw->pw_gid) != 0)
-            fprintf(stderr, "beangate: cannot chown %s: %s\n", path, strerror(errno));
+            log_event(BG_LOG_ERROR, "chown_failed", "path=%s error=%s", log_str(path), log_str(strerror(errno)));
     }
     return fd;
 }
@@ -304,7 +304,7 @@ static int listen_tcp(const char *addr, const char *port)
     hints.ai_flags = AI_PASSIVE;
     int r = getaddrinfo(addr, port, &hints, &res);
     if (r != 0) {
-        fprintf(stderr, "beangate: cannot resolve %s port %s: %s\n", addr, port, gai_strerror(r));
+        log_event(BG_LOG_ERROR, "listen_failed", "addr=%s port=%s error=%s", log_str(addr), log_str(port), log_str(gai_strerror(r)));
         return -1;
     }
     int fd = -1;
@@ -317,7 +317,8 @@ static int listen_tcp(const char *addr, const char *port)
         close(fd);
         fd = -1;
     }
-    if (fd < 0) fprintf(stderr, "beangate: cannot listen on %s port %s: %s\n", addr, port, strerror(errno));
+    if (fd < 0)
+        log_event(BG_LOG_ERROR, "listen_failed", "addr=%s port=%s error=%s", log_str(addr), log_str(port), log_str(strerror(errno)));
     freeaddrinfo(res);
     return fd;
 }
@@ -342,7 +343,7 @@ int net_listen(struct server *srv, const struct server_config *cfg)
 {
     int fd = inherited_socket();
     if (fd >= 0) {
-        log_event(BG_LOG_INFO, "listening", "inherited=systemd fd=3");
+        snprintf(srv->listen_desc, sizeof srv->listen_desc, "systemd-fd-3");
     } else fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
                  ? listen_unix(srv, cfg->listen_addr + 5, cfg->user)
                  : listen_tcp(cfg->listen_addr, cfg->port);

@@ -72,6 +72,7 @@ struct server {
     int listen_fd;
     struct event *listen_ev;
     char unix_path[108];
+    char listen_desc[32];        /* "systemd-fd-3" when the socket was inherited */
     struct conn *conns;          /* every open connection */
     struct conn *woken;          /* connections with async output */
     struct conn *held;           /* connections waiting for the log */
