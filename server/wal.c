@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "wal.h"
+#include "log.h"
 
 #define RETRY_SECONDS 1
 
@@ -631,24 +632,24 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     w->batch.close_fd = -1;
     w->cur_fd = w->lock_fd = w->notify_fd = -1;
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
-        fprintf(stderr, "beangate: cannot create %s: %s\n", cfg->dir, strerror(errno));
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return -1;
     }
     w->dir_fd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (w->dir_fd < 0) {
-        fprintf(stderr, "beangate: cannot open %s: %s\n", cfg->dir, strerror(errno));
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return -1;
     }
     w->lock_fd = openat(w->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        fprintf(stderr, "beangate: %s is in use by another server (lock file %s/lock)\n", cfg->dir, cfg->dir);
+        log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
         return -1;
     }
     if (recover(w, now, wall) != 0) return -1;
     /* new records go to a new segment: a torn tail is never appended to */
     w->cur_fd = segment_create(w, w->cur_index + 1);
     if (w->cur_fd < 0) {
-        fprintf(stderr, "beangate: cannot create a log segment in %s: %s\n", cfg->dir, strerror(errno));
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return -1;
     }
     w->cur_index++;
@@ -658,7 +659,7 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
-        fprintf(stderr, "beangate: cannot start the log flusher\n");
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
         return -1;
     }
     w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
