@@ -423,6 +423,12 @@ enum bg_cmd {
     BG_CMD_COUNT
 };
 
+/* The beanstalk name of each command, indexed by enum bg_cmd; the stats
+ * keys (YAML cmd-put, JSON cmd_put, metrics command="put") come from it.
+ * BG_CMD_STATS_SHOWN of them appear in `stats`. */
+extern const char *const bg_cmd_names[BG_CMD_COUNT];
+#define BG_CMD_STATS_SHOWN BG_CMD_RESERVE_JOB
+
 enum bg_session_state {
     BG_WANT_COMMAND,   /* reading a command line */
     BG_WANT_BODY,      /* reading a put body into in_job */

@@ -55,13 +55,11 @@ static int finish_ok(struct bg_buf *out, struct bg_buf *yaml, int rc)
     return rc;
 }
 
-/* Keys of the `stats` command counters, in the reference's order. */
-static const char *const cmd_keys[] = {
-    "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
-    "cmd-reserve", "cmd-reserve-with-timeout", "cmd-delete", "cmd-release",
-    "cmd-use", "cmd-watch", "cmd-ignore", "cmd-bury", "cmd-kick", "cmd-touch",
-    "cmd-stats", "cmd-stats-job", "cmd-stats-tube", "cmd-list-tubes",
-    "cmd-list-tube-used", "cmd-list-tubes-watched", "cmd-pause-tube",
+const char *const bg_cmd_names[BG_CMD_COUNT] = {
+    "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
+    "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury", "kick",
+    "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
+    "list-tubes-watched", "pause-tube", "reserve-job", "kick-job", "quit",
 };
 
 int bg_render_stats(struct bg_buf *out, const struct bg_engine *e,
@@ -75,8 +73,8 @@ int bg_render_stats(struct bg_buf *out, const struct bg_engine *e,
         (unsigned long long)e->urgent_count, (unsigned long long)e->ready_count,
         (unsigned long long)e->reserved_count, (unsigned long long)e->delayed_count,
         (unsigned long long)e->buried_count);
-    for (size_t i = 0; rc == 0 && i < sizeof cmd_keys / sizeof cmd_keys[0]; i++)
-        rc = bg_buf_printf(&y, "%s: %llu\n", cmd_keys[i], (unsigned long long)e->stat.cmd[i]);
+    for (size_t i = 0; rc == 0 && i < BG_CMD_STATS_SHOWN; i++)
+        rc = bg_buf_printf(&y, "cmd-%s: %llu\n", bg_cmd_names[i], (unsigned long long)e->stat.cmd[i]);
     if (rc == 0)
         rc = bg_buf_printf(&y,
             "job-timeouts: %llu\ntotal-jobs: %llu\nmax-job-size: %u\ncurrent-tubes: %u\n"

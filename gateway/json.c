@@ -96,13 +96,6 @@ json_t *gw_json_tube(const struct bg_stats_tube *st)
 
 json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi)
 {
-    static const char *const cmd_keys[] = {
-        "cmd_put", "cmd_peek", "cmd_peek_ready", "cmd_peek_delayed", "cmd_peek_buried",
-        "cmd_reserve", "cmd_reserve_with_timeout", "cmd_delete", "cmd_release", "cmd_use",
-        "cmd_watch", "cmd_ignore", "cmd_bury", "cmd_kick", "cmd_touch", "cmd_stats",
-        "cmd_stats_job", "cmd_stats_tube", "cmd_list_tubes", "cmd_list_tube_used",
-        "cmd_list_tubes_watched", "cmd_pause_tube",
-    };
     json_t *v = json_pack("{s:I, s:I, s:I, s:I, s:I}",
                           "current_jobs_urgent", (json_int_t)e->urgent_count,
                           "current_jobs_ready", (json_int_t)e->ready_count,
@@ -110,8 +103,12 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
                           "current_jobs_delayed", (json_int_t)e->delayed_count,
                           "current_jobs_buried", (json_int_t)e->buried_count);
     if (!v) return NULL;
-    for (size_t i = 0; i < sizeof cmd_keys / sizeof cmd_keys[0]; i++)
-        json_object_set_new(v, cmd_keys[i], json_integer((json_int_t)e->stat.cmd[i]));
+    for (size_t i = 0; i < BG_CMD_STATS_SHOWN; i++) {
+        char key[40] = "cmd_"; /* the YAML key with '_' for '-' */
+        for (size_t k = 0; bg_cmd_names[i][k] && k + 5 < sizeof key; k++)
+            key[4 + k] = bg_cmd_names[i][k] == '-' ? '_' : bg_cmd_names[i][k];
+        json_object_set_new(v, key, json_integer((json_int_t)e->stat.cmd[i]));
+    }
     json_object_set_new(v, "job_timeouts", json_integer((json_int_t)e->stat.job_timeouts));
     json_object_set_new(v, "total_jobs", json_integer((json_int_t)e->stat.total_jobs));
     json_object_set_new(v, "max_job_size", json_integer(e->max_job_size));

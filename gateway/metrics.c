@@ -180,16 +180,6 @@ static int counter(struct bg_buf *b, const char *name, const char *help, uint64_
     return rc;
 }
 
-/* The beanstalk command names, indexed by enum bg_cmd. */
-static const char *const command_names[] = {
-    "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
-    "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury", "kick",
-    "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
-    "list-tubes-watched", "pause-tube", "reserve-job", "kick-job", "quit",
-};
-_Static_assert(sizeof command_names / sizeof command_names[0] == BG_CMD_COUNT,
-               "one name per enum bg_cmd");
-
 static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now)
 {
     const struct bg_engine *e = gw->engine;
@@ -213,7 +203,7 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                     "Beanstalk protocol commands by name (cmd-* of stats); HTTP requests are "
                     "in beangate_http_requests_total.");
     for (int i = 0; rc == 0 && i < BG_CMD_COUNT; i++)
-        rc = sample1(b, "beangate_commands_total", "command", command_names[i], e->stat.cmd[i]);
+        rc = sample1(b, "beangate_commands_total", "command", bg_cmd_names[i], e->stat.cmd[i]);
     if (rc == 0)
         rc = gauge(b, "beangate_current_connections",
                    "Open beanstalk connections (current-connections).", e->connections);
