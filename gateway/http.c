@@ -85,6 +85,22 @@ enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t 
     return gw_reply_json_headers(c, status, v, location, NULL, NULL);
 }
 
+/* Queue len bytes of text (copied) with a Content-Type and up to two more
+ * headers (a NULL name is skipped). */
+static enum MHD_Result queue_text(struct MHD_Connection *c, unsigned status, const char *text,
+                                  size_t len, const char *type, const char *name1,
+                                  const char *value1, const char *name2, const char *value2)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", type);
+    if (name1) MHD_add_response_header(resp, name1, value1);
+    if (name2) MHD_add_response_header(resp, name2, value2);
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
 enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
                                       const char *location, const char *name, const char *value)
 {
@@ -93,14 +109,9 @@ enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status,
     if (!text) return MHD_NO;
     size_t n = strlen(text);
     text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
-    struct MHD_Response *resp = MHD_create_response_from_buffer(n + 1, text, MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ok = queue_text(c, status, text, n + 1, "application/json",
+                                    location ? "Location" : NULL, location, name, value);
     free(text);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/json");
-    if (location) MHD_add_response_header(resp, "Location", location);
-    if (name) MHD_add_response_header(resp, name, value);
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
     return ok;
 }
 
@@ -130,14 +141,9 @@ enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned statu
     char *text = json_dumps(v, JSON_COMPACT);
     json_decref(v);
     if (!text) return MHD_NO;
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ok = queue_text(c, status, text, strlen(text), "application/problem+json",
+                                    status == 503 ? "Retry-After" : NULL, "5", name, value);
     free(text);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/problem+json");
-    if (status == 503) MHD_add_response_header(resp, "Retry-After", "5");
-    if (name) MHD_add_response_header(resp, name, value);
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
     return ok;
 }
 
