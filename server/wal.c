@@ -369,7 +369,6 @@ static int batch_done(struct wal *w)
     if (size && b->fd == w->cur_fd) *size += b->data.len;
     w->total_bytes += b->data.len;
     w->written_seq = b->end_seq;
-    w->records_written = w->written_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
         w->last_sync = mono_now();
@@ -431,7 +430,7 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_oldest = w->first_index;
     pi->binlog_current = w->cur_index;
     pi->binlog_migrated = w->records_migrated;
-    pi->binlog_written = w->records_written;
+    pi->binlog_written = w->written_seq;
     pi->binlog_max_size = w->cfg.segment_size;
     pi->binlog_torn = w->torn_records;
 }

@@ -41,9 +41,9 @@ struct wal {
     /* records */
     struct bg_buf pending;
     uint64_t pending_records;  /* records in pending (the last ones appended) */
-    uint64_t appended_seq, synced_seq, written_seq;
+    uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
     int dir_dirty;             /* segments were deleted: sync the directory */
-    uint64_t records_written, records_migrated;
+    uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
     int unreadable;            /* a segment of an unknown format: refuse to start */
     int failed_errno;          /* last write/sync failure, 0 when healthy */
