@@ -242,6 +242,9 @@ int bg_client_use(struct bg_client *c, const char *name);
 int bg_client_watch(struct bg_client *c, const char *name, uint32_t *count);
 /* Ignore tube `name`: 0, or BG_NOT_IGNORED for the last watched tube. */
 int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);
+/* Stop watching tube `name`, even the last one (a Gearman worker may can-do
+ * nothing). The client must not be waiting. 0 or BG_NOT_FOUND. */
+int bg_client_unwatch(struct bg_client *c, const char *name);
 
 /* Allocate a job (id assigned now, as the reference does) with room for
  * body_size bytes incl. CRLF; the caller fills body. NULL: out of memory. */

@@ -639,6 +639,14 @@ int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count)
     return 0;
 }
 
+int bg_client_unwatch(struct bg_client *c, const char *name)
+{
+    long i = client_find_watch(c, name);
+    if (i < 0) return BG_NOT_FOUND;
+    client_remove_watch(c, (uint32_t)i);
+    return 0;
+}
+
 /* ---- jobs -------------------------------------------------------------- */
 
 struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,

@@ -3,13 +3,15 @@
 # what is already there. Usage: scripts/install-deps.sh [build|test]
 #   build: compiler, CMake, libevent, libmicrohttpd, jansson
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
-#          reference), python3, node/npm (client library suites)
+#          reference), python3, node/npm (client library suites),
+#          gearmand + the gearman/gearadmin tools (the Gearman reference)
 set -euo pipefail
 mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
 if [ "$mode" = test ]; then
-    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux)
+    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
+           gearman-job-server gearman-tools)
 fi
 
 missing=()
@@ -28,8 +30,10 @@ sudo_cmd=()
 [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-# Installing Debian's beanstalkd must not start it as a service on 11300:
-# the client suites need that port. policy-rc.d tells the package not to.
+# Installing Debian's beanstalkd must not start it as a service on 11300,
+# nor gearman-job-server a gearmand on 4730: the tests pick their own ports
+# and must not share a machine with a stray server. policy-rc.d tells the
+# packages not to start anything.
 policy=/usr/sbin/policy-rc.d
 made_policy=0
 if [ ! -e "$policy" ]; then
@@ -40,3 +44,11 @@ fi
 trap '[ $made_policy = 1 ] && "${sudo_cmd[@]}" rm -f "$policy"' EXIT
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+# In case a policy-rc.d that was already there let the service start anyway:
+# stop the gearmand the package started (its pid file, not a name search).
+if [ -s /run/gearman/gearmand.pid ] && command -v invoke-rc.d >/dev/null; then
+    "${sudo_cmd[@]}" invoke-rc.d --force gearman-job-server stop >&2 || true
+fi
+if command -v systemctl >/dev/null && systemctl is-active --quiet gearman-job-server 2>/dev/null; then
+    "${sudo_cmd[@]}" systemctl disable --now gearman-job-server >&2 || true
+fi

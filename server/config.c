@@ -19,6 +19,7 @@ enum setting {
     S_LISTEN, S_PORT, S_USER, S_MAX_JOB_SIZE, S_VERBOSE,
     S_BINLOG_DIR, S_FSYNC_MS, S_NO_FSYNC, S_BINLOG_SIZE,
     S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
+    S_GEARMAN_LISTEN, S_GEARMAN_PORT,
     S_COUNT
 };
 
@@ -45,6 +46,8 @@ static const struct setting_def {
     [S_HTTP_TOKEN_FILE] = {"BEANGATE_HTTP_TOKEN_FILE", "--http-token-file", "http_token_file"},
     [S_HTTP_TOKENS] = {"BEANGATE_HTTP_TOKENS", NULL, "http_tokens"},
     [S_METRICS_AUTH] = {"BEANGATE_METRICS_AUTH", "--metrics-auth", "metrics_auth"},
+    [S_GEARMAN_LISTEN] = {"BEANGATE_GEARMAN_LISTEN", "--gearman-listen", "gearman_listen"},
+    [S_GEARMAN_PORT] = {"BEANGATE_GEARMAN_PORT", "--gearman-port", "gearman_port"},
 };
 
 /* Where each setting came from (for the -VV log). */
@@ -76,6 +79,10 @@ static void usage(FILE *f)
         " --http-token-file PATH  bearer tokens for the gateway, one per line\n"
         "                         (blank lines and # comments are ignored)\n"
         " --metrics-auth          /metrics needs a token too (default: open)\n"
+        " --gearman-listen ADDR   serve the Gearman protocol on ADDR (default\n"
+        "                         127.0.0.1 once --gearman-port is given)\n"
+        " --gearman-port PORT     Gearman port (usually 4730); Gearman is off\n"
+        "                         unless one of these two is given\n"
         " --help, --version       as -h, -v\n"
         "\n"
         "Environment: every option can also be set by a variable. The command line\n"
@@ -97,6 +104,8 @@ static void usage(FILE *f)
         " BEANGATE_HTTP_TOKENS=T1,T2     bearer tokens, comma-separated (in addition\n"
         "                                to those of the token file)\n"
         " BEANGATE_METRICS_AUTH=1        as --metrics-auth\n"
+        " BEANGATE_GEARMAN_LISTEN=ADDR   as --gearman-listen\n"
+        " BEANGATE_GEARMAN_PORT=PORT     as --gearman-port\n"
         "Booleans take 1/0, true/false, yes/no or on/off.\n"
         "\n"
         "When any token is configured, every HTTP route except /livez and /readyz\n"
@@ -249,6 +258,12 @@ static int apply_env(struct server_config *cfg, struct env_error *err)
         if (parse_bool(v, &b) != 0) ENV_FAIL(S_METRICS_AUTH, v, "not a boolean (1/0, true/false, yes/no, on/off)");
         cfg->metrics_auth = b, sources[S_METRICS_AUTH] = FROM_ENV;
     }
+    if ((v = env_value(S_GEARMAN_LISTEN)))
+        cfg->gearman_listen = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_LISTEN] = FROM_ENV;
+    if ((v = env_value(S_GEARMAN_PORT))) {
+        if (parse_port(v) != 0) ENV_FAIL(S_GEARMAN_PORT, v, "not a port number (0-65535)");
+        cfg->gearman_port = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_PORT] = FROM_ENV;
+    }
     /* BEANGATE_HTTP_TOKENS is read with the token file (load_tokens) */
 #undef ENV_FAIL
     return 0;
@@ -264,6 +279,8 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         {"--http-listen", S_HTTP_LISTEN},
         {"--http-port", S_HTTP_PORT},
         {"--http-token-file", S_HTTP_TOKEN_FILE},
+        {"--gearman-listen", S_GEARMAN_LISTEN},
+        {"--gearman-port", S_GEARMAN_PORT},
     };
     if (strcmp(a, "--no-http") == 0) {
         cfg->http_enabled = 0;
@@ -292,6 +309,11 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         switch (valued[k].s) {
         case S_HTTP_LISTEN: cfg->http_listen = value, cfg->http_explicit = 1; break;
         case S_HTTP_PORT: cfg->http_port = value, cfg->http_explicit = 1; break;
+        case S_GEARMAN_LISTEN: cfg->gearman_listen = value, cfg->gearman_enabled = 1; break;
+        case S_GEARMAN_PORT:
+            if (parse_port(value) != 0) return usage_error("invalid port", valued[k].name, value);
+            cfg->gearman_port = value, cfg->gearman_enabled = 1;
+            break;
         default: cfg->http_token_file = value; break;
         }
         return 0;
@@ -493,13 +515,15 @@ static void log_config(const struct server_config *c)
     log_event(BG_LOG_INFO, "config",
               "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
               "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
-              "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s",
+              "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s gearman=%s "
+              "gearman_listen=%s gearman_port=%s",
               log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
               c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
               (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
               log_str(c->http_listen), log_str(c->http_port), log_str(c->http_token_file),
               c->http_token_count, c->http_token_count ? "on" : "off",
-              c->metrics_auth ? "on" : "off");
+              c->metrics_auth ? "on" : "off", c->gearman_enabled ? "on" : "off",
+              log_str(c->gearman_listen), log_str(c->gearman_port));
     for (int s = 0; s < S_COUNT; s++)
         log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", defs[s].key,
                   source_names[sources[s]], defs[s].env);
@@ -514,6 +538,8 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     cfg->http_listen = "127.0.0.1";
     cfg->http_port = "11301";
     cfg->http_enabled = 1;
+    cfg->gearman_listen = "127.0.0.1";
+    cfg->gearman_port = "4730";
     cfg->fsync_ms = SERVER_FSYNC_MS_DEFAULT;
     cfg->segment_size = SERVER_SEGMENT_SIZE_DEFAULT;
     for (int s = 0; s < S_COUNT; s++) sources[s] = FROM_DEFAULT;

@@ -79,6 +79,7 @@ static void on_log_synced(void *arg)
     struct server *srv = arg;
     net_release_held(srv);
     gateway_release_held(srv->gateway);
+    gearman_release_held(srv->gearman);
 }
 
 /* The gateway changed the queue: the next deadline may have moved. */
@@ -251,6 +252,7 @@ int main(int argc, char **argv)
         if (!srv.gateway)
             log_event(BG_LOG_WARN, "http_not_started", "reason=default_port_busy port=%s beanstalk=served", log_str(cfg.http_port));
     }
+    if (cfg.gearman_enabled && !(srv.gearman = gearman_start(&srv, &cfg))) return 111;
     /* every socket is open: privileged ports work, then privileges go */
     if (cfg.user && become_user(cfg.user, srv.wal) != 0) return 111;
     log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
@@ -259,6 +261,7 @@ int main(int argc, char **argv)
     event_base_dispatch(srv.base);
 
     gateway_stop(srv.gateway);
+    gearman_stop(srv.gearman);
     net_shutdown(&srv);
     wal_close(srv.wal);
     bg_engine_destroy(&srv.engine);

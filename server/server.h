@@ -37,6 +37,9 @@ struct server_config {
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
     uint64_t segment_size;       /* -s, default 10485760 */
+    int gearman_enabled;         /* --gearman-listen or --gearman-port given */
+    const char *gearman_listen;  /* default 127.0.0.1 */
+    const char *gearman_port;    /* default 4730 */
 };
 
 #define SERVER_FSYNC_MS_DEFAULT 50
@@ -57,6 +60,18 @@ struct server;
 int net_listen(struct server *srv, const struct server_config *cfg);
 /* Close every connection and listener. */
 void net_shutdown(struct server *srv);
+
+/* ---- gearman.c: the Gearman front-end ----------------------------------- */
+
+struct gearman;
+
+/* Listen on cfg's Gearman address and serve the protocol on srv's engine.
+ * NULL (and a log line) if it cannot listen. */
+struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
+/* Close every Gearman connection and the listener; NULL does nothing. */
+void gearman_stop(struct gearman *g);
+/* The log synced more: let replies held for it go (-f 0). */
+void gearman_release_held(struct gearman *g);
 
 /* ---- main.c: the process ----------------------------------------------- */
 
@@ -84,6 +99,7 @@ struct server {
     char platform[sizeof(((struct utsname *)0)->machine)];
     int verbose;
     struct gateway *gateway;     /* NULL with --no-http */
+    struct gearman *gearman;     /* NULL unless --gearman-port/--gearman-listen */
 };
 
 /* Monotonic time in nanoseconds. */

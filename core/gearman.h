@@ -1,0 +1,172 @@
+/* gearman.h - the Gearman protocol's wire format, pure (no I/O).
+ *
+ * Binary packets: a 12-byte header ("\0REQ" or "\0RES", type and size as
+ * big-endian u32) and `size` bytes of arguments separated by NUL; the last
+ * argument (the data) runs to the end and may hold NULs. Text admin lines
+ * ("status\n") share the port: a first byte that is not NUL starts one.
+ *
+ * Results follow core.h: 0 or a positive count on success, a negative
+ * GM_E* value on error. server/gearman.c does the I/O and the engine work.
+ */
+#ifndef BEANGATE_GEARMAN_H
+#define BEANGATE_GEARMAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+#define GM_HEADER_SIZE 12
+#define GM_ARGS_MAX 8                  /* no packet type has more */
+#define GM_FUNCTION_MAX 512            /* gearmand's GEARMAN_FUNCTION_MAX_SIZE */
+#define GM_UNIQUE_MAX 64               /* gearmand's GEARMAN_MAX_UNIQUE_SIZE */
+#define GM_HANDLE_MAX 64               /* job handle */
+#define GM_CLIENT_ID_MAX 64            /* SET_CLIENT_ID */
+#define GM_OPTION_MAX 64               /* OPTION_REQ name */
+#define GM_ADMIN_LINE_MAX 4096         /* a text admin line incl. "\n" */
+
+/* Packet types (gearman.org protocol document numbering). */
+enum gm_type {
+    GM_CAN_DO = 1, GM_CANT_DO = 2, GM_RESET_ABILITIES = 3, GM_PRE_SLEEP = 4,
+    GM_NOOP = 6, GM_SUBMIT_JOB = 7, GM_JOB_CREATED = 8, GM_GRAB_JOB = 9,
+    GM_NO_JOB = 10, GM_JOB_ASSIGN = 11, GM_WORK_STATUS = 12,
+    GM_WORK_COMPLETE = 13, GM_WORK_FAIL = 14, GM_GET_STATUS = 15,
+    GM_ECHO_REQ = 16, GM_ECHO_RES = 17, GM_SUBMIT_JOB_BG = 18, GM_ERROR = 19,
+    GM_STATUS_RES = 20, GM_SUBMIT_JOB_HIGH = 21, GM_SET_CLIENT_ID = 22,
+    GM_CAN_DO_TIMEOUT = 23, GM_ALL_YOURS = 24, GM_WORK_EXCEPTION = 25,
+    GM_OPTION_REQ = 26, GM_OPTION_RES = 27, GM_WORK_DATA = 28,
+    GM_WORK_WARNING = 29, GM_GRAB_JOB_UNIQ = 30, GM_JOB_ASSIGN_UNIQ = 31,
+    GM_SUBMIT_JOB_HIGH_BG = 32, GM_SUBMIT_JOB_LOW = 33,
+    GM_SUBMIT_JOB_LOW_BG = 34, GM_SUBMIT_JOB_SCHED = 35,
+    GM_SUBMIT_JOB_EPOCH = 36, GM_SUBMIT_REDUCE_JOB = 37,
+    GM_SUBMIT_REDUCE_JOB_BACKGROUND = 38, GM_GRAB_JOB_ALL = 39,
+    GM_JOB_ASSIGN_ALL = 40, GM_GET_STATUS_UNIQUE = 41,
+    GM_STATUS_RES_UNIQUE = 42,
+    GM_TYPE_LAST = 42
+};
+
+/* Codec errors (negative, distinct from enum bg_outcome's range). */
+enum gm_error {
+    GM_EMAGIC = -200,     /* first four bytes are not "\0REQ" */
+    GM_ETYPE = -201,      /* type is 0, unknown, or not a request */
+    GM_EARGS = -202,      /* fewer NUL separators than the type needs */
+    GM_ETOO_BIG = -203,   /* size over the limit given to the parser */
+    GM_EFIELD = -204,     /* an argument is over its own limit (function,
+                           * unique, handle, client id, option) */
+};
+
+/* One parsed packet. Arguments point into the parsed buffer (not copied);
+ * arg[nargs-1] is the data argument when the type has one. */
+struct gm_packet {
+    uint32_t type;                 /* enum gm_type */
+    uint32_t size;                 /* bytes after the header */
+    uint32_t nargs;                /* arguments this type carries */
+    const char *arg[GM_ARGS_MAX];
+    uint32_t arg_len[GM_ARGS_MAX];
+};
+
+/* The name of packet type t ("SUBMIT_JOB"), or NULL if there is none. */
+const char *gm_type_name(uint32_t t);
+/* Number of arguments request type t carries (the data counts as one), or
+ * a negative GM_ETYPE if t is not a request a server accepts.
+ * SUBMIT_REDUCE_JOB and SUBMIT_REDUCE_JOB_BACKGROUND carry 5 (function,
+ * unique, reducer, aggregator, data), as gearmand reads them: it waits for
+ * a fourth NUL. */
+int gm_request_nargs(uint32_t t);
+
+/* Parse one request packet at data[0..len). Returns the bytes it used (> 0)
+ * and fills *p; 0 when more bytes are needed; or a negative GM_E* error
+ * (the connection is then answered ERROR and closed). max_size bounds the
+ * packet's size field; GM_ETOO_BIG is reported from the header alone.
+ * Nothing is reported before the 12-byte header is there; GM_EMAGIC,
+ * GM_ETYPE and GM_ETOO_BIG come from the header alone, GM_EARGS and
+ * GM_EFIELD once the whole packet is there. On every error p->type and
+ * p->size hold the header's fields as sent (gearmand answers ERROR and keeps
+ * the connection for "\0RES" magic, a response type and a unique id that
+ * is too long: a server that wants that can skip GM_HEADER_SIZE + size).
+ * A type with n arguments needs n-1 NULs; the last argument is the rest of
+ * the packet and may hold NULs (also for CAN_DO, GET_STATUS, ...). A type
+ * without arguments ignores any body (gearmand does too). Sizes above
+ * INT32_MAX - 12 are GM_ETOO_BIG whatever max_size says. */
+int gm_parse_request(const char *data, size_t len, uint32_t max_size,
+                     struct gm_packet *p);
+
+/* Append a "\0RES" packet of type t with n arguments (lengths len[i];
+ * NUL-separated, the last one as is). 0 or BG_OUT_OF_MEMORY. */
+int gm_encode_response(struct bg_buf *out, uint32_t t, uint32_t n,
+                       const char *const *arg, const uint32_t *len);
+/* The same for a "\0REQ" packet (tests and the benchmark use it). */
+int gm_encode_request(struct bg_buf *out, uint32_t t, uint32_t n,
+                      const char *const *arg, const uint32_t *len);
+
+/* The ERROR packet's code and text for codec error err (gearmand's words
+ * where it has them). */
+void gm_error_text(int err, const char **code, const char **text);
+
+/* ---- text admin protocol ------------------------------------------------ */
+
+enum gm_admin_cmd {
+    GM_ADMIN_STATUS, GM_ADMIN_WORKERS, GM_ADMIN_VERSION, GM_ADMIN_MAXQUEUE,
+    GM_ADMIN_SHUTDOWN, GM_ADMIN_GETPID, GM_ADMIN_SHOW_JOBS,
+    GM_ADMIN_SHOW_UNIQUE_JOBS, GM_ADMIN_VERBOSE, GM_ADMIN_CANCEL_JOB,
+    GM_ADMIN_UNKNOWN
+};
+
+#define GM_ADMIN_ARGS_MAX 4
+struct gm_admin_line {
+    int cmd;                       /* enum gm_admin_cmd */
+    uint32_t nargs;                /* words after the command word(s) */
+    const char *arg[GM_ADMIN_ARGS_MAX];
+    uint32_t arg_len[GM_ADMIN_ARGS_MAX];
+    const char *word;              /* the first word, as sent */
+    uint32_t word_len;
+};
+
+/* Find one admin line at data[0..len): returns the bytes it used including
+ * the "\n" (a "\r" before it is dropped), 0 if no "\n" yet, or GM_ETOO_BIG
+ * once GM_ADMIN_LINE_MAX bytes hold no "\n". Fills *line: the command and
+ * its space-separated words (pointing into data).
+ *
+ * Words split as gearmand splits them: only ' ' separates, runs of spaces
+ * count as one, but a leading space makes an empty first word and trailing
+ * spaces an empty last word ("show jobs " is three words, "   " two empty
+ * ones, "" one). A "\r" elsewhere or a tab is part of a word. Command words
+ * match in any case ("SHOW Jobs"). More than 1 + GM_ADMIN_ARGS_MAX words:
+ * GM_EARGS (gearmand closes the connection without a reply).
+ *
+ * arg[] holds the words after the command's words, whatever the command
+ * (gearmand ignores them for status, workers, version, getpid, verbose).
+ * What gearmand 1.1.20 answers that the parse leaves to the server:
+ *   "show" alone                 UNKNOWN, word "show", nargs 0:
+ *                                "ERR UNKNOWN_COMMAND Unknown+server+commandshow\r\n"
+ *   "show <not jobs> ..."        UNKNOWN, word "show", nargs > 0, and
+ *   SHOW_JOBS / SHOW_UNIQUE_JOBS with nargs > 0 (also "show jobs "):
+ *                                "ERR UNKNOWN_SHOW_ARGUMENTS\r\n"
+ *   "cancel", "cancel x", and CANCEL_JOB with nargs 0:
+ *                                "ERR UNKNOWN_COMMAND Unknown+server+commandcancel\r\n"
+ *   "cancel x y" (UNKNOWN, word "cancel", nargs >= 2), CANCEL_JOB with
+ *   nargs > 1:                   "ERR UNKNOWN_ERROR\r\n"
+ *   "shutdown x" (x not "graceful"): "ERR UNKNOWN_COMMAND ...shutdown\r\n"
+ *   "maxqueue" alone: "ERR INVALID_ARGUMENTS An+incomplete+set+of+arguments+
+ *                      was+sent+to+this+command+maxqueue\r\n"
+ *   any other UNKNOWN (also ""): "ERR UNKNOWN_COMMAND Unknown+server+command"
+ *                      followed by the word as sent, "\r\n". */
+int gm_admin_parse(const char *data, size_t len, struct gm_admin_line *line);
+
+/* ---- function names and tubes ------------------------------------------ */
+
+/* Encode Gearman function name fn[0..len) as a tube name in out (NUL
+ * terminated). A name that is a valid tube name and holds no '$' is kept;
+ * otherwise every byte that may not appear in a tube name, every '$', and
+ * a leading '-' become "$XX" (two upper-case hex digits). Returns the tube
+ * name's length, or GM_EFIELD if it would be longer than BG_TUBE_NAME_MAX
+ * or fn is empty. */
+int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 1]);
+/* The inverse: decode tube name `tube` (NUL terminated) into out (room for
+ * out_cap bytes) and NUL-terminate it (the name itself may hold NULs).
+ * Returns the function name's length, or GM_EFIELD if it and the NUL do not
+ * fit (BG_TUBE_NAME_MAX + 1 bytes always do). A '$' not followed by two hex
+ * digits (either case) is kept as is. */
+int gm_tube_to_function(const char *tube, char *out, size_t out_cap);
+
+#endif

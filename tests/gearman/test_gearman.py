@@ -1,0 +1,1249 @@
+#!/usr/bin/env python3
+"""The Gearman front-end: the same scenarios against gearmand and beangate.
+
+Usage:
+  python3 tests/gearman/test_gearman.py --target gearmand [--gearmand PATH]
+      runs every test that does not need beangate against Debian's gearmand
+      (/usr/sbin/gearmand, 1.1.20): proves the tests themselves are right.
+  python3 tests/gearman/test_gearman.py build/beangate
+      runs every test against beangate (started with --gearman-port); the
+      differential admin test also starts gearmand and compares; the
+      cross-protocol tests (Gearman <-> beanstalk TCP / HTTP) run only here.
+
+Each test gets a fresh server on free loopback ports (bind to port 0); every
+socket read and every subprocess has a timeout, and each test has a SIGALRM
+watchdog. Uses the real `gearman` / `gearadmin` tools (Debian gearman-tools)
+unchanged. Prints PASS/FAIL/SKIP per test and a last line
+`gearman: N passed, M failed, K skipped (reasons)`; exit status 1 on failure.
+GEARMAN_TEST_ONLY="test_a test_b" runs only those tests.
+See tests/gearman/FACTS.md for the observed gearmand behaviour the
+assertions encode.
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+START_TIMEOUT = 10.0
+READ_TIMEOUT = 3.0        # a reply that must come
+QUIET = 0.4               # how long we listen to prove that nothing comes
+TOOL_TIMEOUT = 15.0       # any gearman/gearadmin run
+TEST_TIMEOUT = 60         # SIGALRM watchdog per test
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
+
+GEARMAN = shutil.which("gearman") or "/usr/bin/gearman"
+GEARADMIN = shutil.which("gearadmin") or "/usr/bin/gearadmin"
+
+T = dict(CAN_DO=1, CANT_DO=2, RESET_ABILITIES=3, PRE_SLEEP=4, NOOP=6, SUBMIT_JOB=7,
+         JOB_CREATED=8, GRAB_JOB=9, NO_JOB=10, JOB_ASSIGN=11, WORK_STATUS=12,
+         WORK_COMPLETE=13, WORK_FAIL=14, GET_STATUS=15, ECHO_REQ=16, ECHO_RES=17,
+         SUBMIT_JOB_BG=18, ERROR=19, STATUS_RES=20, SUBMIT_JOB_HIGH=21, SET_CLIENT_ID=22,
+         CAN_DO_TIMEOUT=23, ALL_YOURS=24, WORK_EXCEPTION=25, OPTION_REQ=26, OPTION_RES=27,
+         WORK_DATA=28, WORK_WARNING=29, GRAB_JOB_UNIQ=30, JOB_ASSIGN_UNIQ=31,
+         SUBMIT_JOB_HIGH_BG=32, SUBMIT_JOB_LOW=33, SUBMIT_JOB_LOW_BG=34, SUBMIT_JOB_SCHED=35,
+         SUBMIT_JOB_EPOCH=36, GRAB_JOB_ALL=39, JOB_ASSIGN_ALL=40, GET_STATUS_UNIQUE=41,
+         STATUS_RES_UNIQUE=42)
+NAMES = {v: k for k, v in T.items()}
+
+
+class Fail(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def check_eq(got, want, what):
+    if got != want:
+        raise Fail("%s: got %r, want %r" % (what, got, want))
+
+
+def b(x):
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
+def packet(kind, *args, magic=b"\0REQ"):
+    if isinstance(kind, str):
+        kind = T[kind]
+    body = b"\0".join(b(a) for a in args)
+    return magic + struct.pack(">II", kind, len(body)) + body
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def wait_until(fn, what, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise Fail("timed out waiting for %s (last: %r)" % (what, last))
+
+
+# ------------------------------------------------------------------ Gearman client
+
+class Gear:
+    """One Gearman connection (binary packets and admin text lines)."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
+        self.buf = b""
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+    def send(self, kind, *args):
+        self.s.sendall(packet(kind, *args))
+
+    def raw(self, data):
+        self.s.sendall(data)
+
+    def _fill(self, n, deadline):
+        while len(self.buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout()
+            self.s.settimeout(left)
+            d = self.s.recv(65536)
+            if not d:
+                raise EOFError("connection closed")
+            self.buf += d
+
+    def recv(self, timeout=READ_TIMEOUT):
+        """Next packet as (name, [args], raw bytes); Fail on timeout/EOF."""
+        deadline = time.monotonic() + timeout
+        try:
+            self._fill(12, deadline)
+            kind, size = struct.unpack(">II", self.buf[4:12])
+            self._fill(12 + size, deadline)
+        except socket.timeout:
+            raise Fail("no packet within %.1f s (buffered %r)" % (timeout, self.buf))
+        except EOFError:
+            raise Fail("connection closed while waiting for a packet (buffered %r)" % self.buf)
+        check_eq(self.buf[:4], b"\0RES", "reply magic")
+        raw, self.buf = self.buf[:12 + size], self.buf[12 + size:]
+        body = raw[12:]
+        return NAMES.get(kind, kind), (body.split(b"\0") if size else []), raw
+
+    def expect(self, name, args=None, timeout=READ_TIMEOUT):
+        got = self.recv(timeout)
+        check(got[0] == name, "want %s%s, got %s %r" % (name, "" if args is None else " %r" % (args,),
+                                                          got[0], got[1]))
+        if args is not None:
+            check_eq(got[1], [b(a) for a in args], "%s arguments" % name)
+        return got[1]
+
+    def expect_nothing(self, what, quiet=QUIET):
+        self.s.settimeout(quiet)
+        try:
+            d = self.s.recv(65536)
+        except socket.timeout:
+            return
+        raise Fail("%s: expected nothing, got %r" % (what, self.buf + d))
+
+    def is_closed(self, timeout=READ_TIMEOUT):
+        """True if the server closes (data before the EOF is a failure)."""
+        self.s.settimeout(timeout)
+        got = b""
+        try:
+            while True:
+                d = self.s.recv(65536)
+                if not d:
+                    check(got == b"", "got %r before the close" % got)
+                    return True
+                got += d
+        except socket.timeout:
+            check(got == b"", "got %r and no close" % got)
+            return False
+        except ConnectionResetError:
+            return True
+
+    def submit(self, func, data, unique="", kind="SUBMIT_JOB"):
+        self.send(kind, func, unique, data)
+        return self.expect("JOB_CREATED")[0]
+
+    def text(self, line, multi=None, timeout=READ_TIMEOUT):
+        """Send an admin line and read one reply: up to `.\\n` for list
+        commands, else one line."""
+        self.s.sendall(line)
+        if multi is None:
+            word = line.strip().split(b" ")[0].lower()
+            multi = word in (b"status", b"workers", b"show", b"prioritystatus")
+        deadline = time.monotonic() + timeout
+        while True:
+            if multi:
+                if self.buf == b".\n" or self.buf.endswith(b"\n.\n"):
+                    break
+            elif b"\n" in self.buf:
+                break
+            try:
+                self._fill(len(self.buf) + 1, deadline)
+            except socket.timeout:
+                raise Fail("admin %r: incomplete reply %r" % (line, self.buf))
+            except EOFError:
+                raise Fail("admin %r: closed after %r" % (line, self.buf))
+        if multi:
+            out, self.buf = self.buf, b""
+        else:
+            i = self.buf.index(b"\n") + 1
+            out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+
+# ------------------------------------------------------------------ beanstalk client
+
+class Beanstalk:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
+        self.buf = b""
+
+    def close(self):
+        self.s.close()
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            d = self.s.recv(65536)
+            if not d:
+                raise Fail("beanstalk connection closed")
+            self.buf += d
+        i = self.buf.index(b"\r\n")
+        line, self.buf = self.buf[:i], self.buf[i + 2:]
+        return line
+
+    def _body(self, n):
+        while len(self.buf) < n + 2:
+            d = self.s.recv(65536)
+            if not d:
+                raise Fail("beanstalk connection closed")
+            self.buf += d
+        body, self.buf = self.buf[:n], self.buf[n + 2:]
+        return body
+
+    def cmd(self, line, data=None):
+        """Returns (reply line, body or None)."""
+        self.s.settimeout(READ_TIMEOUT + 5)
+        self.s.sendall(b(line) + b"\r\n" + (b(data) + b"\r\n" if data is not None else b""))
+        reply = self._line()
+        parts = reply.split(b" ")
+        if parts[0] in (b"RESERVED", b"FOUND", b"OK"):
+            return reply, self._body(int(parts[-1]))
+        return reply, None
+
+    def stats_job(self, jid):
+        reply, body = self.cmd("stats-job %d" % jid)
+        if reply != b"OK" and not reply.startswith(b"OK "):
+            return reply, None
+        d = {}
+        for ln in body.decode().splitlines()[1:]:
+            k, _, v = ln.partition(": ")
+            d[k.strip()] = v.strip()
+        return reply, d
+
+
+def http_req(port, method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path, body=body)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+# ------------------------------------------------------------------ servers
+
+class Server:
+    kind = None
+    binary = None
+
+    def __init__(self):
+        self.proc = None
+        self.errf = None
+        self.tmp = tempfile.mkdtemp(prefix="gearman-test-")
+
+    def _spawn(self, argv):
+        self.errf = open(os.path.join(self.tmp, "stderr"), "w+b")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self.errf)
+
+    def _ready(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                g = Gear(self.port)
+                try:
+                    g.send("ECHO_REQ", "ready")
+                    g.expect("ECHO_RES", ["ready"], timeout=1)
+                    return True
+                finally:
+                    g.close()
+            except (OSError, Fail):
+                time.sleep(0.05)
+        return False
+
+    def start(self):
+        for _ in range(5):
+            self.pick_ports()
+            self._spawn(self.argv())
+            if self._ready():
+                return self
+            self.kill()
+        raise Fail("%s did not start: %s" % (self.argv(), self.stderr()[-800:]))
+
+    def stderr(self):
+        try:
+            self.errf.seek(0)
+            return self.errf.read().decode("utf-8", "replace")
+        except (OSError, ValueError, AttributeError):
+            return ""
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self):
+        """SIGTERM; returns a problem description or None."""
+        problem = None
+        if self.proc is None:
+            return None
+        if self.proc.poll() is not None:
+            problem = "server exited early with %r: %s" % (self.proc.returncode, self.stderr()[-800:])
+        else:
+            self.proc.terminate()
+            try:
+                status = self.proc.wait(5)
+                if self.kind == "beangate" and status != 0:
+                    problem = "exit status %r after SIGTERM: %s" % (status, self.stderr()[-800:])
+            except subprocess.TimeoutExpired:
+                self.kill()
+                problem = "did not exit within 5 s of SIGTERM"
+        err = self.stderr()
+        bad = [m for m in SANITIZER_MARKERS if m in err]
+        if bad:
+            problem = "sanitizer report: %s" % err[-1500:]
+        try:
+            self.errf.close()
+        except (OSError, AttributeError):
+            pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.proc = None
+        return problem
+
+    # convenience
+    def conn(self):
+        return Gear(self.port)
+
+    def admin(self, line):
+        g = Gear(self.port)
+        try:
+            return g.text(line)
+        finally:
+            g.close()
+
+    def tool(self, args, input=None, timeout=TOOL_TIMEOUT):
+        return subprocess.run([GEARMAN, "-h", "127.0.0.1", "-p", str(self.port)] + args,
+                              input=input, capture_output=True, timeout=timeout)
+
+    def gearadmin(self, *args):
+        return subprocess.run([GEARADMIN, "-h", "127.0.0.1", "-p", str(self.port)] + list(args),
+                              capture_output=True, timeout=TOOL_TIMEOUT)
+
+    def status(self):
+        """Normalised `status`: dict function -> (total, running, workers)."""
+        out = self.admin(b"status\n")
+        d = {}
+        for ln in normalise_status(out):
+            name, tot, run, av = ln.split("\t")
+            d[name] = (int(tot), int(run), int(av))
+        return d
+
+
+class Gearmand(Server):
+    kind = "gearmand"
+
+    def pick_ports(self):
+        self.port = free_port()
+
+    def argv(self):
+        return [self.binary, "-L", "127.0.0.1", "-p", str(self.port),
+                "-l", os.path.join(self.tmp, "gearmand.log"), "--verbose", "INFO"]
+
+
+class Beangate(Server):
+    kind = "beangate"
+
+    def pick_ports(self):
+        self.port, self.bport, self.hport = free_port(), free_port(), free_port()
+
+    def argv(self):
+        return [self.binary, "-l", "127.0.0.1", "-p", str(self.bport),
+                "--http-listen", "127.0.0.1", "--http-port", str(self.hport),
+                "--gearman-listen", "127.0.0.1", "--gearman-port", str(self.port)]
+
+
+TARGET = None          # the class under test, set in main()
+GEARMAND_BIN = "/usr/sbin/gearmand"
+
+
+def is_beangate():
+    return TARGET is Beangate
+
+
+def handle_number(h):
+    m = re.match(rb"^H:([^:]+):(\d+)$", h)
+    check(m is not None, "job handle %r is not H:host:N" % h)
+    return int(m.group(2))
+
+
+def check_handle(h, srv):
+    n = handle_number(h)
+    if is_beangate():
+        # beangate: H:<hostname>:<beanstalk job id>
+        check_eq(h.split(b":")[1], socket.gethostname().encode(), "handle host")
+    return n
+
+
+def normalise_status(out):
+    """`status` reply -> sorted list of lines without the final '.'.
+    Sorted: gearmand lists functions newest-first from an internal list; the
+    order is not part of the format. On beangate the beanstalk tube `default`
+    always exists; a line `default\\t0\\t0\\t0` (no gearman job or worker ever
+    named it) is left out so empty servers compare equal."""
+    text = out.decode()
+    check(text.endswith(".\n"), "status does not end in '.\\n': %r" % out)
+    check(text == ".\n" or text.endswith("\n.\n"), "status: bad end %r" % out)
+    lines = text[:-2].splitlines()
+    for ln in lines:
+        check(re.match(r"^[^\t]+\t\d+\t\d+\t\d+$", ln), "status line %r" % ln)
+    if is_beangate():
+        lines = [ln for ln in lines if ln != "default\t0\t0\t0"]
+    return sorted(lines)
+
+
+def normalise_workers(out):
+    """`workers` reply -> sorted lines. Normalised: the first field is the
+    server's file descriptor number (differs between processes) -> 'FD';
+    the line order is gearmand's connection list order -> sorted; a worker's
+    functions are listed in reverse CAN_DO order by gearmand (storage order)
+    -> sorted. The IP and the client id (SET_CLIENT_ID or '-') are kept."""
+    text = out.decode()
+    check(text == ".\n" or text.endswith("\n.\n"), "workers: bad end %r" % out)
+    res = []
+    for ln in text[:-2].splitlines():
+        m = re.match(r"^(\d+) (\S+) (\S+) :(.*)$", ln)
+        check(m is not None, "workers line %r is not 'FD IP ID : FUNCS'" % ln)
+        funcs = m.group(4).split()
+        check(m.group(4) == "".join(" " + f for f in funcs), "workers line %r: function list spacing" % ln)
+        res.append("FD %s %s :%s" % (m.group(2), m.group(3), "".join(" " + f for f in sorted(funcs))))
+    return sorted(res)
+
+
+# ------------------------------------------------------------------ test plumbing
+
+TESTS = []
+CLEANUP = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def beangate_only(fn):
+    fn.beangate_only = True
+    return fn
+
+
+def spawn(argv, **kw):
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, **kw)
+    CLEANUP.append(p)
+    return p
+
+
+def tool_worker(srv, args):
+    return spawn([GEARMAN, "-h", "127.0.0.1", "-p", str(srv.port), "-w"] + args)
+
+
+def wait_workers(srv, func, n=1):
+    wait_until(lambda: srv.status().get(func, (0, 0, 0))[2] >= n,
+               "%d worker(s) for %s in status" % (n, func))
+
+
+def new_server(cls=None):
+    s = (cls or TARGET)()
+    CLEANUP.append(s)
+    return s.start()
+
+
+# ================================================================== a. the tools
+
+@test
+def test_tool_reverse_roundtrip(srv):
+    tool_worker(srv, ["-f", "reverse", "--", "rev"])
+    wait_workers(srv, "reverse")
+    r = srv.tool(["-f", "reverse", "hello"])
+    check_eq((r.returncode, r.stdout), (0, b"olleh"), "gearman -f reverse hello (stderr %r)" % r.stderr)
+    r = srv.tool(["-f", "reverse"], input=b"from stdin\n")
+    check_eq(r.stdout, b"nidts morf\n", "workload from stdin")
+    r = srv.tool(["-I", "-u", "myuniq", "-f", "reverse", "high"])
+    check_eq(r.stdout, b"hgih", "-I -u")
+    r = srv.tool(["-L", "-f", "reverse", "low"])
+    check_eq(r.stdout, b"wol", "-L")
+    wait_until(lambda: srv.status().get("reverse") == (0, 0, 1), "reverse 0 0 1 in status")
+
+
+@test
+def test_tool_background_then_worker(srv):
+    r = srv.tool(["-b", "-f", "reverse", "bgdata"])
+    check_eq((r.returncode, r.stdout), (0, b""), "gearman -b (stderr %r)" % r.stderr)
+    check_eq(srv.status().get("reverse"), (1, 0, 0), "status after -b")
+    out = os.path.join(srv.tmp, "out")
+    w = tool_worker(srv, ["-c", "1", "-f", "reverse", "--", "sh", "-c", 'cat > "$0"', out])
+    check_eq(w.wait(TOOL_TIMEOUT), 0, "worker -c 1 exit status")
+    check_eq(open(out, "rb").read(), b"bgdata", "workload seen by the worker")
+    check_eq(srv.status().get("reverse"), (0, 0, 0), "status after the worker")
+
+
+@test
+def test_tool_priorities(srv):
+    for args, data in ((["-L"], "low"), ([], "normal1"), (["-I"], "high"), ([], "normal2")):
+        r = srv.tool(args + ["-b", "-f", "reverse", data])
+        check_eq(r.returncode, 0, "gearman %s -b" % args)
+    check_eq(srv.status().get("reverse"), (4, 0, 0), "status with 4 queued")
+    out = os.path.join(srv.tmp, "order")
+    w = tool_worker(srv, ["-c", "4", "-f", "reverse", "--", "sh", "-c", 'cat >> "$0"; echo >> "$0"', out])
+    check_eq(w.wait(TOOL_TIMEOUT), 0, "worker -c 4 exit status")
+    check_eq(open(out).read().split("\n"), ["high", "normal1", "normal2", "low", ""],
+             "processing order (HIGH, NORMAL fifo, LOW)")
+
+
+@test
+def test_gearadmin(srv):
+    w = srv.conn()
+    w.send("SET_CLIENT_ID", "adminworker")
+    w.send("CAN_DO", "reverse")
+    w.send("CAN_DO", "upper")
+    c = srv.conn()
+    c.submit("reverse", "a", kind="SUBMIT_JOB_BG")
+    c.submit("reverse", "b", kind="SUBMIT_JOB_BG")
+    c.submit("other", "c", kind="SUBMIT_JOB_BG")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN")
+    r = srv.gearadmin("--status")
+    check_eq(r.returncode, 0, "gearadmin --status exit")
+    check_eq(normalise_status(r.stdout),
+             ["other\t1\t0\t0", "reverse\t2\t1\t1", "upper\t0\t0\t1"], "gearadmin --status")
+    r = srv.gearadmin("--workers")
+    lines = normalise_workers(r.stdout)
+    check("FD 127.0.0.1 adminworker : reverse upper" in lines, "gearadmin --workers: %r" % lines)
+    check("FD 127.0.0.1 - :" in lines, "--workers lists the submitting client: %r" % lines)
+    r = srv.gearadmin("--getpid")
+    check_eq(r.stdout, b"%d\n" % srv.proc.pid, "gearadmin --getpid")
+    r = srv.gearadmin("--server-version")
+    if is_beangate():
+        # beangate reports its own version (`beangate -v`), not gearmand's
+        check(re.match(rb"^\S+\n$", r.stdout), "gearadmin --server-version: %r" % r.stdout)
+    else:
+        check_eq(r.stdout, b"1.1.20+ds\n", "gearadmin --server-version")
+    w.close()
+    c.close()
+
+
+# ================================================================== b. raw protocol
+
+@test
+def test_submit_assign_and_forwarding(srv):
+    c = srv.conn()
+    h = c.submit("reverse", "hello")
+    n = check_handle(h, srv)
+    if not is_beangate():
+        check_eq(n, 1, "gearmand's first handle number")  # beangate: the beanstalk job id
+    w = srv.conn()
+    w.send("CAN_DO", "reverse")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "reverse", "hello"])
+    o = srv.conn()
+    o.send("GET_STATUS", h)
+    o.expect("STATUS_RES", [h, 1, 1, 0, 0])
+    check_eq(srv.status().get("reverse"), (1, 1, 1), "status while running")
+    w.send("WORK_DATA", h, b"part\0ial")
+    w.send("WORK_WARNING", h, "warn")
+    w.send("WORK_STATUS", h, 1, 2)
+    c.expect("WORK_DATA", [h, b"part", b"ial"])
+    c.expect("WORK_WARNING", [h, "warn"])
+    c.expect("WORK_STATUS", [h, 1, 2])
+    o.send("GET_STATUS", h)
+    o.expect("STATUS_RES", [h, 1, 1, 1, 2])
+    w.send("WORK_COMPLETE", h, "olleh")
+    c.expect("WORK_COMPLETE", [h, "olleh"])
+    c.expect_nothing("client after WORK_COMPLETE")
+    o.send("GET_STATUS", h)
+    o.expect("STATUS_RES", [h, 0, 0, 0, 0])
+    check_eq(srv.status().get("reverse"), (0, 0, 1), "status after completion")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+
+
+@test
+def test_get_status(srv):
+    c = srv.conn()
+    unknown = b"H:%s:987654" % socket.gethostname().encode()
+    c.send("GET_STATUS", unknown)
+    c.expect("STATUS_RES", [unknown, 0, 0, 0, 0])
+    h1 = c.submit("q", "fg")
+    h2 = c.submit("q", "bg", kind="SUBMIT_JOB_BG")
+    check(h1 != h2, "two jobs, two handles")
+    o = srv.conn()
+    for h in (h1, h2):
+        o.send("GET_STATUS", h)
+        o.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    # exact bytes of one reply
+    o.send("GET_STATUS", h1)
+    _, _, raw = o.recv()
+    body = h1 + b"\x001\x000\x000\x000"
+    check_eq(raw, b"\0RES" + struct.pack(">II", 20, len(body)) + body, "STATUS_RES bytes")
+
+
+@test
+def test_echo_option_client_id(srv):
+    c = srv.conn()
+    c.send("ECHO_REQ", b"bin\0ary\xff")
+    _, _, raw = c.recv()
+    check_eq(raw, b"\0RES\0\0\0\x11\0\0\0\x08bin\0ary\xff", "ECHO_RES bytes")
+    c.send("ECHO_REQ")
+    c.expect("ECHO_RES", [])
+    c.send("OPTION_REQ", "exceptions")
+    c.expect("OPTION_RES", ["exceptions"])
+    c.send("OPTION_REQ", "nosuchoption")
+    _, _, raw = c.recv()
+    msg = b"UNKNOWN_OPTION\0Server does not recognize given option"
+    check_eq(raw, b"\0RES\0\0\0\x13" + struct.pack(">I", len(msg)) + msg, "unknown option ERROR bytes")
+    c.send("SET_CLIENT_ID", "my-client")
+    c.expect_nothing("SET_CLIENT_ID has no reply")
+    c.send("CAN_DO", "reverse")
+    c.expect_nothing("CAN_DO has no reply")
+    lines = normalise_workers(srv.admin(b"workers\n"))
+    check("FD 127.0.0.1 my-client : reverse" in lines, "workers after SET_CLIENT_ID: %r" % lines)
+    c.send("ECHO_REQ", "still")
+    c.expect("ECHO_RES", ["still"])
+
+
+@test
+def test_unique_coalescing(srv):
+    c1, c2, c3, c4 = srv.conn(), srv.conn(), srv.conn(), srv.conn()
+    h = c1.submit("f", "d1", unique="U")
+    check_eq(c2.submit("f", "d2", unique="U"), h, "same function+unique while queued")
+    check_eq(c3.submit("f", "d3", unique="U", kind="SUBMIT_JOB_BG"), h, "background duplicate")
+    other = c3.submit("g", "d4", unique="U")
+    check(other != h, "same unique, other function: another job")
+    check_eq(srv.status().get("f"), (1, 0, 0), "one job for three submits")
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "U", "d1"])
+    check_eq(c4.submit("f", "d5", unique="U"), h, "same function+unique while running")
+    w.send("WORK_COMPLETE", h, "res")
+    for c in (c1, c2, c4):
+        c.expect("WORK_COMPLETE", [h, "res"])
+    c3.expect_nothing("background submitter gets no result")
+    check_eq(srv.status().get("f"), (0, 0, 1), "status after completion")
+    h2 = c1.submit("f", "again", unique="U")
+    check(h2 != h, "after completion the unique makes a new job")
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("JOB_ASSIGN_UNIQ", [h2, "f", "U", "again"])
+
+
+@test
+def test_work_fail(srv):
+    c = srv.conn()
+    h = c.submit("f", "x")
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "f", "x"])
+    w.send("WORK_FAIL", h)
+    c.expect("WORK_FAIL", [h])
+    check_eq(srv.status().get("f"), (0, 0, 1), "status after WORK_FAIL")
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 0, 0, 0, 0])
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB")
+
+
+@test
+def test_work_exception(srv):
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    c = srv.conn()
+    h = c.submit("f", "x")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN")
+    w.send("WORK_EXCEPTION", h, "boom")
+    name, args, _ = c.recv()
+    # without OPTION_REQ exceptions the client gets WORK_FAIL; gearmand sends
+    # it as "handle\0" (an empty 2nd argument); [handle] alone is accepted too
+    check(name == "WORK_FAIL" and args[0] == h and args[1:] in ([], [b""]),
+          "WORK_EXCEPTION without the option: got %s %r" % (name, args))
+    check_eq(srv.status().get("f"), (0, 0, 1), "status after the exception")
+    c2 = srv.conn()
+    c2.send("OPTION_REQ", "exceptions")
+    c2.expect("OPTION_RES", ["exceptions"])
+    h2 = c2.submit("f", "y")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h2, "f", "y"])
+    w.send("WORK_EXCEPTION", h2, "boom")
+    c2.expect("WORK_EXCEPTION", [h2, "boom"])
+    check_eq(srv.status().get("f"), (0, 0, 1), "status after the 2nd exception")
+    # a result for a job that is gone
+    w.send("WORK_COMPLETE", h2, "late")
+    w.expect("ERROR", ["JOB_NOT_FOUND", "Job given in work result not found"])
+    w.send("ECHO_REQ", "open")
+    w.expect("ECHO_RES", ["open"])
+
+
+@test
+def test_pre_sleep_noop(srv):
+    w = srv.conn()
+    w.send("CAN_DO", "s")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    w.send("PRE_SLEEP")
+    w.expect_nothing("sleeping worker, nothing queued")
+    c = srv.conn()
+    h1 = c.submit("s", "one", kind="SUBMIT_JOB_BG")
+    w.expect("NOOP", [])
+    c.submit("s", "two", kind="SUBMIT_JOB_BG")
+    w.expect_nothing("only one NOOP per PRE_SLEEP")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h1, "s", "one"])
+    w.send("WORK_COMPLETE", h1, "")
+    w.send("PRE_SLEEP")   # a job is still queued: woken at once
+    w.expect("NOOP", [])
+    # a job for a function the worker does not do: no NOOP
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB")
+    w.send("PRE_SLEEP")
+    c.submit("not-s", "x", kind="SUBMIT_JOB_BG")
+    w.expect_nothing("job for another function")
+
+
+@test
+def test_grab_job_uniq_and_all(srv):
+    c = srv.conn()
+    h1 = c.submit("u", "d1", unique="uniq-1", kind="SUBMIT_JOB_BG")
+    h2 = c.submit("u", "d2", unique="uniq-2", kind="SUBMIT_JOB_BG")
+    w = srv.conn()
+    w.send("CAN_DO", "u")
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("JOB_ASSIGN_UNIQ", [h1, "u", "uniq-1", "d1"])
+    # the gearman tool's worker sends GRAB_JOB_ALL; gearmand answers JOB_ASSIGN_UNIQ
+    w.send("GRAB_JOB_ALL")
+    w.expect("JOB_ASSIGN_UNIQ", [h2, "u", "uniq-2", "d2"])
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("NO_JOB", [])
+    w.send("GRAB_JOB_ALL")
+    w.expect("NO_JOB", [])
+
+
+@test
+def test_no_job_cant_do_reset(srv):
+    w = srv.conn()
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    c = srv.conn()
+    c.submit("n", "x", kind="SUBMIT_JOB_BG")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])          # no CAN_DO yet
+    w.send("CAN_DO", "n")
+    w.send("CANT_DO", "n")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    w.send("CAN_DO", "n")
+    w.send("RESET_ABILITIES")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    check_eq(srv.status().get("n"), (1, 0, 0), "status: no worker left for n")
+    w.send("CAN_DO_TIMEOUT", "n", 30)
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN")
+
+
+@test
+def test_priorities_raw(srv):
+    c = srv.conn()
+    hl = c.submit("p", "low", kind="SUBMIT_JOB_LOW_BG")
+    hn1 = c.submit("p", "n1", kind="SUBMIT_JOB_BG")
+    hh = c.submit("p", "high", kind="SUBMIT_JOB_HIGH_BG")
+    hn2 = c.submit("p", "n2", kind="SUBMIT_JOB_BG")
+    w = srv.conn()
+    w.send("CAN_DO", "p")
+    for h, d in ((hh, "high"), (hn1, "n1"), (hn2, "n2"), (hl, "low")):
+        w.send("GRAB_JOB")
+        w.expect("JOB_ASSIGN", [h, "p", d])
+        w.send("WORK_COMPLETE", h, "")
+
+
+@test
+def test_worker_disconnect_requeues(srv):
+    c = srv.conn()
+    h = c.submit("d", "mid")
+    w = srv.conn()
+    w.send("CAN_DO", "d")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "d", "mid"])
+    w.send("WORK_STATUS", h, 1, 3)
+    c.expect("WORK_STATUS", [h, 1, 3])
+    w.close()
+    wait_until(lambda: srv.status().get("d") == (1, 0, 0), "job back in the queue")
+    c.expect_nothing("client is not told about the lost worker")
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    w2 = srv.conn()
+    w2.send("CAN_DO", "d")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [h, "d", "mid"])
+    w2.send("WORK_COMPLETE", h, "ok")
+    c.expect("WORK_COMPLETE", [h, "ok"])
+    # background job: the same
+    hb = c.submit("d", "bgmid", kind="SUBMIT_JOB_BG")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [hb, "d", "bgmid"])
+    w2.close()
+    wait_until(lambda: srv.status().get("d") == (1, 0, 0), "bg job back in the queue")
+
+
+@test
+def test_client_disconnect(srv):
+    c = srv.conn()
+    c.submit("d", "orphan")
+    c.close()
+    time.sleep(0.2)
+    w = srv.conn()
+    w.send("CAN_DO", "d")
+    w.send("GRAB_JOB")
+    # a foreground job whose client left before it was grabbed is not run
+    w.expect("NO_JOB", [])
+    check_eq(srv.status().get("d"), (0, 0, 1), "orphan job dropped")
+    # left after the grab: the job runs to its end, results are dropped
+    c = srv.conn()
+    h = c.submit("d", "y")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "d", "y"])
+    c.close()
+    time.sleep(0.2)
+    check_eq(srv.status().get("d"), (1, 1, 1), "still running without its client")
+    w.send("WORK_DATA", h, "z")
+    w.send("WORK_COMPLETE", h, "done")
+    w.expect_nothing("no error for a result without a client")
+    check_eq(srv.status().get("d"), (0, 0, 1), "finished")
+
+
+def error_then(c, code, what, stays_open):
+    """An ERROR packet with `code`. gearmand keeps the connection open after
+    these errors; beangate may close it after the ERROR (a client that sends
+    such a packet is broken; closing is its intended, stricter behaviour), so
+    on beangate both are accepted. The text is gearmand's; on beangate only
+    the code is compared."""
+    name, args, _ = c.recv()
+    check_eq(name, "ERROR", "%s: reply" % what)
+    check_eq(args[0], b(code), "%s: error code" % what)
+    if not is_beangate():
+        check_eq(args[1:], [b(stays_open)], "%s: error text" % what)
+        c.send("ECHO_REQ", "alive")
+        c.expect("ECHO_RES", ["alive"])
+    else:
+        c.s.settimeout(READ_TIMEOUT)
+        try:
+            c.send("ECHO_REQ", "alive")
+            got = c.recv()
+            check_eq(got[:2], ("ECHO_RES", [b"alive"]), "%s: after the ERROR" % what)
+        except (Fail, OSError) as e:
+            check(isinstance(e, OSError) or "closed" in str(e), "%s: %s" % (what, e))
+
+
+@test
+def test_malformed_packets(srv):
+    def fresh():
+        return srv.conn()
+
+    c = fresh()
+    c.raw(b"\0RES" + struct.pack(">II", 16, 2) + b"hi")
+    error_then(c, "INVALID_MAGIC", "response magic in a request", "Request magic expected")
+    for kind in ("JOB_CREATED", "NOOP"):
+        c = fresh()
+        c.raw(packet(kind, "H:x:1") if kind == "JOB_CREATED" else packet(kind))
+        error_then(c, "INVALID_COMMAND", "%s sent as a request" % kind, "Command not expected")
+    for what, data in (("bad magic", b"\0XYZ" + struct.pack(">II", 16, 2) + b"hi"),
+                       ("unknown type 99", packet(99, "x")),
+                       ("type 0", packet(0))):
+        c = fresh()
+        c.raw(data)
+        if is_beangate():
+            # gearmand closes without a word; beangate may send one ERROR first
+            try:
+                name, _, _ = c.recv()
+                check_eq(name, "ERROR", "%s: reply before the close" % what)
+            except Fail as e:
+                check("closed" in str(e), "%s: %s" % (what, e))
+        check(c.is_closed(), "%s: connection not closed" % what)
+    # Too few arguments. gearmand answers nothing and waits for more bytes:
+    # the next packet is read as the missing arguments and the connection is
+    # closed (log: "realloc(char, count: 18446744073709551615...)"). beangate
+    # may do better: an ERROR packet, or a close at once. Never a job.
+    for what, data in (("SUBMIT_JOB with 1 arg", packet("SUBMIT_JOB", "f")),
+                       ("SUBMIT_JOB with 2 args", packet("SUBMIT_JOB", "f", "u")),
+                       ("WORK_COMPLETE with 1 arg", packet("WORK_COMPLETE", "H:x:1"))):
+        c = fresh()
+        c.raw(data)
+        if is_beangate():
+            try:
+                name, args, _ = c.recv(READ_TIMEOUT)
+                check_eq(name, "ERROR", "%s: reply" % what)
+            except Fail as e:
+                check("closed" in str(e), "%s: neither ERROR nor a close (%s)" % (what, e))
+        else:
+            c.expect_nothing(what)
+            c.send("ECHO_REQ", "next")
+            check(c.is_closed(), "%s + ECHO_REQ: connection not closed" % what)
+    check("f" not in srv.status(), "no job from a short SUBMIT_JOB: %r" % srv.status())
+    c = fresh()
+    c.raw(packet("SUBMIT_JOB_BG", "f", "u" * 70, "x"))
+    error_then(c, "ARGUMENT_TOO_LARGE", "unique of 70 bytes", "Unique value too large")
+    # NULs inside the workload (last argument) are data. A 63-byte unique is
+    # kept whole (gearmand mangles a 64-byte one: 63 bytes + an empty arg)
+    c = fresh()
+    h = c.submit("f", b"a\0b\0c", unique="u" * 63, kind="SUBMIT_JOB_BG")
+    w = fresh()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "u" * 63, b"a", b"b", b"c"])
+
+
+@test
+def test_admin_text(srv):
+    a = srv.conn()
+    check_eq(normalise_status(a.text(b"status\n")), [], "status on an empty server")
+    v = a.text(b"version\n")
+    if is_beangate():
+        check(re.match(rb"^OK \S+\n$", v), "version: %r" % v)   # beangate's own version
+    else:
+        check_eq(v, b"OK 1.1.20+ds\n", "version")
+    check_eq(a.text(b"getpid\n"), b"OK %d\n" % srv.proc.pid, "getpid")
+    check_eq(a.text(b"getpid\r\n"), b"OK %d\n" % srv.proc.pid, "getpid with \\r\\n")
+    check_eq(a.text(b"bogus\n"), b"ERR UNKNOWN_COMMAND Unknown+server+commandbogus\r\n", "unknown command")
+    check_eq(a.text(b"\n"), b"ERR UNKNOWN_COMMAND Unknown+server+command\r\n", "empty line")
+    check_eq(a.text(b"maxqueue\n"),
+             b"ERR INVALID_ARGUMENTS An+incomplete+set+of+arguments+was+sent+to+this+command+maxqueue\r\n",
+             "maxqueue without arguments")
+    check_eq(a.text(b"maxqueue reverse 10\n"), b"OK\r\n", "maxqueue reverse 10")
+    check_eq(a.text(b"STATUS\r\n", multi=True), a.text(b"status\n"), "case-insensitive, \\r\\n")
+    # pipelining, and a command split over two segments
+    a.raw(b"getpid\ngetpid\n")
+    check_eq(a.text(b"", multi=False) + a.text(b"", multi=False), b"OK %d\n" % srv.proc.pid * 2, "pipelined")
+    a.raw(b"get")
+    time.sleep(0.1)
+    check_eq(a.text(b"pid\n"), b"OK %d\n" % srv.proc.pid, "split command")
+    # binary and text on one connection
+    a.send("ECHO_REQ", "x")
+    a.expect("ECHO_RES", ["x"])
+    w = srv.conn()
+    w.send("CAN_DO", "reverse")
+    w.send("CAN_DO", "other")
+    c = srv.conn()
+    h = c.submit("reverse", "x", kind="SUBMIT_JOB_BG")
+    check_eq(normalise_status(a.text(b"status\n")), ["other\t0\t0\t1", "reverse\t1\t0\t1"], "status")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "reverse", "x"])
+    check_eq(normalise_status(a.text(b"status\n")), ["other\t0\t0\t1", "reverse\t1\t1\t1"],
+             "status while running")
+    w.close()
+    wait_until(lambda: normalise_status(a.text(b"status\n")) == ["other\t0\t0\t0", "reverse\t1\t0\t0"],
+               "functions stay in status after the worker left")
+    wl = normalise_workers(a.text(b"workers\n"))
+    check_eq(wl, ["FD 127.0.0.1 - :", "FD 127.0.0.1 - :"], "workers: the admin and the client connection")
+
+
+# ================================================================== c. differential
+
+def admin_scenario(srv):
+    """Drive the same scenario; return the normalised admin outputs."""
+    out = {}
+    conns = []
+    wa = srv.conn()
+    wa.send("SET_CLIENT_ID", "worker-a")
+    wa.send("CAN_DO", "reverse")
+    wa.send("CAN_DO", "upper")
+    wa.send("CAN_DO_TIMEOUT", "slow", 60)
+    wb = srv.conn()
+    wb.send("CAN_DO", "reverse")
+    c = srv.conn()
+    c.submit("reverse", "1", kind="SUBMIT_JOB_BG")
+    c.submit("reverse", "2", kind="SUBMIT_JOB_HIGH_BG")
+    c.submit("nobody", "3", kind="SUBMIT_JOB_LOW_BG")
+    c.submit("reverse", "4", unique="u1")
+    c.submit("reverse", "5", unique="u1")            # coalesced
+    a = srv.conn()
+    conns += [wa, wb, c, a]
+    out["status 1"] = normalise_status(a.text(b"status\n"))
+    out["workers 1"] = normalise_workers(a.text(b"workers\n"))
+    wb.send("GRAB_JOB")
+    h = wb.expect("JOB_ASSIGN")[0]
+    out["status 2 (running)"] = normalise_status(a.text(b"status\n"))
+    wb.send("WORK_COMPLETE", h, "")
+    wb.send("GRAB_JOB")
+    h = wb.expect("JOB_ASSIGN")[0]
+    wb.close()
+    conns.remove(wb)
+    wait_until(lambda: normalise_status(a.text(b"status\n")) != out["status 2 (running)"] and
+               "reverse\t2\t0\t1" in normalise_status(a.text(b"status\n")), "worker b gone")
+    out["status 3 (worker gone)"] = normalise_status(a.text(b"status\n"))
+    out["workers 3"] = normalise_workers(a.text(b"workers\n"))
+    wa.send("RESET_ABILITIES")
+    wa.send("ECHO_REQ", "sync")
+    wa.expect("ECHO_RES")
+    out["status 4 (reset)"] = normalise_status(a.text(b"status\n"))
+    out["workers 4"] = normalise_workers(a.text(b"workers\n"))
+    for x in conns:
+        x.close()
+    return out
+
+
+@test
+def test_differential_admin(srv):
+    ref = new_server(Gearmand)
+    want = admin_scenario(ref)
+    got = admin_scenario(srv)
+    for k in want:
+        check_eq(got[k], want[k], "%s (%s vs gearmand)" % (k, srv.kind))
+    # the reference itself, as a fixed point
+    check_eq(want["status 1"], ["nobody\t1\t0\t0", "reverse\t3\t0\t2", "slow\t0\t0\t1", "upper\t0\t0\t1"],
+             "gearmand status 1")
+    check_eq(want["workers 3"], ["FD 127.0.0.1 - :", "FD 127.0.0.1 - :",
+                                 "FD 127.0.0.1 worker-a : reverse slow upper"], "gearmand workers 3")
+
+
+# ================================================================== d. cross-protocol (beangate)
+
+def bs_reserve(srv, tube):
+    bs = Beanstalk(srv.bport)
+    bs.cmd("watch %s" % tube)
+    bs.cmd("ignore default")
+    reply, body = bs.cmd("reserve-with-timeout 3")
+    check(reply.startswith(b"RESERVED "), "reserve: %r" % reply)
+    return bs, int(reply.split()[1]), body
+
+
+@test
+@beangate_only
+def test_cross_gearman_bg_to_beanstalk(srv):
+    c = srv.conn()
+    for kind, pri in (("SUBMIT_JOB_HIGH_BG", 512), ("SUBMIT_JOB_BG", 1024), ("SUBMIT_JOB_LOW_BG", 2048)):
+        h = c.submit("reverse", b"body \0 %d" % pri, kind=kind)
+        jid = check_handle(h, srv)
+        bs, rid, body = bs_reserve(srv, "reverse")
+        check_eq((rid, body), (jid, b"body \0 %d" % pri), "reserved over beanstalk")
+        _, st = bs.stats_job(jid)
+        check_eq((st["pri"], st["ttr"], st["tube"]), (str(pri), "86400", "reverse"), "stats-job of %s" % kind)
+        check_eq(bs.cmd("delete %d" % jid)[0], b"DELETED", "delete")
+        bs.close()
+        c.send("GET_STATUS", h)
+        c.expect("STATUS_RES", [h, 0, 0, 0, 0])
+    check_eq(srv.status().get("reverse", (0, 0, 0))[:2], (0, 0), "status after the deletes")
+    # the tool, too
+    r = srv.tool(["-I", "-b", "-f", "reverse", "tooljob"])
+    check_eq(r.returncode, 0, "gearman -b")
+    bs, rid, body = bs_reserve(srv, "reverse")
+    check_eq(body, b"tooljob", "body of the tool's job")
+    check_eq(bs.stats_job(rid)[1]["pri"], "512", "-I is priority 512")
+    bs.cmd("delete %d" % rid)
+
+
+@test
+@beangate_only
+def test_cross_beanstalk_put_to_gearman_worker(srv):
+    bs = Beanstalk(srv.bport)
+    bs.cmd("use reverse")
+    reply, _ = bs.cmd("put 100 0 60 5", "hello")
+    check(reply.startswith(b"INSERTED "), "put: %r" % reply)
+    jid = int(reply.split()[1])
+    w = srv.conn()
+    w.send("CAN_DO", "reverse")
+    w.send("GRAB_JOB")
+    args = w.expect("JOB_ASSIGN")
+    check_eq(args[1:], [b"reverse", b"hello"], "JOB_ASSIGN of a beanstalk job")
+    check_eq(handle_number(args[0]), jid, "handle names the beanstalk id")
+    check_eq(bs.stats_job(jid)[1]["state"], "reserved", "reserved while the worker has it")
+    w.send("WORK_COMPLETE", args[0], "olleh")
+    wait_until(lambda: bs.stats_job(jid)[0] == b"NOT_FOUND", "job deleted after WORK_COMPLETE")
+    # the gearman tool as the worker
+    reply, _ = bs.cmd("put 100 0 60 5", "tools")
+    jid = int(reply.split()[1])
+    out = os.path.join(srv.tmp, "out")
+    wk = tool_worker(srv, ["-c", "1", "-f", "reverse", "--", "sh", "-c", 'cat > "$0"', out])
+    check_eq(wk.wait(TOOL_TIMEOUT), 0, "gearman -w -c 1")
+    check_eq(open(out, "rb").read(), b"tools", "the tool got the beanstalk body")
+    wait_until(lambda: bs.stats_job(jid)[0] == b"NOT_FOUND", "job deleted by the tool's WORK_COMPLETE")
+    bs.close()
+
+
+@test
+@beangate_only
+def test_cross_http_to_gearman_worker(srv):
+    st, body = http_req(srv.hport, "POST", "/tubes/reverse/jobs", b"via http")
+    check_eq(st, 201, "POST /tubes/reverse/jobs (%r)" % body)
+    jid = json.loads(body)["id"]
+    st, body = http_req(srv.hport, "GET", "/stats")
+    check_eq(json.loads(body)["current_jobs_ready"], 1, "GET /stats ready")
+    wk = tool_worker(srv, ["-c", "1", "-f", "reverse", "--", "rev"])
+    check_eq(wk.wait(TOOL_TIMEOUT), 0, "gearman -w -c 1")
+    st, body = http_req(srv.hport, "GET", "/stats")
+    d = json.loads(body)
+    check_eq((d["current_jobs_ready"], d["current_jobs_reserved"]), (0, 0), "GET /stats after the worker")
+    st, _ = http_req(srv.hport, "GET", "/jobs/%d" % jid)
+    check_eq(st, 404, "GET /jobs/%d after completion" % jid)
+
+
+@test
+@beangate_only
+def test_cross_function_name_encoding(srv):
+    c = srv.conn()
+    h = c.submit("a b$", "x", kind="SUBMIT_JOB_BG")
+    jid = check_handle(h, srv)
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats_job(jid)
+    check(st is not None, "stats-job %d" % jid)
+    check_eq(st["tube"].lower(), "a$20b$24", "tube of function 'a b$'")
+    h = c.submit("-lead", "x", kind="SUBMIT_JOB_BG")
+    check_eq(bs.stats_job(handle_number(h))[1]["tube"].lower(), "$2dlead", "tube of function '-lead'")
+    bs.close()
+
+
+@test
+@beangate_only
+def test_cross_fg_ttr(srv):
+    c = srv.conn()
+    h = c.submit("reverse", "x")
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats_job(handle_number(h))
+    check_eq((st["pri"], st["ttr"]), ("1024", "86400"), "foreground job over beanstalk")
+    bs.close()
+
+
+# ------------------------------------------------------------------ main
+
+def alarm(signum, frame):
+    raise Fail("test watchdog: still running after %d s" % TEST_TIMEOUT)
+
+
+def cleanup():
+    while CLEANUP:
+        x = CLEANUP.pop()
+        if isinstance(x, Server):
+            problem = x.stop()
+            if problem:
+                yield "%s: %s" % (x.kind, problem)
+        else:
+            if x.poll() is None:
+                x.kill()
+            try:
+                x.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def main(argv):
+    global TARGET
+    args = argv[1:]
+    if "--gearmand" in args:
+        i = args.index("--gearmand")
+        Gearmand.binary = args[i + 1]
+        del args[i:i + 2]
+    else:
+        Gearmand.binary = GEARMAND_BIN
+    if args[:2] == ["--target", "gearmand"]:
+        TARGET = Gearmand
+    elif len(args) == 1 and not args[0].startswith("-"):
+        TARGET = Beangate
+        Beangate.binary = os.path.abspath(args[0])
+    else:
+        print(__doc__)
+        return 2
+    only = os.environ.get("GEARMAN_TEST_ONLY", "").split()
+    missing = [p for p in (GEARMAN, GEARADMIN, Gearmand.binary) if not os.access(p, os.X_OK)]
+    passed, failed, skipped = 0, 0, {}
+    signal.signal(signal.SIGALRM, alarm)
+    for fn in TESTS:
+        name = fn.__name__
+        if only and name not in only:
+            continue
+        why = None
+        if getattr(fn, "beangate_only", False) and not is_beangate():
+            why = "cross-protocol, beangate only"
+        elif missing:
+            why = "not installed: %s (apt-get install gearman-job-server gearman-tools)" % " ".join(missing)
+        if why:
+            print("SKIP %s: %s" % (name, why))
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        err = None
+        signal.alarm(TEST_TIMEOUT)
+        try:
+            srv = new_server()
+            fn(srv)
+        except (Fail, AssertionError, subprocess.TimeoutExpired) as e:
+            err = str(e)
+        except Exception:
+            err = traceback.format_exc()
+        finally:
+            signal.alarm(0)
+        for problem in cleanup():
+            err = err or problem
+        if err:
+            failed += 1
+            print("FAIL %s: %s" % (name, err))
+        else:
+            passed += 1
+            print("PASS %s" % name)
+        sys.stdout.flush()
+    reasons = ", ".join("%d %s" % (n, w) for w, n in skipped.items())
+    print("gearman: %d passed, %d failed, %d skipped%s" % (passed, failed, sum(skipped.values()),
+                                                          " (%s)" % reasons if reasons else ""))
+    return 1 if failed or (passed == 0 and not skipped) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
