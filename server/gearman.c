@@ -29,6 +29,8 @@
 
 #define GM_READ_CHUNK 65536
 #define GM_IN_SLACK 4096               /* header + function + unique + NULs */
+#define GM_OUT_HARD_LIMIT (64u << 20)  /* results for a client that does not read */
+#define GM_FUNCTIONS_MAX 65536         /* functions listed by `status` */
 #define GM_SWEEP_MS 100                /* a sweep step runs this often */
 #define GM_SWEEP_BUCKETS 1024          /* record buckets looked at per step */
 
@@ -77,7 +79,8 @@ struct gm_conn {
     char peer[INET6_ADDRSTRLEN];
     char client_id[GM_CLIENT_ID_MAX + 1];
     uint8_t sleeping, waiting, noop_sent, exceptions, peer_eof, closing, read_paused;
-    uint8_t is_woken, admin_seen;
+    uint8_t is_woken;
+    uint8_t overflow;              /* over GM_OUT_HARD_LIMIT: dropped on its next run */
 };
 
 /* A function seen over Gearman (for `status`), by tube name. */
@@ -238,8 +241,30 @@ static void conn_forget_listening(struct gm_conn *c, uint64_t id)
 
 /* ---- functions seen ----------------------------------------------------- */
 
-/* The entry of tube in the function list, added if `add`; NULL if absent
- * (or out of memory). */
+/* Forget functions whose tube is gone (no jobs, no watchers) and that
+ * have no queue limit: the list must not grow with every name a client
+ * ever sent. */
+static void function_prune(struct gearman *g)
+{
+    struct gm_function **p = &g->function_list;
+    while (*p) {
+        struct gm_function *f = *p;
+        if (f->max_queue || bg_tube_find(&g->srv->engine, f->tube)) {
+            p = &f->list_next;
+            continue;
+        }
+        *p = f->list_next;
+        struct gm_function **h = &g->functions[hash_bytes(f->tube, strlen(f->tube)) & g->functions_mask];
+        while (*h != f) h = &(*h)->next;
+        *h = f->next;
+        g->function_count--;
+        free(f);
+    }
+}
+
+/* The entry of tube in the function list, added if `add`; NULL if absent,
+ * out of memory, or the list is full (GM_FUNCTIONS_MAX functions that
+ * still have a tube: the function works, `status` does not list it). */
 static struct gm_function *function_get(struct gearman *g, const char *tube, int add)
 {
     size_t len = strlen(tube);
@@ -249,6 +274,8 @@ static struct gm_function *function_get(struct gearman *g, const char *tube, int
             if (strcmp(f->tube, tube) == 0) return f;
     }
     if (!add) return NULL;
+    if (g->function_count >= GM_FUNCTIONS_MAX) function_prune(g);
+    if (g->function_count >= GM_FUNCTIONS_MAX) return NULL;
     if (!g->functions || g->function_count > g->functions_mask) {
         size_t n = g->functions ? (g->functions_mask + 1) * 2 : 64;
         struct gm_function **t = calloc(n, sizeof *t);
@@ -284,10 +311,18 @@ static void conn_wake(struct gm_conn *c)
     event_active(c->g->process_ev, EV_READ, 0);
 }
 
-/* Append a response packet of type t with n arguments to c's output. */
+/* Append a response packet of type t with n arguments to c's output. A
+ * connection's own requests stop at CONN_OUT_HIGH_WATER, but results other
+ * connections send it do not: past GM_OUT_HARD_LIMIT it is dropped. */
 static void reply(struct gm_conn *c, uint32_t t, uint32_t n, const char *const *arg,
                   const uint32_t *len)
 {
+    if (c->overflow) return;
+    if (c->out.len > GM_OUT_HARD_LIMIT) {
+        c->overflow = 1;
+        conn_wake(c);
+        return;
+    }
     if (gm_encode_response(&c->out, t, n, arg, len) != 0) c->closing = 1;
 }
 
@@ -434,7 +469,8 @@ static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t 
     }
     stop_waiting(c);
     uint32_t count;
-    if (bg_client_watch(&c->client, tube, &count) != 0 || !function_get(c->g, tube, 1)) {
+    function_get(c->g, tube, 1); /* for `status`; a full list does not stop a worker */
+    if (bg_client_watch(&c->client, tube, &count) != 0) {
         c->closing = 1;
         return;
     }
@@ -620,11 +656,7 @@ static void submit(struct gm_conn *c, const struct gm_packet *p, bg_time now)
         }
     }
     struct gm_function *f = function_get(g, tube, 1);
-    if (!f) {
-        c->closing = 1;
-        return;
-    }
-    if (f->max_queue) {
+    if (f && f->max_queue) {
         struct bg_tube *t = bg_tube_find(e, tube);
         if (t && tube_job_total(t) >= f->max_queue) {
             reply_error(c, "QUEUE_ERROR", "Job queue is full");
@@ -858,7 +890,7 @@ static void admin_maxqueue(struct gm_conn *c, const struct gm_admin_line *l)
     struct gm_function *f = NULL;
     if (gm_function_to_tube(l->arg[0], l->arg_len[0], tube) >= 0) f = function_get(c->g, tube, 1);
     if (!f) {
-        admin_error(c, "INVALID_ARGUMENTS", "function name is empty or too long", NULL, 0);
+        admin_error(c, "INVALID_ARGUMENTS", "function name is empty or too long, or too many functions", NULL, 0);
         return;
     }
     uint64_t max = 0;
@@ -1020,6 +1052,11 @@ static int conn_flush(struct gm_conn *c)
 static int conn_run(struct gm_conn *c)
 {
     struct gearman *g = c->g;
+    if (c->overflow) {
+        log_event(BG_LOG_WARN, "gearman_dropped", "fd=%d peer=%s reason=output_limit", c->fd, c->peer);
+        conn_free(c);
+        return -1;
+    }
     struct wal *w = g->srv->wal;
     uint64_t before = w ? w->appended_seq : 0;
     bg_time now = server_now();
@@ -1033,7 +1070,8 @@ static int conn_run(struct gm_conn *c)
             used = gm_admin_parse(data, len, &line);
             if (used == 0) break;
             if (used < 0) {
-                admin_error(c, "BAD_LINE", "admin line too long", NULL, 0);
+                admin_error(c, "BAD_LINE", used == GM_EARGS ? "too many words" : "line over 4096 bytes",
+                            NULL, 0);
                 c->closing = 1;
                 break;
             }
