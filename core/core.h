@@ -202,6 +202,11 @@ struct bg_engine {
     uint8_t journal_broken;     /* the log cannot write: puts are refused */
     const struct bg_journal_ops *journal;
     void *journal_ctx;
+    /* Called (if set) when tube t has ready jobs that no waiter took: after
+     * a put, release, kick, delay or TTR end, or an unpause. It may only
+     * note the fact (it runs inside engine calls). */
+    void (*job_ready)(void *ctx, struct bg_tube *t);
+    void *job_ready_ctx;
     /* current counts, kept as jobs move */
     uint64_t ready_count, urgent_count, reserved_count, delayed_count, buried_count;
     uint64_t clients, connections, producers, workers, waiting;

@@ -378,6 +378,9 @@ static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
         job_reserve(c, j, now);
         c->ops->job_reserved(c, j);
     }
+    /* jobs stay ready with no waiter to take them: tell the front-end that
+     * wants to know (Gearman wakes its sleeping workers) */
+    if (e->job_ready && t->ready.len && !tube_paused(t)) e->job_ready(e->job_ready_ctx, t);
 }
 
 /* Make j ready (delay 0) or delayed; then match waiters. On failure to grow

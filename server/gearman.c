@@ -59,6 +59,7 @@ struct gm_table {
 /* A worker ability: the tube of a CAN_DO, and its CAN_DO_TIMEOUT. */
 struct gm_ability {
     char tube[BG_TUBE_NAME_MAX + 1];
+    struct bg_tube *tube_ptr;      /* the tube, alive while the worker watches it */
     uint32_t timeout_s;
 };
 
@@ -74,11 +75,11 @@ struct gm_conn {
     uint32_t ability_count, ability_cap;
     uint64_t *listening;           /* ids of the records this client listens to */
     uint32_t listening_count, listening_cap;
-    uint64_t held_id;              /* reserved while asleep, not yet grabbed; 0: none */
+    struct gm_conn *sleep_prev, *sleep_next; /* g->sleepers, while sleeping */
     uint64_t hold_seq;             /* output waits until the log synced this */
     char peer[INET6_ADDRSTRLEN];
     char client_id[GM_CLIENT_ID_MAX + 1];
-    uint8_t sleeping, waiting, noop_sent, exceptions, peer_eof, closing, read_paused;
+    uint8_t sleeping, exceptions, peer_eof, closing, read_paused;
     uint8_t is_woken;
     uint8_t overflow;              /* over GM_OUT_HARD_LIMIT: dropped on its next run */
 };
@@ -96,6 +97,7 @@ struct gearman {
     int listen_fd;
     struct event *listen_ev, *process_ev, *sweep_ev;
     struct gm_conn *conns, *woken;
+    struct gm_conn *sleepers;      /* workers after PRE_SLEEP, not yet woken */
     struct bg_client holder;       /* deletes jobs whose clients all left */
     struct gm_table by_id, by_unique;
     struct gm_function **functions; /* hash of gm_function by tube */
@@ -382,62 +384,75 @@ static long ability_find(struct gm_conn *c, const char *tube)
     return -1;
 }
 
-/* Stop an engine wait (the watch set is about to change). */
-static void stop_waiting(struct gm_conn *c)
+/* Nonzero if one of c's functions has a job to take now. */
+static int has_ready_job(const struct gm_conn *c)
 {
-    if (!c->waiting) return;
-    bg_client_stop_waiting(&c->client);
-    c->waiting = 0;
+    for (uint32_t i = 0; i < c->ability_count; i++) {
+        const struct bg_tube *t = c->abilities[i].tube_ptr;
+        if (t->ready.len && !t->pause_ns) return 1;
+    }
+    return 0;
 }
 
-/* A sleeping worker with nothing held waits in the engine for a job; when
- * one is handed over (now or later) it is held and NOOP wakes the worker. */
-static void sleep_wait(struct gm_conn *c, bg_time now)
+/* Take c off the sleepers list (it grabbed, was woken or is closing). */
+static void unsleep(struct gm_conn *c)
 {
-    if (!c->sleeping || c->waiting || c->held_id || c->ability_count == 0) return;
-    struct bg_job *j = NULL;
-    int rc = bg_reserve(&c->client, -1, now, &j);
-    if (rc == 0) {
-        c->held_id = j->id;
-        if (!c->noop_sent) reply(c, GM_NOOP, 0, NULL, NULL);
-        c->noop_sent = 1;
-    } else if (rc == BG_WOULD_BLOCK) {
-        c->waiting = 1;
-    }
-    /* BG_DEADLINE_SOON: a job it holds is about to time out; the sweep
-     * tries again once it has */
+    if (!c->sleeping) return;
+    struct gearman *g = c->g;
+    if (c->sleep_prev) c->sleep_prev->sleep_next = c->sleep_next; else g->sleepers = c->sleep_next;
+    if (c->sleep_next) c->sleep_next->sleep_prev = c->sleep_prev;
+    c->sleep_prev = c->sleep_next = NULL;
+    c->sleeping = 0;
+    g->srv->engine.waiting--; /* it counted in current-waiting */
 }
 
-/* Give back a job held for a sleeping worker that has not grabbed it. */
-static void release_held(struct gm_conn *c, bg_time now)
+/* Wake a sleeping worker: one NOOP. The job stays queued (as in gearmand):
+ * the worker's GRAB_JOB takes whatever is best then. */
+static void wake(struct gm_conn *c)
 {
-    if (!c->held_id) return;
-    struct bg_job *j = bg_job_find(&c->g->srv->engine, c->held_id);
-    if (j && j->reserver == &c->client) {
-        bg_release(&c->client, j->id, j->pri, 0, now);
-        j->releases--; /* not a release the user made */
-    }
-    c->held_id = 0;
-}
-
-static void engine_job_reserved(struct bg_client *client, struct bg_job *j)
-{
-    struct gm_conn *c = client->owner;
-    c->waiting = 0;
-    c->held_id = j->id;
-    if (c->sleeping && !c->noop_sent) {
-        reply(c, GM_NOOP, 0, NULL, NULL);
-        c->noop_sent = 1;
-    }
+    unsleep(c);
+    reply(c, GM_NOOP, 0, NULL, NULL);
     conn_wake(c);
 }
 
-static void engine_wait_ended(struct bg_client *client, int outcome)
+/* PRE_SLEEP: NOOP at once if a job is waiting, else sleep until one is. */
+static void pre_sleep(struct gm_conn *c)
 {
-    struct gm_conn *c = client->owner;
-    (void)outcome; /* DEADLINE_SOON: the sweep retries */
-    c->waiting = 0;
+    if (c->sleeping) return;
+    if (has_ready_job(c)) {
+        reply(c, GM_NOOP, 0, NULL, NULL);
+        return;
+    }
+    struct gearman *g = c->g;
+    c->sleeping = 1;
+    c->sleep_prev = NULL;
+    c->sleep_next = g->sleepers;
+    if (g->sleepers) g->sleepers->sleep_prev = c;
+    g->sleepers = c;
+    g->srv->engine.waiting++;
 }
+
+/* The engine's job_ready hook: tube t has jobs nobody took. Wake the
+ * sleeping workers that can do them. Runs inside engine calls: it only
+ * appends NOOPs. */
+static void engine_job_ready(void *ctx, struct bg_tube *t)
+{
+    struct gearman *g = ctx;
+    struct gm_conn *c = g->sleepers, *next;
+    for (; c; c = next) {
+        next = c->sleep_next;
+        for (uint32_t i = 0; i < c->ability_count; i++)
+            if (c->abilities[i].tube_ptr == t) {
+                wake(c);
+                break;
+            }
+    }
+}
+
+/* Gearman workers never wait in the engine (PRE_SLEEP is the sleepers
+ * list), so these are never called. */
+static void engine_job_reserved(struct bg_client *client, struct bg_job *j) { (void)client, (void)j; }
+static void engine_wait_ended(struct bg_client *client, int outcome) { (void)client, (void)outcome; }
 
 static const struct bg_client_ops gm_client_ops = {engine_job_reserved, engine_wait_ended};
 
@@ -467,7 +482,6 @@ static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t 
         }
         c->abilities = a, c->ability_cap = n;
     }
-    stop_waiting(c);
     uint32_t count;
     function_get(c->g, tube, 1); /* for `status`; a full list does not stop a worker */
     if (bg_client_watch(&c->client, tube, &count) != 0) {
@@ -476,20 +490,16 @@ static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t 
     }
     struct gm_ability *a = &c->abilities[c->ability_count++];
     memcpy(a->tube, tube, sizeof a->tube);
+    a->tube_ptr = bg_tube_find(&c->g->srv->engine, tube); /* alive while watched */
     a->timeout_s = timeout_s;
     bg_client_mark_worker(&c->client);
-    sleep_wait(c, now);
+    if (c->sleeping && has_ready_job(c)) wake(c);
+    (void)now;
 }
 
 /* Forget ability i (CANT_DO, RESET_ABILITIES). */
-static void drop_ability(struct gm_conn *c, uint32_t i, bg_time now)
+static void drop_ability(struct gm_conn *c, uint32_t i)
 {
-    stop_waiting(c);
-    /* a job held for it goes back */
-    if (c->held_id) {
-        struct bg_job *j = bg_job_find(&c->g->srv->engine, c->held_id);
-        if (j && strcmp(j->tube->name, c->abilities[i].tube) == 0) release_held(c, now);
-    }
     bg_client_unwatch(&c->client, c->abilities[i].tube);
     c->ability_count--;
     memmove(&c->abilities[i], &c->abilities[i + 1], (c->ability_count - i) * sizeof c->abilities[0]);
@@ -527,17 +537,11 @@ static void assign(struct gm_conn *c, struct bg_job *j, uint32_t grab, bg_time n
 /* GRAB_JOB, GRAB_JOB_UNIQ, GRAB_JOB_ALL. */
 static void grab(struct gm_conn *c, uint32_t type, bg_time now)
 {
-    struct bg_engine *e = &c->g->srv->engine;
-    c->sleeping = 0;
-    c->noop_sent = 0;
-    stop_waiting(c);
+    unsleep(c);
     struct bg_job *j = NULL;
-    if (c->held_id) {
-        j = bg_job_find(e, c->held_id);
-        c->held_id = 0;
-        if (j && j->reserver != &c->client) j = NULL; /* its TTR ran out meanwhile */
-    }
-    if (!j && c->ability_count && bg_reserve(&c->client, 0, now, &j) != 0) j = NULL;
+    /* BG_TIMED_OUT, or BG_DEADLINE_SOON (a job it holds is about to time
+     * out): NO_JOB */
+    if (c->ability_count && bg_reserve(&c->client, 0, now, &j) != 0) j = NULL;
     if (!j) {
         reply(c, GM_NO_JOB, 0, NULL, NULL);
         return;
@@ -760,23 +764,13 @@ static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now
         char tube[BG_TUBE_NAME_MAX + 1];
         if (gm_function_to_tube(p->arg[0], p->arg_len[0], tube) < 0) break;
         long i = ability_find(c, tube);
-        if (i >= 0) drop_ability(c, (uint32_t)i, now);
-        sleep_wait(c, now);
+        if (i >= 0) drop_ability(c, (uint32_t)i);
         break;
     }
     case GM_RESET_ABILITIES:
-        while (c->ability_count) drop_ability(c, c->ability_count - 1, now);
+        while (c->ability_count) drop_ability(c, c->ability_count - 1);
         break;
-    case GM_PRE_SLEEP:
-        c->sleeping = 1;
-        c->noop_sent = 0;
-        if (c->held_id) {
-            reply(c, GM_NOOP, 0, NULL, NULL);
-            c->noop_sent = 1;
-        } else {
-            sleep_wait(c, now);
-        }
-        break;
+    case GM_PRE_SLEEP: pre_sleep(c); break;
     case GM_GRAB_JOB: case GM_GRAB_JOB_UNIQ: case GM_GRAB_JOB_ALL: grab(c, p->type, now); break;
     case GM_WORK_DATA: case GM_WORK_WARNING: case GM_WORK_STATUS: case GM_WORK_COMPLETE:
     case GM_WORK_FAIL: case GM_WORK_EXCEPTION:
@@ -813,10 +807,15 @@ static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now
 
 /* ---- the admin protocol ------------------------------------------------- */
 
+/* `status`: every function seen over Gearman, and every tube holding
+ * jobs (put over beanstalk or HTTP, or recovered from the log), newest
+ * first. */
 static void admin_status(struct gm_conn *c)
 {
     struct gearman *g = c->g;
     struct bg_engine *e = &g->srv->engine;
+    for (uint32_t i = 0; i < e->tube_count; i++)
+        if (tube_job_total(e->tube_list[i])) function_get(g, e->tube_list[i]->name, 1);
     for (struct gm_function *f = g->function_list; f; f = f->list_next) {
         struct bg_tube *t = bg_tube_find(e, f->tube);
         uint64_t workers = 0;
@@ -1011,7 +1010,7 @@ static void conn_free(struct gm_conn *c)
         struct gm_record *r = record_find(g, j->id);
         if (r) strcpy(r->numerator, "0"), strcpy(r->denominator, "0");
     }
-    c->held_id = 0;
+    unsleep(c);
     bg_client_close(&c->client, now);
     g->srv->engine.connections--;
     event_free(c->read_ev);
@@ -1169,15 +1168,13 @@ static void process_cb(evutil_socket_t fd, short what, void *arg)
 /* Every GM_SWEEP_MS: look at the next GM_SWEEP_BUCKETS buckets of records
  * (a bounded step, however many there are), fail foreground jobs that
  * ended outside Gearman (a beanstalk or HTTP delete) and drop records of
- * jobs that are gone; let sleeping workers whose wait ended on
- * DEADLINE_SOON wait again. */
+ * jobs that are gone. */
 static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct gearman *g = arg;
     struct bg_engine *e = &g->srv->engine;
-    bg_time now = server_now();
     for (size_t step = 0; g->by_id.slot && step < GM_SWEEP_BUCKETS && step <= g->by_id.mask; step++) {
         size_t i = g->sweep_cursor++ & g->by_id.mask;
         struct gm_record *r = g->by_id.slot[i], *next;
@@ -1191,12 +1188,6 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
                 conn_wake(r->listeners[k]);
             }
             record_remove(g, r);
-        }
-    }
-    for (struct gm_conn *c = g->conns; c; c = c->next) {
-        if (c->sleeping && !c->waiting && !c->held_id) {
-            sleep_wait(c, now);
-            if (c->out.len) conn_wake(c);
         }
     }
     server_arm_timer(g->srv);
@@ -1284,6 +1275,8 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         return NULL;
     }
     evutil_make_socket_nonblocking(g->listen_fd);
+    srv->engine.job_ready = engine_job_ready;
+    srv->engine.job_ready_ctx = g;
     g->listen_ev = event_new(srv->base, g->listen_fd, EV_READ | EV_PERSIST, accept_cb, g);
     g->process_ev = event_new(srv->base, -1, 0, process_cb, g);
     g->sweep_ev = event_new(srv->base, -1, EV_PERSIST, sweep_cb, g);
@@ -1305,6 +1298,7 @@ void gearman_release_held(struct gearman *g)
 void gearman_stop(struct gearman *g)
 {
     if (!g) return;
+    if (g->srv->engine.job_ready_ctx == g) g->srv->engine.job_ready = NULL;
     if (g->listen_ev) event_free(g->listen_ev);
     if (g->listen_fd >= 0) close(g->listen_fd);
     while (g->conns) {

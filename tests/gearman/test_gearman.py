@@ -15,7 +15,9 @@ socket read and every subprocess has a timeout, and each test has a SIGALRM
 watchdog. Uses the real `gearman` / `gearadmin` tools (Debian gearman-tools)
 unchanged. Prints PASS/FAIL/SKIP per test and a last line
 `gearman: N passed, M failed, K skipped (reasons)`; exit status 1 on failure.
-GEARMAN_TEST_ONLY="test_a test_b" runs only those tests.
+GEARMAN_TEST_ONLY="test_a test_b" runs only those tests. On a failure the
+stderr of every server the test started is printed (sanitizer reports
+verbatim, from their first line); a sanitizer report fails the test.
 See tests/gearman/FACTS.md for the observed gearmand behaviour the
 assertions encode.
 """
@@ -31,6 +33,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -258,7 +261,11 @@ class Beanstalk:
         return reply, None
 
     def stats_job(self, jid):
-        reply, body = self.cmd("stats-job %d" % jid)
+        return self.stats("stats-job %d" % jid)
+
+    def stats(self, line="stats"):
+        """Any stats command -> (reply line, dict of its YAML, or None)."""
+        reply, body = self.cmd(line)
         if reply != b"OK" and not reply.startswith(b"OK "):
             return reply, None
         d = {}
@@ -288,9 +295,15 @@ class Server:
         self.proc = None
         self.errf = None
         self.tmp = tempfile.mkdtemp(prefix="gearman-test-")
+        self.extra = []            # more command line arguments (new_server)
+        self.expect_exit = False   # a test made it exit (admin shutdown)
+        self.last_stderr = ""      # its stderr, kept by stop()
 
     def _spawn(self, argv):
-        self.errf = open(os.path.join(self.tmp, "stderr"), "w+b")
+        if self.errf:
+            self.errf.close()
+        # append: the stderr of a killed and restarted server is kept
+        self.errf = open(os.path.join(self.tmp, "stderr"), "a+b")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self.errf)
 
@@ -332,13 +345,20 @@ class Server:
             self.proc.kill()
             self.proc.wait(5)
 
+    def restart_after_kill9(self):
+        """SIGKILL, then start again with the same arguments (same -b
+        directory, fresh ports)."""
+        self.kill()
+        return self.start()
+
     def stop(self):
         """SIGTERM; returns a problem description or None."""
         problem = None
         if self.proc is None:
             return None
         if self.proc.poll() is not None:
-            problem = "server exited early with %r: %s" % (self.proc.returncode, self.stderr()[-800:])
+            if not self.expect_exit or self.proc.returncode != 0:
+                problem = "server exited early with %r: %s" % (self.proc.returncode, self.stderr()[-800:])
         else:
             self.proc.terminate()
             try:
@@ -348,10 +368,11 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.kill()
                 problem = "did not exit within 5 s of SIGTERM"
-        err = self.stderr()
+        err = self.last_stderr = self.stderr()
         bad = [m for m in SANITIZER_MARKERS if m in err]
         if bad:
-            problem = "sanitizer report: %s" % err[-1500:]
+            problem = "sanitizer report in its stderr (printed below if the test failed): %s" % \
+                sanitizer_report(err).splitlines()[0]
         try:
             self.errf.close()
         except (OSError, AttributeError):
@@ -397,7 +418,7 @@ class Gearmand(Server):
 
     def argv(self):
         return [self.binary, "-L", "127.0.0.1", "-p", str(self.port),
-                "-l", os.path.join(self.tmp, "gearmand.log"), "--verbose", "INFO"]
+                "-l", os.path.join(self.tmp, "gearmand.log"), "--verbose", "INFO"] + self.extra
 
 
 class Beangate(Server):
@@ -409,7 +430,7 @@ class Beangate(Server):
     def argv(self):
         return [self.binary, "-l", "127.0.0.1", "-p", str(self.bport),
                 "--http-listen", "127.0.0.1", "--http-port", str(self.hport),
-                "--gearman-listen", "127.0.0.1", "--gearman-port", str(self.port)]
+                "--gearman-listen", "127.0.0.1", "--gearman-port", str(self.port)] + self.extra
 
 
 TARGET = None          # the class under test, set in main()
@@ -480,9 +501,26 @@ def test(fn):
     return fn
 
 
-def beangate_only(fn):
-    fn.beangate_only = True
-    return fn
+CROSS = "cross-protocol, beangate only"
+
+
+def beangate_only(fn=None, why=CROSS):
+    """Skip the test (printing `why`) unless the target is beangate.
+    @beangate_only or @beangate_only(why="...")."""
+    def mark(f):
+        f.beangate_only = why
+        return f
+    return mark(fn) if fn else mark
+
+
+def sanitizer_report(err):
+    """A server's stderr from its first sanitizer line on (verbatim), or
+    its tail."""
+    starts = [err.find(m) for m in SANITIZER_MARKERS if m in err]
+    if not starts:
+        return err[-2000:]
+    start = err.rfind("\n", 0, min(starts)) + 1
+    return err[start:start + 20000]
 
 
 def spawn(argv, **kw):
@@ -501,8 +539,11 @@ def wait_workers(srv, func, n=1):
                "%d worker(s) for %s in status" % (n, func))
 
 
-def new_server(cls=None):
+def new_server(cls=None, extra=()):
+    """A started server; `extra`: more arguments, or a function of the
+    (not yet started) server returning them (e.g. a directory in s.tmp)."""
     s = (cls or TARGET)()
+    s.extra = list(extra(s) if callable(extra) else extra)
     CLEANUP.append(s)
     return s.start()
 
@@ -759,6 +800,86 @@ def test_pre_sleep_noop(srv):
     w.send("PRE_SLEEP")
     c.submit("not-s", "x", kind="SUBMIT_JOB_BG")
     w.expect_nothing("job for another function")
+
+
+@test
+def test_noop_does_not_take_the_job(srv):
+    """A NOOP is only a wake-up: until the worker sends GRAB_JOB the job is
+    queued (not running) and any worker may grab it."""
+    w1 = srv.conn()
+    w1.send("CAN_DO", "f")
+    w1.send("PRE_SLEEP")
+    c = srv.conn()
+    h = c.submit("f", "x", kind="SUBMIT_JOB_BG")
+    w1.expect("NOOP", [])
+    check_eq(srv.status().get("f"), (1, 0, 1), "status after the NOOP, before GRAB_JOB")
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    w2 = srv.conn()
+    w2.send("CAN_DO", "f")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [h, "f", "x"])
+    w1.send("GRAB_JOB")
+    w1.expect("NO_JOB", [])
+
+
+@test
+def test_grab_after_noop_takes_highest_priority(srv):
+    """The job a GRAB_JOB gets is chosen at the GRAB_JOB, not at the NOOP:
+    a HIGH job submitted in between goes first."""
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("PRE_SLEEP")
+    c = srv.conn()
+    hl = c.submit("f", "low", kind="SUBMIT_JOB_LOW_BG")
+    w.expect("NOOP", [])
+    hh = c.submit("f", "high", kind="SUBMIT_JOB_HIGH_BG")
+    for h, d in ((hh, "high"), (hl, "low")):
+        w.send("GRAB_JOB")
+        w.expect("JOB_ASSIGN", [h, "f", d])
+        w.send("WORK_COMPLETE", h, "")
+
+
+@test
+def test_admin_cancel_job_with_a_sleeping_worker(srv):
+    """cancel job works on a queued job also when a sleeping worker was
+    woken for it (and has not grabbed it)."""
+    w = srv.conn()
+    w.send("CAN_DO", "g")
+    w.send("PRE_SLEEP")
+    c = srv.conn()
+    h = c.submit("g", "y")
+    w.expect("NOOP", [])
+    a = srv.conn()
+    check_eq(a.text(b"cancel job " + h + b"\n"), b"OK\r\n", "cancel job of a queued job")
+    c.expect("WORK_FAIL", [h])
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+
+
+@test
+def test_can_do_timeout_expiry_requeues(srv):
+    """CAN_DO_TIMEOUT f 1: a job held longer goes back to the queue (the
+    client is told nothing), another worker gets the same handle, and the
+    first worker's late result is JOB_NOT_FOUND."""
+    c = srv.conn()
+    h = c.submit("f", "x")
+    w1 = srv.conn()
+    w1.send("CAN_DO_TIMEOUT", "f", 1)
+    w1.send("GRAB_JOB")
+    w1.expect("JOB_ASSIGN", [h, "f", "x"])
+    wait_until(lambda: srv.status().get("f") == (1, 0, 1), "the job back in the queue after 1 s", timeout=4)
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    w2 = srv.conn()
+    w2.send("CAN_DO", "f")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [h, "f", "x"])
+    w1.send("WORK_COMPLETE", h, "late")
+    w1.expect("ERROR", ["JOB_NOT_FOUND", "Job given in work result not found"])
+    c.expect_nothing("no result from the timed-out worker")
+    w2.send("WORK_COMPLETE", h, "ok")
+    c.expect("WORK_COMPLETE", [h, "ok"])
 
 
 @test
@@ -1163,6 +1284,443 @@ def test_cross_fg_ttr(srv):
     bs.close()
 
 
+# ================================================================== e. beangate's own behaviour
+
+LIMITS = "beangate's own limits and options (-z, -b, tube names), beangate only"
+FRONTEND = "front-end scenario, beangate only"
+SHUTDOWN = "admin shutdown (gearmand 1.1.20: ERR UNKNOWN_COMMAND), beangate only"
+
+
+def proc_rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    raise Fail("no VmRSS for pid %d" % pid)
+
+
+def bs_stats_http(srv):
+    """(beanstalk `stats` dict, GET /stats JSON), taken back to back on a
+    new beanstalk connection that stays open for both."""
+    bs = Beanstalk(srv.bport)
+    try:
+        _, st = bs.stats()
+        code, body = http_req(srv.hport, "GET", "/stats")
+    finally:
+        bs.close()
+    check_eq(code, 200, "GET /stats")
+    return st, json.loads(body)
+
+
+def http_stats(srv):
+    code, body = http_req(srv.hport, "GET", "/stats")
+    check_eq(code, 200, "GET /stats")
+    return json.loads(body)
+
+
+@test
+@beangate_only
+def test_can_do_timeout_is_ttr(srv):
+    c = srv.conn()
+    h = c.submit("f", "t1", kind="SUBMIT_JOB_BG")
+    h2 = c.submit("f", "t2", kind="SUBMIT_JOB_BG")
+    w = srv.conn()
+    w.send("CAN_DO_TIMEOUT", "f", 5)
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "f", "t1"])
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats_job(handle_number(h))
+    check_eq((st["state"], st["ttr"], st["tube"]), ("reserved", "5", "f"), "stats-job after CAN_DO_TIMEOUT f 5")
+    check(0 <= int(st["time-left"]) <= 5, "time-left %r within the TTR of 5" % st["time-left"])
+    # a worker with a plain CAN_DO keeps the submit TTR
+    w2 = srv.conn()
+    w2.send("CAN_DO", "f")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [h2, "f", "t2"])
+    _, st = bs.stats_job(handle_number(h2))
+    check_eq((st["state"], st["ttr"]), ("reserved", "86400"), "stats-job after a plain CAN_DO")
+    bs.close()
+
+
+@test
+@beangate_only
+def test_submit_job_epoch_is_delay(srv):
+    c = srv.conn()
+    bs = Beanstalk(srv.bport)
+    now = int(time.time())
+    c.send("SUBMIT_JOB_EPOCH", "ep", "", now + 100, "later")
+    hl = c.expect("JOB_CREATED")[0]
+    _, st = bs.stats_job(handle_number(hl))
+    check_eq((st["state"], st["tube"], st["pri"]), ("delayed", "ep", "1024"), "stats-job of a future epoch")
+    check(98 <= int(st["delay"]) <= 102, "delay %r is about 100" % st["delay"])
+    check(97 <= int(st["time-left"]) <= 101, "time-left %r is about 100" % st["time-left"])
+    c.send("SUBMIT_JOB_EPOCH", "ep", "", now - 100, "past")
+    hp = c.expect("JOB_CREATED")[0]
+    _, st = bs.stats_job(handle_number(hp))
+    check_eq((st["state"], st["delay"]), ("ready", "0"), "stats-job of a past epoch")
+    # a background job: the submitter hears nothing; a worker gets only the ready one
+    c.expect_nothing("SUBMIT_JOB_EPOCH is a background job")
+    w = srv.conn()
+    w.send("CAN_DO", "ep")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [hp, "ep", "past"])
+    w.send("WORK_COMPLETE", hp, "")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    c.send("GET_STATUS", hl)
+    c.expect("STATUS_RES", [hl, 1, 0, 0, 0])
+    bs.close()
+
+
+@test
+@beangate_only
+def test_maxqueue_limits_the_tube(srv):
+    a = srv.conn()
+    check_eq(a.text(b"maxqueue f 2\n"), b"OK\r\n", "maxqueue f 2")
+    c = srv.conn()
+    h1 = c.submit("f", "1", kind="SUBMIT_JOB_BG")
+    c.submit("f", "2", kind="SUBMIT_JOB_BG")
+    c.send("SUBMIT_JOB_BG", "f", "", "3")
+    args = c.expect("ERROR")
+    check_eq(args[0], b"QUEUE_ERROR", "third submit over maxqueue 2 (%r)" % args)
+    c.send("SUBMIT_JOB", "f", "", "fg")
+    check_eq(c.expect("ERROR")[0], b"QUEUE_ERROR", "a foreground submit over the limit")
+    c.send("ECHO_REQ", "open")
+    c.expect("ECHO_RES", ["open"])
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats("stats-tube f")
+    check_eq((st["current-jobs-ready"], st["total-jobs"]), ("2", "2"), "stats-tube f")
+    check_eq(srv.status().get("f"), (2, 0, 0), "status f")
+    # room again once one is gone
+    check_eq(bs.cmd("delete %d" % handle_number(h1))[0], b"DELETED", "delete over beanstalk")
+    c.submit("f", "4", kind="SUBMIT_JOB_BG")
+    _, st = bs.stats("stats-tube f")
+    check_eq(st["current-jobs-ready"], "2", "stats-tube f after a delete and a submit")
+    bs.close()
+
+
+@test
+@beangate_only
+def test_admin_cancel_job(srv):
+    c = srv.conn()
+    h = c.submit("f", "doomed")
+    a = srv.conn()
+    check_eq(a.text(b"cancel job " + h + b"\n"), b"OK\r\n", "cancel job %r" % h)
+    c.expect("WORK_FAIL", [h])
+    bs = Beanstalk(srv.bport)
+    check_eq(bs.stats_job(handle_number(h))[0], b"NOT_FOUND", "stats-job of the cancelled job")
+    unknown = b"H:%s:987654" % socket.gethostname().encode()
+    check_eq(a.text(b"cancel job " + unknown + b"\n"), b"ERR UNKNOWN_JOB\r\n", "cancel of an unknown handle")
+    check_eq(a.text(b"cancel job " + h + b"\n"), b"ERR UNKNOWN_JOB\r\n", "cancel of the cancelled job")
+    check_eq(srv.status().get("f"), (0, 0, 0), "status after the cancel")
+    c.expect_nothing("one WORK_FAIL only")
+    bs.close()
+
+
+@test
+@beangate_only(why=SHUTDOWN)
+def test_admin_shutdown(srv):
+    a = srv.conn()
+    check_eq(a.text(b"shutdown\n"), b"OK\n", "admin shutdown")
+    try:
+        status = srv.proc.wait(5)
+    except subprocess.TimeoutExpired:
+        raise Fail("still running 5 s after the admin shutdown")
+    srv.expect_exit = True
+    check_eq(status, 0, "exit status after the admin shutdown")
+
+
+@test
+@beangate_only(why=FRONTEND)
+def test_get_status_unique_running(srv):
+    c = srv.conn()
+    h = c.submit("f", "work", unique="u6")
+    o = srv.conn()
+    o.send("GET_STATUS_UNIQUE", "u6")
+    o.expect("STATUS_RES_UNIQUE", ["u6", 1, 0, 0, 0, 1])
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB_UNIQ")
+    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "u6", "work"])
+    w.send("WORK_STATUS", h, 1, 4)
+    c.expect("WORK_STATUS", [h, 1, 4])
+    o.send("GET_STATUS_UNIQUE", "u6")
+    _, _, raw = o.recv()
+    body = b"u6\x001\x001\x001\x004\x001"
+    check_eq(raw, b"\0RES" + struct.pack(">II", 42, len(body)) + body, "STATUS_RES_UNIQUE bytes")
+    o.send("GET_STATUS_UNIQUE", "nope")
+    o.expect("STATUS_RES_UNIQUE", ["nope", 0, 0, 0, 0, 0])
+    w.send("WORK_COMPLETE", h, "done")
+    c.expect("WORK_COMPLETE", [h, "done"])
+    o.send("GET_STATUS_UNIQUE", "u6")
+    o.expect("STATUS_RES_UNIQUE", ["u6", 0, 0, 0, 0, 0])
+
+
+@test
+@beangate_only(why=FRONTEND)
+def test_can_do_while_asleep_wakes(srv):
+    w = srv.conn()
+    w.send("CAN_DO", "a")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+    w.send("PRE_SLEEP")
+    w.expect_nothing("asleep with nothing for a")
+    w.send("CAN_DO", "b")
+    w.expect_nothing("CAN_DO b while asleep, nothing for b yet")
+    c = srv.conn()
+    h = c.submit("b", "for-b", kind="SUBMIT_JOB_BG")
+    w.expect("NOOP", [])
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "b", "for-b"])
+    w.send("WORK_COMPLETE", h, "")
+    w.send("GRAB_JOB")
+    w.expect("NO_JOB", [])
+
+
+@test
+@beangate_only
+def test_cross_beanstalk_delete_fails_fg_client(srv):
+    c = srv.conn()
+    h = c.submit("f", "taken elsewhere")
+    bs, rid, body = bs_reserve(srv, "f")
+    check_eq((rid, body), (handle_number(h), b"taken elsewhere"), "beanstalk reserved the fg job")
+    t0 = time.monotonic()
+    check_eq(bs.cmd("delete %d" % rid)[0], b"DELETED", "delete over beanstalk")
+    c.expect("WORK_FAIL", [h], timeout=2.0)
+    check(time.monotonic() - t0 <= 2.0, "WORK_FAIL within 2 s")
+    c.expect_nothing("only one WORK_FAIL")
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 0, 0, 0, 0])
+    bs.close()
+
+
+@test
+@beangate_only
+def test_cross_stats_count_gearman(srv):
+    bs = Beanstalk(srv.bport)
+    wait_until(lambda: bs.stats()[1]["current-connections"] == "1", "only the beanstalk connection")
+    st0 = bs.stats()[1]
+    w = srv.conn()
+    w.send("CAN_DO", "f9")
+    w.send("PRE_SLEEP")
+    c = srv.conn()
+    c.send("ECHO_REQ", "sync")
+    c.expect("ECHO_RES", ["sync"])
+    wait_until(lambda: bs.stats()[1]["current-waiting"] == "1", "the sleeping worker waits")
+    st = bs.stats()[1]
+    check_eq((st["current-connections"], st["current-workers"], st["current-waiting"]), ("3", "1", "1"),
+             "stats with a sleeping gearman worker and a client (+ this beanstalk connection)")
+    check(int(st["total-connections"]) >= int(st0["total-connections"]) + 2, "total-connections grew")
+    for i in range(3):
+        c.submit("other9", "bg%d" % i, kind="SUBMIT_JOB_BG")
+    c.submit("other9", "fg", kind="SUBMIT_JOB_LOW")
+    st = bs.stats()[1]
+    check_eq(int(st["total-jobs"]), int(st0["total-jobs"]) + 4, "total-jobs after 4 gearman submits")
+    check_eq(int(st["current-jobs-ready"]), int(st0["current-jobs-ready"]) + 4, "current-jobs-ready")
+    bs.close()
+    st, js = bs_stats_http(srv)
+    for k in ("current-connections", "current-workers", "current-waiting", "total-jobs", "current-jobs-ready",
+              "current-jobs-urgent", "total-connections"):
+        check_eq(js[k.replace("-", "_")], int(st[k]), "GET /stats %s vs beanstalk stats" % k)
+    check_eq((js["current_workers"], js["current_waiting"]), (1, 1), "GET /stats workers, waiting")
+    c.close()
+    wait_until(lambda: http_stats(srv)["current_connections"] == 1,
+               "GET /stats current_connections 1 once the gearman client left (the worker stays)")
+    w.close()
+    wait_until(lambda: http_stats(srv)["current_connections"] == 0, "current_connections 0 once all left")
+    check_eq((http_stats(srv)["current_workers"], http_stats(srv)["current_waiting"]), (0, 0),
+             "GET /stats workers, waiting once the worker left")
+
+
+@test
+@beangate_only(why=LIMITS)
+def test_function_name_too_long(srv):
+    c = srv.conn()
+    c.send("SUBMIT_JOB_BG", " " * 150, "", "x")          # 450 bytes once encoded
+    check_eq(c.expect("ERROR")[0], b"INVALID_FUNCTION_NAME", "150 spaces as a function")
+    c.send("ECHO_REQ", "after submit")
+    c.expect("ECHO_RES", ["after submit"])
+    c.send("CAN_DO", " " * 150)
+    check_eq(c.expect("ERROR")[0], b"INVALID_FUNCTION_NAME", "CAN_DO of 150 spaces")
+    c.send("ECHO_REQ", "after can_do")
+    c.expect("ECHO_RES", ["after can_do"])
+    c.send("SUBMIT_JOB_BG", "a" * 201, "", "x")
+    check_eq(c.expect("ERROR")[0], b"INVALID_FUNCTION_NAME", "201-byte function name")
+    # exactly 200 bytes, plain and encoded, are tubes
+    bs = Beanstalk(srv.bport)
+    for fn, tube in (("a" * 200, "a" * 200), (" " * 66 + "ab", "$20" * 66 + "ab")):
+        h = c.submit(fn, "x", kind="SUBMIT_JOB_BG")
+        check_eq(bs.stats_job(handle_number(h))[1]["tube"], tube, "tube of a %d-byte function" % len(fn))
+    check_eq(sorted(k for k in srv.status()), sorted([" " * 66 + "ab", "a" * 200]),
+             "status: only the accepted functions")
+    bs.close()
+
+
+@test
+@beangate_only(why=LIMITS)
+def test_max_job_size(srv):
+    srv = new_server(extra=["-z", "1000"])
+    c = srv.conn()
+    h = c.submit("f", b"x" * 1000, kind="SUBMIT_JOB_BG")
+    c.send("SUBMIT_JOB_BG", "f", "", b"y" * 1001)
+    args = c.expect("ERROR")
+    check_eq(args[0], b"JOB_TOO_BIG", "a workload of -z + 1 bytes (%r)" % args)
+    c.send("SUBMIT_JOB", "f", "", b"y" * 1001)
+    check_eq(c.expect("ERROR")[0], b"JOB_TOO_BIG", "foreground, -z + 1 bytes")
+    c.send("ECHO_REQ", "open")
+    c.expect("ECHO_RES", ["open"])
+    check_eq(srv.status().get("f"), (1, 0, 0), "one job in f")
+    bs, rid, body = bs_reserve(srv, "f")
+    check_eq((rid, body), (handle_number(h), b"x" * 1000), "the -z byte job over beanstalk")
+    bs.close()
+    # a size field far over the limit: refused from the header alone
+    c2 = srv.conn()
+    c2.raw(b"\0REQ" + struct.pack(">II", T["SUBMIT_JOB_BG"], 0x7fff0000) + b"f\0\0")
+    args = c2.expect("ERROR")
+    check_eq(args[0], b"ARGUMENT_TOO_LARGE", "size field 0x7fff0000 (%r)" % args)
+    check(c2.is_closed(), "connection closed after a huge size field")
+
+
+@test
+@beangate_only(why=LIMITS)
+def test_durable_job_survives_kill9(srv):
+    srv = new_server(extra=wal_args)
+    c = srv.conn()
+    h = c.submit("dur", b"persist\0me", kind="SUBMIT_JOB_HIGH_BG")
+    jid = handle_number(h)
+    c.close()
+    srv.restart_after_kill9()
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats_job(jid)
+    check(st is not None, "stats-job %d after kill -9 and restart" % jid)
+    check_eq((st["state"], st["tube"], st["pri"], st["ttr"]), ("ready", "dur", "512", "86400"),
+             "stats-job after the restart")
+    c = srv.conn()
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    bs.close()
+    bs, rid, body = bs_reserve(srv, "dur")
+    check_eq((rid, body), (jid, b"persist\0me"), "reserve after the restart")
+    bs.close()
+
+
+def wal_args(s):
+    return ["-b", os.path.join(s.tmp, "wal"), "-f", "0"]
+
+
+@test
+@beangate_only(why=LIMITS)
+def test_durable_status_after_restart(srv):
+    """A recovered Gearman job's function is in `status` (gearmand with a
+    persistent queue lists a function once its jobs are replayed), and a
+    worker that registers after the restart gets the job."""
+    srv = new_server(extra=wal_args)
+    c = srv.conn()
+    h = c.submit("dur", "again", kind="SUBMIT_JOB_BG")
+    check_eq(srv.status().get("dur"), (1, 0, 0), "status before the restart")
+    c.close()
+    srv.restart_after_kill9()
+    c = srv.conn()
+    c.send("GET_STATUS", h)
+    c.expect("STATUS_RES", [h, 1, 0, 0, 0])
+    check_eq(srv.status().get("dur"), (1, 0, 0), "status after the restart (GET_STATUS knows the job)")
+    w = srv.conn()
+    w.send("CAN_DO", "dur")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "dur", "again"])
+
+
+@test
+@beangate_only(why=FRONTEND)
+def test_slow_reader_backpressure(srv):
+    n, size = 2000, 65536
+    payload = [struct.pack(">I", i) * (size // 4) for i in range(n)]
+    slow = srv.conn()
+    sender = slow.s.dup()                 # its own timeout; both non-blocking
+    sender.settimeout(60)
+    state = {"sent": 0, "error": None}
+
+    def send_all():
+        try:
+            for p in payload:
+                sender.sendall(packet("ECHO_REQ", p))
+                state["sent"] += 1
+        except OSError as e:
+            state["error"] = e
+
+    rss0 = proc_rss_kib(srv.proc.pid)
+    t = threading.Thread(target=send_all, daemon=True)
+    t.start()
+    # wait until the sender is stuck (the server stopped reading it)
+    last, since = -1, time.monotonic()
+    while time.monotonic() - since < 0.5:
+        check(time.monotonic() - since < 20, "sender never stalled")
+        if state["sent"] != last:
+            last, since = state["sent"], time.monotonic()
+        time.sleep(0.05)
+    check(state["sent"] < n, "the server took all %d packets without being read (sent %d)" % (n, state["sent"]))
+    grown = proc_rss_kib(srv.proc.pid) - rss0
+    check(grown < 64 * 1024, "server RSS grew by %d KiB for an unread client (sent %d packets)"
+          % (grown, state["sent"]))
+    t0 = time.monotonic()
+    out = srv.admin(b"status\n")
+    check(time.monotonic() - t0 < 1.0, "admin status took %.2f s beside a slow reader" % (time.monotonic() - t0))
+    check(out.endswith(b".\n"), "admin status reply %r" % out)
+    got = 0
+    for i in range(n):
+        _, _, raw = slow.recv(timeout=10)
+        if raw != b"\0RES" + struct.pack(">II", T["ECHO_RES"], size) + payload[i]:
+            raise Fail("ECHO_RES %d of %d: %d bytes, head %r" % (i, n, len(raw), raw[:20]))
+        got += len(raw)
+    t.join(10)
+    check(not t.is_alive() and state["error"] is None, "sender: %r (sent %d)" % (state["error"], state["sent"]))
+    check_eq(got, n * (12 + size), "bytes echoed")
+    slow.expect_nothing("after the %d echoes" % n)
+    sender.close()
+
+
+@test
+@beangate_only
+def test_cross_beanstalk_urgent_before_gearman_high(srv):
+    c = srv.conn()
+    hh = c.submit("f", "gearman-high", kind="SUBMIT_JOB_HIGH_BG")
+    bs = Beanstalk(srv.bport)
+    bs.cmd("use f")
+    reply, _ = bs.cmd("put 0 0 60 9", "beanstalk")
+    check(reply.startswith(b"INSERTED "), "put: %r" % reply)
+    jid = int(reply.split()[1])
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB")
+    args = w.expect("JOB_ASSIGN")
+    check_eq((handle_number(args[0]), args[1:]), (jid, [b"f", b"beanstalk"]), "first job: the pri 0 put")
+    w.send("WORK_COMPLETE", args[0], "")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [hh, "f", "gearman-high"])
+    bs.close()
+
+
+@test
+@beangate_only(why=FRONTEND)
+def test_tool_many_background_jobs(srv):
+    n = 200
+    r = srv.tool(["-b", "-f", "reverse"] + ["a%d" % i for i in range(1, n + 1)])
+    check_eq((r.returncode, r.stdout), (0, b""), "gearman -b with %d jobs (stderr %r)" % (n, r.stderr))
+    check_eq(srv.status().get("reverse"), (n, 0, 0), "status after %d bg submits" % n)
+    wk = tool_worker(srv, ["-c", str(n), "-f", "reverse", "--", "cat"])
+    check_eq(wk.wait(TOOL_TIMEOUT * 3), 0, "gearman -w -c %d exit status" % n)
+    wait_until(lambda: normalise_status(srv.gearadmin("--status").stdout) == ["reverse\t0\t0\t0"],
+               "gearadmin --status: reverse 0 0 0")
+    r = srv.gearadmin("--status")
+    check_eq((r.returncode, normalise_status(r.stdout)), (0, ["reverse\t0\t0\t0"]), "gearadmin --status")
+    # the empty tube is gone (nobody watches it); the server's totals tell
+    bs = Beanstalk(srv.bport)
+    _, st = bs.stats()
+    check_eq((st["total-jobs"], st["current-jobs-ready"], st["current-jobs-reserved"], st["current-jobs-buried"]),
+             (str(n), "0", "0", "0"), "beanstalk stats after the worker")
+    bs.close()
+
+
 # ------------------------------------------------------------------ main
 
 def alarm(signum, frame):
@@ -1212,7 +1770,7 @@ def main(argv):
             continue
         why = None
         if getattr(fn, "beangate_only", False) and not is_beangate():
-            why = "cross-protocol, beangate only"
+            why = fn.beangate_only
         elif missing:
             why = "not installed: %s (apt-get install gearman-job-server gearman-tools)" % " ".join(missing)
         if why:
@@ -1230,11 +1788,16 @@ def main(argv):
             err = traceback.format_exc()
         finally:
             signal.alarm(0)
+        servers = [x for x in CLEANUP if isinstance(x, Server)]
         for problem in cleanup():
-            err = err or problem
+            err = "%s\n  and %s" % (err, problem) if err else problem
         if err:
             failed += 1
             print("FAIL %s: %s" % (name, err))
+            for s in servers:   # every server's stderr, after it stopped
+                if s.last_stderr.strip():
+                    print("---- %s stderr (%s) ----\n%s\n---- end of stderr ----"
+                          % (s.kind, s.binary, sanitizer_report(s.last_stderr)))
         else:
             passed += 1
             print("PASS %s" % name)
