@@ -105,6 +105,7 @@ struct gearman {
     struct gm_function *function_list; /* newest first */
     uint32_t max_packet;           /* largest request size accepted */
     size_t sweep_cursor;           /* next record bucket the sweep looks at */
+    uint8_t graceful;              /* `shutdown graceful`: stop when workers are done */
 };
 
 static uint64_t hash_bytes(const char *s, size_t n)
@@ -963,8 +964,17 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l)
         break;
     case GM_ADMIN_SHUTDOWN:
         bg_buf_append(&c->out, "OK\n", 3);
-        log_event(BG_LOG_INFO, "shutdown", "by=gearman_admin");
-        event_base_loopbreak(c->g->srv->base);
+        if (l->nargs == 0) {
+            log_event(BG_LOG_INFO, "shutdown", "by=gearman_admin");
+            event_base_loopbreak(c->g->srv->base);
+            break;
+        }
+        /* graceful: take no new jobs or Gearman connections; stop once no
+         * Gearman worker holds a job (the sweep checks) */
+        log_event(BG_LOG_INFO, "shutdown", "by=gearman_admin mode=graceful");
+        c->g->graceful = 1;
+        c->g->srv->engine.draining = 1;
+        if (c->g->listen_ev) event_del(c->g->listen_ev);
         break;
     default:
         admin_error(c, "UNKNOWN_COMMAND", "Unknown server command", l->word, l->word_len);
@@ -1189,6 +1199,11 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
             }
             record_remove(g, r);
         }
+    }
+    if (g->graceful) {
+        struct gm_conn *c = g->conns;
+        while (c && c->client.reserved.len == 0) c = c->next;
+        if (!c) event_base_loopbreak(g->srv->base);
     }
     server_arm_timer(g->srv);
 }

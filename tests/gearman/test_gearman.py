@@ -1431,6 +1431,33 @@ def test_admin_shutdown(srv):
 
 
 @test
+@beangate_only(why=SHUTDOWN)
+def test_admin_shutdown_graceful(srv):
+    # a worker holds a job: the server waits for it, refuses new jobs meanwhile
+    c = srv.conn()
+    h = c.submit("f", "last")
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "f", "last"])
+    a = srv.conn()
+    check_eq(a.text(b"shutdown graceful\n"), b"OK\n", "admin shutdown graceful")
+    c.send("SUBMIT_JOB_BG", "f", "", "late")
+    name, args, _ = c.recv()
+    check_eq((name, args[:1]), ("ERROR", [b"DRAINING"]), "a submit while shutting down gracefully")
+    time.sleep(0.5)
+    check_eq(srv.proc.poll(), None, "still running while a worker holds a job")
+    w.send("WORK_COMPLETE", h, "done")
+    c.expect("WORK_COMPLETE", [h, "done"])
+    try:
+        status = srv.proc.wait(5)
+    except subprocess.TimeoutExpired:
+        raise Fail("still running 5 s after the last job was completed")
+    srv.expect_exit = True
+    check_eq(status, 0, "exit status after the graceful shutdown")
+
+
+@test
 @beangate_only(why=FRONTEND)
 def test_get_status_unique_running(srv):
     c = srv.conn()
