@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -1038,21 +1037,7 @@ static int conn_flush(struct gm_conn *c)
 {
     struct wal *w = c->g->srv->wal;
     if (w && c->hold_seq > w->synced_seq) return 0; /* -f 0: not on disk yet */
-    while (c->out.len) {
-        ssize_t n = write(c->fd, bg_buf_head(&c->out), c->out.len);
-        if (n > 0) {
-            bg_buf_consume(&c->out, (size_t)n);
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            event_add(c->write_ev, NULL);
-            return 0;
-        }
-        return -1;
-    }
-    event_del(c->write_ev);
-    return 0;
+    return net_write_out(c->fd, &c->out, c->write_ev);
 }
 
 /* Execute every complete request or admin line in c->in (until the output
@@ -1132,16 +1117,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gm_conn *c = arg;
     struct server *srv = c->g->srv;
-    char *tail = bg_buf_reserve(&c->in, GM_READ_CHUNK);
-    if (!tail) {
-        conn_free(c);
-        server_arm_timer(srv);
-        return;
-    }
-    ssize_t n = read(fd, tail, GM_READ_CHUNK);
-    if (n > 0) c->in.len += (size_t)n;
-    else if (n == 0) c->peer_eof = 1;
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    if (net_read_in(fd, &c->in, GM_READ_CHUNK, &c->peer_eof) != 0) {
         conn_free(c);
         server_arm_timer(srv);
         return;
@@ -1259,33 +1235,8 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         free(g);
         return NULL;
     }
-    struct addrinfo hints, *res, *ai;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int rc = getaddrinfo(cfg->gearman_listen, cfg->gearman_port, &hints, &res);
-    if (rc != 0) {
-        log_event(BG_LOG_ERROR, "listen_failed", "protocol=gearman addr=%s port=%s error=%s",
-                  log_str(cfg->gearman_listen), log_str(cfg->gearman_port), log_str(gai_strerror(rc)));
-        gearman_stop(g);
-        return NULL;
-    }
-    for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-        if (fd < 0) continue;
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            g->listen_fd = fd;
-            break;
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
+    g->listen_fd = net_listen_tcp(cfg->gearman_listen, cfg->gearman_port);
     if (g->listen_fd < 0) {
-        log_event(BG_LOG_ERROR, "listen_failed", "protocol=gearman addr=%s port=%s error=%s",
-                  log_str(cfg->gearman_listen), log_str(cfg->gearman_port), log_str(strerror(errno)));
         gearman_stop(g);
         return NULL;
     }

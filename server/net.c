@@ -79,6 +79,36 @@ static void conn_free(struct conn *c)
     free(c);
 }
 
+int net_write_out(int fd, struct bg_buf *out, struct event *write_ev)
+{
+    while (out->len) {
+        ssize_t n = write(fd, bg_buf_head(out), out->len);
+        if (n > 0) {
+            bg_buf_consume(out, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            event_add(write_ev, NULL);
+            return 0;
+        }
+        return -1;
+    }
+    event_del(write_ev);
+    return 0;
+}
+
+int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof)
+{
+    char *tail = bg_buf_reserve(in, chunk);
+    if (!tail) return -1;
+    ssize_t n = read(fd, tail, chunk);
+    if (n > 0) in->len += (size_t)n;
+    else if (n == 0) *eof = 1;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    return 0;
+}
+
 /* Write as much output as the socket takes. 0, or -1 if the peer is gone. */
 static int conn_flush(struct conn *c)
 {
@@ -93,21 +123,7 @@ static int conn_flush(struct conn *c)
         }
         return 0;
     }
-    while (out->len) {
-        ssize_t n = write(c->fd, bg_buf_head(out), out->len);
-        if (n > 0) {
-            bg_buf_consume(out, (size_t)n);
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            event_add(c->write_ev, NULL);
-            return 0;
-        }
-        return -1;
-    }
-    event_del(c->write_ev);
-    return 0;
+    return net_write_out(c->fd, out, c->write_ev);
 }
 
 /* Let the codec run on buffered input, write the replies, and decide whether
@@ -157,16 +173,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct conn *c = arg;
     struct server *srv = c->srv;
-    char *tail = bg_buf_reserve(&c->in, CONN_READ_CHUNK);
-    if (!tail) {
-        conn_free(c);
-        server_arm_timer(srv);
-        return;
-    }
-    ssize_t n = read(fd, tail, CONN_READ_CHUNK);
-    if (n > 0) c->in.len += (size_t)n;
-    else if (n == 0) c->peer_eof = 1;
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    if (net_read_in(fd, &c->in, CONN_READ_CHUNK, &c->peer_eof) != 0) {
         conn_free(c);
         server_arm_timer(srv);
         return;
@@ -294,8 +301,7 @@ static int listen_unix(struct server *srv, const char *path, const char *cfg_use
     return fd;
 }
 
-/* Bind and listen on addr:port (TCP). Returns the fd or -1. */
-static int listen_tcp(const char *addr, const char *port)
+int net_listen_tcp(const char *addr, const char *port)
 {
     struct addrinfo hints, *res, *ai;
     memset(&hints, 0, sizeof hints);
@@ -346,7 +352,7 @@ int net_listen(struct server *srv, const struct server_config *cfg)
         snprintf(srv->listen_desc, sizeof srv->listen_desc, "systemd-fd-3");
     } else fd = strncmp(cfg->listen_addr, "unix:", 5) == 0
                  ? listen_unix(srv, cfg->listen_addr + 5, cfg->user)
-                 : listen_tcp(cfg->listen_addr, cfg->port);
+                 : net_listen_tcp(cfg->listen_addr, cfg->port);
     if (fd < 0) return -1;
     set_nonblocking(fd);
     srv->listen_fd = fd;

@@ -60,6 +60,14 @@ struct server;
 int net_listen(struct server *srv, const struct server_config *cfg);
 /* Close every connection and listener. */
 void net_shutdown(struct server *srv);
+/* Bind and listen on addr:port (TCP); the fd, or -1 after a log line. */
+int net_listen_tcp(const char *addr, const char *port);
+/* Write what the socket takes of out; arm write_ev if some is left, else
+ * disarm it. 0, or -1 when the peer is gone. */
+int net_write_out(int fd, struct bg_buf *out, struct event *write_ev);
+/* Read up to chunk bytes onto in; *eof = 1 at the end of the stream.
+ * 0, or -1 on a read error or when memory runs out. */
+int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof);
 
 /* ---- gearman.c: the Gearman front-end ----------------------------------- */
 
