@@ -55,6 +55,13 @@ void *bg_realloc(void *ptr, size_t size);
 void bg_free(void *ptr);
 /* Make the nth allocation from now on fail (1 = the next one); 0 disables. */
 void bg_alloc_fail_after(uint64_t nth);
+/* Job memory (one allocation, counted like bg_malloc): up to BG_SLAB_MAX
+ * bytes from size-class arenas, larger from malloc. Free with the size
+ * given to bg_job_alloc. Only the engine calls these (on the loop thread:
+ * they take no lock); others use bg_job_new and bg_job_discard. */
+#define BG_SLAB_MAX 4096
+void *bg_job_alloc(size_t size);
+void bg_job_free_sized(void *p, size_t size);
 
 /* ---- buf.c: growable byte buffer ---------------------------------------- */
 
@@ -139,6 +146,11 @@ struct bg_tube_counters {
 };
 
 struct bg_tube {
+    /* Hot: every reserve of a client that watches this tube reads these
+     * first. The (pri, id) of the ready heap's top, or UINT32_MAX and
+     * UINT64_MAX while the heap is empty or the tube paused. */
+    uint32_t ready_top_pri;
+    uint64_t ready_top_id;
     char name[BG_TUBE_NAME_MAX + 1];
     struct bg_tube *hash_next;
     uint32_t list_index;        /* slot in engine tube list (creation order) */
@@ -170,6 +182,7 @@ struct bg_client {
     void *owner;                /* the front-end's object */
     struct bg_tube *use;
     struct bg_watch **watch;    /* watched tubes, reference set order */
+    struct bg_tube **watch_tube; /* watch[i]->tube, kept contiguous for reserve */
     uint32_t watch_len, watch_cap;
     struct bg_job *reserved_head, *reserved_tail;
     struct bg_heap reserved;    /* own reserved jobs by TTR deadline */

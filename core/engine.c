@@ -37,6 +37,12 @@ static int client_wake_less(const void *a, const void *b)
     return ((const struct bg_client *)a)->wake_at < ((const struct bg_client *)b)->wake_at;
 }
 
+/* Give a job's memory back (it came from bg_job_alloc). */
+static inline void job_mem_free(struct bg_job *j)
+{
+    bg_job_free_sized(j, sizeof *j + j->body_size);
+}
+
 /* now + s seconds, saturating instead of wrapping. */
 static bg_time add_seconds(bg_time now, uint64_t s)
 {
@@ -46,9 +52,16 @@ static bg_time add_seconds(bg_time now, uint64_t s)
 
 /* ---- job table --------------------------------------------------------- */
 
+/* Ids are handed out in order, and jobs mostly leave in about that order.
+ * So runs of 256 consecutive ids go to consecutive buckets, and only the
+ * start of each run is hashed: a put or a delete then writes the bucket
+ * next to the previous one instead of a random cache line and page of the
+ * table, and growing the table reads the jobs in about their allocation
+ * order. Ids that are 256 or more apart still scatter like a hash. */
 static size_t id_bucket(const struct bg_engine *e, uint64_t id)
 {
-    return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 17) & e->jobs_mask;
+    uint64_t run = ((id >> 8) * 0x9E3779B97F4A7C15ull) >> 17;
+    return (size_t)(id + run) & e->jobs_mask;
 }
 
 struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id)
@@ -169,6 +182,8 @@ static struct bg_tube *tube_get(struct bg_engine *e, const char *name)
     memset(t, 0, sizeof *t);
     strncpy(t->name, name, BG_TUBE_NAME_MAX);
     t->timer_slot = NO_SLOT;
+    t->ready_top_pri = UINT32_MAX;
+    t->ready_top_id = UINT64_MAX;
     bg_heap_init(&t->ready, job_pri_less, offsetof(struct bg_job, tube_slot));
     bg_heap_init(&t->delayed, job_deadline_less, offsetof(struct bg_job, tube_slot));
     t->list_index = e->tube_count;
@@ -205,6 +220,14 @@ static void tube_unref(struct bg_engine *e, struct bg_tube *t)
 }
 
 static inline int tube_paused(const struct bg_tube *t) { return t->pause_ns != 0; }
+
+/* Refresh t's cached ready top key after its ready heap or pause changed. */
+static void tube_top_update(struct bg_tube *t)
+{
+    const struct bg_job *j = tube_paused(t) ? NULL : bg_heap_min(&t->ready);
+    t->ready_top_pri = j ? j->pri : UINT32_MAX;
+    t->ready_top_id = j ? j->id : UINT64_MAX;
+}
 
 /* ---- waiting sets (the reference's multiset order, kept exactly) -------- */
 
@@ -317,10 +340,13 @@ static void job_unlink(struct bg_engine *e, struct bg_job *j)
 {
     struct bg_tube *t = j->tube;
     switch (j->state) {
-    case BG_JOB_READY:
-        bg_heap_remove(&t->ready, j->tube_slot);
+    case BG_JOB_READY: {
+        uint32_t slot = j->tube_slot;
+        bg_heap_remove(&t->ready, slot);
+        if (slot == 0) tube_top_update(t);
         count_ready(e, j, -1);
         break;
+    }
     case BG_JOB_DELAYED:
         bg_heap_remove(&t->delayed, j->tube_slot);
         bg_heap_remove(&e->job_timers, j->timer_slot);
@@ -401,6 +427,7 @@ static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, 
         return 0;
     }
     if (bg_heap_push(&t->ready, j) != 0) goto bury;
+    if (j->tube_slot == 0) tube_top_update(t);
     j->state = BG_JOB_READY;
     count_ready(e, j, +1);
     tube_dispatch(e, t, now);
@@ -432,7 +459,7 @@ static void job_free(struct bg_engine *e, struct bg_job *j)
 {
     job_table_remove(e, j);
     tube_unref(e, j->tube);
-    bg_free(j);
+    job_mem_free(j);
 }
 
 /* Tell the log about a saved job, if there is a log. */
@@ -475,7 +502,7 @@ void bg_engine_destroy(struct bg_engine *e)
         struct bg_job *j = e->jobs[i];
         while (j) {
             struct bg_job *next = j->hash_next;
-            bg_free(j);
+            job_mem_free(j);
             j = next;
         }
     }
@@ -501,7 +528,10 @@ static int client_add_watch(struct bg_client *c, struct bg_tube *t)
         uint32_t cap = c->watch_cap ? c->watch_cap * 2 : 4;
         struct bg_watch **a = bg_realloc(c->watch, cap * sizeof *a);
         if (!a) return BG_OUT_OF_MEMORY;
-        c->watch = a;
+        c->watch = a; /* bigger than watch_cap says until both have grown */
+        struct bg_tube **ts = bg_realloc(c->watch_tube, cap * sizeof *ts);
+        if (!ts) return BG_OUT_OF_MEMORY;
+        c->watch_tube = ts;
         c->watch_cap = cap;
     }
     struct bg_watch *w = bg_malloc(sizeof *w);
@@ -509,6 +539,7 @@ static int client_add_watch(struct bg_client *c, struct bg_tube *t)
     w->tube = t;
     w->client = c;
     w->wait_index = NO_SLOT;
+    c->watch_tube[c->watch_len] = t;
     c->watch[c->watch_len++] = w;
     tube_ref(t);
     t->watching_count++;
@@ -520,6 +551,7 @@ static void client_remove_watch(struct bg_client *c, uint32_t i)
 {
     struct bg_watch *w = c->watch[i];
     c->watch[i] = c->watch[--c->watch_len];
+    c->watch_tube[i] = c->watch_tube[c->watch_len];
     w->tube->watching_count--;
     tube_unref(c->engine, w->tube);
     bg_free(w);
@@ -570,6 +602,9 @@ void bg_client_close(struct bg_client *c, bg_time now)
     while (c->watch_len) client_remove_watch(c, 0);
     bg_free(c->watch);
     c->watch = NULL;
+    bg_free(c->watch_tube);
+    c->watch_tube = NULL;
+    c->watch_cap = 0;
     if (c->use) {
         c->use->using_count--;
         tube_unref(e, c->use);
@@ -657,7 +692,7 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
 {
     /* every job may sit in the timer heap: keep room for all of them */
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return NULL;
-    struct bg_job *j = bg_malloc(sizeof *j + body_size);
+    struct bg_job *j = bg_job_alloc(sizeof *j + body_size);
     if (!j) return NULL;
     memset(j, 0, sizeof *j);
     j->id = e->next_id++;
@@ -670,21 +705,21 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
     return j;
 }
 
-void bg_job_discard(struct bg_job *j) { bg_free(j); }
+void bg_job_discard(struct bg_job *j) { if (j) job_mem_free(j); }
 
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now)
 {
     struct bg_engine *e = c->engine;
     (void)c;
     if (e->draining || e->journal_broken) {
-        bg_free(j);
+        job_mem_free(j);
         return e->draining ? BG_DRAINING : BG_OUT_OF_MEMORY;
     }
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not
      * enough when several jobs are made before any is put. */
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) {
-        bg_free(j);
+        job_mem_free(j);
         return BG_OUT_OF_MEMORY;
     }
     job_table_insert(e, j, t);
@@ -699,7 +734,7 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
 {
     struct bg_tube *t = tube_get(c->engine, tube);
     if (!t) {
-        bg_free(j);
+        job_mem_free(j);
         return BG_OUT_OF_MEMORY;
     }
     tube_ref(t); /* keep a new tube alive even if the put fails */
@@ -728,23 +763,33 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to)
     client_reschedule(to);
 }
 
-/* The smallest (pri, id) ready job over c's watched, unpaused tubes. */
+/* The smallest (pri, id) ready job over c's watched, unpaused tubes. The
+ * scan reads one contiguous array and the first bytes of each tube (the
+ * cached top key), and touches no job but the winner. */
 static struct bg_job *client_best_ready(const struct bg_client *c)
 {
-    struct bg_job *best = NULL;
-    for (uint32_t i = 0; i < c->watch_len; i++) {
-        struct bg_tube *t = c->watch[i]->tube;
-        struct bg_job *j = tube_paused(t) ? NULL : bg_heap_min(&t->ready);
-        if (j && (!best || job_pri_less(j, best))) best = j;
+    struct bg_tube *const *ts = c->watch_tube;
+    struct bg_tube *best = NULL;
+    uint32_t best_pri = UINT32_MAX;
+    uint64_t best_id = UINT64_MAX; /* no job has this id: "none" */
+    for (uint32_t i = 0, n = c->watch_len; i < n; i++) {
+        struct bg_tube *t = ts[i];
+        uint32_t pri = t->ready_top_pri;
+        uint64_t id = t->ready_top_id;
+        if (pri < best_pri || (pri == best_pri && id < best_id)) {
+            best = t;
+            best_pri = pri;
+            best_id = id;
+        }
     }
-    return best;
+    return best ? bg_heap_min(&best->ready) : NULL;
 }
 
 /* Nonzero if any watched tube has a ready job, paused or not. */
 static int client_has_ready(const struct bg_client *c)
 {
     for (uint32_t i = 0; i < c->watch_len; i++)
-        if (c->watch[i]->tube->ready.len) return 1;
+        if (c->watch_tube[i]->ready.len) return 1;
     return 0;
 }
 
@@ -885,8 +930,10 @@ int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_ti
     t->stat.cmd_pause++;
     if (bg_heap_push(&e->tube_timers, t) != 0) {
         t->pause_ns = 0; /* cannot schedule the end: do not pause at all */
+        tube_top_update(t);
         return BG_OUT_OF_MEMORY;
     }
+    tube_top_update(t);
     if (e->journal) e->journal->tube_paused(e->journal_ctx, t);
     return 0;
 }
@@ -931,6 +978,7 @@ static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_
         return 0;
     }
     if (bg_heap_push(&j->tube->ready, j) != 0) goto bury;
+    if (j->tube_slot == 0) tube_top_update(j->tube);
     j->state = BG_JOB_READY;
     count_ready(e, j, +1);
     return 0;
@@ -959,7 +1007,7 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return BG_OUT_OF_MEMORY;
     struct bg_tube *t = tube_get(e, r->tube);
     if (!t) return BG_OUT_OF_MEMORY;
-    struct bg_job *j = bg_malloc(sizeof *j + r->body_len);
+    struct bg_job *j = bg_job_alloc(sizeof *j + r->body_len);
     if (!j) {
         tube_ref(t);
         tube_unref(e, t); /* frees a tube made for nothing */
@@ -1007,14 +1055,17 @@ int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t paus
     t->timer_slot = NO_SLOT;
     if (unpause_mono <= now) { /* the pause ended (or was ended) */
         t->pause_ns = 0;
+        tube_top_update(t);
         return 0;
     }
     t->pause_ns = pause_s ? (bg_time)pause_s * BG_SECOND : 1;
     t->unpause_at = unpause_mono;
     if (bg_heap_push(&e->tube_timers, t) != 0) {
         t->pause_ns = 0;
+        tube_top_update(t);
         return BG_OUT_OF_MEMORY;
     }
+    tube_top_update(t);
     return 0;
 }
 
@@ -1057,6 +1108,7 @@ bg_time bg_engine_tick(struct bg_engine *e, bg_time now)
         bg_heap_remove(&e->tube_timers, 0);
         t->timer_slot = NO_SLOT;
         t->pause_ns = 0;
+        tube_top_update(t);
         tube_dispatch(e, t, now);
     }
     struct bg_client *c;

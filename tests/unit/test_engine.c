@@ -345,6 +345,11 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
         AUDIT(audit_list(t->buried_head, t->buried_tail) == tt->buried);
         AUDIT(t->refs == t->using_count + t->watching_count + tt->jobs + (t == e->default_tube));
         audit_job_heap(&t->ready, offsetof(struct bg_job, tube_slot), ready_before);
+        {   /* the cached top key that reserve scans */
+            const struct bg_job *top = t->pause_ns ? NULL : bg_heap_min(&t->ready);
+            AUDIT(t->ready_top_pri == (top ? top->pri : UINT32_MAX));
+            AUDIT(t->ready_top_id == (top ? top->id : UINT64_MAX));
+        }
         audit_job_heap(&t->delayed, offsetof(struct bg_job, tube_slot), deadline_before);
         for (uint32_t k = 0; k < t->waiting_len; k++) {
             struct bg_watch *w = t->waiting[k];
@@ -389,6 +394,7 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
         for (uint32_t k = 0; k < c->watch_len; k++) {
             struct bg_watch *w = c->watch[k];
             AUDIT(w->client == c);
+            AUDIT(c->watch_tube[k] == w->tube);
             if (c->waiting)
                 AUDIT(w->wait_index < w->tube->waiting_len && w->tube->waiting[w->wait_index] == w);
             else
@@ -1793,6 +1799,50 @@ static void test_reserve_oom_keeps_ttr_timer(void **state)
     check_world(w);
 }
 
+/* The job allocator: every size class up to BG_SLAB_MAX and beyond, several
+ * arenas per class, slots reused after a free, no slot handed out twice,
+ * and a counted (injectable) failure per job allocation. */
+static void test_job_allocator(void **state)
+{
+    (void)state;
+    enum { N = 30000 }; /* 216-byte slots: more than three 2 MiB arenas */
+    static unsigned char *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = bg_job_alloc(216);
+        assert_non_null(p[i]);
+        assert_int_equal((uintptr_t)p[i] % 8, 0);
+        memset(p[i], i & 0xff, 216);
+    }
+    for (int i = 0; i < N; i += 2) bg_job_free_sized(p[i], 216);
+    for (int i = 0; i < N; i += 2) {
+        p[i] = bg_job_alloc(210); /* same class */
+        assert_non_null(p[i]);
+        memset(p[i], i & 0xff, 210);
+    }
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 210; k++) assert_int_equal(p[i][k], i & 0xff);
+    for (int i = 0; i < N; i++) bg_job_free_sized(p[i], (i % 2) ? 216 : 210);
+
+    /* one of every size, 1 to BG_SLAB_MAX + 100, all alive at once */
+    enum { M = BG_SLAB_MAX + 100 };
+    static unsigned char *q[M + 1];
+    for (int n = 1; n <= M; n++) {
+        q[n] = bg_job_alloc((size_t)n);
+        assert_non_null(q[n]);
+        memset(q[n], n & 0xff, (size_t)n);
+    }
+    for (int n = 1; n <= M; n++)
+        for (int k = 0; k < n; k += 7) assert_int_equal(q[n][k], n & 0xff);
+    for (int n = 1; n <= M; n++) bg_job_free_sized(q[n], (size_t)n);
+
+    bg_alloc_fail_after(1);
+    assert_null(bg_job_alloc(216));
+    void *ok = bg_job_alloc(216);
+    assert_non_null(ok);
+    bg_job_free_sized(ok, 216);
+    bg_alloc_fail_after(0);
+}
+
 /* When the id table cannot grow, the job is still stored and findable. */
 static void test_job_table_grow_failure(void **state)
 {
@@ -2267,6 +2317,7 @@ int main(void)
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
         ENGINE_TEST(test_job_table_grow_failure),
         cmocka_unit_test(test_oom_every_allocation),
+        cmocka_unit_test(test_job_allocator),
         cmocka_unit_test(test_stress_random_operations),
     };
     const char *filter = getenv("ENGINE_TEST_FILTER"); /* e.g. "*stress*" */
