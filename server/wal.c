@@ -111,7 +111,7 @@ static void segments_drop_below(struct wal *w, uint64_t index)
 static void note_failure(struct wal *w, int err, const char *what)
 {
     if (!w->failed_errno)
-        fprintf(stderr, "level=error event=wal_failure op=%s error=\"%s\" puts=refused\n", what, strerror(err));
+        log_event(BG_LOG_ERROR, "wal_failure", "op=%s error=%s puts=refused", what, log_str(strerror(err)));
     w->failed_errno = err;
     w->engine->journal_broken = 1;
     if (w->retry_timer) {
@@ -361,7 +361,7 @@ static int batch_done(struct wal *w)
         return b->error;
     }
     if (w->failed_errno) {
-        fprintf(stderr, "level=info event=wal_recovered puts=accepted\n");
+        log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
         w->failed_errno = 0;
         w->engine->journal_broken = 0;
     }
@@ -420,7 +420,7 @@ int wal_chown(struct wal *w, unsigned uid, unsigned gid)
     }
     return 0;
 fail:
-    fprintf(stderr, "level=error event=wal_chown dir=%s error=\"%s\"\n", w->cfg.dir, strerror(errno));
+    log_event(BG_LOG_ERROR, "wal_chown", "dir=%s error=%s", log_str(w->cfg.dir), log_str(strerror(errno)));
     return -1;
 }
 
@@ -474,13 +474,13 @@ static uint64_t replay_segment(struct wal *w, const char *name, const char *data
             /* a whole header we cannot read: another format version (a
              * downgrade?) or not our file. Starting without its jobs would
              * lose them silently, so refuse. */
-            fprintf(stderr, "level=error event=wal_unknown_segment file=%s action=refuse_start "
-                            "hint=\"written by another beangate version, or not a beangate log\"\n", name);
+            log_event(BG_LOG_ERROR, "wal_unknown_segment", "file=%s action=refuse_start hint=%s", log_str(name),
+                      log_str("written by another beangate version, or not a beangate log"));
             w->unreadable = 1;
             return 0;
         }
         /* a header torn while the segment was being created */
-        fprintf(stderr, "level=warn event=wal_torn_tail file=%s offset=0 dropped_bytes=%zu\n", name, len);
+        log_event(BG_LOG_WARN, "wal_torn_tail", "file=%s offset=0 dropped_bytes=%zu", log_str(name), len);
         w->torn_records++;
         return 0;
     }
@@ -490,8 +490,8 @@ static uint64_t replay_segment(struct wal *w, const char *name, const char *data
     while (at < len) {
         int r = bg_journal_decode(data + at, len - at, &rec, &used);
         if (r != 0) {
-            fprintf(stderr, "level=warn event=wal_%s file=%s offset=%zu dropped_bytes=%zu\n",
-                    r == BG_JOURNAL_TORN ? "torn_tail" : "corrupt_record", name, at, len - at);
+            log_event(BG_LOG_WARN, r == BG_JOURNAL_TORN ? "wal_torn_tail" : "wal_corrupt_record",
+                      "file=%s offset=%zu dropped_bytes=%zu", log_str(name), at, len - at);
             w->torn_records++;
             break;
         }
@@ -582,8 +582,8 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         if (data) unmap_all(data, len);
     }
     if (start)
-        fprintf(stderr, "level=info event=wal_snapshot file=beangate.%llu.wal skipped_segments=%zu\n",
-                (unsigned long long)indexes[start], start);
+        log_event(BG_LOG_INFO, "wal_snapshot", "file=beangate.%llu.wal skipped_segments=%zu",
+                  (unsigned long long)indexes[start], start);
     for (size_t i = 0; i < start; i++) { /* superseded by the snapshot */
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
@@ -599,7 +599,7 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         size_t len = 0;
         char *data = map_all(w->dir_fd, name, &len);
         if (!data) {
-            fprintf(stderr, "level=error event=wal_unreadable file=%s error=\"%s\"\n", name, strerror(errno));
+            log_event(BG_LOG_ERROR, "wal_unreadable", "file=%s error=%s", log_str(name), log_str(strerror(errno)));
             free(indexes);
             return -1;
         }
@@ -616,8 +616,8 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
     w->cur_index = n ? indexes[n - 1] : 0;
     free(indexes);
     bg_engine_restore_finish(w->engine);
-    fprintf(stderr, "level=info event=wal_recovered_jobs jobs=%zu records=%llu segments=%zu torn=%llu\n",
-            w->engine->job_count, (unsigned long long)records, n, (unsigned long long)w->torn_records);
+    log_event(BG_LOG_INFO, "wal_recovered_jobs", "jobs=%zu records=%llu segments=%zu torn=%llu",
+              w->engine->job_count, (unsigned long long)records, n, (unsigned long long)w->torn_records);
     return 0;
 }
 
