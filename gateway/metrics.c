@@ -206,10 +206,10 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
         rc = sample1(b, "beangate_commands_total", "command", bg_cmd_names[i], e->stat.cmd[i]);
     if (rc == 0)
         rc = gauge(b, "beangate_current_connections",
-                   "Open beanstalk connections (current-connections).", e->connections);
+                   "Open beanstalk and Gearman connections (current-connections).", e->connections);
     if (rc == 0)
         rc = counter(b, "beangate_connections_total",
-                     "Beanstalk connections accepted since the start (total-connections).",
+                     "Beanstalk and Gearman connections accepted since the start (total-connections).",
                      e->stat.total_connections);
     if (rc == 0)
         rc = gauge(b, "beangate_current_producers",
@@ -219,7 +219,8 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                    "Connections that have reserved a job (current-workers).", e->workers);
     if (rc == 0)
         rc = gauge(b, "beangate_current_waiting",
-                   "Clients waiting in a reserve (current-waiting).", e->waiting);
+                   "Clients waiting in a reserve, and sleeping Gearman workers (current-waiting).",
+                   e->waiting);
     if (rc == 0) rc = gauge(b, "beangate_current_tubes", "Tubes that exist (current-tubes).", e->tube_count);
     if (rc == 0)
         rc = gauge(b, "beangate_draining", "1 while the server is draining (SIGUSR1), else 0.",
@@ -231,6 +232,26 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
         rc = gauge(b, "beangate_binlog_failed",
                    "1 while the write-ahead log cannot write (puts are refused), else 0.",
                    e->journal_broken ? 1 : 0);
+    struct bg_process_info pi = {0};
+    if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
+    if (rc == 0 && pi.binlog_current) { /* the log figures only with -b (segments count from 1) */
+        rc = counter(b, "beangate_binlog_records_written_total",
+                     "Records written to the write-ahead log since the start (binlog-records-written).",
+                     pi.binlog_written);
+        if (rc == 0)
+            rc = counter(b, "beangate_binlog_records_migrated_total",
+                         "Records rewritten by compaction since the start (binlog-records-migrated).",
+                         pi.binlog_migrated);
+        if (rc == 0)
+            rc = gauge(b, "beangate_binlog_current_index",
+                       "Index of the segment being written (binlog-current-index).", pi.binlog_current);
+        if (rc == 0)
+            rc = gauge(b, "beangate_binlog_oldest_index",
+                       "Index of the oldest segment kept (binlog-oldest-index).", pi.binlog_oldest);
+        if (rc == 0)
+            rc = gauge(b, "beangate_binlog_torn_records",
+                       "Torn or corrupt tails dropped at the last recovery.", pi.binlog_torn);
+    }
     if (rc == 0)
         rc = gauge(b, "beangate_max_job_size_bytes", "The maximum job size (-z).", e->max_job_size);
     if (rc == 0) rc = family(b, "beangate_uptime_seconds", "gauge", "Seconds since the server started.");

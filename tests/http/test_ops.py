@@ -503,6 +503,40 @@ def test_promtool_check_metrics():
     check("route=\"unmatched\"" in text, "an unknown path is counted as route=\"unmatched\"")
 
 
+def test_metrics_binlog_and_gearman():
+    """With -b the log's figures are metrics too; Gearman connections count."""
+    promtool = find_promtool()
+    logdir = tempfile.mkdtemp(prefix="beangate-ops-")
+    gport = free_port()
+    try:
+        with Server(args=["-b", logdir, "--gearman-port", str(gport)]) as srv:
+            for i in range(3):
+                srv.beanstalk(b"put 0 0 60 1\r\nx\r\n", 1)
+            g = socket.create_connection(("127.0.0.1", gport), timeout=HTTP_TIMEOUT)
+            try:
+                g.sendall(b"version\n")
+                check(g.recv(100).startswith(b"OK "), "the Gearman port answers")
+                samples, _ = parse_metrics(srv.metrics())
+                check(value(samples, "beangate_binlog_records_written_total") >= 3,
+                      "3 puts are at least 3 log records: %r" % series(samples, "beangate_binlog_records_written_total"))
+                check_eq(value(samples, "beangate_binlog_torn_records"), 0, "torn records of a fresh log")
+                check(value(samples, "beangate_binlog_current_index") >= 1, "a segment is being written")
+                check_eq(value(samples, "beangate_current_connections"), 1, "the open Gearman connection")
+                text = srv.metrics()
+            finally:
+                g.close()
+        p = subprocess.run([promtool, "check", "metrics"], input=text.encode("utf-8"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        out = p.stdout.decode("utf-8", "replace")
+        check(p.returncode == 0 and not out.strip(), "promtool check metrics with -b: %s" % out[-3000:])
+        with Server() as srv:
+            samples, _ = parse_metrics(srv.metrics())
+            check(not series(samples, "beangate_binlog_records_written_total"),
+                  "no log figures without -b")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
 # ---- tests: auth ----------------------------------------------------------------
 
 def check_401(srv, path, token=None, method="GET", body=None):
@@ -726,6 +760,7 @@ TESTS = [
     test_metrics_long_poll_latency,
     test_metrics_tube_cap,
     test_promtool_check_metrics,
+    test_metrics_binlog_and_gearman,
     test_auth_token_file,
     test_auth_env_tokens,
     test_auth_file_and_env_together,
