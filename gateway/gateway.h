@@ -165,6 +165,9 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m);
  * "/tubes/{tube}/jobs" (the label of the HTTP metrics). */
 int gw_route_count(void);
 const char *gw_route_pattern(int i);
+/* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
+ * leaves them encoded so that a tube name may hold '/' in a path segment. */
+void gw_decode_slashes(char *s);
 
 /* routes.c: dispatch a complete request. */
 enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);

@@ -326,8 +326,10 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
-/* Percent-decode uri in place, except %00: a NUL would cut the path or a
- * value short, so it stays as the three characters and fails validation. */
+/* Percent-decode uri in place, except %00 and %2F. A NUL would cut the
+ * path or a value short, so it stays as the three characters and fails
+ * validation. An encoded '/' must not split a path: it stays encoded until
+ * the router has split the path into segments (gw_decode_slashes). */
 static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
 {
     (void)cls;
@@ -336,7 +338,7 @@ static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
     for (const char *in = uri; *in; in++) {
         int hi, lo;
         if (in[0] == '%' && (hi = hex_digit(in[1])) >= 0 && (lo = hex_digit(in[2])) >= 0 &&
-            (hi | lo) != 0) {
+            (hi | lo) != 0 && hi * 16 + lo != '/') {
             *out++ = (char)(hi * 16 + lo);
             in += 2;
         } else {

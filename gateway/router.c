@@ -38,8 +38,23 @@ static const struct route {
     {"/metrics", "GET", R_METRICS},
 };
 
-/* Split url into at most GW_MAX_SEGMENTS segments in buf; returns the count,
- * or -1 if there are more, one is empty, or url does not start with '/'. */
+void gw_decode_slashes(char *s)
+{
+    char *out = s;
+    for (const char *in = s; *in; in++) {
+        if (in[0] == '%' && in[1] == '2' && (in[2] == 'F' || in[2] == 'f')) {
+            *out++ = '/';
+            in += 2;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+}
+
+/* Split url into at most GW_MAX_SEGMENTS segments in buf, each with its %2F
+ * decoded; returns the count, or -1 if there are more, one is empty, or url
+ * does not start with '/'. */
 static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_SEGMENTS])
 {
     if (strlen(url) >= size || url[0] != '/') return -1;
@@ -56,8 +71,10 @@ static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_
         p = slash + 1;
         if (!*p) break; /* a trailing slash is allowed */
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (!*seg[i]) return -1;
+        gw_decode_slashes(seg[i]);
+    }
     return n;
 }
 

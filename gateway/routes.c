@@ -520,7 +520,17 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
     case R_TUBE_KICK:
     case R_TUBE_PAUSE:
     case R_TUBE_PEEK: return route_tube(r, seg[1], seg[2]);
-    case R_RESERVE: return route_reserve(r, query(r, "tubes"));
+    case R_RESERVE: {
+        /* the query too was unescaped with %2F left as is */
+        const char *tubes = query(r, "tubes");
+        char decoded[2048];
+        if (tubes && strlen(tubes) < sizeof decoded) {
+            strcpy(decoded, tubes);
+            gw_decode_slashes(decoded);
+            tubes = decoded;
+        }
+        return route_reserve(r, tubes);
+    }
     case R_JOB: return route_job(r, method, seg[1], NULL);
     case R_JOB_BODY:
     case R_JOB_ACTION:

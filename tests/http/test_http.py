@@ -629,6 +629,29 @@ def test_bad_tube_names_400():
     delete("/jobs/%d" % jid)
 
 
+def test_tube_name_with_slash():
+    """'/' is valid in a tube name: in a path it is written %2F (an encoded
+    slash does not split the path); a literal one is another path."""
+    tube = uniq("sl") + "/x/y"
+    enc = tube.replace("/", "%2F")
+    r = post("/tubes/%s/jobs" % enc, body=b"slashed", via="direct")
+    doc = expect_json(r, 201, "put into %s" % enc)
+    check_eq(doc["tube"], tube, "tube of the put")
+    doc = expect_json(get("/tubes/%s" % enc.replace("%2F", "%2f"), via="direct"), 200, "GET tube, lower-case %2f")
+    check_eq((doc["name"], doc["current_jobs_ready"]), (tube, 1), "the tube's name and ready count")
+    expect_problem(post("/tubes/%s/jobs" % tube, body=b"x", via="direct"), 404, "NOT_FOUND",
+                   "a literal '/' is another path")
+    doc = expect_json(post("/reservations?tubes=%s&timeout=0" % enc, via="direct"), 200,
+                      "reserve with ?tubes= and %2F")
+    check_eq((doc["tube"], doc["body"]), (tube, "slashed"), "the reserved job")
+    expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"])), via="direct"), 204,
+                  "delete the reserved job")
+    jid = expect_json(post("/tubes/%s/jobs" % enc, body=b"again", via="direct"), 201, "second put")["id"]
+    doc = expect_json(post("/tubes/%s/reservations?timeout=0" % enc, via="direct"), 200,
+                      "reserve from the %2F path")
+    check_eq(doc["id"], jid, "the job reserved from the %2F path")
+
+
 def test_nul_in_path_does_not_cut_it():
     """A %00 in the path must not make the server act on a shorter path:
     DELETE /jobs/ID%00x must not delete job ID, POST /tubes/T%00x/jobs must not
@@ -1721,6 +1744,7 @@ def test_drain_sigusr1_503():
 
 
 TESTS = [
+    test_tube_name_with_slash,
     test_put_defaults,
     test_put_with_parameters,
     test_put_empty_body,
