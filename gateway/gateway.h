@@ -28,6 +28,7 @@
 #define GW_IDLE_TIMEOUT_S 60
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
 #define GW_IDEMPOTENCY_KEY_MAX 128
+#define GW_IDEMPOTENCY_STORED_MAX (GW_IDEMPOTENCY_KEY_MAX + 4) /* a batch entry's "KEY#99" */
 #define GW_IDEMPOTENCY_MAX 100000     /* keys remembered at most */
 #define GW_BATCH_MAX 100              /* entries in a batch put or reserve */
 #define GW_BATCH_BODY_MAX (32u << 20) /* bytes of JSON in a batch put */

@@ -13,7 +13,7 @@ struct idem_entry {
     uint64_t job_id;
     const char *state;          /* the first answer's state (a static string) */
     char tube[BG_TUBE_NAME_MAX + 1];
-    char key[GW_IDEMPOTENCY_KEY_MAX + 1];
+    char key[GW_IDEMPOTENCY_STORED_MAX + 1];
 };
 
 #define BUCKETS 65536
@@ -80,6 +80,7 @@ int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
                             uint64_t job_id, const char *state, bg_time now)
 {
+    if (strlen(key) > GW_IDEMPOTENCY_STORED_MAX) return BG_BAD_FORMAT;
     expire(t, now);
     if (t->count >= GW_IDEMPOTENCY_MAX) entry_remove(t, t->oldest);
     struct idem_entry *e = calloc(1, sizeof *e);

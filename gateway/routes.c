@@ -166,9 +166,23 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     return reply_put(r, id, tube, NULL);
 }
 
-/* One entry of a batch put: the result object for it. */
-static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry, bg_time now)
+/* One entry of a batch put: the result object for it. key (or NULL) is
+ * the entry's own idempotency key, "KEY#i": an entry stored under it in
+ * the window is answered again instead of being stored twice. */
+static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry, const char *key,
+                             bg_time now)
 {
+    if (key) {
+        uint64_t first_id;
+        const char *first_tube, *first_state;
+        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube, &first_state) == 0) {
+            if (strcmp(first_tube, tube) != 0)
+                return json_pack("{s:i, s:s, s:s}", "status", 409, "code", "IDEMPOTENCY_KEY_REUSED",
+                                 "detail", "this Idempotency-Key was used for another tube");
+            return json_pack("{s:i, s:I, s:s, s:s, s:b}", "status", 201, "id", (json_int_t)first_id,
+                             "tube", tube, "state", first_state, "replayed", 1);
+        }
+    }
     json_int_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     const char *text = NULL, *b64 = NULL;
     size_t text_len = 0, b64_len = 0;
@@ -206,6 +220,8 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
             rc = bg_put_named(&gw->holder, tube, j, now);
             if (rc == 0 || rc == BG_BURIED) {
                 result = put_result(gw, id, tube);
+                if (key) /* best effort, as a single put's */
+                    gw_idempotency_remember(gw->idempotency, key, tube, id, put_state(gw, id), now);
                 json_object_set_new(result, "status", json_integer(201));
                 free(decoded);
                 return result;
@@ -231,7 +247,15 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
         return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
                                 "send {\"jobs\": [...]} with 1 to 100 entries");
     }
-    if (gw->engine->draining) {
+    const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (key && !gw_idempotency_valid_key(key)) {
+        json_decref(doc);
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                "Idempotency-Key must be 1-128 visible ASCII characters");
+    }
+    /* with a key, entries stored before are answered again while draining;
+     * new ones get 503 DRAINING each */
+    if (gw->engine->draining && !key) {
         json_decref(doc);
         return outcome_problem(r, BG_DRAINING);
     }
@@ -239,7 +263,11 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     json_t *results = json_array();
     size_t i;
     json_t *entry;
-    json_array_foreach(jobs, i, entry) json_array_append_new(results, batch_put_one(gw, tube, entry, now));
+    char entry_key[GW_IDEMPOTENCY_STORED_MAX + 1];
+    json_array_foreach(jobs, i, entry) {
+        if (key) snprintf(entry_key, sizeof entry_key, "%s#%zu", key, i);
+        json_array_append_new(results, batch_put_one(gw, tube, entry, key ? entry_key : NULL, now));
+    }
     json_decref(doc);
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "results", results), NULL);
 }

@@ -1480,6 +1480,32 @@ def test_batch_put():
     check_eq(tube_stats(tube)["total_jobs"], 4, "jobs stored")
 
 
+def test_batch_put_idempotency_key():
+    tube = uniq("bidem")
+    key = "batch-" + uniq("k")
+    max_size = server_stats()["max_job_size"]
+    doc = {"jobs": [{"body": "one"}, {"body_base64": base64.b64encode(b"q" * (max_size + 1)).decode()},
+                    {"body": "three"}]}
+    hdrs = {"Idempotency-Key": key}
+    first = expect_json(post_json("/tubes/%s/jobs/batch" % tube, doc, headers=hdrs), 200, "first batch")["results"]
+    check_eq([x["status"] for x in first], [201, 413, 201], "first batch statuses")
+    check("replayed" not in first[0], "a first put is not a replay: %r" % first[0])
+    # the retry: stored entries answered again, the failed one tried again
+    doc["jobs"][1] = {"body": "two, fixed"}
+    again = expect_json(post_json("/tubes/%s/jobs/batch" % tube, doc, headers=hdrs), 200, "retried batch")["results"]
+    check_eq([x["status"] for x in again], [201, 201, 201], "retried batch statuses")
+    check_eq([again[0]["id"], again[2]["id"]], [first[0]["id"], first[2]["id"]], "replayed ids")
+    check_eq([x.get("replayed") for x in again], [True, None, True], "replayed flags")
+    check_eq(tube_stats(tube)["total_jobs"], 3, "jobs stored over both attempts")
+    # the same key for another tube: 409 per remembered entry
+    other = expect_json(post_json("/tubes/%s/jobs/batch" % uniq("bidem2"), doc, headers=hdrs), 200,
+                        "batch into another tube")["results"]
+    check_eq([x["status"] for x in other], [409, 409, 409], "another tube's statuses")
+    check_eq(other[0]["code"], "IDEMPOTENCY_KEY_REUSED", "another tube's code")
+    r = post_json("/tubes/%s/jobs/batch" % tube, doc, headers={"Idempotency-Key": "bad key"}, via="direct")
+    expect_problem(r, 400, "BAD_FORMAT", "a batch with a bad key")
+
+
 def test_batch_put_invalid_entries():
     """Entries the schema forbids (sent straight to the server): each gets its
     own 400 result; the others are stored."""
@@ -1790,6 +1816,7 @@ TESTS = [
     test_tcp_put_http_reserve_delete,
     test_ids_increase_across_protocols,
     test_batch_put,
+    test_batch_put_idempotency_key,
     test_batch_put_invalid_entries,
     test_batch_put_malformed_400,
     test_idempotency_replay,
