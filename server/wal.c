@@ -7,9 +7,14 @@
  * that depend on a record are held until its batch is synced (server/net.c).
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
- * twice the live data (plus one segment), the next batch is a snapshot of
- * every live job in a new segment, and the older segments are deleted once
- * it is on disk. */
+ * twice the live data (plus one segment), a snapshot of every live job is
+ * written into a new segment, WAL_SNAPSHOT_CHUNK jobs per batch so that the
+ * loop never stops for long, between the records of what happens
+ * meanwhile; the older segments are deleted once its end record is on
+ * disk. Replayed in order, the segment gives the state: a record about a
+ * job the snapshot has not reached yet is either an update or delete of an
+ * unknown job (ignored) or a new job's own record, and the snapshot then
+ * writes each remaining job as it is at that point. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +32,7 @@
 #include "log.h"
 
 #define RETRY_SECONDS 1
+#define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
 
 static bg_time mono_now(void)
 {
@@ -222,41 +228,91 @@ static void submit(struct wal *w)
     pthread_mutex_unlock(&w->lock);
 }
 
-/* Write a record for every live job into out (a snapshot). */
-static int snapshot(struct wal *w, struct bg_buf *out, uint64_t *records)
+static int rotate(struct wal *w);
+
+/* Count one record appended to pending. */
+static void pending_added(struct wal *w)
+{
+    w->appended_seq++;
+    w->pending_records++;
+}
+
+/* Append the next WAL_SNAPSHOT_CHUNK jobs of the snapshot to pending; after
+ * the last, the highest id, the paused tubes and the end record. 0 or
+ * BG_OUT_OF_MEMORY (the snapshot then stops; older segments stay). */
+static int snapshot_step(struct wal *w)
 {
     struct bg_engine *e = w->engine;
     uint64_t wall = wall_now();
     bg_time now = mono_now();
-    for (size_t b = 0; b <= e->jobs_mask; b++) {
-        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
-            struct bg_journal_job r;
-            bg_journal_job_of(j, &r);
-            if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (j->deadline_at > now ? j->deadline_at - now : 0);
-            r.created_wall = wall - (now - j->created_at);
-            if (bg_journal_encode_job(out, &r, 1) != 0) return BG_OUT_OF_MEMORY;
-            (*records)++;
-        }
+    size_t stop = w->snap_next + WAL_SNAPSHOT_CHUNK;
+    if (stop > w->snap_count) stop = w->snap_count;
+    for (; w->snap_next < stop; w->snap_next++) {
+        struct bg_job *j = bg_job_find(e, w->snap_ids[w->snap_next]);
+        if (!j) continue; /* deleted meanwhile: its delete record is in pending */
+        struct bg_journal_job r;
+        bg_journal_job_of(j, &r);
+        if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (j->deadline_at > now ? j->deadline_at - now : 0);
+        r.created_wall = wall - (now - j->created_at);
+        if (bg_journal_encode_job(&w->pending, &r, 1) != 0) return BG_OUT_OF_MEMORY;
+        pending_added(w);
+        w->records_migrated++;
     }
+    if (w->snap_next < w->snap_count) return 0;
     /* ids are never reused: a delete record of the highest id given out
      * keeps the counter above it even when that job is gone */
     if (e->next_id > 1 && !bg_job_find(e, e->next_id - 1)) {
-        if (bg_journal_encode_delete(out, e->next_id - 1) != 0) return BG_OUT_OF_MEMORY;
-        (*records)++;
+        if (bg_journal_encode_delete(&w->pending, e->next_id - 1) != 0) return BG_OUT_OF_MEMORY;
+        pending_added(w);
     }
     for (uint32_t i = 0; i < e->tube_count; i++) {
         struct bg_tube *t = e->tube_list[i];
         if (!t->pause_ns || t->unpause_at <= now) continue;
-        if (bg_journal_encode_pause(out, t->name, (uint32_t)(t->pause_ns / BG_SECOND),
+        if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND),
                                     wall + (t->unpause_at - now)) != 0)
             return BG_OUT_OF_MEMORY;
-        (*records)++;
+        pending_added(w);
     }
     /* only a complete snapshot may make recovery skip the older segments
      * (they may still be on disk after a crash, with jobs deleted since) */
-    if (bg_journal_encode_snapshot_end(out) != 0) return BG_OUT_OF_MEMORY;
-    (*records)++;
+    if (bg_journal_encode_snapshot_end(&w->pending) != 0) return BG_OUT_OF_MEMORY;
+    pending_added(w);
+    free(w->snap_ids);
+    w->snap_ids = NULL;
+    w->compact_seq = w->appended_seq;
     return 0;
+}
+
+/* Begin a snapshot: note the ids of the live jobs, start a new segment.
+ * 0, or -1 after noting the failure. */
+static int snapshot_begin(struct wal *w)
+{
+    struct bg_engine *e = w->engine;
+    uint64_t *ids = malloc((e->job_count ? e->job_count : 1) * sizeof *ids);
+    if (!ids) {
+        note_failure(w, ENOMEM, "snapshot");
+        return -1;
+    }
+    size_t n = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++)
+        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+    if (rotate(w) != 0) {
+        free(ids);
+        note_failure(w, errno, "create_segment");
+        return -1;
+    }
+    w->snap_ids = ids;
+    w->snap_count = n;
+    w->snap_next = 0;
+    w->compact_index = w->cur_index;
+    return 0;
+}
+
+/* Nonzero while the snapshot's records are not all handed to the flusher:
+ * the segment must not change under it. */
+static int snapshot_in_progress(const struct wal *w)
+{
+    return w->snap_ids || (w->compact_seq && w->appended_seq - w->pending_records < w->compact_seq);
 }
 
 /* Start a new segment for the next batch; the old fd is closed by the
@@ -281,7 +337,7 @@ void wal_kick(struct wal *w)
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
     struct wal_batch *b = &w->batch;
     int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !(w->unsynced && sync_due)) {
+    if (!retry && w->pending.len == 0 && !w->snap_ids && !(w->unsynced && sync_due)) {
         if (w->unsynced && !w->cfg.fsync_never) {
             /* the tail of a burst is synced when its time comes */
             bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
@@ -294,28 +350,19 @@ void wal_kick(struct wal *w)
     if (!retry) {
         bg_buf_clear(&b->data);
         b->close_fd = -1;
-        int compact = w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size && !w->compact_seq;
-        if (compact) {
-            /* the snapshot is the state now, so it replaces what is pending */
-            if (rotate(w) != 0) {
-                note_failure(w, errno, "create_segment");
-                return;
-            }
-            uint64_t records = 0;
-            if (snapshot(w, &b->data, &records) != 0) {
-                note_failure(w, ENOMEM, "snapshot");
-                return;
-            }
-            bg_buf_clear(&w->pending);
-            w->pending_records = 0;
-            w->records_migrated += records;
-            w->compact_index = w->cur_index;
-            w->compact_seq = w->appended_seq;
-            sync_due = !w->cfg.fsync_never;
-        } else {
+        int compact = w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size &&
+                      !w->compact_seq && !w->snap_ids;
+        if (compact && snapshot_begin(w) != 0) return;
+        if (w->snap_ids && snapshot_step(w) != 0) {
+            free(w->snap_ids); /* a later compaction starts over */
+            w->snap_ids = NULL;
+            note_failure(w, ENOMEM, "snapshot");
+            return;
+        }
+        {
             uint64_t *size = segment_size_at(w, w->cur_index);
             if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
-                rotate(w) != 0) {
+                !snapshot_in_progress(w) && rotate(w) != 0) {
                 note_failure(w, errno, "create_segment");
                 return;
             }
@@ -339,6 +386,9 @@ void wal_kick(struct wal *w)
         b->fd = w->cur_fd;
         b->offset = *segment_size_at(w, w->cur_index);
         b->end_seq = w->appended_seq - w->pending_records;
+        /* the batch that completes a snapshot is synced at once: the older
+         * segments can go as soon as it is on disk */
+        if (w->compact_seq && b->end_seq >= w->compact_seq) sync_due = !w->cfg.fsync_never;
         b->sync_dir |= w->dir_dirty;
         w->dir_dirty = 0;
     }
@@ -718,4 +768,5 @@ void wal_close(struct wal *w)
     bg_buf_free(&w->pending);
     bg_buf_free(&w->batch.data);
     free(w->segment_sizes);
+    free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
 }

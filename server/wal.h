@@ -47,9 +47,12 @@ struct wal {
     uint64_t torn_records;     /* dropped at recovery */
     int unreadable;            /* a segment of an unknown format: refuse to start */
     int failed_errno;          /* last write/sync failure, 0 when healthy */
-    /* compaction */
+    /* compaction: a snapshot is written a chunk per batch (snap_ids: the
+     * jobs alive when it began; snap_next: the next one to write) */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */
-    uint64_t compact_seq;
+    uint64_t compact_seq;      /* the snapshot's end record, once appended */
+    uint64_t *snap_ids;        /* non-NULL while a snapshot is being written */
+    size_t snap_count, snap_next;
     /* flusher thread */
     pthread_t thread;
     pthread_mutex_t lock;

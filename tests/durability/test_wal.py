@@ -726,8 +726,9 @@ class CrashWorker(threading.Thread):
     """Puts random bodies and deletes its own acknowledged jobs until the
     connection dies. Everything is recorded only when the reply arrived."""
 
-    def __init__(self, srv, k, pool, seed, max_known, stop):
+    def __init__(self, srv, k, pool, seed, max_known, stop, churn=0.0):
         super().__init__(daemon=True)
+        self.churn = churn        # share of ops that reserve-job + release (log grows, live does not)
         self.srv, self.k, self.pool = srv, k, list(pool)
         self.rng = random.Random(seed)
         self.max_known = max_known
@@ -756,6 +757,20 @@ class CrashWorker(threading.Thread):
             for _op in range(200000):
                 if self.stop_ev.is_set() or time.monotonic() > t_end:
                     break
+                if self.pool and self.rng.random() < self.churn:
+                    jid = self.pool[self.rng.randrange(len(self.pool))]
+                    c.send(b"reserve-job %d\r\nrelease %d %d 0\r\n" % (jid, jid, self.rng.randrange(1000)))
+                    line = c.read_line(what="reserve-job %d" % jid)
+                    m = re.match(rb"RESERVED (\d+) (\d+)\r\n$", line)
+                    if not m:
+                        self.errors.append("reserve-job %d of an acknowledged live job: %s" % (jid, show(line)))
+                        return
+                    c.read_exact(int(m.group(2)) + 2, what="reserve-job %d body" % jid)
+                    line = c.read_line(what="release %d" % jid)
+                    if line != b"RELEASED\r\n":
+                        self.errors.append("release %d: %s" % (jid, show(line)))
+                        return
+                    continue
                 if self.pool and self.rng.random() < 0.35:
                     jid = self.pool.pop(self.rng.randrange(len(self.pool)))
                     self.in_doubt = jid
@@ -789,14 +804,14 @@ class CrashWorker(threading.Thread):
                 c.close()
 
 
-def check_crash_cycles(extra_args, name):
+def check_crash_cycles(extra_args, name, churn=0.0, min_migrated=0):
     rng = random.Random(SEED + 2)
     d = new_dir(name)
     srv = Server(d, ["-f", "0"] + extra_args)
     present = {}      # id -> (worker, body): acknowledged and not deleted
     gone = set()      # acknowledged deletes, and in-doubt deletes seen done
     doubt = {}        # id -> (worker, body): delete sent, no reply
-    totals = {"puts": 0, "deletes": 0, "doubt_kept": 0, "doubt_gone": 0, "cycles": 0}
+    totals = {"puts": 0, "deletes": 0, "doubt_kept": 0, "doubt_gone": 0, "cycles": 0, "migrated": 0}
     t0 = time.monotonic()
     max_known = 0
 
@@ -833,10 +848,16 @@ def check_crash_cycles(extra_args, name):
         workers = []
         for k in range(CRASH_WORKERS):
             pool = [j for j, (w, _b) in present.items() if w == k]
-            workers.append(CrashWorker(srv, k, pool, rng.randrange(1 << 30), max_known, stop))
+            workers.append(CrashWorker(srv, k, pool, rng.randrange(1 << 30), max_known, stop, churn))
         for w in workers:
             w.start()
         time.sleep(rng.uniform(0.2, 1.5))
+        try:  # how much compaction this run did, just before its kill
+            sc = srv.connect(timeout=2.0)
+            totals["migrated"] += int(sc.yaml(b"stats").get("binlog-records-migrated", 0))
+            sc.close()
+        except (AssertionError, OSError):
+            pass
         srv.kill()
         stop.set()
         for w in workers:
@@ -874,12 +895,15 @@ def check_crash_cycles(extra_args, name):
     st_line = "binlog-oldest-index %s, binlog-current-index %s, binlog-records-migrated %s" % tuple(
         last_stats.get(k) for k in ("binlog-oldest-index", "binlog-current-index", "binlog-records-migrated"))
     log("%s: %d cycles, %d acknowledged puts, %d acknowledged deletes, %d live at the end, "
-        "deletes without reply: %d kept / %d done, %.1f s; at the end %s"
+        "deletes without reply: %d kept / %d done, %.1f s; records migrated before the kills %d; at the end %s"
         % (name, totals["cycles"], totals["puts"], totals["deletes"], len(present), totals["doubt_kept"],
-           totals["doubt_gone"], time.monotonic() - t0, st_line))
+           totals["doubt_gone"], time.monotonic() - t0, totals["migrated"], st_line))
     check(totals["puts"] >= 200, "only %d acknowledged puts in %d cycles: the load did not run"
           % (totals["puts"], totals["cycles"]))
     check(totals["deletes"] >= 50, "only %d acknowledged deletes: the load did not run" % totals["deletes"])
+    check(totals["migrated"] >= min_migrated,
+          "%d records migrated over all cycles, want >= %d: compaction did not run"
+          % (totals["migrated"], min_migrated))
 
 
 def test_crash_cycles():
@@ -890,6 +914,14 @@ def test_crash_cycles_small_segments():
     """The same with -s 262144: segments rotate and compaction runs (and is
     interrupted) under the kills."""
     check_crash_cycles(["-s", "262144"], "crash_small_segments")
+
+
+def test_crash_cycles_during_compaction():
+    """Most ops reserve and release (the log grows, the live set does not), so
+    compaction runs all the time; its snapshot is written a few thousand jobs
+    per batch between other records, and the kills land in the middle of
+    snapshots too. Every acknowledged put and delete must survive."""
+    check_crash_cycles(["-s", "65536"], "crash_during_compaction", churn=0.6, min_migrated=1)
 
 
 # ---- 3. compaction keeps the directory small ---------------------------------------------
@@ -1619,6 +1651,7 @@ TESTS = [
     test_restart_delay_runs_while_down,
     test_crash_cycles,
     test_crash_cycles_small_segments,
+    test_crash_cycles_during_compaction,
     test_compaction_release_churn,
     test_compaction_put_delete_churn,
     test_ids_not_reused_after_compaction,
