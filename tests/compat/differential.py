@@ -59,6 +59,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from testlib import free_port  # noqa: E402
+
 REFERENCE_DEFAULT = "/usr/bin/beanstalkd"
 DEFAULT_MAX_JOB = 65535
 LINE_WINDOW = 224  # reference reads command lines through a 224-byte window
@@ -96,15 +99,6 @@ def _on_signal(signum, frame):
     STOP.set()
     kill_all_servers()
     raise KeyboardInterrupt("signal %d" % signum)
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 class SetupError(Exception):

@@ -46,6 +46,10 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
+from testlib import check, first_difference, free_port, signal_and_wait  # noqa: E402
+
 BINARY = None             # set from argv[1]
 NO_HTTP = []              # ["--no-http"] when the binary has the gateway
 WORK = None               # the private temporary directory of this run
@@ -53,8 +57,7 @@ SEED = None
 READ_TIMEOUT = 5.0        # every socket read gives up after this
 START_TIMEOUT = 15.0      # a server must answer a command within this
 STOP_TIMEOUT = 10.0       # a server must exit this long after SIGTERM
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer",
-                     "ERROR: ThreadSanitizer", "WARNING: ThreadSanitizer")
+SANITIZER_MARKERS = testlib.SANITIZER_MARKERS + ("ERROR: ThreadSanitizer", "WARNING: ThreadSanitizer")
 TORN_EVENTS = ("event=wal_torn_tail", "event=wal_corrupt_record", "event=wal_bad_segment")
 JOURNAL_HEADER = 16       # core/journal.c: segment header bytes
 JOB_FIXED = 57            # core/journal.c: fixed job fields after the type byte
@@ -66,27 +69,16 @@ ALL_SERVERS = []          # every Server made, so that none outlives the run
 
 def show(data, limit=200):
     """repr of bytes, shortened for long data."""
-    if data is None:
-        return "None"
-    data = bytes(data)
-    if len(data) <= limit:
-        return repr(data)
-    return "%r...(%d bytes in all, last: %r)" % (data[:limit], len(data), data[-40:])
+    return testlib.show(data, limit)
 
 
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
+def _bytes_diff(got, want, what):
+    return ("%s: got %s, want %s (first difference at byte %d)"
+            % (what, show(got), show(want), first_difference(got, want)))
 
 
 def check_eq(got, want, what):
-    if got != want:
-        if isinstance(got, (bytes, bytearray)) and isinstance(want, (bytes, bytearray)):
-            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
-                     min(len(got), len(want)))
-            raise AssertionError("%s: got %s, want %s (first difference at byte %d)"
-                                 % (what, show(got), show(want), i))
-        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+    testlib.check_eq(got, want, what, bytes_diff=_bytes_diff)
 
 
 def log(msg):
@@ -267,15 +259,6 @@ def peek_many(c, ids, chunk=500):
     return out
 
 
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def dir_size(path):
     """Total bytes of the files in path (files may vanish while we look)."""
     total = 0
@@ -398,16 +381,7 @@ class Server:
         if self.proc is None or self.proc.poll() is not None:
             return (self.proc.returncode if self.proc else None), 0.0
         t0 = time.monotonic()
-        try:
-            self.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-        try:
-            status = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            status = None
+        status = signal_and_wait(self.proc, sig, timeout)
         return status, time.monotonic() - t0
 
     def check_sanitizer(self, how):
@@ -1673,19 +1647,10 @@ TESTS = [
 
 def main(argv):
     global BINARY, NO_HTTP, WORK, SEED
-    if len(argv) != 2:
-        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
+    BINARY = testlib.binary_arg(argv)
+    if BINARY is None:
         return 2
-    BINARY = os.path.abspath(argv[1])
-    if not os.access(BINARY, os.X_OK):
-        print("not an executable: %s" % BINARY, file=sys.stderr)
-        return 2
-    try:
-        usage = subprocess.run([BINARY, "-h"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=10).stdout
-    except subprocess.TimeoutExpired:
-        usage = b""
-    NO_HTTP = ["--no-http"] if b"--no-http" in usage else []
+    NO_HTTP = ["--no-http"] if b"--no-http" in testlib.binary_usage(BINARY) else []
     SEED = int(os.environ.get("BEANGATE_DUR_SEED") or random.randrange(1 << 30))
     print("seed %d (BEANGATE_DUR_SEED to repeat)" % SEED, flush=True)
     only = set(os.environ.get("BEANGATE_DUR_ONLY", "").split()) or None

@@ -37,12 +37,15 @@ import threading
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
+from testlib import SANITIZER_MARKERS, free_port  # noqa: E402
+
 START_TIMEOUT = 10.0
 READ_TIMEOUT = 3.0        # a reply that must come
 QUIET = 0.4               # how long we listen to prove that nothing comes
 TOOL_TIMEOUT = 15.0       # any gearman/gearadmin run
 TEST_TIMEOUT = 60         # SIGALRM watchdog per test
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
 
 GEARMAN = shutil.which("gearman") or "/usr/bin/gearman"
 GEARADMIN = shutil.which("gearadmin") or "/usr/bin/gearadmin"
@@ -67,14 +70,13 @@ class Skip(Exception):
     pass
 
 
+# here a failed check raises Fail, not AssertionError (see testlib.check / testlib.check_eq)
 def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
+    testlib.check(cond, msg, exc=Fail)
 
 
 def check_eq(got, want, what):
-    if got != want:
-        raise Fail("%s: got %r, want %r" % (what, got, want))
+    testlib.check_eq(got, want, what, exc=Fail)
 
 
 def b(x):
@@ -86,15 +88,6 @@ def packet(kind, *args, magic=b"\0REQ"):
         kind = T[kind]
     body = b"\0".join(b(a) for a in args)
     return magic + struct.pack(">II", kind, len(body)) + body
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 def wait_until(fn, what, timeout=5.0):

@@ -48,6 +48,10 @@ import threading
 import time
 import urllib.parse
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, first_difference, free_port, signal_and_wait  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 OPENAPI_PATH = os.path.join(REPO, "openapi", "openapi.yaml")
@@ -57,7 +61,6 @@ TCP_TIMEOUT = 5.0         # every beanstalk socket read gives up after this
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
 WAKE_LIMIT = 1.0          # a long-poll must answer within this after the put
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
 
 DEFAULT_PRIORITY = 2147483648
 DEFAULT_TTR = 60
@@ -102,20 +105,15 @@ VIOLATIONS_LOCK = threading.Lock()
 
 # ---- assertions ----------------------------------------------------------------
 
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
+def _bytes_diff(got, want, what):
+    i = first_difference(got, want)
+    return ("%s: got %d bytes, want %d (first difference at byte %d: got %r, want %r)"
+            % (what, len(got), len(want), i, bytes(got[max(0, i - 20):i + 20]),
+               bytes(want[max(0, i - 20):i + 20])))
 
 
 def check_eq(got, want, what):
-    if got != want:
-        if isinstance(got, (bytes, bytearray)) and isinstance(want, (bytes, bytearray)):
-            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
-                     min(len(got), len(want)))
-            raise AssertionError("%s: got %d bytes, want %d (first difference at byte %d: got %r, want %r)"
-                                 % (what, len(got), len(want), i, bytes(got[max(0, i - 20):i + 20]),
-                                    bytes(want[max(0, i - 20):i + 20])))
-        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+    testlib.check_eq(got, want, what, bytes_diff=_bytes_diff)
 
 
 def uniq(prefix):
@@ -456,15 +454,6 @@ class Beanstalk:
 
 # ---- the server process (local mode) -------------------------------------------------
 
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 class Server:
     """One beangate process on free loopback ports."""
 
@@ -530,17 +519,7 @@ class Server:
         """Stop the server; returns (exit status or None if it hung, stderr)."""
         if self.proc is None:
             return None, ""
-        status = self.proc.poll()
-        if status is None:
-            try:
-                self.proc.send_signal(sig)
-                status = self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                status = None
-            except ProcessLookupError:
-                status = self.proc.wait(5)
+        status = signal_and_wait(self.proc, sig, STOP_TIMEOUT)
         err = self.stderr()
         try:
             self.err.close()

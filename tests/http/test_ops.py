@@ -29,10 +29,13 @@ import tempfile
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, check_eq, free_port  # noqa: E402
+
 HTTP_TIMEOUT = 10.0
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
 BUCKETS = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
            "1", "2.5", "5", "10", "30", "+Inf"]
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -43,25 +46,7 @@ TOKEN_ENV = "ops-test-token-ENV-77aa19c0"
 BINARY = None
 
 
-# ---- assertions ---------------------------------------------------------------
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
-
-def check_eq(got, want, what):
-    if got != want:
-        raise AssertionError("%s: got %r, want %r" % (what, got, want))
-
-
 # ---- processes ----------------------------------------------------------------
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def clean_env(extra=None):
     """The environment without any BEANGATE_* variable, plus extra."""
@@ -210,15 +195,7 @@ class Server:
 
 def run_binary(args, env=None, timeout=15):
     """Run the binary to its end: (status, stdout, stderr)."""
-    try:
-        p = subprocess.run([BINARY] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, env=clean_env(env), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("%r did not exit within %d s (killed)" % (args, timeout)) from None
-    err = p.stderr.decode("utf-8", "replace")
-    bad = [m for m in SANITIZER_MARKERS if m in err]
-    check(not bad, "%r: sanitizer report on stderr: %s" % (args, err[:2000]))
-    return p.returncode, p.stdout.decode("utf-8", "replace"), err
+    return testlib.run_binary(BINARY, args, timeout, env=clean_env(env), err_limit=2000)
 
 
 def token_file(*lines):
@@ -778,12 +755,8 @@ TESTS = [
 
 def main(argv):
     global BINARY
-    if len(argv) != 2:
-        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
-        return 2
-    BINARY = os.path.abspath(argv[1])
-    if not os.access(BINARY, os.X_OK):
-        print("not an executable: %s" % BINARY, file=sys.stderr)
+    BINARY = testlib.binary_arg(argv)
+    if BINARY is None:
         return 2
     only = os.environ.get("BEANGATE_OPS_ONLY", "").split()
     passed = failed = 0

@@ -24,13 +24,16 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, first_difference, free_port, signal_and_wait  # noqa: E402
+
 BINARY = None  # set from argv[1]
 HAS_HTTP = False  # the binary has the HTTP gateway (--http-port): give it a free port too
 
 READ_TIMEOUT = 5.0        # every socket read gives up after this
 START_TIMEOUT = 10.0      # a server must answer a command within this
 STOP_TIMEOUT = 5.0        # a server must exit this long after SIGTERM
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
 
 
 class Skip(Exception):
@@ -41,41 +44,21 @@ class Skip(Exception):
 
 def show(data, limit=240):
     """repr of bytes, shortened for long data."""
-    if data is None:
-        return "None"
-    if len(data) <= limit:
-        return repr(bytes(data))
-    return "%r...(%d bytes in all, last: %r)" % (bytes(data[:limit]), len(data), bytes(data[-40:]))
+    return testlib.show(data, limit)
 
 
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
+def _bytes_diff(got, want, what):
+    i = first_difference(got, want)
+    lo = max(0, i - 40)
+    return ("%s: got %s, want %s (first difference at byte %d: got %r, want %r)"
+            % (what, show(got), show(want), i, bytes(got[lo:i + 40]), bytes(want[lo:i + 40])))
 
 
 def check_eq(got, want, what):
-    if got != want:
-        if isinstance(got, (bytes, bytearray)) and isinstance(want, (bytes, bytearray)):
-            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
-                     min(len(got), len(want)))
-            lo = max(0, i - 40)
-            raise AssertionError(
-                "%s: got %s, want %s (first difference at byte %d: got %r, want %r)"
-                % (what, show(got), show(want), i, bytes(got[lo:i + 40]), bytes(want[lo:i + 40])))
-        raise AssertionError("%s: got %r, want %r" % (what, got, want))
+    testlib.check_eq(got, want, what, bytes_diff=_bytes_diff)
 
 
 # ---- the server process --------------------------------------------------------
-
-def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
 
 def read_rss_kb(pid):
     try:
@@ -199,18 +182,7 @@ class Server:
         if self.stopped:
             return self.exit_status, 0.0, self.stderr_text
         t0 = time.monotonic()
-        status = None
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        try:
-            status = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            status = None
+        status = signal_and_wait(self.proc, sig, timeout)
         took = time.monotonic() - t0
         self.stopped = True
         self.exit_status = status
@@ -713,15 +685,7 @@ def test_unix_socket():
 # ---- 9. flags -------------------------------------------------------------------------
 
 def run_binary(args, timeout=10):
-    try:
-        p = subprocess.run([BINARY] + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("%r did not exit within %d s (killed)" % (args, timeout)) from None
-    err = p.stderr.decode("utf-8", "replace")
-    bad = [m for m in SANITIZER_MARKERS if m in err]
-    check(not bad, "%r: sanitizer report on stderr: %s" % (args, err[:1500]))
-    return p.returncode, p.stdout.decode("utf-8", "replace"), err
+    return testlib.run_binary(BINARY, args, timeout, err_limit=1500)
 
 
 def test_flag_v_prints_version():
@@ -1117,20 +1081,11 @@ TESTS = [
 
 def main(argv):
     global BINARY
-    if len(argv) != 2:
-        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
-        return 2
-    BINARY = os.path.abspath(argv[1])
-    if not os.access(BINARY, os.X_OK):
-        print("not an executable: %s" % BINARY, file=sys.stderr)
+    BINARY = testlib.binary_arg(argv)
+    if BINARY is None:
         return 2
     global HAS_HTTP
-    try:
-        usage = subprocess.run([BINARY, "-h"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=10).stdout
-    except subprocess.TimeoutExpired:
-        usage = b""
-    HAS_HTTP = b"--http-port" in usage
+    HAS_HTTP = b"--http-port" in testlib.binary_usage(BINARY)
     passed = failed = skipped = 0
     t_all = time.monotonic()
     only = set(os.environ.get("BEANGATE_IT_ONLY", "").split()) or None
