@@ -1410,17 +1410,22 @@ def test_admin_cancel_job(srv):
     bs.close()
 
 
+# The server exits with status 0 within 5 s of `after` (a shutdown).
+def expect_clean_exit(srv, after):
+    try:
+        status = srv.proc.wait(5)
+    except subprocess.TimeoutExpired:
+        raise Fail("still running 5 s after %s" % after)
+    srv.expect_exit = True
+    check_eq(status, 0, "exit status after %s" % after)
+
+
 @test
 @beangate_only(why=SHUTDOWN)
 def test_admin_shutdown(srv):
     a = srv.conn()
     check_eq(a.text(b"shutdown\n"), b"OK\n", "admin shutdown")
-    try:
-        status = srv.proc.wait(5)
-    except subprocess.TimeoutExpired:
-        raise Fail("still running 5 s after the admin shutdown")
-    srv.expect_exit = True
-    check_eq(status, 0, "exit status after the admin shutdown")
+    expect_clean_exit(srv, "the admin shutdown")
 
 
 @test
@@ -1442,12 +1447,7 @@ def test_admin_shutdown_graceful(srv):
     check_eq(srv.proc.poll(), None, "still running while a worker holds a job")
     w.send("WORK_COMPLETE", h, "done")
     c.expect("WORK_COMPLETE", [h, "done"])
-    try:
-        status = srv.proc.wait(5)
-    except subprocess.TimeoutExpired:
-        raise Fail("still running 5 s after the last job was completed")
-    srv.expect_exit = True
-    check_eq(status, 0, "exit status after the graceful shutdown")
+    expect_clean_exit(srv, "the last job of a graceful shutdown was completed")
 
 
 @test
