@@ -302,6 +302,12 @@ bg_time bg_engine_next_deadline(const struct bg_engine *e);
 void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 /* Put j into the tube named `tube` (created if need be): as bg_put. */
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
+/* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
+ * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
+ * BG_DRAINING or BG_OUT_OF_MEMORY. For front-ends that have the body in
+ * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
+int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
+                const void *body, uint32_t len, bg_time now, uint64_t *id);
 
 /* ---- token.c: reservation tokens for connectionless clients ------------ */
 

@@ -743,6 +743,17 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
     return r;
 }
 
+int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
+                const void *body, uint32_t len, bg_time now, uint64_t *id)
+{
+    struct bg_job *j = bg_job_new(c->engine, pri, delay_s, ttr_s, len + 2, now);
+    if (!j) return BG_OUT_OF_MEMORY;
+    if (len) memcpy(j->body, body, len);
+    memcpy(j->body + len, "\r\n", 2);
+    *id = j->id;
+    return bg_put_named(c, tube, j, now);
+}
+
 void bg_reservation_transfer(struct bg_job *j, struct bg_client *to)
 {
     struct bg_client *from = j->reserver;

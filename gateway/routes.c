@@ -153,13 +153,9 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
         }
     }
     if (gw->engine->draining) return outcome_problem(r, BG_DRAINING);
-    struct bg_job *j = bg_job_new(gw->engine, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
-                                  (uint32_t)r->body.len + 2, now);
-    if (!j) return outcome_problem(r, BG_OUT_OF_MEMORY);
-    if (r->body.len) memcpy(j->body, bg_buf_head(&r->body), r->body.len);
-    memcpy(j->body + r->body.len, "\r\n", 2);
-    uint64_t id = j->id;
-    int rc = bg_put_named(&gw->holder, tube, j, now);
+    uint64_t id;
+    int rc = bg_put_copy(&gw->holder, tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
+                         bg_buf_head(&r->body), (uint32_t)r->body.len, now, &id);
     if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
     const char *state = put_state(gw, id);
     if (key) gw_idempotency_remember(gw->idempotency, key, tube, id, state, now); /* best effort */
@@ -210,22 +206,16 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
         result = json_pack("{s:i, s:s, s:s}", "status", 413, "code", "JOB_TOO_BIG", "detail",
                            "the body is larger than the maximum job size");
     } else {
-        struct bg_job *j = bg_job_new(gw->engine, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
-                                      (uint32_t)n + 2, now);
-        int rc = BG_OUT_OF_MEMORY;
-        if (j) {
-            if (n) memcpy(j->body, text, n);
-            memcpy(j->body + n, "\r\n", 2);
-            uint64_t id = j->id;
-            rc = bg_put_named(&gw->holder, tube, j, now);
-            if (rc == 0 || rc == BG_BURIED) {
-                result = put_result(gw, id, tube);
-                if (key) /* best effort, as a single put's */
-                    gw_idempotency_remember(gw->idempotency, key, tube, id, put_state(gw, id), now);
-                json_object_set_new(result, "status", json_integer(201));
-                free(decoded);
-                return result;
-            }
+        uint64_t id;
+        int rc = bg_put_copy(&gw->holder, tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr, text,
+                             (uint32_t)n, now, &id);
+        if (rc == 0 || rc == BG_BURIED) {
+            result = put_result(gw, id, tube);
+            if (key) /* best effort, as a single put's */
+                gw_idempotency_remember(gw->idempotency, key, tube, id, put_state(gw, id), now);
+            json_object_set_new(result, "status", json_integer(201));
+            free(decoded);
+            return result;
         }
         result = json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(rc), "detail",
                            rc == BG_DRAINING ? "the server is draining" : "out of memory");

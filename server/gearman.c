@@ -691,16 +691,10 @@ static void submit(struct gm_conn *c, const struct gm_packet *p, bg_time now)
         reply_error(c, "DRAINING", "the server is draining and takes no new jobs");
         return;
     }
-    struct bg_job *j = bg_job_new(e, submit_priority(p->type), delay, GM_SUBMIT_TTR, data_len + 2, now);
-    if (!j) {
-        reply_error(c, "MEMORY_ALLOCATION_FAILURE", "out of memory");
-        return;
-    }
-    memcpy(j->body, data, data_len);
-    memcpy(j->body + data_len, "\r\n", 2);
-    uint64_t id = j->id;
+    uint64_t id;
     bg_client_mark_producer(&c->client);
-    int rc = bg_put_named(&c->client, tube, j, now);
+    int rc = bg_put_copy(&c->client, tube, submit_priority(p->type), delay, GM_SUBMIT_TTR, data, data_len,
+                         now, &id);
     if (rc != 0 && rc != BG_BURIED) {
         reply_error(c, rc == BG_DRAINING ? "DRAINING" : "MEMORY_ALLOCATION_FAILURE", bg_outcome_word(rc));
         return;
