@@ -127,6 +127,24 @@ static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *
     return gw_reply_json_headers(r->conn, 201, v, location, "Idempotent-Replayed", "true");
 }
 
+static enum MHD_Result bad_idempotency_key(struct gw_request *r)
+{
+    return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "Idempotency-Key must be 1-128 visible ASCII characters");
+}
+
+/* Look up an idempotency key for a put into tube: 0 with the first put's
+ * job id and state, IDEMPOTENCY_OTHER_TUBE when the key was used for
+ * another tube, or BG_NOT_FOUND (a new put). */
+#define IDEMPOTENCY_OTHER_TUBE 1
+static int idempotency_lookup(struct gateway *gw, const char *key, const char *tube, bg_time now,
+                              uint64_t *first_id, const char **first_state)
+{
+    const char *first_tube;
+    if (gw_idempotency_find(gw->idempotency, key, now, first_id, &first_tube, first_state) != 0)
+        return BG_NOT_FOUND;
+    return strcmp(first_tube, tube) == 0 ? 0 : IDEMPOTENCY_OTHER_TUBE;
+}
+
 static enum MHD_Result route_put(struct gw_request *r, const char *tube)
 {
     struct gateway *gw = r->gw;
@@ -139,18 +157,15 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     bg_time now = gw->now();
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (key) {
-        uint64_t first_id;
-        const char *first_tube;
         if (!gw_idempotency_valid_key(key))
-            return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
-                                    "Idempotency-Key must be 1-128 visible ASCII characters");
+            return bad_idempotency_key(r);
+        uint64_t first_id;
         const char *first_state;
-        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube, &first_state) == 0) {
-            if (strcmp(first_tube, tube) != 0)
-                return gw_reply_problem(r->conn, 409, "IDEMPOTENCY_KEY_REUSED",
-                                        "this Idempotency-Key was used for another tube");
-            return reply_put(r, first_id, tube, first_state);
-        }
+        int found = idempotency_lookup(gw, key, tube, now, &first_id, &first_state);
+        if (found == IDEMPOTENCY_OTHER_TUBE)
+            return gw_reply_problem(r->conn, 409, "IDEMPOTENCY_KEY_REUSED",
+                                    "this Idempotency-Key was used for another tube");
+        if (found == 0) return reply_put(r, first_id, tube, first_state);
     }
     if (gw->engine->draining) return outcome_problem(r, BG_DRAINING);
     uint64_t id;
@@ -168,17 +183,15 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
 static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry, const char *key,
                              bg_time now)
 {
-    if (key) {
-        uint64_t first_id;
-        const char *first_tube, *first_state;
-        if (gw_idempotency_find(gw->idempotency, key, now, &first_id, &first_tube, &first_state) == 0) {
-            if (strcmp(first_tube, tube) != 0)
-                return json_pack("{s:i, s:s, s:s}", "status", 409, "code", "IDEMPOTENCY_KEY_REUSED",
-                                 "detail", "this Idempotency-Key was used for another tube");
-            return json_pack("{s:i, s:I, s:s, s:s, s:b}", "status", 201, "id", (json_int_t)first_id,
-                             "tube", tube, "state", first_state, "replayed", 1);
-        }
-    }
+    uint64_t first_id;
+    const char *first_state;
+    int found = key ? idempotency_lookup(gw, key, tube, now, &first_id, &first_state) : BG_NOT_FOUND;
+    if (found == IDEMPOTENCY_OTHER_TUBE)
+        return json_pack("{s:i, s:s, s:s}", "status", 409, "code", "IDEMPOTENCY_KEY_REUSED", "detail",
+                         "this Idempotency-Key was used for another tube");
+    if (found == 0)
+        return json_pack("{s:i, s:I, s:s, s:s, s:b}", "status", 201, "id", (json_int_t)first_id, "tube",
+                         tube, "state", first_state, "replayed", 1);
     json_int_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     const char *text = NULL, *b64 = NULL;
     size_t text_len = 0, b64_len = 0;
@@ -240,8 +253,7 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (key && !gw_idempotency_valid_key(key)) {
         json_decref(doc);
-        return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
-                                "Idempotency-Key must be 1-128 visible ASCII characters");
+        return bad_idempotency_key(r);
     }
     /* with a key, entries stored before are answered again while draining;
      * new ones get 503 DRAINING each */
