@@ -372,6 +372,18 @@ static uint64_t handle_id(const char *h, uint32_t len)
     return id;
 }
 
+/* The leading decimal digits of s[0..len) (gearmand reads numbers with
+ * atoi-like leniency: no digits is 0), at most `max`. */
+static uint64_t leading_number(const char *s, uint32_t len, uint64_t max)
+{
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
+        v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > max) return max;
+    }
+    return v;
+}
+
 /* The job's data (its body without the stored CRLF). */
 static uint32_t job_data_len(const struct bg_job *j) { return j->body_size - 2; }
 
@@ -457,7 +469,7 @@ static void engine_wait_ended(struct bg_client *client, int outcome) { (void)cli
 static const struct bg_client_ops gm_client_ops = {engine_job_reserved, engine_wait_ended};
 
 /* CAN_DO / CAN_DO_TIMEOUT: watch the function's tube. */
-static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t timeout_s, bg_time now)
+static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t timeout_s)
 {
     char tube[BG_TUBE_NAME_MAX + 1];
     if (gm_function_to_tube(fn, fn_len, tube) < 0) {
@@ -494,7 +506,6 @@ static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t 
     a->timeout_s = timeout_s;
     bg_client_mark_worker(&c->client);
     if (c->sleeping && has_ready_job(c)) wake(c);
-    (void)now;
 }
 
 /* Forget ability i (CANT_DO, RESET_ABILITIES). */
@@ -562,7 +573,7 @@ static void forward(struct gm_record *r, uint32_t t, const struct gm_packet *p)
 
 /* WORK_DATA, WORK_WARNING, WORK_STATUS, WORK_COMPLETE, WORK_FAIL,
  * WORK_EXCEPTION from the worker holding the job. */
-static void work_result(struct gm_conn *c, const struct gm_packet *p, bg_time now)
+static void work_result(struct gm_conn *c, const struct gm_packet *p)
 {
     struct gearman *g = c->g;
     uint64_t id = handle_id(p->arg[0], p->arg_len[0]);
@@ -599,7 +610,6 @@ static void work_result(struct gm_conn *c, const struct gm_packet *p, bg_time no
     }
     if (r) record_remove(g, r);
     bg_delete(&c->client, id);
-    (void)now;
 }
 
 /* ---- clients ----------------------------------------------------------- */
@@ -675,12 +685,7 @@ static void submit(struct gm_conn *c, const struct gm_packet *p, bg_time now)
     }
     uint32_t delay = 0;
     if (p->type == GM_SUBMIT_JOB_EPOCH) {
-        uint64_t epoch = 0;
-        for (uint32_t i = 0; i < p->arg_len[2] && i < 20; i++) {
-            char ch = p->arg[2][i];
-            if (ch < '0' || ch > '9') break;
-            epoch = epoch * 10 + (uint64_t)(ch - '0');
-        }
+        uint64_t epoch = leading_number(p->arg[2], p->arg_len[2], UINT64_MAX / 10);
         time_t wall = time(NULL);
         if (epoch > (uint64_t)wall) {
             uint64_t d = epoch - (uint64_t)wall;
@@ -743,17 +748,10 @@ static void get_status_unique(struct gm_conn *c, const struct gm_packet *p)
 static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now)
 {
     switch (p->type) {
-    case GM_CAN_DO: can_do(c, p->arg[0], p->arg_len[0], 0, now); break;
-    case GM_CAN_DO_TIMEOUT: {
-        uint64_t t = 0;
-        for (uint32_t i = 0; i < p->arg_len[1] && i < 10; i++) {
-            char ch = p->arg[1][i];
-            if (ch < '0' || ch > '9') break;
-            t = t * 10 + (uint64_t)(ch - '0');
-        }
-        can_do(c, p->arg[0], p->arg_len[0], t > UINT32_MAX ? UINT32_MAX : (uint32_t)t, now);
+    case GM_CAN_DO: can_do(c, p->arg[0], p->arg_len[0], 0); break;
+    case GM_CAN_DO_TIMEOUT:
+        can_do(c, p->arg[0], p->arg_len[0], (uint32_t)leading_number(p->arg[1], p->arg_len[1], UINT32_MAX));
         break;
-    }
     case GM_CANT_DO: {
         char tube[BG_TUBE_NAME_MAX + 1];
         if (gm_function_to_tube(p->arg[0], p->arg_len[0], tube) < 0) break;
@@ -768,7 +766,7 @@ static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now
     case GM_GRAB_JOB: case GM_GRAB_JOB_UNIQ: case GM_GRAB_JOB_ALL: grab(c, p->type, now); break;
     case GM_WORK_DATA: case GM_WORK_WARNING: case GM_WORK_STATUS: case GM_WORK_COMPLETE:
     case GM_WORK_FAIL: case GM_WORK_EXCEPTION:
-        work_result(c, p, now);
+        work_result(c, p);
         break;
     case GM_SUBMIT_JOB: case GM_SUBMIT_JOB_BG: case GM_SUBMIT_JOB_HIGH: case GM_SUBMIT_JOB_HIGH_BG:
     case GM_SUBMIT_JOB_LOW: case GM_SUBMIT_JOB_LOW_BG: case GM_SUBMIT_JOB_EPOCH:
@@ -886,15 +884,7 @@ static void admin_maxqueue(struct gm_conn *c, const struct gm_admin_line *l)
         admin_error(c, "INVALID_ARGUMENTS", "function name is empty or too long, or too many functions", NULL, 0);
         return;
     }
-    uint64_t max = 0;
-    if (l->nargs >= 2) {
-        for (uint32_t i = 0; i < l->arg_len[1] && i < 10; i++) {
-            char ch = l->arg[1][i];
-            if (ch < '0' || ch > '9') break;
-            max = max * 10 + (uint64_t)(ch - '0');
-        }
-    }
-    f->max_queue = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
+    f->max_queue = l->nargs >= 2 ? (uint32_t)leading_number(l->arg[1], l->arg_len[1], UINT32_MAX) : 0;
     bg_buf_append(&c->out, "OK\r\n", 4);
 }
 
