@@ -240,6 +240,10 @@ int bg_tube_name_char(char ch);
 /* Nonzero if name is a valid tube name of length len. */
 int bg_tube_name_valid(const char *name, size_t len);
 
+/* Ops for a client that never waits (an HTTP holder, a Gearman worker):
+ * neither callback is ever called, and both do nothing. */
+extern const struct bg_client_ops bg_client_ops_never_wait;
+
 /* Attach a new client (a connection or an HTTP holder); it uses and watches
  * "default". 0 or BG_OUT_OF_MEMORY. */
 int bg_client_init(struct bg_engine *e, struct bg_client *c,

@@ -557,6 +557,10 @@ static void client_remove_watch(struct bg_client *c, uint32_t i)
     bg_free(w);
 }
 
+static void never_reserved(struct bg_client *c, struct bg_job *j) { (void)c, (void)j; }
+static void never_ended(struct bg_client *c, int outcome) { (void)c, (void)outcome; }
+const struct bg_client_ops bg_client_ops_never_wait = {never_reserved, never_ended};
+
 int bg_client_init(struct bg_engine *e, struct bg_client *c,
                    const struct bg_client_ops *ops, void *owner)
 {

@@ -349,9 +349,6 @@ static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
     return (size_t)(out - uri);
 }
 
-static void holder_job_reserved(struct bg_client *c, struct bg_job *j) { (void)c; (void)j; }
-static void holder_wait_ended(struct bg_client *c, int outcome) { (void)c; (void)outcome; }
-static const struct bg_client_ops holder_ops = {holder_job_reserved, holder_wait_ended};
 
 /* Fill key with random bytes. 0 or -1. */
 static int random_key(struct bg_token_key *key)
@@ -406,7 +403,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     }
     struct gateway *gw = calloc(1, sizeof *gw);
     if (!gw || random_key(&gw->key) != 0 ||
-        bg_client_init_bare(engine, &gw->holder, &holder_ops, gw) != 0) {
+        bg_client_init_bare(engine, &gw->holder, &bg_client_ops_never_wait, gw) != 0) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         freeaddrinfo(res);
         free(gw);

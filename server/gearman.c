@@ -461,13 +461,6 @@ static void engine_job_ready(void *ctx, struct bg_tube *t)
     }
 }
 
-/* Gearman workers never wait in the engine (PRE_SLEEP is the sleepers
- * list), so these are never called. */
-static void engine_job_reserved(struct bg_client *client, struct bg_job *j) { (void)client, (void)j; }
-static void engine_wait_ended(struct bg_client *client, int outcome) { (void)client, (void)outcome; }
-
-static const struct bg_client_ops gm_client_ops = {engine_job_reserved, engine_wait_ended};
-
 /* CAN_DO / CAN_DO_TIMEOUT: watch the function's tube. */
 static void can_do(struct gm_conn *c, const char *fn, uint32_t fn_len, uint32_t timeout_s)
 {
@@ -1181,7 +1174,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct gm_conn *c = calloc(1, sizeof *c);
-        if (!c || bg_client_init_bare(&g->srv->engine, &c->client, &gm_client_ops, c) != 0) {
+        if (!c || bg_client_init_bare(&g->srv->engine, &c->client, &bg_client_ops_never_wait, c) != 0) {
             free(c);
             close(fd);
             continue;
@@ -1215,7 +1208,7 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
     g->srv = srv;
     g->listen_fd = -1;
     g->max_packet = srv->engine.max_job_size + GM_IN_SLACK;
-    if (bg_client_init_bare(&srv->engine, &g->holder, &gm_client_ops, NULL) != 0) {
+    if (bg_client_init_bare(&srv->engine, &g->holder, &bg_client_ops_never_wait, NULL) != 0) {
         free(g);
         return NULL;
     }
