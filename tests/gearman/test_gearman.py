@@ -253,6 +253,13 @@ class Beanstalk:
             return reply, self._body(int(parts[-1]))
         return reply, None
 
+    def put(self, tube, body, pri):
+        """use tube, put body with priority pri (TTR 60): the new job's id."""
+        self.cmd("use %s" % tube)
+        reply, _ = self.cmd("put %d 0 60 %d" % (pri, len(b(body))), body)
+        check(reply.startswith(b"INSERTED "), "put: %r" % reply)
+        return int(reply.split()[1])
+
     def stats_job(self, jid):
         return self.stats("stats-job %d" % jid)
 
@@ -1210,10 +1217,7 @@ def test_cross_gearman_bg_to_beanstalk(srv):
 @beangate_only
 def test_cross_beanstalk_put_to_gearman_worker(srv):
     bs = Beanstalk(srv.bport)
-    bs.cmd("use reverse")
-    reply, _ = bs.cmd("put 100 0 60 5", "hello")
-    check(reply.startswith(b"INSERTED "), "put: %r" % reply)
-    jid = int(reply.split()[1])
+    jid = bs.put("reverse", "hello", 100)
     w = srv.conn()
     w.send("CAN_DO", "reverse")
     w.send("GRAB_JOB")
@@ -1705,10 +1709,7 @@ def test_cross_beanstalk_urgent_before_gearman_high(srv):
     c = srv.conn()
     hh = c.submit("f", "gearman-high", kind="SUBMIT_JOB_HIGH_BG")
     bs = Beanstalk(srv.bport)
-    bs.cmd("use f")
-    reply, _ = bs.cmd("put 0 0 60 9", "beanstalk")
-    check(reply.startswith(b"INSERTED "), "put: %r" % reply)
-    jid = int(reply.split()[1])
+    jid = bs.put("f", "beanstalk", 0)
     w = srv.conn()
     w.send("CAN_DO", "f")
     w.send("GRAB_JOB")
