@@ -493,7 +493,16 @@ def test_metrics_binlog_and_gearman():
             try:
                 g.sendall(b"version\n")
                 check(g.recv(100).startswith(b"OK "), "the Gearman port answers")
-                samples, _ = parse_metrics(srv.metrics())
+                # the flusher thread writes the records after the replies:
+                # wait (up to 5 s) until the three puts are counted and the
+                # closed beanstalk connections are gone
+                deadline = time.monotonic() + 5.0
+                while True:
+                    samples, _ = parse_metrics(srv.metrics())
+                    if (value(samples, "beangate_binlog_records_written_total") or 0) >= 3 and \
+                            value(samples, "beangate_current_connections") == 1 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
                 check(value(samples, "beangate_binlog_records_written_total") >= 3,
                       "3 puts are at least 3 log records: %r" % series(samples, "beangate_binlog_records_written_total"))
                 check_eq(value(samples, "beangate_binlog_torn_records"), 0, "torn records of a fresh log")
