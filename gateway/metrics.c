@@ -6,6 +6,7 @@
  * (struct bg_engine counters, bg_stats_tube). Every label value is bounded:
  * routes are the table's patterns, methods a fixed list, statuses the few
  * the gateway sends, and at most GW_METRICS_TUBES_MAX tubes are exported. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,22 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
     return rc;
 }
 
+/* The per-tube families with one sample per tube: a field of the stats
+ * model each. */
+static const struct {
+    const char *name, *type, *help;
+    size_t field; /* offset of a uint64_t in struct bg_stats_tube */
+} tube_families[] = {
+    {"beangate_tube_current_jobs_urgent", "gauge", "Ready jobs of a tube with a priority below 1024.",
+     offsetof(struct bg_stats_tube, urgent)},
+    {"beangate_tube_jobs_total", "counter",
+     "Jobs put into a tube since it was created (it starts again at 0 if the tube goes away and "
+     "comes back).",
+     offsetof(struct bg_stats_tube, total_jobs)},
+    {"beangate_tube_current_waiting", "gauge", "Clients waiting in a reserve on a tube.",
+     offsetof(struct bg_stats_tube, waiting)},
+};
+
 static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
 {
     const struct bg_engine *e = gw->engine;
@@ -278,27 +295,13 @@ static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
         for (int k = 0; rc == 0 && k < 4; k++)
             rc = tube_sample(b, "beangate_tube_current_jobs", st.name, "state", states[k], by_state[k]);
     }
-    if (rc == 0)
-        rc = family(b, "beangate_tube_current_jobs_urgent", "gauge",
-                    "Ready jobs of a tube with a priority below 1024.");
-    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        bg_stats_tube(e->tube_list[i], now, &st);
-        rc = tube_sample(b, "beangate_tube_current_jobs_urgent", st.name, NULL, NULL, st.urgent);
-    }
-    if (rc == 0)
-        rc = family(b, "beangate_tube_jobs_total", "counter",
-                    "Jobs put into a tube since it was created (it starts again at 0 if the "
-                    "tube goes away and comes back).");
-    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        bg_stats_tube(e->tube_list[i], now, &st);
-        rc = tube_sample(b, "beangate_tube_jobs_total", st.name, NULL, NULL, st.total_jobs);
-    }
-    if (rc == 0)
-        rc = family(b, "beangate_tube_current_waiting", "gauge",
-                    "Clients waiting in a reserve on a tube.");
-    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        bg_stats_tube(e->tube_list[i], now, &st);
-        rc = tube_sample(b, "beangate_tube_current_waiting", st.name, NULL, NULL, st.waiting);
+    for (size_t f = 0; f < sizeof tube_families / sizeof tube_families[0]; f++) {
+        if (rc == 0) rc = family(b, tube_families[f].name, tube_families[f].type, tube_families[f].help);
+        for (uint32_t i = 0; rc == 0 && i < n; i++) {
+            bg_stats_tube(e->tube_list[i], now, &st);
+            uint64_t v = *(const uint64_t *)((const char *)&st + tube_families[f].field);
+            rc = tube_sample(b, tube_families[f].name, st.name, NULL, NULL, v);
+        }
     }
     if (rc == 0) rc = family(b, "beangate_tube_paused", "gauge", "1 while a tube is paused, else 0.");
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
