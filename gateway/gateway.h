@@ -150,22 +150,30 @@ enum gw_route_id {
     R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
     R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS,
 };
+/* The methods the handlers tell apart; any other is GW_OTHER. */
+enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+enum gw_method gw_method_of(const char *method);
 #define GW_MAX_SEGMENTS 4
 struct gw_match {
     enum gw_route_id id;
     int index;                    /* in the route table (gw_route_pattern) */
-    const char *allow;            /* the methods the path allows */
+    enum gw_method method;
+    const char *allow;            /* the methods the path allows (the Allow header) */
     char buf[1024];
     char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf */
     int nseg;
 };
-/* Match method and url against the route table: 0 (m->id, m->seg set),
- * 404 (no such path) or 405 (m->allow lists the methods). */
+/* Match method and url against the route table: 0 (m->id, m->method,
+ * m->seg set), 404 (no such path) or 405 (m->allow lists the methods).
+ * HEAD is allowed wherever GET is, and Allow then lists it too. */
 int gw_match_route(const char *method, const char *url, struct gw_match *m);
 /* The route table: its size, and the path pattern of entry i, such as
  * "/tubes/{tube}/jobs" (the label of the HTTP metrics). */
 int gw_route_count(void);
 const char *gw_route_pattern(int i);
+/* The methods of entry i as the table writes them ("GET, DELETE"); HEAD is
+ * implied by GET. NULL if i is out of range. */
+const char *gw_route_methods(int i);
 /* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
  * leaves them encoded so that a tube name may hold '/' in a path segment. */
 void gw_decode_slashes(char *s);

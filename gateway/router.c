@@ -90,14 +90,42 @@ static int pattern_matches(const char *pattern, char *seg[], int n)
     return 1;
 }
 
-/* Nonzero if method is one of the comma-separated list. */
+/* Nonzero if method is one of the comma-separated list, or HEAD where GET
+ * is: HEAD is GET without the body, on every route that has GET. */
 static int method_allowed(const char *methods, const char *method)
 {
-    if (strcmp(method, "HEAD") == 0) method = "GET"; /* HEAD is GET without the body */
+    if (strcmp(method, "HEAD") == 0) method = "GET";
     size_t n = strlen(method);
     for (const char *p = methods; (p = strstr(p, method)); p += n)
         if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;
     return 0;
+}
+
+enum gw_method gw_method_of(const char *method)
+{
+    static const struct { const char *name; enum gw_method m; } known[] = {
+        {"GET", GW_GET}, {"HEAD", GW_HEAD}, {"POST", GW_POST}, {"DELETE", GW_DELETE},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(method, known[i].name) == 0) return known[i].m;
+    return GW_OTHER;
+}
+
+/* The Allow header of route i: its methods, with HEAD after GET. */
+static const char *route_allow(size_t i)
+{
+    static char allow[sizeof routes / sizeof routes[0]][32];
+    if (allow[i][0]) return allow[i];
+    size_t o = 0;
+    for (const char *p = routes[i].methods; *p;) {
+        size_t n = strcspn(p, ",");
+        int is_get = n == 3 && memcmp(p, "GET", 3) == 0;
+        o += (size_t)snprintf(allow[i] + o, sizeof allow[i] - o, "%s%.*s%s", o ? ", " : "", (int)n, p,
+                              is_get ? ", HEAD" : "");
+        p += n;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return allow[i];
 }
 
 int gw_match_route(const char *method, const char *url, struct gw_match *m)
@@ -110,13 +138,19 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m)
         if (!pattern_matches(routes[i].pattern, m->seg, n)) continue;
         m->id = routes[i].id;
         m->index = (int)i;
-        m->allow = routes[i].methods;
+        m->allow = route_allow(i);
+        m->method = gw_method_of(method);
         return method_allowed(routes[i].methods, method) ? 0 : 405;
     }
     return 404;
 }
 
 int gw_route_count(void) { return (int)(sizeof routes / sizeof routes[0]); }
+
+const char *gw_route_methods(int i)
+{
+    return i >= 0 && i < gw_route_count() ? routes[i].methods : NULL;
+}
 
 /* The pattern with each "*" named as in openapi.yaml: {tube} after
  * "tubes", {id} after "jobs". */

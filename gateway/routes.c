@@ -408,9 +408,19 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
     return 0;
 }
 
-static enum MHD_Result route_job(struct gw_request *r, const char *method, const char *id_text,
-                                 const char *action)
+/* 405 for a method the route does not have, with its Allow header. */
+static enum MHD_Result method_not_allowed(struct gw_request *r, const struct gw_match *m)
 {
+    char detail[96];
+    snprintf(detail, sizeof detail, "allowed: %s", m->allow);
+    return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m->allow);
+}
+
+/* /jobs/{id} and /jobs/{id}/{action}. */
+static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
+{
+    const char *id_text = m->seg[1];
+    const char *action = m->nseg > 2 ? m->seg[2] : NULL;
     struct gateway *gw = r->gw;
     uint64_t id = 0;
     for (const char *p = id_text; *p; p++) {
@@ -429,11 +439,20 @@ static enum MHD_Result route_job(struct gw_request *r, const char *method, const
     enum MHD_Result reply;
     uint64_t pri = j->pri, delay = 0;
     if (!action) {
-        if (strcmp(method, "GET") == 0)
+        switch (m->method) {
+        case GW_GET:
+        case GW_HEAD: /* HEAD is GET without the body: it never deletes */
             return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
-        if (check_reservation(r, j, 0, &reply)) return reply;
-        int rc = bg_delete(&gw->holder, id);
-        return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
+        case GW_DELETE: {
+            if (check_reservation(r, j, 0, &reply)) return reply;
+            int rc = bg_delete(&gw->holder, id);
+            return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
+        }
+        case GW_POST:
+        case GW_OTHER:
+            break;
+        }
+        return method_not_allowed(r, m);
     }
     if (strcmp(action, "body") == 0) return reply_raw_job(r, j, NULL);
     if (strcmp(action, "kick") == 0) {
@@ -457,8 +476,10 @@ static enum MHD_Result route_job(struct gw_request *r, const char *method, const
     } else if (strcmp(action, "bury") == 0) {
         if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
         rc = bg_bury(&gw->holder, id, (uint32_t)pri);
-    } else {
+    } else if (strcmp(action, "touch") == 0) {
         rc = bg_touch(&gw->holder, id, now);
+    } else {
+        return not_found(r, "no such route");
     }
     if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
     j = bg_job_find(gw->engine, id);
@@ -494,10 +515,11 @@ static enum MHD_Result route_tube(struct gw_request *r, const char *name, const 
         bg_stats_tube(bg_tube_find(gw->engine, name), now, &st);
         return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
     }
-    /* peek: ready, delayed, buried */
-    struct bg_job *j = strcmp(action, "ready") == 0     ? bg_heap_min(&t->ready)
-                     : strcmp(action, "delayed") == 0   ? bg_heap_min(&t->delayed)
-                                                        : t->buried_head;
+    struct bg_job *j;
+    if (strcmp(action, "ready") == 0) j = bg_heap_min(&t->ready);
+    else if (strcmp(action, "delayed") == 0) j = bg_heap_min(&t->delayed);
+    else if (strcmp(action, "buried") == 0) j = t->buried_head;
+    else return not_found(r, "no such route");
     if (!j) return not_found(r, "no job in that state in this tube");
     return reply_job_with_body(r, j, NULL);
 }
@@ -526,11 +548,7 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
     struct gw_match m;
     int status = gw_match_route(method, url, &m);
     if (status == 404) return not_found(r, "no such route");
-    if (status == 405) {
-        char detail[96];
-        snprintf(detail, sizeof detail, "allowed: %s", m.allow);
-        return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m.allow);
-    }
+    if (status == 405) return method_not_allowed(r, &m);
     char **seg = m.seg;
     switch (m.id) {
     case R_STATS: {
@@ -561,10 +579,10 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
         }
         return route_reserve(r, tubes);
     }
-    case R_JOB: return route_job(r, method, seg[1], NULL);
+    case R_JOB:
     case R_JOB_BODY:
     case R_JOB_ACTION:
-    case R_JOB_RESERVE: return route_job(r, method, seg[1], seg[2]);
+    case R_JOB_RESERVE: return route_job(r, &m);
     }
     return not_found(r, "no such route");
 }

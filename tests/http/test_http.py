@@ -1172,16 +1172,74 @@ def test_ttr_expiry_ends_the_reservation():
 
 
 def test_method_not_allowed_405():
-    cases = (("PUT", "/jobs/1", "GET, DELETE"), ("POST", "/jobs/1", "GET, DELETE"),
-             ("GET", "/tubes/x/jobs", "POST"), ("DELETE", "/stats", "GET"), ("POST", "/tubes", "GET"),
-             ("GET", "/tubes/x/reservations", "POST"), ("GET", "/reservations", "POST"),
-             ("DELETE", "/tubes/x", "GET"), ("PATCH", "/jobs/1/release", "POST"),
-             ("GET", "/jobs/1/kick", "POST"), ("POST", "/jobs/1/body", "GET"),
-             ("GET", "/tubes/x/jobs/batch", "POST"), ("POST", "/openapi.yaml", "GET"))
+    cases = (("PUT", "/jobs/1", "GET, HEAD, DELETE"), ("POST", "/jobs/1", "GET, HEAD, DELETE"),
+             ("GET", "/tubes/x/jobs", "POST"), ("DELETE", "/stats", "GET, HEAD"),
+             ("POST", "/tubes", "GET, HEAD"), ("GET", "/tubes/x/reservations", "POST"),
+             ("GET", "/reservations", "POST"), ("DELETE", "/tubes/x", "GET, HEAD"),
+             ("PATCH", "/jobs/1/release", "POST"), ("GET", "/jobs/1/kick", "POST"),
+             ("POST", "/jobs/1/body", "GET, HEAD"), ("GET", "/tubes/x/jobs/batch", "POST"),
+             ("POST", "/openapi.yaml", "GET, HEAD"))
     for method, path, allow in cases:
         r = request(method, path, via="direct")
         expect_problem(r, 405, "METHOD_NOT_ALLOWED", "%s %s" % (method, path))
         check_eq(r.header("Allow"), allow, "Allow of %s %s" % (method, path))
+    r = request("HEAD", "/tubes/x/jobs", via="direct")  # a 405 without its body
+    check_eq((r.status, r.header("Allow"), r.body), (405, "POST", b""), "HEAD /tubes/x/jobs")
+
+
+def concrete_path(pattern, tube, jid):
+    """A route pattern of routes_from_source() with {x} filled in: the tube
+    after "tubes", the job id after "jobs"."""
+    parts = pattern.split("/")
+    for i, p in enumerate(parts):
+        if p == "{x}":
+            check(i > 0 and parts[i - 1] in ("tubes", "jobs"), "cannot fill in %s" % pattern)
+            parts[i] = tube if parts[i - 1] == "tubes" else str(jid)
+    return "/".join(parts)
+
+
+def test_head_on_every_get_route():
+    """HEAD is GET without the body on every route that has GET (the list
+    comes from the route table, so a new GET route is covered): the same
+    status and Content-Type, no body, and it changes nothing. HEAD
+    /jobs/{id} used to delete the job."""
+    tube = uniq("head")
+    ready = put(tube, b"ready one")
+    delayed = put(tube, b"delayed one", delay=100)
+    buried = put(tube, b"to bury", priority=1)
+    d = reserve_one(tube)
+    check_eq(d["id"], buried, "the urgent job is reserved first")
+    expect_json(post("/jobs/%d/bury%s" % (buried, q(reservation=d["reservation"]))), 200, "bury")
+    held = put(tube, b"held", priority=2)
+    h = reserve_one(tube)
+    check_eq(h["id"], held, "reserve the job to hold")
+    states = {ready: "ready", delayed: "delayed", buried: "buried", held: "reserved"}
+    get_routes = sorted(p for p, m in routes_from_source() if m == "GET")
+    check(len(get_routes) >= 12, "GET routes of the route table: %r" % get_routes)
+    check_eq(sorted(p for p, m in routes_from_source() if m == "HEAD"), get_routes,
+             "every GET route has HEAD")
+    for pattern in get_routes:
+        jids = sorted(states) if "/jobs/" in pattern else [ready]
+        for jid in jids:
+            path = concrete_path(pattern, tube, jid)
+            g = get(path)
+            hd = request("HEAD", path)
+            what = "HEAD %s" % path
+            check_eq(hd.status, g.status, "%s: status vs GET" % what)
+            check(g.status == 200, "GET %s: %s" % (path, g.describe()))
+            check_eq(hd.body, b"", "%s: body" % what)
+            check_eq(hd.header("Content-Type"), g.header("Content-Type"), "%s: Content-Type" % what)
+            check(hd.header("Content-Length") is not None, "%s: no Content-Length" % what)
+    # HEAD on a reserved job with its token, as a link checker that follows
+    # a URL with its query would
+    path = "/jobs/%d%s" % (held, q(reservation=h["reservation"]))
+    expect_status(request("HEAD", path), 200, "HEAD %s" % path)
+    for jid, state in sorted(states.items()):
+        check_eq(job_stats(jid)["state"], state, "job %d after the HEAD requests" % jid)
+    expect_status(request("HEAD", "/jobs/999999999"), 404, "HEAD of no job")
+    expect_status(delete("/jobs/%d%s" % (held, q(reservation=h["reservation"]))), 204, "delete held")
+    for jid in (ready, delayed, buried):
+        expect_status(delete("/jobs/%d" % jid), 204, "delete %d" % jid)
 
 
 def test_unknown_route_404():
@@ -1301,7 +1359,8 @@ def test_stats():
 
 def routes_from_source():
     """{(path, METHOD)} from the route table (`routes[] = {...}` in a
-    gateway/*.c file; '*' -> {x})."""
+    gateway/*.c file; '*' -> {x}), with HEAD wherever GET is: the router
+    allows HEAD on every route that has GET (gw_match_route)."""
     import re
     src = ""
     gw_dir = os.path.join(REPO, "gateway")
@@ -1320,6 +1379,8 @@ def routes_from_source():
         path = re.sub(r"/\*", "/{x}", pattern)
         for m in methods.split(","):
             out.add((path, m.strip()))
+            if m.strip() == "GET":
+                out.add((path, "HEAD"))
     return out
 
 
@@ -1782,6 +1843,7 @@ TESTS = [
     test_touch_and_ttr,
     test_ttr_expiry_ends_the_reservation,
     test_method_not_allowed_405,
+    test_head_on_every_get_route,
     test_unknown_route_404,
     test_list_tubes,
     test_tube_stats,
@@ -1866,6 +1928,11 @@ def main(argv):
 
     passed = failed = skipped = 0
     t_all = time.monotonic()
+    listed = {fn.__name__ for fn in TESTS}
+    unlisted = sorted(n for n in globals() if n.startswith("test_") and n not in listed)
+    if unlisted:  # a test written and never run is worse than none
+        print("FAIL setup: test functions missing from TESTS: %s" % " ".join(unlisted), flush=True)
+        failed += 1
     only = set(os.environ.get("BEANGATE_HTTP_ONLY", "").split()) or None
     if not only or "test_timeout_is_capped_at_30s" in only:
         start_cap_poll()

@@ -21,11 +21,13 @@ static const struct route_case {
     const char *allow;       /* for 405 */
 } route_cases[] = {
     {"GET", "/stats", 0, R_STATS, NULL, NULL},
-    {"POST", "/stats", 405, R_STATS, NULL, "GET"},
+    {"POST", "/stats", 405, R_STATS, NULL, "GET, HEAD"},
+    {"HEAD", "/stats", 0, R_STATS, NULL, NULL},
+    {"HEAD", "/tubes/emails/jobs", 405, R_TUBE_JOBS, "emails", "POST"},
     {"GET", "/tubes", 0, R_TUBES, NULL, NULL},
     {"GET", "/tubes/", 0, R_TUBES, NULL, NULL},
     {"GET", "/tubes/emails", 0, R_TUBE, "emails", NULL},
-    {"DELETE", "/tubes/emails", 405, R_TUBE, "emails", "GET"},
+    {"DELETE", "/tubes/emails", 405, R_TUBE, "emails", "GET, HEAD"},
     {"POST", "/tubes/emails/jobs", 0, R_TUBE_JOBS, "emails", NULL},
     {"GET", "/tubes/emails/jobs", 405, R_TUBE_JOBS, "emails", "POST"},
     {"POST", "/tubes/emails/jobs/batch", 0, R_TUBE_BATCH, "emails", NULL},
@@ -38,7 +40,8 @@ static const struct route_case {
     {"POST", "/reservations", 0, R_RESERVE, NULL, NULL},
     {"GET", "/jobs/12", 0, R_JOB, "12", NULL},
     {"DELETE", "/jobs/12", 0, R_JOB, "12", NULL},
-    {"PUT", "/jobs/12", 405, R_JOB, "12", "GET, DELETE"},
+    {"HEAD", "/jobs/12", 0, R_JOB, "12", NULL},
+    {"PUT", "/jobs/12", 405, R_JOB, "12", "GET, HEAD, DELETE"},
     {"GET", "/jobs/12/body", 0, R_JOB_BODY, "12", NULL},
     {"POST", "/jobs/12/release", 0, R_JOB_ACTION, "12", NULL},
     {"POST", "/jobs/12/bury", 0, R_JOB_ACTION, "12", NULL},
@@ -53,7 +56,7 @@ static const struct route_case {
     {"GET", "/tubes//jobs", 404, 0, NULL, NULL},
     {"GET", "tubes", 404, 0, NULL, NULL},
     {"GET", "/jobs/1/2", 404, 0, NULL, NULL},
-    {"DE", "/jobs/12", 405, R_JOB, "12", "GET, DELETE"}, /* method names match whole */
+    {"DE", "/jobs/12", 405, R_JOB, "12", "GET, HEAD, DELETE"}, /* method names match whole */
 };
 
 /* Every row of route_cases routes as the table says. */
@@ -70,6 +73,56 @@ static void test_routes(void **state)
         if (c->seg1) assert_string_equal(m.seg[1], c->seg1);
         if (c->allow) assert_string_equal(m.allow, c->allow);
     }
+}
+
+/* A URL for route pattern p ("/jobs/{id}/body"): each {x} filled with "7". */
+static void url_of_pattern(const char *p, char *out, size_t size)
+{
+    size_t o = 0;
+    while (*p && o + 2 < size) {
+        if (*p == '{') {
+            out[o++] = '7';
+            p = strchr(p, '}') + 1;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Over the whole route table: a route with GET takes HEAD too, routed to
+ * the same handler and told apart as GW_HEAD; its Allow lists HEAD after
+ * GET. A route without GET refuses HEAD. */
+static void test_head_wherever_get(void **state)
+{
+    (void)state;
+    int with_get = 0;
+    for (int i = 0; i < gw_route_count(); i++) {
+        char url[128];
+        url_of_pattern(gw_route_pattern(i), url, sizeof url);
+        const char *methods = gw_route_methods(i);
+        struct gw_match get, head;
+        int get_status = gw_match_route("GET", url, &get);
+        int head_status = gw_match_route("HEAD", url, &head);
+        assert_int_equal(head_status, get_status);
+        assert_int_equal(head.id, get.id);
+        if (strstr(methods, "GET")) {
+            with_get++;
+            assert_int_equal(get_status, 0);
+            assert_int_equal(head.method, GW_HEAD);
+            assert_int_equal(get.method, GW_GET);
+            assert_non_null(strstr(head.allow, "GET, HEAD"));
+        } else {
+            assert_int_equal(head_status, 405);
+            assert_null(strstr(head.allow, "HEAD"));
+        }
+    }
+    assert_true(with_get >= 12);
+    struct gw_match m;
+    assert_int_equal(gw_match_route("DELETE", "/jobs/7", &m), 0);
+    assert_int_equal(m.method, GW_DELETE);
+    assert_int_equal(gw_match_route("PATCH", "/jobs/7", &m), 405);
+    assert_int_equal(m.method, GW_OTHER);
 }
 
 /* A URL longer than the match buffer is refused, not truncated. */
@@ -258,6 +311,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_route_long_url),
+        cmocka_unit_test(test_head_wherever_get),
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
         cmocka_unit_test(test_tokens),
