@@ -174,6 +174,11 @@ struct bg_client_ops {
     void (*job_reserved)(struct bg_client *c, struct bg_job *j);
     /* A wait ended without a job: BG_TIMED_OUT or BG_DEADLINE_SOON. */
     void (*wait_ended)(struct bg_client *c, int outcome);
+    /* Optional (NULL: always alive). Asked right before a job is handed to
+     * waiting c: 0 means whoever waits through c is gone, so c stops
+     * waiting (wait_ended BG_TIMED_OUT) and the job goes to the next
+     * waiter or stays ready. It may only look, not call the engine. */
+    int (*alive)(struct bg_client *c);
 };
 
 struct bg_client {

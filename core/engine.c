@@ -388,10 +388,25 @@ static void job_bury(struct bg_engine *e, struct bg_job *j)
 
 static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now);
 
+/* Nonzero if waiter c can still take a job. A client whose ops say its
+ * peer is gone stops waiting here (wait_ended BG_TIMED_OUT), so it leaves
+ * every waiting set and the job goes to the next waiter or stays ready. */
+static int waiter_alive(struct bg_client *c)
+{
+    if (!c->ops->alive || c->ops->alive(c)) return 1;
+    bg_client_stop_waiting(c);
+    c->ops->wait_ended(c, BG_TIMED_OUT);
+    return 0;
+}
+
 /* Hand ready jobs of t to its waiters while both exist and t is unpaused. */
 static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
 {
     while (!tube_paused(t) && t->ready.len && t->waiting_len) {
+        t->waiting_cursor %= t->waiting_len;
+        /* a dead waiter leaves the set as a hang-up does (swap-remove at
+         * the cursor), and the cursor names the next candidate */
+        if (!waiter_alive(t->waiting[t->waiting_cursor]->client)) continue;
         struct bg_watch *w = tube_wait_take(t);
         struct bg_client *c = w->client;
         if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) {
@@ -559,7 +574,7 @@ static void client_remove_watch(struct bg_client *c, uint32_t i)
 
 static void never_reserved(struct bg_client *c, struct bg_job *j) { (void)c, (void)j; }
 static void never_ended(struct bg_client *c, int outcome) { (void)c, (void)outcome; }
-const struct bg_client_ops bg_client_ops_never_wait = {never_reserved, never_ended};
+const struct bg_client_ops bg_client_ops_never_wait = {never_reserved, never_ended, NULL};
 
 int bg_client_init(struct bg_engine *e, struct bg_client *c,
                    const struct bg_client_ops *ops, void *owner)

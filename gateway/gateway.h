@@ -97,6 +97,7 @@ struct gw_request {
     struct gw_request *next_woken;
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
+    struct event *peer_ev;        /* watches the socket while listed */
     uint64_t hold_seq;            /* response queued, waiting for this log record */
     struct gw_request *held_next; /* gw->held */
     int held;
@@ -184,9 +185,16 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
 extern const struct bg_client_ops gw_waiter_ops;
 /* http.c: queue r to be resumed on the next loop turn. */
 void gw_wake(struct gw_request *r);
-/* http.c: track / forget a suspended long-poll (resumed at shutdown). */
+/* http.c: track / forget a suspended long-poll (resumed at shutdown).
+ * While listed, its socket is watched: a client that closes or resets ends
+ * the wait at once (wait_outcome BG_TIMED_OUT, woken). */
 void gw_list(struct gw_request *r);
 void gw_unlist(struct gw_request *r);
+/* http.c: nonzero unless r's client has closed or reset its connection
+ * (a FIN counts as gone, even after pipelined bytes). */
+int gw_peer_alive(struct gw_request *r);
+/* http.c: release the jobs r reserved and did not deliver (r->got = 0). */
+void gw_give_back(struct gw_request *r, bg_time now);
 
 /* auth.c: bearer tokens */
 struct gw_auth;

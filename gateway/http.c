@@ -2,7 +2,10 @@
  * the daemon's epoll fd is one libevent event, MHD_get_timeout arms one
  * timer, and MHD_run runs on the loop thread. Request bodies are collected
  * here, with the size limit checked before any byte is read. */
+#include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +42,73 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
     gw_run(gw);
 }
 
+/* ---- noticing a long-poll's client going away ---------------------------
+ * libmicrohttpd does not poll a suspended connection, so while a long-poll
+ * waits the gateway watches its socket itself, and asks once more right
+ * before the engine hands it a job (gw_waiter_ops.alive). */
+
+int gw_peer_alive(struct gw_request *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 1;
+    int fd = ci->connect_fd;
+#ifdef TCP_INFO
+    /* TCP's state leaves ESTABLISHED when the peer's FIN (CLOSE_WAIT) or
+     * reset (CLOSE) arrives, even behind unread pipelined bytes */
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) == 0) return ti.tcpi_state == TCP_ESTABLISHED;
+#endif
+    char byte;
+    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got >= 0) return got > 0; /* 0: the read end, a close */
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* The socket of a waiting long-poll became readable or closed. A close or
+ * reset ends the wait (204, and libmicrohttpd then finds the close); bytes
+ * are a pipelined request, left for libmicrohttpd after the answer. */
+static void peer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    struct gw_request *r = arg;
+    if (gw_peer_alive(r)) {
+        /* level-triggered (no edge-triggered backend): the bytes would
+         * wake us forever, so stop watching; the check before a hand-over
+         * still runs */
+        if ((what & EV_READ) && !(event_get_events(r->peer_ev) & EV_ET)) {
+            event_free(r->peer_ev);
+            r->peer_ev = NULL;
+        }
+        return;
+    }
+    log_event(BG_LOG_DEBUG, "http_longpoll_abandoned", "msg=\"the client left while it waited\"");
+    if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
+    r->wait_outcome = BG_TIMED_OUT;
+    gw_unlist(r); /* frees r->peer_ev */
+    gw_wake(r);
+}
+
+/* Watch the socket of long-poll r while it is suspended: edge-triggered
+ * where the loop can (one wake-up per change: data, then a close), with
+ * EV_CLOSED to see a close behind unread bytes. */
+static void peer_watch(struct gw_request *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return;
+    int features = event_base_get_features(r->gw->base);
+    short what = EV_READ | EV_PERSIST;
+    if (features & EV_FEATURE_ET) what |= EV_ET;
+    if (features & EV_FEATURE_EARLY_CLOSE) what |= EV_CLOSED;
+    r->peer_ev = event_new(r->gw->base, ci->connect_fd, what, peer_cb, r);
+    if (r->peer_ev && event_add(r->peer_ev, NULL) != 0) {
+        event_free(r->peer_ev);
+        r->peer_ev = NULL;
+    }
+}
+
 void gw_list(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
@@ -47,6 +117,7 @@ void gw_list(struct gw_request *r)
     if (gw->waiting) gw->waiting->prev_waiting = r;
     gw->waiting = r;
     r->listed = 1;
+    peer_watch(r);
 }
 
 void gw_unlist(struct gw_request *r)
@@ -56,6 +127,21 @@ void gw_unlist(struct gw_request *r)
     else r->gw->waiting = r->next_waiting;
     if (r->next_waiting) r->next_waiting->prev_waiting = r->prev_waiting;
     r->listed = 0;
+    if (r->peer_ev) event_free(r->peer_ev); /* before libmicrohttpd may close the socket */
+    r->peer_ev = NULL;
+}
+
+void gw_give_back(struct gw_request *r, bg_time now)
+{
+    struct gateway *gw = r->gw;
+    for (uint32_t i = 0; i < r->got; i++) {
+        struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
+        if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
+            j->reserves == r->job_reserves[i]) {
+            bg_release(&gw->holder, j->id, j->pri, 0, now);
+        }
+    }
+    r->got = 0;
 }
 
 void gw_wake(struct gw_request *r)
@@ -298,16 +384,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct gateway *gw = cls;
     struct gw_request *r = *con_cls;
     if (!r) return;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
-        bg_time now = gw->now();
-        for (uint32_t i = 0; i < r->got; i++) {
-            struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
-            if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
-                j->reserves == r->job_reserves[i]) {
-                bg_release(&gw->holder, j->id, j->pri, 0, now);
-            }
-        }
-    }
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, gw->now());
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
     bg_time now = gw->now();
     double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
@@ -462,6 +539,8 @@ void gateway_stop(struct gateway *gw)
     /* suspended connections must be resumed before the daemon stops */
     MHD_quiesce_daemon(gw->daemon);
     for (struct gw_request *r = gw->waiting; r; r = r->next_waiting) {
+        if (r->peer_ev) event_free(r->peer_ev);
+        r->peer_ev = NULL;
         if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
         r->wait_outcome = BG_TIMED_OUT;
         if (r->suspended) {

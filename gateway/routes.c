@@ -303,7 +303,10 @@ static void waiter_wait_ended(struct bg_client *c, int outcome)
     gw_wake(r);
 }
 
-const struct bg_client_ops gw_waiter_ops = {waiter_job_reserved, waiter_wait_ended};
+/* Asked by the engine right before it hands the waiter a job. */
+static int waiter_alive(struct bg_client *c) { return gw_peer_alive(c->owner); }
+
+const struct bg_client_ops gw_waiter_ops = {waiter_job_reserved, waiter_wait_ended, waiter_alive};
 
 /* Reply with what the long-poll got: 204, one job, or a batch. */
 static enum MHD_Result reply_reserved(struct gw_request *r)
@@ -338,7 +341,15 @@ static enum MHD_Result reply_reserved(struct gw_request *r)
 static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
 {
     struct gateway *gw = r->gw;
-    if (r->waiter_active) return reply_reserved(r); /* resumed */
+    if (r->waiter_active) { /* resumed */
+        if (!gw_peer_alive(r)) {
+            /* the client left after the engine's last look: its jobs go
+             * back, and nothing is taken for it */
+            gw_give_back(r, gw->now());
+            return gw_reply_empty(r->conn, 204);
+        }
+        return reply_reserved(r);
+    }
     uint64_t timeout = 0, count = 0;
     if (query_uint(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
     if (query_uint(r, "count", GW_BATCH_MAX, &count) || (query(r, "count") && count == 0))

@@ -91,14 +91,7 @@ def packet(kind, *args, magic=b"\0REQ"):
 
 
 def wait_until(fn, what, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise Fail("timed out waiting for %s (last: %r)" % (what, last))
+    return testlib.wait_until(fn, what, timeout, exc=Fail)
 
 
 # ------------------------------------------------------------------ Gearman client

@@ -41,6 +41,7 @@ import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -852,37 +853,137 @@ def test_longpoll_woken_by_tcp_put():
     expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204, "delete")
 
 
-def test_longpoll_client_disconnect_loses_no_job():
-    """A client hangs up during a long-poll; then a job arrives. The job must
-    be reservable by another client at once (within about 1 s), not after
-    its TTR (60 s)."""
-    host, port = T.direct
-    tube = uniq("gone")
-    s = socket.create_connection((host, port), timeout=5)
-    try:
-        s.sendall(("POST /tubes/%s/reservations?timeout=20 HTTP/1.1\r\nHost: %s:%d\r\n"
-                   "Content-Length: 0\r\n\r\n" % (tube, host, port)).encode())
-        time.sleep(0.4)
-        check_eq(tube_stats(tube)["current_waiting"], 1, "the long-poll waits on the tube")
-    finally:
-        s.close()  # a normal close (FIN), as a client that gives up does
-    time.sleep(0.3)
-    t_put = time.monotonic()
-    jid = put(tube, b"must not be lost", ttr=60)
-    r = reserve(tube, timeout=5)
-    took = time.monotonic() - t_put
-    doc = check_job(expect_json(r, 200, "reserve after the other client left"), "reserve", reserved=True)
-    check_eq(doc["id"], jid, "the job the gone client's long-poll was matched with")
-    check(took <= 1.5, "the job became reservable %.2f s after the put, want about 1 s" % took)
-    check_eq(doc["state"], "reserved", "state")
-    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
+def wait_for(fn, what, timeout=5.0):
+    """Poll fn() until it returns a true value (returned); fail after timeout."""
+    return testlib.wait_until(fn, what, timeout, step=0.01)
+
+
+def waiting_on(tube):
+    """current_waiting of tube (0 while the tube does not exist)."""
     r = get("/tubes/%s" % tube)
-    if r.status == 200:  # else the tube is gone: nothing waits on it nor holds a job
-        st = r.json()
-        check_eq((st["current_waiting"], st["current_jobs_reserved"]), (0, 0),
-                 "tube (waiting, reserved) at the end")
+    return r.json()["current_waiting"] if r.status == 200 else 0
+
+
+def raw_longpoll(tube, pipelined=b""):
+    """A long-poll on a raw socket to the server itself, plus any pipelined
+    bytes in the same write; returns once the server has it waiting."""
+    host, port = T.direct
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(("POST /tubes/%s/reservations?timeout=20 HTTP/1.1\r\nHost: %s:%d\r\n"
+               "Content-Length: 0\r\n\r\n" % (tube, host, port)).encode() + pipelined)
+    wait_for(lambda: waiting_on(tube) == 1, "the long-poll to wait on %s" % tube)
+    return s
+
+
+def read_to_eof(s, timeout=5.0):
+    """Everything the server sends until it closes (or resets) s."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        check(left > 0, "the server did not close the connection; got %r" % data[:300])
+        s.settimeout(left)
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return data
+        except socket.timeout:
+            continue
+        if not chunk:
+            return data
+        data += chunk
+
+
+def put_after_leaving(tube, put_over):
+    """Put a job into tube (over HTTP or beanstalk TCP) and check that it is
+    ready at once and was never handed to anyone: the long-poll that waited
+    there has gone."""
+    if put_over == "tcp":
+        with Beanstalk() as b:
+            b.expect("use %s\r\n" % tube, b"USING %s\r\n" % tube.encode())
+            jid = b.put(b"must not be stranded", pri=5)
     else:
-        expect_problem(r, 404, "NOT_FOUND", "tube at the end")
+        r = post("/tubes/%s/jobs" % tube, body=b"must not be stranded")
+        doc = expect_json(r, 201, "put")
+        jid = doc["id"]
+        check_eq(doc["state"], "ready", "the put's answer: nobody took the job")
+    st = wait_for(lambda: (lambda d: d if d["state"] == "ready" else None)(job_stats(jid)),
+                  "job %d to be ready" % jid)
+    check_eq((st["reserves"], st["releases"], st["timeouts"]), (0, 0, 0),
+             "job %d (reserves, releases, timeouts): never handed to the gone client" % jid)
+    check_eq(waiting_on(tube), 0, "nobody waits on %s" % tube)
+    expect_status(delete("/jobs/%d" % jid), 204, "delete")
+
+
+def test_longpoll_fin_close_gives_no_job():
+    """A client half-closes (FIN) during a long-poll, as `curl -m1` or a
+    client that gives up does. Its wait ends at once (204 or a close, never
+    a job), and a job put then is ready at once: it is not handed to the
+    gone client and left reserved for its TTR (which a put over beanstalk
+    did before issue 11)."""
+    for put_over in ("tcp", "http"):
+        tube = uniq("fin")
+        s = raw_longpoll(tube)
+        try:
+            s.shutdown(socket.SHUT_WR)
+            data = read_to_eof(s)
+        finally:
+            s.close()
+        check(data == b"" or data.startswith(b"HTTP/1.1 204 "), "the gone long-poll got %r" % data[:300])
+        put_after_leaving(tube, put_over)
+
+
+def test_longpoll_close_then_put_at_once():
+    """The client closes (FIN) and the put follows at once, before the server
+    may have seen the close on its own: the check right before the
+    hand-over still keeps the job from the gone client."""
+    for put_over in ("tcp", "http"):
+        tube = uniq("close")
+        raw_longpoll(tube).close()
+        put_after_leaving(tube, put_over)
+
+
+def test_longpoll_reset_gives_no_job():
+    """A client that resets (RST) its connection during a long-poll."""
+    tube = uniq("rst")
+    s = raw_longpoll(tube)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # linger 0: a reset, not a FIN
+    put_after_leaving(tube, "http")
+
+
+def test_longpoll_pipelined_request():
+    """Bytes after the long-poll request are a pipelined request, not a
+    close: the long-poll still waits and gets the job, then the pipelined
+    request is answered. A FIN behind pipelined bytes is a close, though."""
+    tube = uniq("pipe")
+    host, port = T.direct
+    pipelined = ("GET /tubes/%s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"
+                 % (tube, host, port)).encode()
+    s = raw_longpoll(tube, pipelined)
+    try:
+        jid = put(tube, b"for the pipelining client")
+        data = read_to_eof(s)
+    finally:
+        s.close()
+    first, _, rest = data.partition(b"\r\n\r\n")
+    check(first.startswith(b"HTTP/1.1 200 "), "the long-poll's answer: %r" % data[:300])
+    check(b'"id":%d' % jid in rest and b'"state":"reserved"' in rest, "the job in the answer: %r" % rest[:300])
+    check(b"HTTP/1.1 200 " in rest and b'"name":"%s"' % tube.encode() in rest,
+          "the pipelined GET was answered after it: %r" % rest[:600])
+    token = json.loads(rest[:rest.index(b"\n")].decode())["reservation"]
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=token))), 204, "delete")
+
+    tube = uniq("pipefin")
+    pipelined = ("GET /tubes/%s HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (tube, host, port)).encode()
+    s = raw_longpoll(tube, pipelined)
+    try:
+        s.shutdown(socket.SHUT_WR)
+        data = read_to_eof(s)
+    finally:
+        s.close()
+    check(b'"reservation"' not in data, "a job went to a client that had closed: %r" % data[:300])
+    put_after_leaving(tube, "tcp")
 
 
 def test_concurrent_longpollers_get_different_jobs():
@@ -1827,7 +1928,10 @@ TESTS = [
     test_reserve_raw_octet_stream,
     test_longpoll_woken_by_http_put,
     test_longpoll_woken_by_tcp_put,
-    test_longpoll_client_disconnect_loses_no_job,
+    test_longpoll_fin_close_gives_no_job,
+    test_longpoll_close_then_put_at_once,
+    test_longpoll_reset_gives_no_job,
+    test_longpoll_pipelined_request,
     test_concurrent_longpollers_get_different_jobs,
     test_reserve_count_batch,
     test_reserve_count_longpoll,

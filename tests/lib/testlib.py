@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 # Substrings of stderr that mean an ASan/UBSan/LSan report (suites may add more, e.g. TSan).
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
@@ -41,6 +42,19 @@ def check_eq(got, want, what, exc=AssertionError, bytes_diff=None):
                 and isinstance(want, (bytes, bytearray))):
             raise exc(bytes_diff(got, want, what))
         raise exc("%s: got %r, want %r" % (what, got, want))
+
+
+# Poll fn() every `step` seconds until it returns a true value, which is
+# returned; raise exc("timed out waiting for WHAT (last: ...)") after timeout.
+def wait_until(fn, what, timeout=5.0, exc=AssertionError, step=0.05):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(step)
+    raise exc("timed out after %.1f s waiting for %s (last: %r)" % (timeout, what, last))
 
 
 # Index of the first byte where got and want differ (the shorter length if one is a prefix of the other).

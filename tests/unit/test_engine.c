@@ -41,6 +41,8 @@ struct fake_client {
     uint64_t delivered[EVENT_LOG]; /* their job ids (first EVENT_LOG) */
     size_t ended_count;            /* wait_ended callbacks */
     int ended[EVENT_LOG];          /* their outcomes (first EVENT_LOG) */
+    int gone;                      /* fake_alive answers 0 (a peer that left) */
+    size_t alive_asked;            /* fake_alive calls */
 };
 
 static void fake_job_reserved(struct bg_client *c, struct bg_job *j)
@@ -70,6 +72,22 @@ static void fake_wait_ended(struct bg_client *c, int outcome)
 static const struct bg_client_ops fake_ops = {
     .job_reserved = fake_job_reserved,
     .wait_ended = fake_wait_ended,
+};
+
+/* The optional op: the engine asks it before handing a job over. It must
+ * be asked only of a waiting client. */
+static int fake_alive(struct bg_client *c)
+{
+    struct fake_client *fc = c->owner;
+    assert_true(c->waiting);
+    fc->alive_asked++;
+    return !fc->gone;
+}
+
+static const struct bg_client_ops fake_ops_alive = {
+    .job_reserved = fake_job_reserved,
+    .wait_ended = fake_wait_ended,
+    .alive = fake_alive,
 };
 
 static int fake_open(struct bg_engine *e, struct fake_client *fc)
@@ -1436,6 +1454,61 @@ static void test_stop_waiting(void **state)
     check_world(w);
 }
 
+/* A waiter whose peer is gone (ops->alive says 0) is never handed a job:
+ * when a job comes, it stops waiting (wait_ended TIMED_OUT, out of every
+ * waiting set) and the job goes to the next live waiter in the reference
+ * order, or stays ready if none is left. Waiters without the op are never
+ * asked. */
+static void test_dead_waiter_is_skipped(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *a = &w->fc[0], *b = &w->fc[1], *c = &w->fc[2], *producer = &w->fc[3];
+    struct fake_client *plain = &w->fc[4];
+    a->client.ops = b->client.ops = c->client.ops = &fake_ops_alive;
+    watch(a, "other");  /* a also waits on a second tube */
+    assert_int_equal(reserve(a, 30, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(reserve(b, 30, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(reserve(c, 30, T0, NULL), BG_WOULD_BLOCK);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 3);
+    a->gone = 1;                        /* first in line, and gone */
+
+    uint64_t first = put_job(producer, "1", 1, 0, 60, T0);
+    assert_int_equal(a->delivered_count, 0);
+    assert_int_equal(a->ended_count, 1);
+    assert_int_equal(a->ended[0], BG_TIMED_OUT);
+    assert_false(a->client.waiting);
+    assert_int_equal(tube_stats(w, "other", T0).waiting, 0);
+    /* a left the set as a hang-up does (swap-remove): [c b], cursor at c */
+    assert_int_equal(c->delivered_count, 1);
+    assert_int_equal(c->delivered[0], first);
+    assert_int_equal(b->delivered_count, 0);
+    assert_int_equal(find(w, first)->reserves, 1);
+    assert_int_equal(w->engine.waiting, 1);
+    check_world(w);
+
+    b->gone = 1;                        /* the last waiter leaves too */
+    uint64_t second = put_job(producer, "2", 1, 0, 60, T0);
+    assert_int_equal(b->delivered_count, 0);
+    assert_int_equal(b->ended_count, 1);
+    assert_int_equal(state_of(w, second), BG_JOB_READY);
+    assert_int_equal(find(w, second)->reserves, 0);
+    assert_int_equal(w->engine.waiting, 0);
+    assert_int_equal(tube_stats(w, "default", T0).waiting, 0);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), find(w, first)->deadline_at);
+    check_world(w);
+
+    /* a waiter without the op still gets the next job; the ready one goes
+     * to it at once, and nobody is asked */
+    size_t asked = a->alive_asked + b->alive_asked + c->alive_asked;
+    assert_int_equal(reserve(plain, 30, T0, NULL), BG_OK);
+    assert_int_equal(reserve(plain, 30, T0, NULL), BG_WOULD_BLOCK);
+    uint64_t third = put_job(producer, "3", 1, 0, 60, T0);
+    assert_int_equal(plain->delivered_count, 1);
+    assert_int_equal(plain->delivered[0], third);
+    assert_int_equal(a->alive_asked + b->alive_asked + c->alive_asked, asked);
+    check_world(w);
+}
+
 /* ======================================================================= */
 /* client close                                                            */
 /* ======================================================================= */
@@ -2302,6 +2375,7 @@ int main(void)
         ENGINE_TEST(test_waiters_served_in_reference_order),
         ENGINE_TEST(test_put_into_unwatched_tube_wakes_nobody),
         ENGINE_TEST(test_stop_waiting),
+        ENGINE_TEST(test_dead_waiter_is_skipped),
         ENGINE_TEST(test_close_returns_reserved_jobs),
         ENGINE_TEST(test_close_hands_job_to_waiter),
         ENGINE_TEST(test_close_while_waiting),

@@ -152,7 +152,7 @@ static struct bg_job *make_job(struct bg_engine *e, struct bg_client *c, const c
 
 static void noop_reserved(struct bg_client *c, struct bg_job *j) { (void)c; (void)j; }
 static void noop_ended(struct bg_client *c, int o) { (void)c; (void)o; }
-static const struct bg_client_ops noop_ops = {noop_reserved, noop_ended};
+static const struct bg_client_ops noop_ops = {noop_reserved, noop_ended, NULL};
 
 /* UTF-8 bodies render as "body"; other bytes as "body_base64" that decodes
  * back to the same bytes; the stats fields come from the stats model. */
