@@ -350,7 +350,7 @@ static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_tim
         reply_word(s, BG_BAD_FORMAT);
         return;
     }
-    s->client.engine->stat.cmd[c->cmd]++;
+    bg_count_cmd(s->client.engine, c->cmd, 1); /* reference: counted once parsed */
     c->execute(s, &r, now);
 }
 

@@ -465,6 +465,11 @@ enum bg_cmd {
 extern const char *const bg_cmd_names[BG_CMD_COUNT];
 #define BG_CMD_STATS_SHOWN BG_CMD_RESERVE_JOB
 
+/* Count n requests for command cmd in the cmd-* counters. The one place
+ * every front-end counts (beanstalk, HTTP, Gearman), by the rule in
+ * docs/operations.md ("Command counters"). */
+void bg_count_cmd(struct bg_engine *e, enum bg_cmd cmd, uint64_t n);
+
 enum bg_session_state {
     BG_WANT_COMMAND,   /* reading a command line */
     BG_WANT_BODY,      /* reading a put body into in_job */

@@ -96,6 +96,23 @@ const char *gm_type_name(uint32_t t)
     return t <= GM_TYPE_LAST ? types[t].name : NULL;
 }
 
+int gm_request_command(uint32_t t)
+{
+    switch (t) {
+    case GM_SUBMIT_JOB: case GM_SUBMIT_JOB_BG: case GM_SUBMIT_JOB_HIGH: case GM_SUBMIT_JOB_HIGH_BG:
+    case GM_SUBMIT_JOB_LOW: case GM_SUBMIT_JOB_LOW_BG: case GM_SUBMIT_JOB_EPOCH:
+        return BG_CMD_PUT;
+    case GM_GRAB_JOB: case GM_GRAB_JOB_UNIQ: case GM_GRAB_JOB_ALL: return BG_CMD_RESERVE_WITH_TIMEOUT;
+    case GM_WORK_COMPLETE: case GM_WORK_FAIL: case GM_WORK_EXCEPTION: return BG_CMD_DELETE;
+    case GM_CAN_DO: case GM_CAN_DO_TIMEOUT: return BG_CMD_WATCH;
+    case GM_CANT_DO: return BG_CMD_IGNORE;
+    case GM_GET_STATUS: case GM_GET_STATUS_UNIQUE: return BG_CMD_STATS_JOB;
+    default: return -1;
+    }
+}
+
+int gm_admin_command(int cmd) { return cmd == GM_ADMIN_CANCEL_JOB ? BG_CMD_DELETE : -1; }
+
 int gm_request_nargs(uint32_t t)
 {
     if (t > GM_TYPE_LAST || !types[t].name || types[t].nargs < 0) return GM_ETYPE;

@@ -67,6 +67,14 @@ struct gm_packet {
 
 /* The name of packet type t ("SUBMIT_JOB"), or NULL if there is none. */
 const char *gm_type_name(uint32_t t);
+/* The beanstalk command (enum bg_cmd) a request of type t performs, for the
+ * cmd-* counters (docs/operations.md, "Command counters"), or -1 if none:
+ * SUBMIT_JOB* put, GRAB_JOB* reserve-with-timeout, WORK_COMPLETE, WORK_FAIL
+ * and WORK_EXCEPTION delete, CAN_DO* watch, CANT_DO ignore, GET_STATUS*
+ * stats-job. */
+int gm_request_command(uint32_t t);
+/* The same for an admin line's command: `cancel job` is a delete. */
+int gm_admin_command(int cmd);
 /* Number of arguments request type t carries (the data counts as one), or
  * a negative GM_ETYPE if t is not a request a server accepts.
  * SUBMIT_REDUCE_JOB and SUBMIT_REDUCE_JOB_BACKGROUND carry 5 (function,

@@ -62,6 +62,11 @@ const char *const bg_cmd_names[BG_CMD_COUNT] = {
     "list-tubes-watched", "pause-tube", "reserve-job", "kick-job", "quit",
 };
 
+void bg_count_cmd(struct bg_engine *e, enum bg_cmd cmd, uint64_t n)
+{
+    e->stat.cmd[cmd] += n;
+}
+
 int bg_render_stats(struct bg_buf *out, const struct bg_engine *e,
                     const struct bg_process_info *pi)
 {

@@ -92,6 +92,8 @@ struct gw_request {
     int route;                    /* route table index; -1: no route */
     int method;                   /* gw_metrics_method_index */
     unsigned status;              /* status queued; 0: none yet */
+    int counted;                  /* in the cmd-* counters already */
+    uint32_t commands;            /* beanstalk commands it performs (a batch put: its entries) */
     uint64_t job_ids[GW_BATCH_MAX]; /* reserved for this request, in order */
     uint32_t job_reserves[GW_BATCH_MAX];
     struct gw_request *next_woken;
@@ -193,6 +195,8 @@ void gw_unlist(struct gw_request *r);
 /* http.c: nonzero unless r's client has closed or reset its connection
  * (a FIN counts as gone, even after pipelined bytes). */
 int gw_peer_alive(struct gw_request *r);
+/* http.c: the status of the response queued for r, 0 if none yet. */
+unsigned gw_queued_status(const struct gw_request *r);
 /* http.c: release the jobs r reserved and did not deliver (r->got = 0). */
 void gw_give_back(struct gw_request *r, bg_time now);
 

@@ -248,12 +248,18 @@ static int hex_digit(char ch)
          : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
 }
 
-/* Remember the status of the response just queued, for the metrics. */
-static void note_status(struct gw_request *r)
+unsigned gw_queued_status(const struct gw_request *r)
 {
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
-    if (info) r->status = info->http_status;
+    return info ? info->http_status : 0;
+}
+
+/* Remember the status of the response just queued, for the metrics. */
+static void note_status(struct gw_request *r)
+{
+    unsigned status = gw_queued_status(r);
+    if (status) r->status = status;
 }
 
 /* Nonzero if the request needs a bearer token: any configured, and the

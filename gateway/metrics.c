@@ -201,8 +201,8 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                      "Reservations that ran out of time (job-timeouts).", e->stat.job_timeouts);
     if (rc == 0)
         rc = family(b, "beangate_commands_total", "counter",
-                    "Beanstalk protocol commands by name (cmd-* of stats); HTTP requests are "
-                    "in beangate_http_requests_total.");
+                    "Requests of every front-end by the beanstalk command they perform "
+                    "(cmd-* of stats; docs/operations.md, Command counters).");
     for (int i = 0; rc == 0 && i < BG_CMD_COUNT; i++)
         rc = sample1(b, "beangate_commands_total", "command", bg_cmd_names[i], e->stat.cmd[i]);
     if (rc == 0)

@@ -266,9 +266,13 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     size_t i;
     json_t *entry;
     char entry_key[GW_IDEMPOTENCY_STORED_MAX + 1];
+    r->commands = 0; /* each entry is a put, unless malformed (400) or too big (413) */
     json_array_foreach(jobs, i, entry) {
         if (key) snprintf(entry_key, sizeof entry_key, "%s#%zu", key, i);
-        json_array_append_new(results, batch_put_one(gw, tube, entry, key ? entry_key : NULL, now));
+        json_t *result = batch_put_one(gw, tube, entry, key ? entry_key : NULL, now);
+        json_int_t entry_status = json_integer_value(json_object_get(result, "status"));
+        if (entry_status != 400 && entry_status != 413) r->commands++;
+        json_array_append_new(results, result);
     }
     json_decref(doc);
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "results", results), NULL);
@@ -554,14 +558,69 @@ static enum MHD_Result reply_openapi(struct gw_request *r)
     return ok;
 }
 
-enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
+/* ---- the cmd-* counters ------------------------------------------------- */
+
+/* The beanstalk command a routed request performs (docs/operations.md,
+ * "Command counters"), or -1 for none. */
+static int route_command(const struct gw_match *m)
 {
-    struct gw_match m;
-    int status = gw_match_route(method, url, &m);
-    if (status == 404) return not_found(r, "no such route");
-    if (status == 405) return method_not_allowed(r, &m);
-    char **seg = m.seg;
-    switch (m.id) {
+    const char *action = m->nseg > 2 ? m->seg[2] : "";
+    switch (m->id) {
+    case R_STATS: return BG_CMD_STATS;
+    case R_TUBES: return BG_CMD_LIST_TUBES;
+    case R_TUBE: return BG_CMD_STATS_TUBE;
+    case R_TUBE_JOBS:
+    case R_TUBE_BATCH: return BG_CMD_PUT;
+    case R_TUBE_RESERVE:
+    case R_RESERVE: return BG_CMD_RESERVE_WITH_TIMEOUT;
+    case R_TUBE_KICK: return BG_CMD_KICK;
+    case R_TUBE_PAUSE: return BG_CMD_PAUSE_TUBE;
+    case R_TUBE_PEEK:
+        return strcmp(action, "ready") == 0     ? BG_CMD_PEEK_READY
+             : strcmp(action, "delayed") == 0  ? BG_CMD_PEEK_DELAYED
+             : strcmp(action, "buried") == 0   ? BG_CMD_PEEK_BURIED : -1;
+    case R_JOB:
+        switch (m->method) {
+        case GW_GET:
+        case GW_HEAD: return BG_CMD_STATS_JOB;
+        case GW_DELETE: return BG_CMD_DELETE;
+        case GW_POST:
+        case GW_OTHER: return -1;
+        }
+        return -1;
+    case R_JOB_BODY: return BG_CMD_PEEK;
+    case R_JOB_ACTION:
+        return strcmp(action, "release") == 0 ? BG_CMD_RELEASE
+             : strcmp(action, "bury") == 0    ? BG_CMD_BURY
+             : strcmp(action, "touch") == 0   ? BG_CMD_TOUCH
+             : strcmp(action, "kick") == 0    ? BG_CMD_KICK_JOB : -1;
+    case R_JOB_RESERVE: return BG_CMD_RESERVE_JOB;
+    case R_OPENAPI:
+    case R_LIVEZ:
+    case R_READYZ:
+    case R_METRICS: return -1;
+    }
+    return -1;
+}
+
+/* Count a routed request in the cmd-* counters: once (a resumed long-poll
+ * is not counted again), as r->commands commands, unless it was malformed
+ * (400) or over a limit (413). */
+static void count_request(struct gw_request *r, const struct gw_match *m)
+{
+    if (r->counted) return;
+    r->counted = 1;
+    unsigned status = gw_queued_status(r);
+    int cmd = route_command(m);
+    if (cmd < 0 || status == 400 || status == 413) return;
+    bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
+}
+
+/* Run the handler of a routed request. */
+static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
+{
+    char *const *seg = m->seg;
+    switch (m->id) {
     case R_STATS: {
         struct bg_process_info pi = {0};
         if (r->gw->cfg.process_info) r->gw->cfg.process_info(r->gw->cfg.log_arg, &pi);
@@ -593,7 +652,19 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
     case R_JOB:
     case R_JOB_BODY:
     case R_JOB_ACTION:
-    case R_JOB_RESERVE: return route_job(r, &m);
+    case R_JOB_RESERVE: return route_job(r, m);
     }
     return not_found(r, "no such route");
+}
+
+enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
+{
+    struct gw_match m;
+    int status = gw_match_route(method, url, &m);
+    if (status == 404) return not_found(r, "no such route");
+    if (status == 405) return method_not_allowed(r, &m);
+    if (!r->counted) r->commands = 1;
+    enum MHD_Result ok = dispatch(r, &m);
+    count_request(r, &m);
+    return ok;
 }

@@ -740,6 +740,8 @@ static void get_status_unique(struct gm_conn *c, const struct gm_packet *p)
 /* Run one parsed request. */
 static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now)
 {
+    int cmd = gm_request_command(p->type);
+    if (cmd >= 0) bg_count_cmd(&c->g->srv->engine, (enum bg_cmd)cmd, 1);
     switch (p->type) {
     case GM_CAN_DO: can_do(c, p->arg[0], p->arg_len[0], 0); break;
     case GM_CAN_DO_TIMEOUT:
@@ -925,6 +927,8 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l)
         admin_error(c, "UNKNOWN_COMMAND", "Unknown server command", l->word, l->word_len);
         return;
     }
+    int cmd = gm_admin_command(l->cmd);
+    if (cmd >= 0) bg_count_cmd(&c->g->srv->engine, (enum bg_cmd)cmd, 1);
     switch (l->cmd) {
     case GM_ADMIN_STATUS: admin_status(c); break;
     case GM_ADMIN_WORKERS: admin_workers(c); break;

@@ -1458,6 +1458,44 @@ def test_stats():
     check_eq(server_stats()["total_jobs"], before + 1, "total_jobs after one put")
 
 
+def test_command_counters_count_http_requests():
+    """HTTP requests count in the cmd-* counters of the beanstalk command they
+    perform (docs/operations.md, "Command counters"): a long-poll that
+    waited and was woken counts one reserve-with-timeout, not one per
+    resume; a batch put counts each entry that is not malformed; a 400
+    counts nothing; HEAD counts as GET."""
+    keys = ("cmd_put", "cmd_reserve_with_timeout", "cmd_delete", "cmd_stats_job", "cmd_peek")
+
+    def counters():
+        st = server_stats()
+        return {k: st[k] for k in keys}
+
+    tube = uniq("count")
+    before = counters()
+    lp = Later(lambda: reserve(tube, timeout=10))
+    lp.start()
+    wait_for(lambda: waiting_on(tube) == 1, "the long-poll to wait")
+    jid = put(tube, b"one")
+    doc = check_job(expect_json(lp.get(12), 200, "woken long-poll"), "woken long-poll", reserved=True)
+    check_eq(doc["id"], jid, "the long-poll got the job")
+    expect_problem(post("/tubes/%s/jobs?priority=abc" % tube, body=b"x", via="direct"), 400,
+                   "BAD_FORMAT", "a malformed put")
+    r = post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "a"}, {"bodyy": "b"}, {"body": "c"}]})
+    results = expect_json(r, 200, "batch put")["results"]
+    check_eq([x["status"] for x in results], [201, 400, 201], "batch statuses")
+    expect_status(request("HEAD", "/jobs/%d" % jid), 200, "HEAD of the job")
+    expect_status(get("/jobs/%d" % jid), 200, "GET of the job")
+    expect_status(get("/jobs/%d/body" % jid), 200, "GET of the body")
+    expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
+    after = counters()
+    check_eq({k: after[k] - before[k] for k in keys},
+             {"cmd_put": 3, "cmd_reserve_with_timeout": 1, "cmd_delete": 1, "cmd_stats_job": 2,
+              "cmd_peek": 1}, "counters moved")
+    for x in results:
+        if x["status"] == 201:
+            expect_status(delete("/jobs/%d" % x["id"]), 204, "delete a batch job")
+
+
 def routes_from_source():
     """{(path, METHOD)} from the route table (`routes[] = {...}` in a
     gateway/*.c file; '*' -> {x}), with HEAD wherever GET is: the router
@@ -1955,6 +1993,7 @@ TESTS = [
     test_tube_pause,
     test_peek_ready_delayed_buried,
     test_stats,
+    test_command_counters_count_http_requests,
     test_openapi_served,
     test_document_matches_route_table,
     test_http_put_tcp_reserve,

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -368,8 +369,8 @@ def test_metrics_content():
 
         after = parse_metrics(srv.metrics())[0]
         check_eq(value(after, "beangate_jobs_total"), 4.0, "beangate_jobs_total after 4 puts")
-        check_eq(value(after, "beangate_commands_total", command="put"), 2.0,
-                 "beangate_commands_total{command=put} after 2 beanstalk puts")
+        check_eq(value(after, "beangate_commands_total", command="put"), 4.0,
+                 "beangate_commands_total{command=put} after 2 beanstalk and 2 HTTP puts")
         check_eq(value(after, "beangate_commands_total", command="use"), 1.0,
                  "beangate_commands_total{command=use}")
         check(value(after, "beangate_connections_total") >= 1.0, "beangate_connections_total")
@@ -521,6 +522,118 @@ def test_metrics_binlog_and_gearman():
                   "no log figures without -b")
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
+
+
+# ---- tests: command counters ------------------------------------------------------
+
+# The 22 cmd-* counters of `stats` (YAML names), as beanstalkd shows them.
+SHOWN_COMMANDS = ("put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
+                  "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury",
+                  "kick", "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
+                  "list-tubes-watched", "pause-tube")
+
+
+def gearman_packet(kind, *args):
+    body = b"\0".join(a if isinstance(a, bytes) else str(a).encode() for a in args)
+    return b"\0REQ" + struct.pack(">II", kind, len(body)) + body
+
+
+def gearman_reply(sock):
+    """One response packet: (type, [args])."""
+    data = b""
+    while len(data) < 12 or len(data) < 12 + struct.unpack(">II", data[4:12])[1]:
+        chunk = sock.recv(65536)
+        check(chunk, "the Gearman connection closed; got %r" % data)
+        data += chunk
+    kind, size = struct.unpack(">II", data[4:12])
+    check_eq(len(data), 12 + size, "one Gearman reply at a time")
+    return kind, (data[12:].split(b"\0") if size else [])
+
+
+def command_counters(srv, bs):
+    """The cmd-* counters as the three renderings show them:
+    {"yaml"|"json"|"metrics": {command: value}} (the 22 of `stats`)."""
+    bs.sendall(b"stats\r\n")
+    data = b""
+    while b"\r\n" not in data or len(data) < data.index(b"\r\n") + 2 + int(data.split()[1]) + 2:
+        chunk = bs.recv(65536)
+        check(chunk, "beanstalk stats: connection closed")
+        data += chunk
+    yaml = dict(line.split(": ", 1) for line in data.decode().split("\r\n")[1].splitlines()[1:])
+    status, _, body = srv.get("/stats")
+    check_eq(status, 200, "GET /stats")
+    js = json.loads(body)
+    samples = parse_metrics(srv.metrics())[0]
+    return {
+        "yaml": {c: int(yaml["cmd-" + c]) for c in SHOWN_COMMANDS},
+        "json": {c: js["cmd_" + c.replace("-", "_")] for c in SHOWN_COMMANDS},
+        "metrics": {c: value(samples, "beangate_commands_total", command=c) for c in SHOWN_COMMANDS},
+    }
+
+
+def test_command_counters_agree_across_protocols():
+    """One rule for the cmd-* counters (docs/operations.md): each front-end
+    counts a well-formed request once, in the counter of the beanstalk
+    command it performs. A put, reserve and delete over beanstalk, HTTP and
+    Gearman each move the same counters in `stats` (YAML), GET /stats (JSON)
+    and /metrics. `stats` itself is left out: reading the counters counts."""
+    gport = free_port()
+    with Server(args=["--gearman-port", str(gport)]) as srv:
+        bs = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
+        gm = socket.create_connection(("127.0.0.1", gport), timeout=HTTP_TIMEOUT)
+
+        def over_beanstalk():
+            got = srv.beanstalk(b"use cc\r\nwatch cc\r\nput abc 0 60 1\r\nput 0 0 60 1\r\nx\r\n"
+                                b"reserve\r\n", 5)
+            check(b"BAD_FORMAT" in got and b"INSERTED " in got and b"RESERVED " in got,
+                  "beanstalk use/watch/put/reserve: %r" % got)
+            jid = int(got.split(b"RESERVED ")[1].split()[0])
+            check_eq(srv.beanstalk(b"delete %d\r\n" % jid, 1), b"DELETED\r\n", "beanstalk delete")
+            # the reserve above was on another connection, which closed: the
+            # job went back to ready before this delete
+            return {"use": 1, "watch": 1, "put": 1, "reserve": 1, "delete": 1}
+
+        def over_http():
+            status, _, _ = srv.request("POST", "/tubes/cc/jobs?priority=abc", body=b"x")
+            check_eq(status, 400, "a malformed put (not counted)")
+            status, _, _ = srv.request("POST", "/tubes/cc/jobs", body=b"x")
+            check_eq(status, 201, "HTTP put")
+            status, _, body = srv.request("POST", "/tubes/cc/reservations?timeout=0")
+            check_eq(status, 200, "HTTP reserve")
+            doc = json.loads(body)
+            status, _, _ = srv.request("DELETE", "/jobs/%d?reservation=%s" % (doc["id"], doc["reservation"]))
+            check_eq(status, 204, "HTTP delete")
+            return {"put": 1, "reserve-with-timeout": 1, "delete": 1}
+
+        def over_gearman():
+            gm.sendall(gearman_packet(18, "cc", "", "x"))          # SUBMIT_JOB_BG
+            check_eq(gearman_reply(gm)[0], 8, "JOB_CREATED")
+            gm.sendall(gearman_packet(1, "cc") + gearman_packet(9))  # CAN_DO, GRAB_JOB
+            kind, args = gearman_reply(gm)
+            check_eq(kind, 11, "JOB_ASSIGN")
+            gm.sendall(gearman_packet(13, args[0], "done") + gearman_packet(16, "sync"))
+            check_eq(gearman_reply(gm), (17, [b"sync"]), "ECHO_RES after WORK_COMPLETE")
+            return {"put": 1, "watch": 1, "reserve-with-timeout": 1, "delete": 1}
+
+        try:
+            before = command_counters(srv, bs)
+            for protocol, run in (("beanstalk", over_beanstalk), ("http", over_http),
+                                  ("gearman", over_gearman)):
+                want = run()
+                after = command_counters(srv, bs)
+                for rendering in ("yaml", "json", "metrics"):
+                    moved = {c: after[rendering][c] - before[rendering][c] for c in SHOWN_COMMANDS
+                             if c != "stats" and after[rendering][c] != before[rendering][c]}
+                    check_eq(moved, want, "%s: the counters a put, reserve and delete over %s moved"
+                             % (rendering, protocol))
+                for rendering in ("json", "metrics"):
+                    check_eq({c: v for c, v in after[rendering].items() if c != "stats"},
+                             {c: v for c, v in after["yaml"].items() if c != "stats"},
+                             "%s vs yaml after %s" % (rendering, protocol))
+                before = after
+        finally:
+            bs.close()
+            gm.close()
 
 
 # ---- tests: auth ----------------------------------------------------------------
@@ -747,6 +860,7 @@ TESTS = [
     test_metrics_tube_cap,
     test_promtool_check_metrics,
     test_metrics_binlog_and_gearman,
+    test_command_counters_agree_across_protocols,
     test_auth_token_file,
     test_auth_env_tokens,
     test_auth_file_and_env_together,

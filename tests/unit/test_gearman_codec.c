@@ -803,6 +803,38 @@ static void test_tube_to_function(void **state)
     }
 }
 
+/* ---- the cmd-* counters --------------------------------------------------- */
+
+/* Which beanstalk command each request type counts as (docs/operations.md,
+ * "Command counters"); every type not listed counts as none. */
+static void test_request_command(void **state)
+{
+    (void)state;
+    static const struct { uint32_t type; int cmd; } counted[] = {
+        {GM_SUBMIT_JOB, BG_CMD_PUT}, {GM_SUBMIT_JOB_BG, BG_CMD_PUT},
+        {GM_SUBMIT_JOB_HIGH, BG_CMD_PUT}, {GM_SUBMIT_JOB_HIGH_BG, BG_CMD_PUT},
+        {GM_SUBMIT_JOB_LOW, BG_CMD_PUT}, {GM_SUBMIT_JOB_LOW_BG, BG_CMD_PUT},
+        {GM_SUBMIT_JOB_EPOCH, BG_CMD_PUT},
+        {GM_GRAB_JOB, BG_CMD_RESERVE_WITH_TIMEOUT}, {GM_GRAB_JOB_UNIQ, BG_CMD_RESERVE_WITH_TIMEOUT},
+        {GM_GRAB_JOB_ALL, BG_CMD_RESERVE_WITH_TIMEOUT},
+        {GM_WORK_COMPLETE, BG_CMD_DELETE}, {GM_WORK_FAIL, BG_CMD_DELETE},
+        {GM_WORK_EXCEPTION, BG_CMD_DELETE},
+        {GM_CAN_DO, BG_CMD_WATCH}, {GM_CAN_DO_TIMEOUT, BG_CMD_WATCH}, {GM_CANT_DO, BG_CMD_IGNORE},
+        {GM_GET_STATUS, BG_CMD_STATS_JOB}, {GM_GET_STATUS_UNIQUE, BG_CMD_STATS_JOB},
+    };
+    for (uint32_t t = 0; t <= GM_TYPE_LAST + 1; t++) {
+        int want = -1;
+        for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++)
+            if (counted[i].type == t) want = counted[i].cmd;
+        if (gm_request_command(t) != want)
+            fail_msg("type %u (%s): command %d, want %d", t, gm_type_name(t) ? gm_type_name(t) : "?",
+                     gm_request_command(t), want);
+    }
+    assert_int_equal(gm_admin_command(GM_ADMIN_CANCEL_JOB), BG_CMD_DELETE);
+    for (int c = GM_ADMIN_STATUS; c <= GM_ADMIN_UNKNOWN; c++)
+        if (c != GM_ADMIN_CANCEL_JOB) assert_int_equal(gm_admin_command(c), -1);
+}
+
 /* ---- the run: one cmocka test per table row ------------------------------ */
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -810,7 +842,7 @@ static void test_tube_to_function(void **state)
 int main(void)
 {
     size_t n = COUNT(valid_cases) + COUNT(malformed_cases) + COUNT(admin_cases) +
-               COUNT(name_cases) + 8;
+               COUNT(name_cases) + 9;
     struct CMUnitTest *tests = calloc(n, sizeof *tests);
     char (*names)[128] = calloc(n, sizeof *names);
     assert_non_null(tests);
@@ -832,6 +864,7 @@ int main(void)
     tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_error_text);
     tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_name_every_byte);
     tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_tube_to_function);
+    tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_request_command);
     int failed = _cmocka_run_group_tests("gearman_codec", tests, k, NULL, NULL);
     free(tests);
     free(names);
