@@ -318,7 +318,12 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id);
 
-/* ---- token.c: reservation tokens for connectionless clients ------------ */
+/* ---- token.c: keyed hash; reservation tokens for connectionless clients - */
+
+/* SipHash-2-4 of data[0..len) under a 128-bit key. The keyed hash for every
+ * table that clients fill: without the key (random, chosen at start by the
+ * front-end) nobody can choose keys that share a bucket. */
+uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len);
 
 #define BG_TOKEN_MAX 64
 struct bg_token_key { uint64_t k[4]; };

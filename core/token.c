@@ -1,5 +1,5 @@
-/* token.c - unguessable reservation tokens for clients that hold no
- * connection (HTTP). A token names one reservation of one job:
+/* token.c - SipHash-2-4, the core's one keyed hash, and with it
+ * unguessable reservation tokens for clients that hold no connection (HTTP). A token names one reservation of one job:
  *   hex(id) "-" hex(reserve count) "-" hex(MAC)
  * where MAC is SipHash-2-4 of (id, reserve count) under a secret key chosen
  * at start. Nothing is stored: checking a token recomputes the MAC and
@@ -20,21 +20,44 @@ static void sip_round(uint64_t v[4])
     v[2] += v[1]; v[1] = ROTL(v[1], 17); v[1] ^= v[2]; v[2] = ROTL(v[2], 32);
 }
 
-/* SipHash-2-4 of two 64-bit words under key k. */
-static uint64_t siphash_2words(const uint64_t k[2], uint64_t a, uint64_t b)
+/* The 64-bit little-endian word at p. */
+static uint64_t load_le64(const unsigned char *p)
 {
-    uint64_t v[4] = {k[0] ^ 0x736f6d6570736575ull, k[1] ^ 0x646f72616e646f6dull,
-                     k[0] ^ 0x6c7967656e657261ull, k[1] ^ 0x7465646279746573ull};
-    uint64_t words[3] = {a, b, (uint64_t)16 << 56};
-    for (int i = 0; i < 3; i++) {
-        v[3] ^= words[i];
+    uint64_t w = 0;
+    for (int i = 7; i >= 0; i--) w = (w << 8) | p[i];
+    return w;
+}
+
+uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len)
+{
+    const unsigned char *in = data;
+    uint64_t v[4] = {key[0] ^ 0x736f6d6570736575ull, key[1] ^ 0x646f72616e646f6dull,
+                     key[0] ^ 0x6c7967656e657261ull, key[1] ^ 0x7465646279746573ull};
+    size_t full = len & ~(size_t)7;
+    unsigned char last[8] = {0};
+    memcpy(last, in + full, len - full);
+    last[7] = (unsigned char)len;
+    for (size_t i = 0; i <= full; i += 8) {
+        uint64_t m = load_le64(i < full ? in + i : last);
+        v[3] ^= m;
         sip_round(v);
         sip_round(v);
-        v[0] ^= words[i];
+        v[0] ^= m;
     }
     v[2] ^= 0xff;
     for (int i = 0; i < 4; i++) sip_round(v);
     return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+
+/* SipHash-2-4 of two 64-bit words (16 bytes, little-endian) under key k. */
+static uint64_t siphash_2words(const uint64_t k[2], uint64_t a, uint64_t b)
+{
+    unsigned char buf[16];
+    for (int i = 0; i < 8; i++) {
+        buf[i] = (unsigned char)(a >> (8 * i));
+        buf[8 + i] = (unsigned char)(b >> (8 * i));
+    }
+    return bg_siphash(k, buf, sizeof buf);
 }
 
 void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserves,

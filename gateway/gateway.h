@@ -232,17 +232,39 @@ enum MHD_Result gw_reply_readyz(struct gw_request *r);
 
 /* idempotency.c */
 struct gw_idempotency;
-struct gw_idempotency *gw_idempotency_new(void);
+/* What a put asks for: an Idempotency-Key is bound to it. */
+struct gw_put_request {
+    const char *tube;
+    uint32_t pri, delay_s, ttr_s; /* as given, or their defaults */
+    const void *body;
+    size_t len;
+};
+/* What a key says about a put (gw_idempotency_lookup). */
+enum gw_idempotency_match {
+    GW_IDEM_NEW,                  /* no live entry: store the job */
+    GW_IDEM_SAME,                 /* the same put again: answer the first job */
+    GW_IDEM_OTHER_TUBE,           /* the key made a job in another tube */
+    GW_IDEM_OTHER_REQUEST,        /* ... in this tube, from another body, priority, delay or ttr */
+};
+/* A table keyed by the 4 words of key (random, chosen at start): two for
+ * the buckets, two for the request fingerprints. NULL: out of memory. */
+struct gw_idempotency *gw_idempotency_new(const uint64_t key[4]);
 void gw_idempotency_free(struct gw_idempotency *t);
 /* Nonzero if key is 1..GW_IDEMPOTENCY_KEY_MAX visible ASCII characters. */
 int gw_idempotency_valid_key(const char *key);
-/* The job a live key made, its tube and first state: 0, or BG_NOT_FOUND. */
-int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
-                        uint64_t *job_id, const char **tube, const char **state);
-/* Remember that key made job_id in tube, answered with `state` (a static
- * string). 0 or BG_OUT_OF_MEMORY. */
-int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
-                            uint64_t job_id, const char *state, bg_time now);
+/* Look key up for the put req; for GW_IDEM_SAME, *job_id and *state are the
+ * first put's job and answered state. */
+enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const char *key,
+                                                const struct gw_put_request *req, bg_time now,
+                                                uint64_t *job_id, const char **state);
+/* Remember that key and the put req made job_id, answered with `state` (a
+ * static string). 0, BG_BAD_FORMAT (key or tube too long) or
+ * BG_OUT_OF_MEMORY. */
+int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
+                            const struct gw_put_request *req, uint64_t job_id, const char *state,
+                            bg_time now);
+/* The bucket of key: a keyed hash, so it depends on the table's key. */
+size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key);
 
 /* openapi.c (generated from openapi/openapi.yaml) */
 extern const char gw_openapi_yaml[];

@@ -220,7 +220,8 @@ enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned statu
     const char *title = status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
                       : status == 404 ? "Not Found"
                       : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
-                      : status == 413 ? "Content Too Large" : status == 503 ? "Service Unavailable"
+                      : status == 413 ? "Content Too Large" : status == 422 ? "Unprocessable Content"
+                      : status == 503 ? "Service Unavailable"
                       : "Internal Server Error";
     json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title", title,
                           "status", (int)status, "detail", detail, "code", code);
@@ -433,14 +434,14 @@ static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
 }
 
 
-/* Fill key with random bytes. 0 or -1. */
-static int random_key(struct bg_token_key *key)
+/* Fill key[0..n) with random bytes (a secret chosen at start). 0 or -1. */
+static int random_key(void *key, size_t n)
 {
     FILE *f = fopen("/dev/urandom", "rb");
     if (!f) return -1;
-    size_t n = fread(key->k, 1, sizeof key->k, f);
+    size_t got = fread(key, 1, n, f);
     fclose(f);
-    return n == sizeof key->k ? 0 : -1;
+    return got == n ? 0 : -1;
 }
 
 /* libmicrohttpd's own error messages, as log events. */
@@ -485,7 +486,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
         return NULL;
     }
     struct gateway *gw = calloc(1, sizeof *gw);
-    if (!gw || random_key(&gw->key) != 0 ||
+    uint64_t idempotency_key[4];
+    if (!gw || random_key(gw->key.k, sizeof gw->key.k) != 0 ||
+        random_key(idempotency_key, sizeof idempotency_key) != 0 ||
         bg_client_init_bare(engine, &gw->holder, &bg_client_ops_never_wait, gw) != 0) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         freeaddrinfo(res);
@@ -500,7 +503,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->after_run_arg = after_run_arg;
     gw->started_at = cfg->started_at;
     gw->metrics_auth = cfg->metrics_auth;
-    gw->idempotency = gw_idempotency_new();
+    gw->idempotency = gw_idempotency_new(idempotency_key);
     gw->metrics = gw_metrics_new();
     if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
     if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth)) {

@@ -1,6 +1,9 @@
-/* idempotency.c - remembers which job a put's Idempotency-Key created, for
- * GW_IDEMPOTENCY_WINDOW_S seconds, so a retried put returns the first job.
- * Bounded: at most GW_IDEMPOTENCY_MAX keys; the oldest go first. */
+/* idempotency.c - remembers which job a put's Idempotency-Key created, and
+ * what that put asked for, for GW_IDEMPOTENCY_WINDOW_S seconds: a retried
+ * put returns the first job, and a different put under the same key is
+ * told so. Bounded: at most GW_IDEMPOTENCY_MAX keys; the oldest go first.
+ * Clients choose the keys, so buckets come from a keyed hash (SipHash
+ * under a random key): nobody can aim many keys at one bucket. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +14,8 @@ struct idem_entry {
     struct idem_entry *older, *newer; /* age order */
     bg_time expires_at;
     uint64_t job_id;
+    uint64_t fingerprint;       /* of the request (priority, delay, ttr, body) */
+    size_t bucket;
     const char *state;          /* the first answer's state (a static string) */
     char tube[BG_TUBE_NAME_MAX + 1];
     char key[GW_IDEMPOTENCY_STORED_MAX + 1];
@@ -22,23 +27,37 @@ struct gw_idempotency {
     struct idem_entry *buckets[BUCKETS];
     struct idem_entry *oldest, *newest;
     size_t count;
+    uint64_t bucket_key[2];     /* buckets of keys */
+    uint64_t fingerprint_key[2]; /* fingerprints of requests */
 };
 
-static size_t key_bucket(const char *key)
+size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
-        h ^= *p;
-        h *= 1099511628211ull;
-    }
-    return (size_t)(h % BUCKETS);
+    return (size_t)(bg_siphash(t->bucket_key, key, strlen(key)) % BUCKETS);
 }
 
-struct gw_idempotency *gw_idempotency_new(void) { return calloc(1, sizeof(struct gw_idempotency)); }
+/* A keyed hash of everything a put asks for but its tube (kept whole). */
+static uint64_t fingerprint(const struct gw_idempotency *t, const struct gw_put_request *req)
+{
+    uint64_t body = bg_siphash(t->fingerprint_key, req->body, req->len);
+    uint64_t fields[5] = {req->pri, req->delay_s, req->ttr_s, (uint64_t)req->len, body};
+    unsigned char buf[sizeof fields];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(fields[i / 8] >> (8 * (i % 8)));
+    return bg_siphash(t->fingerprint_key, buf, sizeof buf);
+}
+
+struct gw_idempotency *gw_idempotency_new(const uint64_t key[4])
+{
+    struct gw_idempotency *t = calloc(1, sizeof(struct gw_idempotency));
+    if (!t) return NULL;
+    memcpy(t->bucket_key, key, sizeof t->bucket_key);
+    memcpy(t->fingerprint_key, key + 2, sizeof t->fingerprint_key);
+    return t;
+}
 
 static void entry_remove(struct gw_idempotency *t, struct idem_entry *e)
 {
-    struct idem_entry **p = &t->buckets[key_bucket(e->key)];
+    struct idem_entry **p = &t->buckets[e->bucket];
     while (*p != e) p = &(*p)->hash_next;
     *p = e->hash_next;
     if (e->older) e->older->newer = e->newer; else t->oldest = e->newer;
@@ -62,37 +81,41 @@ int gw_idempotency_valid_key(const char *key)
     return 1;
 }
 
-int gw_idempotency_find(struct gw_idempotency *t, const char *key, bg_time now,
-                        uint64_t *job_id, const char **tube, const char **state)
+enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const char *key,
+                                                const struct gw_put_request *req, bg_time now,
+                                                uint64_t *job_id, const char **state)
 {
     expire(t, now);
-    for (struct idem_entry *e = t->buckets[key_bucket(key)]; e; e = e->hash_next) {
-        if (strcmp(e->key, key) == 0) {
-            *job_id = e->job_id;
-            *tube = e->tube;
-            *state = e->state;
-            return 0;
-        }
+    for (struct idem_entry *e = t->buckets[gw_idempotency_bucket(t, key)]; e; e = e->hash_next) {
+        if (strcmp(e->key, key) != 0) continue;
+        if (strcmp(e->tube, req->tube) != 0) return GW_IDEM_OTHER_TUBE;
+        if (e->fingerprint != fingerprint(t, req)) return GW_IDEM_OTHER_REQUEST;
+        *job_id = e->job_id;
+        *state = e->state;
+        return GW_IDEM_SAME;
     }
-    return BG_NOT_FOUND;
+    return GW_IDEM_NEW;
 }
 
-int gw_idempotency_remember(struct gw_idempotency *t, const char *key, const char *tube,
-                            uint64_t job_id, const char *state, bg_time now)
+int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
+                            const struct gw_put_request *req, uint64_t job_id, const char *state,
+                            bg_time now)
 {
-    if (strlen(key) > GW_IDEMPOTENCY_STORED_MAX) return BG_BAD_FORMAT;
+    if (strlen(key) > GW_IDEMPOTENCY_STORED_MAX || strlen(req->tube) > BG_TUBE_NAME_MAX)
+        return BG_BAD_FORMAT;
     expire(t, now);
     if (t->count >= GW_IDEMPOTENCY_MAX) entry_remove(t, t->oldest);
     struct idem_entry *e = calloc(1, sizeof *e);
     if (!e) return BG_OUT_OF_MEMORY;
     strcpy(e->key, key);
-    strcpy(e->tube, tube);
+    strcpy(e->tube, req->tube);
     e->job_id = job_id;
+    e->fingerprint = fingerprint(t, req);
     e->state = state;
     e->expires_at = now + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
-    size_t b = key_bucket(key);
-    e->hash_next = t->buckets[b];
-    t->buckets[b] = e;
+    e->bucket = gw_idempotency_bucket(t, key);
+    e->hash_next = t->buckets[e->bucket];
+    t->buckets[e->bucket] = e;
     e->older = t->newest;
     if (t->newest) t->newest->newer = e; else t->oldest = e;
     t->newest = e;

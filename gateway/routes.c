@@ -132,17 +132,45 @@ static enum MHD_Result bad_idempotency_key(struct gw_request *r)
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "Idempotency-Key must be 1-128 visible ASCII characters");
 }
 
-/* Look up an idempotency key for a put into tube: 0 with the first put's
- * job id and state, IDEMPOTENCY_OTHER_TUBE when the key was used for
- * another tube, or BG_NOT_FOUND (a new put). */
-#define IDEMPOTENCY_OTHER_TUBE 1
-static int idempotency_lookup(struct gateway *gw, const char *key, const char *tube, bg_time now,
-                              uint64_t *first_id, const char **first_state)
+/* A put, under an Idempotency-Key or not. */
+struct put_outcome {
+    enum gw_idempotency_match match; /* GW_IDEM_NEW without a key */
+    int rc;                       /* GW_IDEM_NEW: 0 (stored) or an engine outcome */
+    uint64_t id;                  /* stored, or the first put's (GW_IDEM_SAME) */
+    const char *state;            /* its state then */
+};
+
+/* Put req (key may be NULL). A key seen in the window with the same request
+ * answers the first job again; with another request it stores nothing. */
+static void put_with_key(struct gateway *gw, const struct gw_put_request *req, const char *key,
+                         bg_time now, struct put_outcome *out)
 {
-    const char *first_tube;
-    if (gw_idempotency_find(gw->idempotency, key, now, first_id, &first_tube, first_state) != 0)
-        return BG_NOT_FOUND;
-    return strcmp(first_tube, tube) == 0 ? 0 : IDEMPOTENCY_OTHER_TUBE;
+    out->match = key ? gw_idempotency_lookup(gw->idempotency, key, req, now, &out->id, &out->state)
+                     : GW_IDEM_NEW;
+    out->rc = 0;
+    if (out->match != GW_IDEM_NEW) return;
+    if (gw->engine->draining) {
+        out->rc = BG_DRAINING;
+        return;
+    }
+    out->rc = bg_put_copy(&gw->holder, req->tube, req->pri, req->delay_s, req->ttr_s, req->body,
+                          (uint32_t)req->len, now, &out->id);
+    if (out->rc == BG_BURIED) out->rc = 0;
+    if (out->rc != 0) return;
+    out->state = put_state(gw, out->id);
+    if (key) gw_idempotency_remember(gw->idempotency, key, req, out->id, out->state, now); /* best effort */
+}
+
+#define IDEMPOTENCY_KEY_MISMATCH "IDEMPOTENCY_KEY_MISMATCH"
+
+/* Why a key does not fit a put (GW_IDEM_OTHER_TUBE or _REQUEST). */
+static const char *key_mismatch_detail(enum gw_idempotency_match match)
+{
+    return match == GW_IDEM_OTHER_TUBE
+               ? "this Idempotency-Key was used in the last 300 s for a put into another tube; "
+                 "nothing was stored: a new job needs a new key"
+               : "this Idempotency-Key was used in the last 300 s for a put with another body, "
+                 "priority, delay or ttr; nothing was stored: a new job needs a new key";
 }
 
 static enum MHD_Result route_put(struct gw_request *r, const char *tube)
@@ -154,44 +182,31 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
     if (query_uint(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
     if (r->body_too_big || r->body.len > gw->engine->max_job_size) return outcome_problem(r, BG_JOB_TOO_BIG);
-    bg_time now = gw->now();
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
-    if (key) {
-        if (!gw_idempotency_valid_key(key))
-            return bad_idempotency_key(r);
-        uint64_t first_id;
-        const char *first_state;
-        int found = idempotency_lookup(gw, key, tube, now, &first_id, &first_state);
-        if (found == IDEMPOTENCY_OTHER_TUBE)
-            return gw_reply_problem(r->conn, 409, "IDEMPOTENCY_KEY_REUSED",
-                                    "this Idempotency-Key was used for another tube");
-        if (found == 0) return reply_put(r, first_id, tube, first_state);
+    if (key && !gw_idempotency_valid_key(key)) return bad_idempotency_key(r);
+    struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
+                                 bg_buf_head(&r->body), r->body.len};
+    struct put_outcome out;
+    put_with_key(gw, &req, key, gw->now(), &out);
+    switch (out.match) {
+    case GW_IDEM_SAME: return reply_put(r, out.id, tube, out.state);
+    case GW_IDEM_OTHER_TUBE:
+    case GW_IDEM_OTHER_REQUEST:
+        return gw_reply_problem(r->conn, 422, IDEMPOTENCY_KEY_MISMATCH, key_mismatch_detail(out.match));
+    case GW_IDEM_NEW:
+        break;
     }
-    if (gw->engine->draining) return outcome_problem(r, BG_DRAINING);
-    uint64_t id;
-    int rc = bg_put_copy(&gw->holder, tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
-                         bg_buf_head(&r->body), (uint32_t)r->body.len, now, &id);
-    if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
-    const char *state = put_state(gw, id);
-    if (key) gw_idempotency_remember(gw->idempotency, key, tube, id, state, now); /* best effort */
-    return reply_put(r, id, tube, NULL);
+    if (out.rc != 0) return outcome_problem(r, out.rc);
+    return reply_put(r, out.id, tube, NULL);
 }
 
 /* One entry of a batch put: the result object for it. key (or NULL) is
- * the entry's own idempotency key, "KEY#i": an entry stored under it in
- * the window is answered again instead of being stored twice. */
+ * the entry's own idempotency key, "KEY#i", bound to the entry's own
+ * fields: an entry stored under it in the window is answered again
+ * instead of being stored twice, and another entry under it is refused. */
 static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry, const char *key,
                              bg_time now)
 {
-    uint64_t first_id;
-    const char *first_state;
-    int found = key ? idempotency_lookup(gw, key, tube, now, &first_id, &first_state) : BG_NOT_FOUND;
-    if (found == IDEMPOTENCY_OTHER_TUBE)
-        return json_pack("{s:i, s:s, s:s}", "status", 409, "code", "IDEMPOTENCY_KEY_REUSED", "detail",
-                         "this Idempotency-Key was used for another tube");
-    if (found == 0)
-        return json_pack("{s:i, s:I, s:s, s:s, s:b}", "status", 201, "id", (json_int_t)first_id, "tube",
-                         tube, "state", first_state, "replayed", 1);
     json_int_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     const char *text = NULL, *b64 = NULL;
     size_t text_len = 0, b64_len = 0;
@@ -214,24 +229,32 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
                              "body_base64 is not valid base64");
         text = decoded;
     }
-    json_t *result;
+    json_t *result = NULL;
     if (n > gw->engine->max_job_size) {
         result = json_pack("{s:i, s:s, s:s}", "status", 413, "code", "JOB_TOO_BIG", "detail",
                            "the body is larger than the maximum job size");
     } else {
-        uint64_t id;
-        int rc = bg_put_copy(&gw->holder, tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr, text,
-                             (uint32_t)n, now, &id);
-        if (rc == 0 || rc == BG_BURIED) {
-            result = put_result(gw, id, tube);
-            if (key) /* best effort, as a single put's */
-                gw_idempotency_remember(gw->idempotency, key, tube, id, put_state(gw, id), now);
-            json_object_set_new(result, "status", json_integer(201));
-            free(decoded);
-            return result;
+        struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr, text, n};
+        struct put_outcome out;
+        put_with_key(gw, &req, key, now, &out);
+        switch (out.match) {
+        case GW_IDEM_SAME:
+            result = json_pack("{s:i, s:I, s:s, s:s, s:b}", "status", 201, "id", (json_int_t)out.id,
+                               "tube", tube, "state", out.state, "replayed", 1);
+            break;
+        case GW_IDEM_OTHER_TUBE:
+        case GW_IDEM_OTHER_REQUEST:
+            result = json_pack("{s:i, s:s, s:s}", "status", 422, "code", IDEMPOTENCY_KEY_MISMATCH,
+                               "detail", key_mismatch_detail(out.match));
+            break;
+        case GW_IDEM_NEW:
+            result = out.rc == 0
+                ? json_pack("{s:i, s:I, s:s, s:s}", "status", 201, "id", (json_int_t)out.id, "tube",
+                            tube, "state", out.state)
+                : json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(out.rc), "detail",
+                            out.rc == BG_DRAINING ? "the server is draining" : "out of memory");
+            break;
         }
-        result = json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(rc), "detail",
-                           rc == BG_DRAINING ? "the server is draining" : "out of memory");
     }
     free(decoded);
     return result;

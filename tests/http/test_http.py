@@ -1315,6 +1315,11 @@ def test_head_on_every_get_route():
     h = reserve_one(tube)
     check_eq(h["id"], held, "reserve the job to hold")
     states = {ready: "ready", delayed: "delayed", buried: "buried", held: "reserved"}
+    # HEAD goes to the server itself: prism 5.14 parses the (empty) body of
+    # a HEAD answer whose Content-Type is JSON and fails it with a 500
+    # "FetchError: invalid json response body" (as it does for an empty
+    # JSON 204, stoplightio/prism#1361). The head operations of
+    # openapi.yaml are still linted and matched with the route table.
     get_routes = sorted(p for p, m in routes_from_source() if m == "GET")
     check(len(get_routes) >= 12, "GET routes of the route table: %r" % get_routes)
     check_eq(sorted(p for p, m in routes_from_source() if m == "HEAD"), get_routes,
@@ -1324,7 +1329,7 @@ def test_head_on_every_get_route():
         for jid in jids:
             path = concrete_path(pattern, tube, jid)
             g = get(path)
-            hd = request("HEAD", path)
+            hd = request("HEAD", path, via="direct")
             what = "HEAD %s" % path
             check_eq(hd.status, g.status, "%s: status vs GET" % what)
             check(g.status == 200, "GET %s: %s" % (path, g.describe()))
@@ -1334,10 +1339,10 @@ def test_head_on_every_get_route():
     # HEAD on a reserved job with its token, as a link checker that follows
     # a URL with its query would
     path = "/jobs/%d%s" % (held, q(reservation=h["reservation"]))
-    expect_status(request("HEAD", path), 200, "HEAD %s" % path)
+    expect_status(request("HEAD", path, via="direct"), 200, "HEAD %s" % path)
     for jid, state in sorted(states.items()):
         check_eq(job_stats(jid)["state"], state, "job %d after the HEAD requests" % jid)
-    expect_status(request("HEAD", "/jobs/999999999"), 404, "HEAD of no job")
+    expect_status(request("HEAD", "/jobs/999999999", via="direct"), 404, "HEAD of no job")
     expect_status(delete("/jobs/%d%s" % (held, q(reservation=h["reservation"]))), 204, "delete held")
     for jid in (ready, delayed, buried):
         expect_status(delete("/jobs/%d" % jid), 204, "delete %d" % jid)
@@ -1480,10 +1485,11 @@ def test_command_counters_count_http_requests():
     check_eq(doc["id"], jid, "the long-poll got the job")
     expect_problem(post("/tubes/%s/jobs?priority=abc" % tube, body=b"x", via="direct"), 400,
                    "BAD_FORMAT", "a malformed put")
-    r = post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "a"}, {"bodyy": "b"}, {"body": "c"}]})
+    r = post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "a"}, {"bodyy": "b"}, {"body": "c"}]},
+                  via="direct")  # the proxy would refuse the malformed entry
     results = expect_json(r, 200, "batch put")["results"]
     check_eq([x["status"] for x in results], [201, 400, 201], "batch statuses")
-    expect_status(request("HEAD", "/jobs/%d" % jid), 200, "HEAD of the job")
+    expect_status(request("HEAD", "/jobs/%d" % jid, via="direct"), 200, "HEAD of the job")
     expect_status(get("/jobs/%d" % jid), 200, "GET of the job")
     expect_status(get("/jobs/%d/body" % jid), 200, "GET of the body")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
@@ -1676,11 +1682,23 @@ def test_batch_put_idempotency_key():
     check_eq([again[0]["id"], again[2]["id"]], [first[0]["id"], first[2]["id"]], "replayed ids")
     check_eq([x.get("replayed") for x in again], [True, None, True], "replayed flags")
     check_eq(tube_stats(tube)["total_jobs"], 3, "jobs stored over both attempts")
-    # the same key for another tube: 409 per remembered entry
+    # each entry's key is bound to the entry's own fields: the same bytes as
+    # base64 replay; another body or priority is a mismatch, stored nowhere
+    doc["jobs"][2] = {"body_base64": base64.b64encode(b"three").decode()}
+    doc["jobs"][0] = {"body": "one, changed"}
+    doc["jobs"][1] = {"body": "two, fixed", "priority": 7}
+    mixed = expect_json(post_json("/tubes/%s/jobs/batch" % tube, doc, headers=hdrs), 200,
+                        "batch with changed entries")["results"]
+    check_eq([x["status"] for x in mixed], [422, 422, 201], "changed entries' statuses")
+    check_eq([x.get("code") for x in mixed], ["IDEMPOTENCY_KEY_MISMATCH"] * 2 + [None], "changed entries' codes")
+    check_eq((mixed[2]["id"], mixed[2].get("replayed")), (first[2]["id"], True), "the same bytes as base64 replay")
+    check_eq(tube_stats(tube)["total_jobs"], 3, "nothing stored for the changed entries")
+    # the same key for another tube: a mismatch per remembered entry
     other = expect_json(post_json("/tubes/%s/jobs/batch" % uniq("bidem2"), doc, headers=hdrs), 200,
                         "batch into another tube")["results"]
-    check_eq([x["status"] for x in other], [409, 409, 409], "another tube's statuses")
-    check_eq(other[0]["code"], "IDEMPOTENCY_KEY_REUSED", "another tube's code")
+    check_eq([x["status"] for x in other], [422, 422, 422], "another tube's statuses")
+    check_eq(other[0]["code"], "IDEMPOTENCY_KEY_MISMATCH", "another tube's code")
+    check("another tube" in other[0]["detail"], "another tube's detail: %r" % other[0]["detail"])
     r = post_json("/tubes/%s/jobs/batch" % tube, doc, headers={"Idempotency-Key": "bad key"}, via="direct")
     expect_problem(r, 400, "BAD_FORMAT", "a batch with a bad key")
 
@@ -1742,13 +1760,38 @@ def test_idempotency_replay():
     check(no_key not in (d1["id"], other), "no key stores a new job")
 
 
-def test_idempotency_key_for_another_tube_409():
+def test_idempotency_key_for_another_tube_422():
     key = uniq("key")
     put(uniq("idemA"), b"a", headers={"Idempotency-Key": key})
     other = uniq("idemB")
     r = post("/tubes/%s/jobs" % other, body=b"a", headers={"Idempotency-Key": key})
-    expect_problem(r, 409, "IDEMPOTENCY_KEY_REUSED", "same key, another tube")
+    doc = expect_problem(r, 422, "IDEMPOTENCY_KEY_MISMATCH", "same key, another tube")
+    check("another tube" in doc["detail"], "detail %r" % doc["detail"])
     expect_problem(get("/tubes/%s" % other), 404, "NOT_FOUND", "nothing stored in the other tube")
+
+
+def test_idempotency_key_reused_with_another_request_422():
+    """A key reused within the window for a different put (body, priority,
+    delay or ttr) used to replay the first job silently, and the second job
+    was lost without a word. It is refused with 422, nothing is stored, and
+    the first request still replays."""
+    tube = uniq("idem3")
+    key = uniq("key")
+    r1 = post("/tubes/%s/jobs%s" % (tube, q(priority=5, ttr=30)), body=b"charge 10 EUR",
+              headers={"Idempotency-Key": key})
+    d1 = expect_json(r1, 201, "first put")
+    for params, body in ((dict(priority=5, ttr=30), b"charge 99 EUR"), (dict(priority=6, ttr=30), b"charge 10 EUR"),
+                         (dict(priority=5, ttr=30, delay=1), b"charge 10 EUR"), (dict(priority=5), b"charge 10 EUR")):
+        r = post("/tubes/%s/jobs%s" % (tube, q(**params)), body=body, headers={"Idempotency-Key": key})
+        doc = expect_problem(r, 422, "IDEMPOTENCY_KEY_MISMATCH", "the key reused for %r %r" % (params, body))
+        check("another body, priority, delay or ttr" in doc["detail"], "detail %r" % doc["detail"])
+        check_eq(r.header("Idempotent-Replayed"), None, "a mismatch is no replay")
+    check_eq(tube_stats(tube)["total_jobs"], 1, "nothing stored for the mismatches")
+    r2 = post("/tubes/%s/jobs%s" % (tube, q(priority=5, ttr=30)), body=b"charge 10 EUR",
+              headers={"Idempotency-Key": key})
+    check_eq((expect_json(r2, 201, "the first request again"), r2.header("Idempotent-Replayed")), (d1, "true"),
+             "the same request still replays")
+    expect_status(delete("/jobs/%d" % d1["id"]), 204, "delete")
 
 
 def test_idempotency_replay_is_the_first_answer():
@@ -2004,7 +2047,8 @@ TESTS = [
     test_batch_put_invalid_entries,
     test_batch_put_malformed_400,
     test_idempotency_replay,
-    test_idempotency_key_for_another_tube_409,
+    test_idempotency_key_for_another_tube_422,
+    test_idempotency_key_reused_with_another_request_422,
     test_idempotency_replay_is_the_first_answer,
     test_idempotency_key_invalid_400,
     test_binary_body_base64,

@@ -255,25 +255,34 @@ static void test_tokens(void **state)
 
 /* ---- idempotency ------------------------------------------------------- */
 
+static const uint64_t table_key[4] = {0x0706050403020100ull, 0x0f0e0d0c0b0a0908ull,
+                                       0x1716151413121110ull, 0x1f1e1d1c1b1a1918ull};
+
+/* A put request into tube with body text and the default numbers. */
+static struct gw_put_request put_req(const char *tube, const char *text)
+{
+    return (struct gw_put_request){tube, GW_DEFAULT_PRIORITY, 0, GW_DEFAULT_TTR, text, strlen(text)};
+}
+
 /* Keys are remembered for the window, then forgotten; bad keys are refused. */
 static void test_idempotency(void **state)
 {
     (void)state;
-    struct gw_idempotency *t = gw_idempotency_new();
+    struct gw_idempotency *t = gw_idempotency_new(table_key);
     assert_non_null(t);
-    uint64_t id;
-    const char *tube, *st;
+    uint64_t id = 0;
+    const char *st = NULL;
     bg_time t0 = 100 * BG_SECOND;
-    assert_int_equal(gw_idempotency_find(t, "k1", t0, &id, &tube, &st), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_remember(t, "k1", "emails", 9, "delayed", t0), 0);
-    assert_int_equal(gw_idempotency_find(t, "k1", t0 + BG_SECOND, &id, &tube, &st), 0);
+    struct gw_put_request req = put_req("emails", "hello");
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0, &id, &st), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_remember(t, "k1", &req, 9, "delayed", t0), 0);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0 + BG_SECOND, &id, &st), GW_IDEM_SAME);
     assert_int_equal(id, 9);
-    assert_string_equal(tube, "emails");
     assert_string_equal(st, "delayed");
-    assert_int_equal(gw_idempotency_find(t, "k2", t0, &id, &tube, &st), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_lookup(t, "k2", &req, t0, &id, &st), GW_IDEM_NEW);
     bg_time late = t0 + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
-    assert_int_equal(gw_idempotency_find(t, "k1", late - 1, &id, &tube, &st), 0);
-    assert_int_equal(gw_idempotency_find(t, "k1", late, &id, &tube, &st), BG_NOT_FOUND);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late - 1, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late, &id, &st), GW_IDEM_NEW);
     static const char *const keys[] = {"a", "order-123", "x~!@#$%^&*()_+"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) assert_true(gw_idempotency_valid_key(keys[i]));
     char too_long[GW_IDEMPOTENCY_KEY_MAX + 2];
@@ -285,25 +294,113 @@ static void test_idempotency(void **state)
     gw_idempotency_free(t);
 }
 
+/* A key is bound to its request: the same tube, priority, delay, ttr and
+ * body replay; a change in any one of them is a mismatch, another tube
+ * first. A body that differs after a NUL or only in length counts too. */
+static void test_idempotency_fingerprint(void **state)
+{
+    (void)state;
+    struct gw_idempotency *t = gw_idempotency_new(table_key);
+    assert_non_null(t);
+    static const char body[] = "pay 10\0EUR";
+    struct gw_put_request first = {"pay", 5, 0, 30, body, sizeof body - 1};
+    assert_int_equal(gw_idempotency_remember(t, "k", &first, 7, "ready", 0), 0);
+    uint64_t id = 0;
+    const char *st = NULL;
+    struct gw_put_request same = first;
+    assert_int_equal(gw_idempotency_lookup(t, "k", &same, 0, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(id, 7);
+    struct gw_put_request other[7];
+    for (int i = 0; i < 7; i++) other[i] = first;
+    other[0].tube = "payments";
+    other[1].pri = 6;
+    other[2].delay_s = 1;
+    other[3].ttr_s = 31;
+    other[4].body = "pay 10\0USD";
+    other[5].len = sizeof body - 2;          /* a prefix of the body */
+    other[6].body = "pay 99\0EUR";
+    assert_int_equal(gw_idempotency_lookup(t, "k", &other[0], 0, &id, &st), GW_IDEM_OTHER_TUBE);
+    for (int i = 1; i < 7; i++)
+        if (gw_idempotency_lookup(t, "k", &other[i], 0, &id, &st) != GW_IDEM_OTHER_REQUEST)
+            fail_msg("changed field %d: not a mismatch", i);
+    gw_idempotency_free(t);
+}
+
 /* The table never holds more than GW_IDEMPOTENCY_MAX keys: the oldest go. */
 static void test_idempotency_bounded(void **state)
 {
     (void)state;
-    struct gw_idempotency *t = gw_idempotency_new();
+    struct gw_idempotency *t = gw_idempotency_new(table_key);
     char key[32];
+    struct gw_put_request req = put_req("t", "x");
     for (int i = 0; i < GW_IDEMPOTENCY_MAX + 10; i++) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(gw_idempotency_remember(t, key, "t", (uint64_t)i, "ready", 0), 0);
+        assert_int_equal(gw_idempotency_remember(t, key, &req, (uint64_t)i, "ready", 0), 0);
     }
     uint64_t id;
-    const char *tube, *st;
-    assert_int_equal(gw_idempotency_find(t, "key-0", 0, &id, &tube, &st), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_find(t, "key-9", 0, &id, &tube, &st), BG_NOT_FOUND);
-    assert_int_equal(gw_idempotency_find(t, "key-10", 0, &id, &tube, &st), 0);
+    const char *st;
+    assert_int_equal(gw_idempotency_lookup(t, "key-0", &req, 0, &id, &st), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "key-9", &req, 0, &id, &st), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "key-10", &req, 0, &id, &st), GW_IDEM_SAME);
     snprintf(key, sizeof key, "key-%d", GW_IDEMPOTENCY_MAX + 9);
-    assert_int_equal(gw_idempotency_find(t, key, 0, &id, &tube, &st), 0);
+    assert_int_equal(gw_idempotency_lookup(t, key, &req, 0, &id, &st), GW_IDEM_SAME);
     assert_int_equal(id, GW_IDEMPOTENCY_MAX + 9);
     gw_idempotency_free(t);
+}
+
+/* ---- the keyed hash ---------------------------------------------------- */
+
+/* bg_siphash is SipHash-2-4: the reference vectors (key 00..0f, messages
+ * 00, 00 01, ...), for every length that ends a word or not. */
+static void test_siphash_vectors(void **state)
+{
+    (void)state;
+    static const uint64_t key[2] = {0x0706050403020100ull, 0x0f0e0d0c0b0a0908ull};
+    static const struct { size_t len; uint64_t want; } v[] = {
+        {0, 0x726fdb47dd0e0e31ull}, {1, 0x74f839c593dc67fdull}, {7, 0xab0200f58b01d137ull},
+        {8, 0x93f5f5799a932462ull}, {15, 0xa129ca6149be45e5ull}, {16, 0x3f2acc7f57c29bdbull},
+    };
+    unsigned char msg[16];
+    for (size_t i = 0; i < sizeof msg; i++) msg[i] = (unsigned char)i;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (bg_siphash(key, msg, v[i].len) != v[i].want)
+            fail_msg("length %zu: %016llx, want %016llx", v[i].len,
+                     (unsigned long long)bg_siphash(key, msg, v[i].len), (unsigned long long)v[i].want);
+}
+
+/* The idempotency table's buckets depend on its key: keys found to share
+ * one bucket under one table key (what an attacker who knew it would
+ * send) spread over many buckets under another, and the same input hashes
+ * differently under two keys. */
+static void test_idempotency_hash_is_keyed(void **state)
+{
+    (void)state;
+    static const uint64_t other_key[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull,
+                                          0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+    struct gw_idempotency *a = gw_idempotency_new(table_key);
+    struct gw_idempotency *b = gw_idempotency_new(other_key);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(bg_siphash(table_key, "order-1", 7) != bg_siphash(other_key, "order-1", 7));
+    enum { N = 16 };
+    char found[N][24];
+    int n = 0;
+    size_t target = gw_idempotency_bucket(a, "order-0");
+    for (unsigned i = 0; n < N; i++) { /* about 65536 tries per key */
+        char key[24];
+        snprintf(key, sizeof key, "order-%u", i);
+        if (gw_idempotency_bucket(a, key) == target) strcpy(found[n++], key);
+    }
+    int distinct = 0;
+    for (int i = 0; i < N; i++) {
+        int seen = 0;
+        for (int k = 0; k < i; k++)
+            seen |= gw_idempotency_bucket(b, found[k]) == gw_idempotency_bucket(b, found[i]);
+        distinct += !seen;
+    }
+    assert_true(distinct >= N - 2);
+    gw_idempotency_free(a);
+    gw_idempotency_free(b);
 }
 
 int main(void)
@@ -317,6 +414,9 @@ int main(void)
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_idempotency_bounded),
+        cmocka_unit_test(test_idempotency_fingerprint),
+        cmocka_unit_test(test_siphash_vectors),
+        cmocka_unit_test(test_idempotency_hash_is_keyed),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }
