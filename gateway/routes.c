@@ -281,6 +281,7 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     /* with a key, entries stored before are answered again while draining;
      * new ones get 503 DRAINING each */
     if (gw->engine->draining && !key) {
+        r->commands = (uint32_t)json_array_size(jobs); /* as many puts refused */
         json_decref(doc);
         return outcome_problem(r, BG_DRAINING);
     }

@@ -1980,11 +1980,13 @@ def test_drain_sigusr1_503():
     while time.monotonic() < deadline and not server_stats()["draining"]:
         time.sleep(0.05)
     check_eq(server_stats()["draining"], True, "draining after SIGUSR1")
+    puts = server_stats()["cmd_put"]
     expect_problem(post("/tubes/%s/jobs" % tube, body=b"no"), 503, "DRAINING", "put while draining")
-    expect_problem(post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "no"}]}), 503, "DRAINING",
-                   "batch put while draining")
+    expect_problem(post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "no"}, {"body": "no 2"}]}),
+                   503, "DRAINING", "batch put while draining")
     expect_problem(post("/tubes/%s/jobs" % tube, body=b"no", headers={"Idempotency-Key": uniq("k")}), 503,
                    "DRAINING", "put with a new key while draining")
+    check_eq(server_stats()["cmd_put"], puts + 4, "refused puts count as puts, as beanstalk's do")
     d = reserve_one(tube, body=b"before the drain")
     check_eq(d["id"], jid, "an existing job is still reserved while draining")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete while draining")
