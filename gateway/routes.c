@@ -432,7 +432,7 @@ static enum MHD_Result route_job(struct gw_request *r, const char *method, const
         if (strcmp(method, "GET") == 0)
             return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
         if (check_reservation(r, j, 0, &reply)) return reply;
-        int rc = bg_delete(&gw->holder, id);
+        int rc = bg_delete(&gw->holder, id, now);
         return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
     }
     if (strcmp(action, "body") == 0) return reply_raw_job(r, j, NULL);
@@ -456,7 +456,7 @@ static enum MHD_Result route_job(struct gw_request *r, const char *method, const
         rc = bg_release(&gw->holder, id, (uint32_t)pri, (uint32_t)delay, now);
     } else if (strcmp(action, "bury") == 0) {
         if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-        rc = bg_bury(&gw->holder, id, (uint32_t)pri);
+        rc = bg_bury(&gw->holder, id, (uint32_t)pri, now);
     } else {
         rc = bg_touch(&gw->holder, id, now);
     }
@@ -532,6 +532,9 @@ enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *u
         return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m.allow);
     }
     char **seg = m.seg;
+    /* the route reads job states (reservation checks, GET): bring the
+     * engine up to now first, whether or not the loop's timer ran */
+    bg_engine_catch_up(r->gw->engine, r->gw->now());
     switch (m.id) {
     case R_STATS: {
         struct bg_process_info pi = {0};
