@@ -964,6 +964,11 @@ static void conn_free(struct gm_conn *c)
 {
     struct gearman *g = c->g;
     bg_time now = server_now();
+    /* first, while c is still on the woken list: the engine calls below
+     * catch up with due deadlines, and a job that becomes ready wakes the
+     * sleeping workers, c among them; that must happen before c leaves
+     * the list, or the list would keep a freed c */
+    bg_engine_catch_up(&g->srv->engine, now);
     if (c->is_woken) {
         struct gm_conn **p = &g->woken;
         while (*p != c) p = &(*p)->woken_next;
