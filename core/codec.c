@@ -350,7 +350,11 @@ static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_tim
         reply_word(s, BG_BAD_FORMAT);
         return;
     }
-    bg_count_cmd(s->client.engine, c->cmd, 1); /* reference: counted once parsed */
+    struct bg_engine *e = s->client.engine;
+    bg_count_cmd(e, c->cmd, 1); /* reference: counted once parsed */
+    /* the command sees every deadline up to `now` as passed, whether or
+     * not the loop's timer ran first (peek and stats read state directly) */
+    bg_engine_catch_up(e, now);
     c->execute(s, &r, now);
 }
 
@@ -445,8 +449,7 @@ static void exec_reserve_job(struct bg_session *s, const struct request *r, bg_t
 
 static void exec_delete(struct bg_session *s, const struct request *r, bg_time now)
 {
-    (void)now;
-    int outcome = bg_delete(&s->client, r->id);
+    int outcome = bg_delete(&s->client, r->id, now);
     if (outcome == 0) reply_text(s, "DELETED\r\n");
     else reply_word(s, outcome);
 }
@@ -460,8 +463,7 @@ static void exec_release(struct bg_session *s, const struct request *r, bg_time 
 
 static void exec_bury(struct bg_session *s, const struct request *r, bg_time now)
 {
-    (void)now;
-    int outcome = bg_bury(&s->client, r->id, r->pri);
+    int outcome = bg_bury(&s->client, r->id, r->pri, now);
     reply_word(s, outcome == 0 ? BG_BURIED : outcome);
 }
 
@@ -647,8 +649,12 @@ void bg_session_close(struct bg_session *s, bg_time now)
     bg_buf_free(&s->out);
 }
 
-void bg_session_peer_eof(struct bg_session *s)
+void bg_session_peer_eof(struct bg_session *s, bg_time now)
 {
+    if (s->state != BG_WAITING) return;
+    /* a wait whose end has passed ends as the timer would have ended it
+     * (DEADLINE_SOON, or a job that fell due): through session_wait_ended */
+    bg_engine_catch_up(s->client.engine, now);
     if (s->state != BG_WAITING) return;
     bg_client_stop_waiting(&s->client);
     s->state = BG_WANT_COMMAND;

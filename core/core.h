@@ -215,6 +215,9 @@ struct bg_engine {
     struct bg_heap job_timers;  /* delayed and reserved jobs by deadline */
     struct bg_heap tube_timers; /* paused tubes by unpause_at */
     struct bg_heap client_timers; /* waiting clients by wake_at */
+    bg_time due_at;             /* no deadline in the three heaps is earlier:
+                                 * lowered by every push, made exact by each
+                                 * tick; catching up is one compare with it */
     uint32_t max_job_size;
     uint8_t draining;
     uint8_t journal_broken;     /* the log cannot write: puts are refused */
@@ -283,20 +286,39 @@ void bg_job_discard(struct bg_job *j);
  * which case the job is freed). */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
 
-/* Reserve for c: a job now (0, *out set), BG_DEADLINE_SOON, BG_TIMED_OUT
- * (timeout 0), or BG_WOULD_BLOCK (c now waits; ops report the end).
- * timeout_s < 0 waits forever. */
+/* ---- Time. Every entry point below that takes `now` first does whatever
+ * fell due by `now` (a deadline equal to `now` counts as passed): delayed
+ * jobs become ready, reservations whose TTR ended go back to ready, pauses
+ * end, and waits end (in that order, as bg_engine_tick). So an answer never
+ * depends on whether the loop's timer ran bg_engine_tick before the
+ * command: a job whose delay passed is reservable, a job whose TTR passed
+ * is no longer its old owner's to touch, release or bury, a waiter whose
+ * timeout passed gets TIMED_OUT rather than the next put's job (issue 11,
+ * defect 3: `pause-tube T 0` then `reserve-with-timeout 0` timed out).
+ * The catch-up costs one compare while nothing is due (due_at). It may
+ * run other clients' ops callbacks; a client that is waiting calls no
+ * entry point but bg_client_stop_waiting and bg_client_close (which stops
+ * the wait before catching up), so no client is called back inside its
+ * own call. A front-end that reads engine state itself (peek, stats, a
+ * reservation check) calls bg_engine_catch_up first. ---- */
+
+/* Reserve for c (not waiting): a job now (0, *out set), BG_DEADLINE_SOON
+ * (no job, and a reservation of c ends within BG_DEADLINE_MARGIN),
+ * BG_TIMED_OUT (timeout 0), or BG_WOULD_BLOCK (c now waits; ops report the
+ * end). timeout_s < 0 waits forever. */
 int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_job **out);
 /* Reserve job `id` in any state but reserved: 0 or BG_NOT_FOUND. */
 int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job **out);
 /* Delete a job reserved by c, or ready, delayed or buried. */
-int bg_delete(struct bg_client *c, uint64_t id);
+int bg_delete(struct bg_client *c, uint64_t id, bg_time now);
 int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now);
-int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri);
+int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now);
 int bg_touch(struct bg_client *c, uint64_t id, bg_time now);
 /* Kick up to n jobs of tube t (buried first, else delayed); returns count. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now);
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now);
+/* Pause tube `name` for delay_s seconds; 0 ends any pause at once (and
+ * serves the tube's waiters). 0, BG_NOT_FOUND or BG_OUT_OF_MEMORY. */
 int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_time now);
 /* Stop waiting (a connection hung up mid-wait); no callback. */
 void bg_client_stop_waiting(struct bg_client *c);
@@ -306,6 +328,12 @@ void bg_client_stop_waiting(struct bg_client *c);
 bg_time bg_engine_tick(struct bg_engine *e, bg_time now);
 /* The next deadline without doing anything. */
 bg_time bg_engine_next_deadline(const struct bg_engine *e);
+/* bg_engine_tick if anything may be due at `now`: one compare otherwise.
+ * For a front-end about to read engine state itself (see "Time" above). */
+static inline void bg_engine_catch_up(struct bg_engine *e, bg_time now)
+{
+    if (now >= e->due_at) bg_engine_tick(e, now);
+}
 
 /* Move reserved job j to client `to` (its deadline is kept). */
 void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
@@ -517,8 +545,9 @@ void bg_session_close(struct bg_session *s, bg_time now);
  * Returns the number of bytes consumed; stops early when the session
  * blocks (BG_WAITING), closes (BG_CLOSING) or out reaches out_limit. */
 size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now);
-/* The peer half-closed while the session waits: answer TIMED_OUT. */
-void bg_session_peer_eof(struct bg_session *s);
+/* The peer half-closed while the session waits: answer TIMED_OUT, or
+ * whatever its wait's end was if that had passed by `now`. */
+void bg_session_peer_eof(struct bg_session *s, bg_time now);
 
 /* Render stats as the reference's YAML into out (the "OK n" line included). */
 int bg_render_stats(struct bg_buf *out, const struct bg_engine *e,

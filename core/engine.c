@@ -3,6 +3,10 @@
  * Invariant kept after every entry point: no unpaused tube has both a ready
  * job and a waiting client. So when a job becomes ready, only its own tube
  * needs matching (dispatch), and nothing ever scans all tubes.
+ *
+ * Time: every entry point that takes `now` first does whatever fell due by
+ * `now` (bg_engine_catch_up), so its answer is the same whether or not the
+ * loop's timer ran bg_engine_tick before it (see core.h, "Time").
  */
 #include <string.h>
 
@@ -48,6 +52,22 @@ static bg_time add_seconds(bg_time now, uint64_t s)
 {
     if (s > (NEVER - now) / BG_SECOND) return NEVER - 1;
     return now + s * BG_SECOND;
+}
+
+/* ---- the timer heaps ---------------------------------------------------- */
+
+/* Push onto one of the engine's three timer heaps an item due at `at`, and
+ * keep due_at a lower bound of every deadline. 0 or BG_OUT_OF_MEMORY. */
+static int timer_push(struct bg_engine *e, struct bg_heap *h, void *item, bg_time at)
+{
+    if (bg_heap_push(h, item) != 0) return BG_OUT_OF_MEMORY;
+    if (at < e->due_at) e->due_at = at;
+    return 0;
+}
+
+static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
+{
+    return timer_push(e, &e->job_timers, j, j->deadline_at);
 }
 
 /* ---- job table --------------------------------------------------------- */
@@ -284,7 +304,7 @@ static void client_reschedule(struct bg_client *c)
     c->timer_slot = NO_SLOT;
     if (!c->waiting) return;
     c->wake_at = client_wake_time(c);
-    if (c->wake_at != NEVER) bg_heap_push(&e->client_timers, c); /* room reserved at init */
+    if (c->wake_at != NEVER) timer_push(e, &e->client_timers, c, c->wake_at); /* room reserved at init */
 }
 
 void bg_client_stop_waiting(struct bg_client *c)
@@ -433,7 +453,7 @@ static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, 
     if (delay_s) {
         j->deadline_at = add_seconds(now, delay_s);
         if (bg_heap_push(&t->delayed, j) != 0) goto bury;
-        if (bg_heap_push(&e->job_timers, j) != 0) {
+        if (job_timer_push(e, j) != 0) {
             bg_heap_remove(&t->delayed, j->tube_slot);
             goto bury;
         }
@@ -460,7 +480,7 @@ static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
     j->reserver = c;
     j->reserves++;
     bg_heap_push(&c->reserved, j);   /* room reserved by callers */
-    bg_heap_push(&e->job_timers, j); /* room reserved per job at creation */
+    job_timer_push(e, j);            /* room reserved per job at creation */
     j->next = NULL;
     j->prev = c->reserved_tail;
     if (c->reserved_tail) c->reserved_tail->next = j; else c->reserved_head = j;
@@ -489,6 +509,7 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size)
 {
     memset(e, 0, sizeof *e);
     e->next_id = 1;
+    e->due_at = NEVER;
     e->max_job_size = max_job_size;
     e->jobs_mask = 1023;
     e->jobs = bg_malloc((e->jobs_mask + 1) * sizeof *e->jobs);
@@ -609,7 +630,8 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
 void bg_client_close(struct bg_client *c, bg_time now)
 {
     struct bg_engine *e = c->engine;
-    bg_client_stop_waiting(c);
+    bg_client_stop_waiting(c);  /* first: the catch-up must not end c's own wait */
+    bg_engine_catch_up(e, now); /* TTRs that ended count as timeouts */
     while (c->reserved_head) {
         struct bg_job *j = c->reserved_head;
         job_unlink(e, j);
@@ -729,7 +751,7 @@ void bg_job_discard(struct bg_job *j) { if (j) job_mem_free(j); }
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now)
 {
     struct bg_engine *e = c->engine;
-    (void)c;
+    bg_engine_catch_up(e, now); /* a waiter whose timeout passed must not get the job */
     if (e->draining || e->journal_broken) {
         job_mem_free(j);
         return e->draining ? BG_DRAINING : BG_OUT_OF_MEMORY;
@@ -815,19 +837,11 @@ static struct bg_job *client_best_ready(const struct bg_client *c)
     return best ? bg_heap_min(&best->ready) : NULL;
 }
 
-/* Nonzero if any watched tube has a ready job, paused or not. */
-static int client_has_ready(const struct bg_client *c)
-{
-    for (uint32_t i = 0; i < c->watch_len; i++)
-        if (c->watch_tube[i]->ready.len) return 1;
-    return 0;
-}
-
 int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_job **out)
 {
     struct bg_engine *e = c->engine;
+    bg_engine_catch_up(e, now);
     bg_client_mark_worker(c);
-    if (client_deadline_soon(c, now) && !client_has_ready(c)) return BG_DEADLINE_SOON;
     struct bg_job *j = client_best_ready(c);
     if (j) {
         if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
@@ -837,6 +851,11 @@ int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_jo
         *out = j;
         return 0;
     }
+    /* Within the margin, a wait would be due at once: it ends here. (The
+     * reference checks before looking for a job, unless a watched tube has
+     * a ready job, paused or not; then it waits and its next tick ends the
+     * wait with DEADLINE_SOON, even for timeout 0.) */
+    if (client_deadline_soon(c, now)) return BG_DEADLINE_SOON;
     if (timeout_s == 0) return BG_TIMED_OUT;
     bg_time deadline = timeout_s < 0 ? NEVER : add_seconds(now, (uint64_t)timeout_s);
     int r = client_start_waiting(c, deadline, now);
@@ -845,6 +864,7 @@ int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_jo
 
 int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job **out)
 {
+    bg_engine_catch_up(c->engine, now);
     struct bg_job *j = bg_job_find(c->engine, id);
     if (!j || j->state == BG_JOB_RESERVED) return BG_NOT_FOUND;
     if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
@@ -862,9 +882,10 @@ static struct bg_job *reserved_by(struct bg_client *c, uint64_t id)
     return j && j->state == BG_JOB_RESERVED && j->reserver == c ? j : NULL;
 }
 
-int bg_delete(struct bg_client *c, uint64_t id)
+int bg_delete(struct bg_client *c, uint64_t id, bg_time now)
 {
     struct bg_engine *e = c->engine;
+    bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
     j->tube->stat.cmd_delete++;
@@ -876,6 +897,7 @@ int bg_delete(struct bg_client *c, uint64_t id)
 
 int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now)
 {
+    bg_engine_catch_up(c->engine, now);
     struct bg_job *j = reserved_by(c, id);
     if (!j) return BG_NOT_FOUND;
     job_unlink(c->engine, j);
@@ -887,8 +909,9 @@ int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s,
     return r;
 }
 
-int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri)
+int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now)
 {
+    bg_engine_catch_up(c->engine, now);
     struct bg_job *j = reserved_by(c, id);
     if (!j) return BG_NOT_FOUND;
     job_unlink(c->engine, j);
@@ -902,13 +925,14 @@ int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri)
 int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
 {
     struct bg_engine *e = c->engine;
+    bg_engine_catch_up(e, now); /* a job whose TTR ended is no longer c's to touch */
     struct bg_job *j = reserved_by(c, id);
     if (!j) return BG_NOT_FOUND;
     bg_heap_remove(&c->reserved, j->tube_slot);
     bg_heap_remove(&e->job_timers, j->timer_slot);
     j->deadline_at = add_seconds(now, j->ttr_s);
     bg_heap_push(&c->reserved, j);   /* slots just freed */
-    bg_heap_push(&e->job_timers, j);
+    job_timer_push(e, j);
     client_reschedule(c);
     return 0;
 }
@@ -928,6 +952,7 @@ static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
  * does: otherwise a re-buried job is kicked again and over-counted. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
 {
+    bg_engine_catch_up(e, now); /* delayed jobs that are due are ready, not kickable */
     uint64_t i = 0;
     if (t->buried_head) {
         for (; i < n && t->buried_head; i++)
@@ -943,22 +968,39 @@ uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now
  * reply when kick_job fails). */
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now)
 {
+    bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state != BG_JOB_BURIED && j->state != BG_JOB_DELAYED)) return BG_NOT_FOUND;
     return job_kick(e, j, now) == 0 ? 0 : BG_NOT_FOUND;
 }
 
+/* End t's pause (its timer, if any, is already gone) and serve its waiters. */
+static void tube_unpause(struct bg_engine *e, struct bg_tube *t, bg_time now)
+{
+    t->pause_ns = 0;
+    tube_top_update(t);
+    tube_dispatch(e, t, now);
+}
+
 int bg_pause_tube(struct bg_engine *e, const char *name, uint32_t delay_s, bg_time now)
 {
+    bg_engine_catch_up(e, now);
     struct bg_tube *t = bg_tube_find(e, name);
     if (!t) return BG_NOT_FOUND;
     if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
     t->timer_slot = NO_SLOT;
-    /* pause 0 still pauses for an instant, so waiters wake at the deadline */
-    t->pause_ns = delay_s ? (bg_time)delay_s * BG_SECOND : 1;
-    t->unpause_at = now + t->pause_ns;
     t->stat.cmd_pause++;
-    if (bg_heap_push(&e->tube_timers, t) != 0) {
+    t->unpause_at = add_seconds(now, delay_s);
+    if (delay_s == 0) {
+        /* reference: pause 0 pauses for 1 ns, which has passed by the time
+         * its next command runs; here the next command may run at this very
+         * `now`, so the pause ends at once (and so does any earlier one) */
+        tube_unpause(e, t, now);
+        if (e->journal) e->journal->tube_paused(e->journal_ctx, t); /* logs the end */
+        return 0;
+    }
+    t->pause_ns = (bg_time)delay_s * BG_SECOND;
+    if (timer_push(e, &e->tube_timers, t, t->unpause_at) != 0) {
         t->pause_ns = 0; /* cannot schedule the end: do not pause at all */
         tube_top_update(t);
         return BG_OUT_OF_MEMORY;
@@ -999,7 +1041,7 @@ static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_
     if (r->state == BG_JOB_DELAYED && deadline_mono > now) {
         j->deadline_at = deadline_mono;
         if (bg_heap_push(&j->tube->delayed, j) != 0) goto bury;
-        if (bg_heap_push(&e->job_timers, j) != 0) {
+        if (job_timer_push(e, j) != 0) {
             bg_heap_remove(&j->tube->delayed, j->tube_slot);
             goto bury;
         }
@@ -1090,7 +1132,7 @@ int bg_engine_restore_pause(struct bg_engine *e, const char *tube, uint32_t paus
     }
     t->pause_ns = pause_s ? (bg_time)pause_s * BG_SECOND : 1;
     t->unpause_at = unpause_mono;
-    if (bg_heap_push(&e->tube_timers, t) != 0) {
+    if (timer_push(e, &e->tube_timers, t, t->unpause_at) != 0) {
         t->pause_ns = 0;
         tube_top_update(t);
         return BG_OUT_OF_MEMORY;
@@ -1137,9 +1179,7 @@ bg_time bg_engine_tick(struct bg_engine *e, bg_time now)
     while ((t = bg_heap_min(&e->tube_timers)) && t->unpause_at <= now) {
         bg_heap_remove(&e->tube_timers, 0);
         t->timer_slot = NO_SLOT;
-        t->pause_ns = 0;
-        tube_top_update(t);
-        tube_dispatch(e, t, now);
+        tube_unpause(e, t, now);
     }
     struct bg_client *c;
     while ((c = bg_heap_min(&e->client_timers)) && c->wake_at <= now) {
@@ -1147,5 +1187,8 @@ bg_time bg_engine_tick(struct bg_engine *e, bg_time now)
         bg_client_stop_waiting(c);
         c->ops->wait_ended(c, outcome);
     }
-    return bg_engine_next_deadline(e);
+    /* the loops above re-read each heap's top, so a callback that calls
+     * back into the engine (and catches up itself) leaves them correct */
+    e->due_at = bg_engine_next_deadline(e);
+    return e->due_at;
 }

@@ -484,7 +484,7 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
             return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
         case GW_DELETE: {
             if (check_reservation(r, j, 0, &reply)) return reply;
-            int rc = bg_delete(&gw->holder, id);
+            int rc = bg_delete(&gw->holder, id, now);
             return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
         }
         case GW_POST:
@@ -514,7 +514,7 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
         rc = bg_release(&gw->holder, id, (uint32_t)pri, (uint32_t)delay, now);
     } else if (strcmp(action, "bury") == 0) {
         if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-        rc = bg_bury(&gw->holder, id, (uint32_t)pri);
+        rc = bg_bury(&gw->holder, id, (uint32_t)pri, now);
     } else if (strcmp(action, "touch") == 0) {
         rc = bg_touch(&gw->holder, id, now);
     } else {
@@ -644,6 +644,9 @@ static void count_request(struct gw_request *r, const struct gw_match *m)
 static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
 {
     char *const *seg = m->seg;
+    /* the route reads job states (reservation checks, GET): bring the
+     * engine up to now first, whether or not the loop's timer ran */
+    bg_engine_catch_up(r->gw->engine, r->gw->now());
     switch (m->id) {
     case R_STATS: {
         struct bg_process_info pi = {0};

@@ -566,7 +566,7 @@ static void forward(struct gm_record *r, uint32_t t, const struct gm_packet *p)
 
 /* WORK_DATA, WORK_WARNING, WORK_STATUS, WORK_COMPLETE, WORK_FAIL,
  * WORK_EXCEPTION from the worker holding the job. */
-static void work_result(struct gm_conn *c, const struct gm_packet *p)
+static void work_result(struct gm_conn *c, const struct gm_packet *p, bg_time now)
 {
     struct gearman *g = c->g;
     uint64_t id = handle_id(p->arg[0], p->arg_len[0]);
@@ -602,7 +602,7 @@ static void work_result(struct gm_conn *c, const struct gm_packet *p)
         }
     }
     if (r) record_remove(g, r);
-    bg_delete(&c->client, id);
+    bg_delete(&c->client, id, now);
 }
 
 /* ---- clients ----------------------------------------------------------- */
@@ -761,7 +761,7 @@ static void run_packet(struct gm_conn *c, const struct gm_packet *p, bg_time now
     case GM_GRAB_JOB: case GM_GRAB_JOB_UNIQ: case GM_GRAB_JOB_ALL: grab(c, p->type, now); break;
     case GM_WORK_DATA: case GM_WORK_WARNING: case GM_WORK_STATUS: case GM_WORK_COMPLETE:
     case GM_WORK_FAIL: case GM_WORK_EXCEPTION:
-        work_result(c, p);
+        work_result(c, p, now);
         break;
     case GM_SUBMIT_JOB: case GM_SUBMIT_JOB_BG: case GM_SUBMIT_JOB_HIGH: case GM_SUBMIT_JOB_HIGH_BG:
     case GM_SUBMIT_JOB_LOW: case GM_SUBMIT_JOB_LOW_BG: case GM_SUBMIT_JOB_EPOCH:
@@ -885,7 +885,7 @@ static void admin_maxqueue(struct gm_conn *c, const struct gm_admin_line *l)
 
 /* "cancel job HANDLE": a job not yet running is deleted (its foreground
  * clients get WORK_FAIL); "ERR UNKNOWN_JOB" otherwise. */
-static void admin_cancel_job(struct gm_conn *c, const struct gm_admin_line *l)
+static void admin_cancel_job(struct gm_conn *c, const struct gm_admin_line *l, bg_time now)
 {
     struct gearman *g = c->g;
     uint64_t id = handle_id(l->arg[0], l->arg_len[0]);
@@ -901,13 +901,13 @@ static void admin_cancel_job(struct gm_conn *c, const struct gm_admin_line *l)
         forward(r, GM_WORK_FAIL, &fail);
         record_remove(g, r);
     }
-    bg_delete(&g->holder, id);
+    bg_delete(&g->holder, id, now);
     bg_buf_append(&c->out, "OK\r\n", 4);
 }
 
 /* Answer one admin line; the forms gearmand rejects by their argument
  * count are listed above gm_admin_parse (core/gearman.h). */
-static void run_admin(struct gm_conn *c, const struct gm_admin_line *l)
+static void run_admin(struct gm_conn *c, const struct gm_admin_line *l, bg_time now)
 {
     int word_is_show = l->word_len == 4 && strncasecmp(l->word, "show", 4) == 0;
     int word_is_cancel = l->word_len == 6 && strncasecmp(l->word, "cancel", 6) == 0;
@@ -937,7 +937,7 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l)
     case GM_ADMIN_MAXQUEUE: admin_maxqueue(c, l); break;
     case GM_ADMIN_SHOW_JOBS: admin_show_jobs(c, 0); break;
     case GM_ADMIN_SHOW_UNIQUE_JOBS: admin_show_jobs(c, 1); break;
-    case GM_ADMIN_CANCEL_JOB: admin_cancel_job(c, l); break;
+    case GM_ADMIN_CANCEL_JOB: admin_cancel_job(c, l, now); break;
     case GM_ADMIN_VERBOSE:
         bg_buf_printf(&c->out, "OK %s\n", log_enabled(BG_LOG_DEBUG) ? "DEBUG"
                                           : log_enabled(BG_LOG_INFO) ? "INFO" : "WARNING");
@@ -968,6 +968,11 @@ static void conn_free(struct gm_conn *c)
 {
     struct gearman *g = c->g;
     bg_time now = server_now();
+    /* first, while c is still on the woken list: the engine calls below
+     * catch up with due deadlines, and a job that becomes ready wakes the
+     * sleeping workers, c among them; that must happen before c leaves
+     * the list, or the list would keep a freed c */
+    bg_engine_catch_up(&g->srv->engine, now);
     if (c->is_woken) {
         struct gm_conn **p = &g->woken;
         while (*p != c) p = &(*p)->woken_next;
@@ -989,7 +994,7 @@ static void conn_free(struct gm_conn *c)
         if (r->listener_count == 0 && r->foreground) {
             struct bg_job *j = bg_job_find(&g->srv->engine, id);
             if (j && j->state != BG_JOB_RESERVED) {
-                bg_delete(&g->holder, id);
+                bg_delete(&g->holder, id, now);
                 record_remove(g, r);
             }
         }
@@ -1050,7 +1055,8 @@ static int conn_run(struct gm_conn *c)
                 c->closing = 1;
                 break;
             }
-            run_admin(c, &line);
+            bg_engine_catch_up(&g->srv->engine, now); /* reads job states */
+            run_admin(c, &line, now);
         } else {
             struct gm_packet p;
             used = gm_parse_request(data, len, g->max_packet, &p);
@@ -1069,6 +1075,7 @@ static int conn_run(struct gm_conn *c)
                 c->closing = 1;
                 break;
             }
+            bg_engine_catch_up(&g->srv->engine, now); /* reads job states */
             run_packet(c, &p, now);
         }
         off += (size_t)used;

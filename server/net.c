@@ -142,7 +142,7 @@ static int conn_run(struct conn *c)
             if (wal_durable(w) && w->appended_seq > before) c->hold_seq = w->appended_seq;
         }
         if (c->peer_eof && s->state == BG_WAITING) {
-            bg_session_peer_eof(s); /* TIMED_OUT; later commands still run */
+            bg_session_peer_eof(s, server_now()); /* TIMED_OUT; later commands still run */
             woke = 1;
         }
         if (conn_flush(c) != 0) {
@@ -369,7 +369,7 @@ void net_shutdown(struct server *srv)
      * close */
     if (srv->listen_ev) event_del(srv->listen_ev);
     for (struct conn *c = srv->conns; c; c = c->next) {
-        if (c->session.state == BG_WAITING) bg_session_peer_eof(&c->session);
+        if (c->session.state == BG_WAITING) bg_session_peer_eof(&c->session, server_now());
         if (!c->is_held) conn_flush(c);
     }
     while (srv->conns) conn_free(srv->conns);

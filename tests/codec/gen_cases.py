@@ -594,6 +594,16 @@ C("line-225-after-101-byte-cmd", "use " + "a" * 95 + "\r\n" + "x" * 223 + "\r\nl
 C("rwt-suffix-nothing-ready", "reserve-with-timeout 0xyz\r\nlist-tube-used\r\n")
 C("rwt-hex-nothing-ready", "reserve-with-timeout 0x5\r\nlist-tube-used\r\n")
 C("rwt-trailing-space-nothing-ready", "reserve-with-timeout 0 \r\nlist-tube-used\r\n")
+# ---------------------------------------------------------------- deadlines that pass between commands
+# (issue 11, defect 3) pause-tube T 0 ends the pause before the next command,
+# even in the same read; a DEADLINE_SOON wait that is due at once ends at once
+C("pause-zero-then-rwt-0", P + L("pause-tube default 0", "reserve-with-timeout 0"))
+C("pause-100-then-zero-then-rwt-0", P + L("pause-tube default 100", "pause-tube default 0",
+                                          "reserve-with-timeout 0", "stats-tube default"))
+C("deadline-soon-paused-tube-rwt-0", put(ttr=1) + L("reserve") + P
+  + L("pause-tube default 10", "reserve-with-timeout 0"))
+C("deadline-soon-paused-tube-reserve", put(ttr=1) + L("reserve") + P
+  + L("pause-tube default 10", "reserve"))
 
 
 def main():

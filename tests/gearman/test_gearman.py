@@ -1363,6 +1363,43 @@ def test_submit_job_epoch_is_delay(srv):
 
 
 @test
+@beangate_only(why="stops the server process (SIGSTOP), beangate only")
+def test_sleeping_worker_closes_after_a_deadline_passed(srv):
+    """A sleeping worker that also waits for a foreground job hangs up
+    while the server is stopped across the time a delayed job of its
+    function comes due: on resume the hang-up is read before the timer
+    runs, so freeing the connection catches up with that deadline (the job
+    becomes ready and wakes the sleepers, the closing one among them). The
+    server must not keep the freed connection anywhere (ASan would report
+    a use after free) and the job must reach another worker."""
+    w = srv.conn()
+    w.send("CAN_DO", "due")
+    w.submit("other", "foreground, w listens")
+    c = srv.conn()
+    due_at = int(time.time()) + 2
+    c.send("SUBMIT_JOB_EPOCH", "due", "", due_at, "wakes sleepers")
+    h = c.expect("JOB_CREATED")[0]
+    w.send("PRE_SLEEP")
+    w.expect_nothing("no job for `due` yet")
+    os.kill(srv.proc.pid, signal.SIGSTOP)
+    try:
+        w.close()
+        # the delay is whole seconds from the server's time(NULL), so the
+        # job is due by due_at + 1 at the latest; the condition is the clock
+        while time.time() < due_at + 1.3:
+            time.sleep(0.05)
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+    w2 = srv.conn()
+    w2.send("CAN_DO", "due")
+    w2.send("GRAB_JOB")
+    w2.expect("JOB_ASSIGN", [h, "due", "wakes sleepers"])
+    w2.send("WORK_COMPLETE", h, "")
+    c.send("ECHO_REQ", "alive")
+    c.expect("ECHO_RES", ["alive"])
+
+
+@test
 @beangate_only
 def test_maxqueue_limits_the_tube(srv):
     a = srv.conn()

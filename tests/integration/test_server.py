@@ -643,6 +643,81 @@ def test_delayed_job_reaches_blocked_reserver():
         p.close()
 
 
+# ---- 6b. deadlines that pass before the loop's timer runs (issue 11, defect 3) --
+
+def test_pause_zero_then_reserve_with_timeout_0():
+    """`pause-tube T 0` then `reserve-with-timeout 0` hands out T's ready job:
+    both in one write (one clock reading), and 200 times one by one (the
+    loop may read the reserve before its timer ran)."""
+    with Server() as srv:
+        c = srv.connect()
+        c.cmd(put_cmd(b"p0"), b"INSERTED 1\r\n")
+        c.cmd(b"pause-tube default 0\r\nreserve-with-timeout 0\r\n",
+              b"PAUSED\r\n" + job_reply(b"RESERVED", 1, b"p0"), "pause 0 + rwt 0 in one write")
+        c.cmd(b"delete 1\r\n", b"DELETED\r\n")
+        for i in range(2, 202):
+            body = b"job%d" % i
+            c.cmd(put_cmd(body), b"INSERTED %d\r\n" % i)
+            c.cmd(b"pause-tube default 0\r\n", b"PAUSED\r\n", "iteration %d: pause 0" % i)
+            c.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", i, body),
+                  "iteration %d: rwt 0 right after pause 0" % i)
+            c.cmd(b"delete %d\r\n" % i, b"DELETED\r\n")
+        c.close()
+
+
+def _pass_clock(deadline):
+    """Let the monotonic clock pass `deadline` (the server is stopped, so
+    there is nothing to poll: the condition is the time itself)."""
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _frozen_send(srv, conn, data, deadline):
+    """Stop the server, send data, let `deadline` pass, resume it: the
+    loop then finds the read and its expired timer pending together."""
+    os.kill(srv.proc.pid, signal.SIGSTOP)
+    try:
+        conn.send(data)
+        _pass_clock(deadline)
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+
+
+def test_deadline_passed_before_timer_runs():
+    """The server is frozen across a deadline with a command already sent,
+    so the read and the expired timer are pending at once: the command
+    must see the deadline as passed, whichever the loop runs first (the
+    replies equal the reference's when its timer ran first)."""
+    with Server() as srv:
+        c, d = srv.connect(), srv.connect()
+        # a delay that passed: the job is ready, not delayed or kickable
+        t0 = time.monotonic()
+        c.cmd(put_cmd(b"later", delay=1), b"INSERTED 1\r\n")
+        _frozen_send(srv, c, b"peek-delayed\r\nkick 10\r\nreserve-with-timeout 0\r\n", t0 + 1.3)
+        c.expect(b"NOT_FOUND\r\nKICKED 0\r\n" + job_reply(b"RESERVED", 1, b"later"),
+                 "peek-delayed, kick, rwt 0 after the delay passed")
+        # a TTR that passed: the old owner's touch, release and bury fail
+        t0 = time.monotonic()
+        c.cmd(put_cmd(b"ttr", ttr=1) + b"reserve\r\n",
+              b"INSERTED 2\r\n" + job_reply(b"RESERVED", 2, b"ttr"))
+        _frozen_send(srv, c, b"touch 2\r\nrelease 2 0 0\r\nbury 2 0\r\n", t0 + 1.3)
+        c.expect(b"NOT_FOUND\r\n" * 3, "touch, release, bury after the TTR passed")
+        st = c.stats(b"stats-job 2")
+        check_eq((st.get("state"), st.get("timeouts")), ("ready", "1"), "stats-job 2 (state, timeouts)")
+        c.cmd(b"delete 2\r\n", b"DELETED\r\n")
+        # a waiter whose timeout passed times out: a put then does not feed it
+        t0 = time.monotonic()
+        d.send(b"reserve-with-timeout 1\r\n")
+        wait_stat(c, "current-waiting", "1")
+        _frozen_send(srv, c, put_cmd(b"too late"), t0 + 1.3)
+        c.expect(b"INSERTED 3\r\n", "put after the waiter's timeout passed")
+        d.expect(b"TIMED_OUT\r\n", "waiter whose timeout passed before the put")
+        st = c.stats(b"stats-job 3")
+        check_eq(st.get("state"), "ready", "stats-job 3 state")
+        c.close()
+        d.close()
+
+
 # ---- 7. quit -----------------------------------------------------------------------
 
 def test_quit_after_pipelined_commands():
@@ -1061,6 +1136,8 @@ TESTS = [
     test_disconnect_returns_reserved_job,
     test_reserve_with_timeout_fires,
     test_delayed_job_reaches_blocked_reserver,
+    test_pause_zero_then_reserve_with_timeout_0,
+    test_deadline_passed_before_timer_runs,
     test_quit_after_pipelined_commands,
     test_unix_socket,
     test_flag_v_prints_version,

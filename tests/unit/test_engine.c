@@ -10,6 +10,7 @@
  * ordered, waiting sets consistent); most tests end with it and the stress
  * test runs it after every random step.
  */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -441,6 +442,8 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
     AUDIT(e->waiting == waiting);
     AUDIT(waiting_slots == watch_slots);
     AUDIT(e->client_timers.len == timed);
+    /* the catch-up's one compare is safe: due_at never exceeds a deadline */
+    AUDIT(e->due_at <= bg_engine_next_deadline(e));
     for (uint32_t k = 1; k < e->client_timers.len; k++) {
         const struct bg_client *c = e->client_timers.items[k], *parent = e->client_timers.items[(k - 1) / 2];
         AUDIT(c->wake_at >= parent->wake_at);
@@ -529,7 +532,7 @@ static void test_urgent_counts(void **state)
      * jobs are not counted as urgent */
     id = reserve_now(worker, T0);
     assert_int_equal(find(w, id)->pri, 1);
-    assert_int_equal(bg_bury(&worker->client, id, 0), BG_OK);
+    assert_int_equal(bg_bury(&worker->client, id, 0, T0), BG_OK);
     assert_int_equal(w->engine.urgent_count, urgent - 2);
     assert_int_equal(tube_stats(w, "urgent", T0).urgent, urgent - 2);
     /* kicked back to ready with pri 0: counted again */
@@ -636,9 +639,12 @@ static void test_reserve_deadline_soon(void **state)
     check_world(w);
 }
 
-/* Before the margin a holder may wait normally; it waits (no DEADLINE_SOON)
- * when its only watched ready job is in a paused tube, and is then woken
- * with DEADLINE_SOON by the next tick, as the reference does. */
+/* Before the margin a holder may wait normally. When its only watched
+ * ready job is in a paused tube, the reference lets it wait and its next
+ * tick ends the wait with DEADLINE_SOON, whatever the timeout, 0 included
+ * (recorded: codec case deadline-soon-paused-tube-rwt-0). That wait's wake
+ * time has already passed, so it counts as passed now: DEADLINE_SOON at
+ * once, and no wait is left due. */
 static void test_reserve_deadline_soon_edges(void **state)
 {
     struct world *w = *state;
@@ -649,15 +655,14 @@ static void test_reserve_deadline_soon_edges(void **state)
     /* 0.999 s in: not yet within the margin */
     assert_int_equal(reserve(worker, 0, T0 + SEC(1) - 1, NULL), BG_TIMED_OUT);
 
-    /* a ready job in a paused watched tube: no DEADLINE_SOON now ... */
+    /* a ready job in a paused watched tube: DEADLINE_SOON for any timeout */
     put_job(producer, "paused", 1, 0, 60, T0);
     assert_int_equal(bg_pause_tube(&w->engine, "default", 60, T0), BG_OK);
-    assert_int_equal(reserve(worker, -1, T0 + MSEC(1500), NULL), BG_WOULD_BLOCK);
-    /* ... but the wake time is already past, so the next tick ends the wait */
-    assert_int_equal(worker->client.wake_at, T0 + SEC(1));
-    bg_engine_tick(&w->engine, T0 + MSEC(1500));
-    assert_int_equal(worker->ended_count, 1);
-    assert_int_equal(worker->ended[0], BG_DEADLINE_SOON);
+    assert_int_equal(reserve(worker, -1, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    assert_int_equal(reserve(worker, 5, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    assert_int_equal(reserve(worker, 0, T0 + MSEC(1500), NULL), BG_DEADLINE_SOON);
+    assert_false(worker->client.waiting);
+    assert_true(bg_engine_next_deadline(&w->engine) > T0 + MSEC(1500));
     check_world(w);
 }
 
@@ -888,7 +893,7 @@ static void test_delayed_order_by_deadline(void **state)
         assert_non_null(peek);
         assert_int_equal(peek->id, ids[expected_peek[k]]);
         assert_int_equal(bg_engine_next_deadline(&w->engine), peek->deadline_at);
-        assert_int_equal(bg_delete(&producer->client, peek->id), BG_OK);
+        assert_int_equal(bg_delete(&producer->client, peek->id, T0), BG_OK);
     }
     assert_null(bg_heap_min(&t->delayed));
 
@@ -952,29 +957,31 @@ static void test_pause_missing_tube(void **state)
     check_world(w);
 }
 
-/* pause 0 pauses for one nanosecond (stats show 0 s): a waiter at `now` is
- * served by the tick at now + 1 ns. Pausing again replaces the deadline. */
+/* pause 0 ends the pause at once (the reference pauses for 1 ns, over by
+ * its next command), serving the tube's waiters then and there; stats show
+ * pause 0 and the pause counts. Pausing again replaces the deadline. */
 static void test_pause_zero_and_repause(void **state)
 {
     struct world *w = *state;
     struct fake_client *worker = &w->fc[1];
     uint64_t id = put_job(&w->fc[0], "p0", 1, 0, 60, T0);
-    assert_int_equal(bg_pause_tube(&w->engine, "default", 0, T0), BG_OK);
-    assert_int_equal(tube_stats(w, "default", T0).pause_s, 0);
-    assert_int_equal(tube_stats(w, "default", T0).cmd_pause, 1);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 100, T0), BG_OK);
     assert_int_equal(reserve(worker, -1, T0, NULL), BG_WOULD_BLOCK);
-    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + 1);
-    bg_engine_tick(&w->engine, T0);
-    assert_int_equal(worker->delivered_count, 0);
-    bg_engine_tick(&w->engine, T0 + 1);
-    assert_int_equal(worker->delivered_count, 1);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 0, T0 + SEC(1)), BG_OK);
+    assert_int_equal(worker->delivered_count, 1); /* no tick needed */
     assert_int_equal(worker->delivered[0], id);
+    struct bg_stats_tube st = tube_stats(w, "default", T0 + SEC(1));
+    assert_int_equal(st.pause_s, 0);
+    assert_int_equal(st.pause_left_s, 0);
+    assert_int_equal(st.cmd_pause, 2);
+    assert_int_equal(w->engine.tube_timers.len, 0);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(61)); /* the TTR only */
 
     /* re-pausing moves the unpause time rather than adding a second timer */
     assert_int_equal(bg_pause_tube(&w->engine, "default", 10, T0 + SEC(1)), BG_OK);
     assert_int_equal(bg_pause_tube(&w->engine, "default", 3, T0 + SEC(2)), BG_OK);
     assert_int_equal(w->engine.tube_timers.len, 1);
-    assert_int_equal(tube_stats(w, "default", T0).cmd_pause, 3);
+    assert_int_equal(tube_stats(w, "default", T0).cmd_pause, 4);
     assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(5));
     check_world(w);
 }
@@ -987,7 +994,7 @@ static void test_pause_zero_and_repause(void **state)
 static uint64_t reserve_and_bury(struct fake_client *worker, uint32_t pri, bg_time now)
 {
     uint64_t id = reserve_now(worker, now);
-    assert_int_equal(bg_bury(&worker->client, id, pri), BG_OK);
+    assert_int_equal(bg_bury(&worker->client, id, pri, now), BG_OK);
     return id;
 }
 
@@ -1170,7 +1177,7 @@ static void test_tube_lifetime(void **state)
     uint64_t id = put_job(a, "keep", 1, 5, 60, T0);
     assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
     assert_non_null(bg_tube_find(e, "jobs"));
-    assert_int_equal(bg_delete(&a->client, id), BG_OK);
+    assert_int_equal(bg_delete(&a->client, id, T0), BG_OK);
     assert_null(bg_tube_find(e, "jobs"));
 
     /* a reserved job keeps its tube alive too */
@@ -1181,7 +1188,7 @@ static void test_tube_lifetime(void **state)
     assert_int_equal(bg_client_use(&a->client, "default"), BG_OK);
     assert_int_equal(ignore(b, "res"), 1);
     assert_non_null(bg_tube_find(e, "res"));
-    assert_int_equal(bg_delete(&b->client, id), BG_OK);
+    assert_int_equal(bg_delete(&b->client, id, T0), BG_OK);
     assert_null(bg_tube_find(e, "res"));
 
     /* closing a client drops its use and watches */
@@ -1396,7 +1403,7 @@ static void test_waiters_served_in_reference_order(void **state)
         assert_int_equal(fc->delivered_count, 1);
         assert_int_equal(fc->delivered[0], id);
     }
-    for (size_t i = 0; i < 4; i++) assert_int_equal(bg_delete(&order[i]->client, order[i]->delivered[0]), BG_OK);
+    for (size_t i = 0; i < 4; i++) assert_int_equal(bg_delete(&order[i]->client, order[i]->delivered[0], T0), BG_OK);
 
     /* in a fresh tube (cursor 0), an immediate reserve leaves the cursor at 1 */
     assert_int_equal(bg_client_use(&producer->client, "rr-fresh"), BG_OK);
@@ -1608,7 +1615,7 @@ static void test_delete_by_state(void **state)
     uint64_t deleted = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint64_t id = ids[cases[i].which];
-        assert_int_equal(bg_delete(&me->client, id), cases[i].outcome);
+        assert_int_equal(bg_delete(&me->client, id, T0), cases[i].outcome);
         if (cases[i].outcome == BG_OK) {
             deleted++;
             assert_null(find(w, id));
@@ -1681,8 +1688,8 @@ static void test_bury(void **state)
     struct fake_client *worker = &w->fc[1], *other = &w->fc[2];
     uint64_t id = put_job(&w->fc[0], "bury me", 5, 0, 60, T0);
     assert_int_equal(reserve_now(worker, T0), id);
-    assert_int_equal(bg_bury(&other->client, id, 1), BG_NOT_FOUND);
-    assert_int_equal(bg_bury(&worker->client, id, 42), BG_OK);
+    assert_int_equal(bg_bury(&other->client, id, 1, T0), BG_NOT_FOUND);
+    assert_int_equal(bg_bury(&worker->client, id, 42, T0), BG_OK);
     struct bg_job *j = find(w, id);
     assert_int_equal(j->state, BG_JOB_BURIED);
     assert_int_equal(j->pri, 42);
@@ -1690,7 +1697,7 @@ static void test_bury(void **state)
     assert_ptr_equal(w->engine.default_tube->buried_head, j); /* peek-buried */
     assert_int_equal(w->engine.buried_count, 1);
     assert_int_equal(tube_stats(w, "default", T0).buried, 1);
-    assert_int_equal(bg_bury(&worker->client, id, 1), BG_NOT_FOUND); /* not reserved */
+    assert_int_equal(bg_bury(&worker->client, id, 1, T0), BG_NOT_FOUND); /* not reserved */
     assert_int_equal(bg_engine_next_deadline(&w->engine), NEVER);
     check_world(w);
 }
@@ -1782,6 +1789,267 @@ static void test_reserve_job_by_state(void **state)
     assert_int_equal(me->client.reserved.len, 3);
     assert_int_equal(w->engine.workers, 2);
     check_world(w);
+}
+
+/* ======================================================================= */
+/* time: every entry point first does what fell due (issue 11, defect 3)   */
+/* ======================================================================= */
+/* In these tests a deadline passes and no bg_engine_tick runs before the
+ * next call, as when the loop reads a command before its timer fires. The
+ * call must see the deadline as passed. */
+
+/* The defect: pause-tube T 0, then reserve-with-timeout 0 at the same
+ * `now` (both commands in one read) hands out T's ready job. */
+static void test_catch_up_pause_zero_then_reserve(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *worker = &w->fc[1];
+    uint64_t id = put_job(&w->fc[0], "p0", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 0, T0), BG_OK);
+    assert_int_equal(reserve_now(worker, T0), id);
+    /* the same after a long pause that pause 0 cuts short */
+    uint64_t id2 = put_job(&w->fc[0], "p100", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 100, T0), BG_OK);
+    assert_int_equal(reserve(worker, 0, T0, NULL), BG_TIMED_OUT);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 0, T0), BG_OK);
+    assert_int_equal(reserve_now(worker, T0), id2);
+    check_world(w);
+}
+
+/* A pause whose end has passed is over for the next call. */
+static void test_catch_up_pause_ended_without_tick(void **state)
+{
+    struct world *w = *state;
+    uint64_t id = put_job(&w->fc[0], "held", 1, 0, 60, T0);
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 5, T0), BG_OK);
+    assert_int_equal(reserve(&w->fc[1], 0, T0 + SEC(5) - 1, NULL), BG_TIMED_OUT);
+    assert_int_equal(reserve_now(&w->fc[1], T0 + SEC(5)), id);
+    assert_int_equal(bg_tube_find(&w->engine, "default")->pause_ns, 0);
+    check_world(w);
+}
+
+/* A delayed job whose delay has passed is ready: reservable, no longer
+ * kickable (kick counts nothing, kick-job is NOT_FOUND), as after a tick. */
+static void test_catch_up_delayed_job_due_without_tick(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0];
+    uint64_t a = put_job(producer, "a", 1, 1, 60, T0);
+    uint64_t b = put_job(producer, "b", 2, 1, 60, T0);
+    assert_int_equal(bg_kick(&w->engine, producer->client.use, 10, T0 + SEC(1)), 0);
+    assert_int_equal(bg_kick_job(&w->engine, b, T0 + SEC(1)), BG_NOT_FOUND);
+    assert_int_equal(find(w, a)->kicks, 0);
+    assert_int_equal(find(w, b)->kicks, 0);
+    assert_int_equal(w->engine.delayed_count, 0);
+    assert_int_equal(reserve_now(&w->fc[1], T0 + SEC(1)), a);
+
+    /* c, due at +3 s with pri 1, beats b (pri 2), ready since +1 s */
+    uint64_t c = put_job(producer, "c", 1, 2, 60, T0 + SEC(1));
+    assert_int_equal(reserve_now(&w->fc[2], T0 + SEC(3)), c);
+    assert_int_equal(reserve_now(&w->fc[2], T0 + SEC(3)), b);
+    check_world(w);
+}
+
+/* A reservation whose TTR has passed is over: its old owner can no longer
+ * touch, release or bury it (NOT_FOUND), the timeout is counted, and the
+ * job is ready for anyone; delete then deletes a ready job. */
+static void test_catch_up_ttr_ended_without_tick(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *owner = &w->fc[1], *other = &w->fc[2];
+    uint64_t id = put_job(&w->fc[0], "ttr", 1, 0, 2, T0);
+    assert_int_equal(reserve_now(owner, T0), id);
+    bg_time late = T0 + SEC(2);
+    assert_int_equal(bg_touch(&owner->client, id, late), BG_NOT_FOUND);
+    assert_int_equal(bg_release(&owner->client, id, 5, 0, late), BG_NOT_FOUND);
+    assert_int_equal(bg_bury(&owner->client, id, 5, late), BG_NOT_FOUND);
+    struct bg_job *j = find(w, id);
+    assert_int_equal(j->state, BG_JOB_READY);
+    assert_int_equal(j->timeouts, 1);
+    assert_int_equal(w->engine.stat.job_timeouts, 1);
+    assert_null(owner->client.reserved_head);
+
+    /* one nanosecond earlier it was still the owner's */
+    uint64_t id2 = put_job(&w->fc[0], "ttr2", 9, 0, 2, late);
+    assert_int_equal(reserve_now(other, late), id); /* the expired job first */
+    assert_int_equal(reserve_now(owner, late), id2);
+    assert_int_equal(bg_touch(&owner->client, id2, late + SEC(2) - 1), BG_OK);
+    assert_int_equal(bg_delete(&other->client, id, late + SEC(2)), BG_OK);
+    assert_int_equal(bg_delete(&owner->client, id2, late + SEC(4) - 1), BG_OK);
+    check_world(w);
+}
+
+/* A waiter whose timeout has passed times out; a put at that moment does
+ * not hand it the job, which stays ready. */
+static void test_catch_up_waiter_timed_out_before_put(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *waiter = &w->fc[1];
+    assert_int_equal(reserve(waiter, 1, T0, NULL), BG_WOULD_BLOCK);
+    uint64_t id = put_job(&w->fc[0], "late", 1, 0, 60, T0 + SEC(1));
+    assert_int_equal(waiter->ended_count, 1);
+    assert_int_equal(waiter->ended[0], BG_TIMED_OUT);
+    assert_int_equal(waiter->delivered_count, 0);
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    assert_int_equal(w->engine.waiting, 0);
+    check_world(w);
+}
+
+/* A client closing after its job's TTR passed: the job timed out (counted),
+ * as if the tick had run first; its other job just goes back. */
+static void test_catch_up_close_counts_expired_ttr(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *owner = &w->fc[1];
+    uint64_t short_ttr = put_job(&w->fc[0], "short", 1, 0, 1, T0);
+    uint64_t long_ttr = put_job(&w->fc[0], "long", 2, 0, 60, T0);
+    assert_int_equal(reserve_now(owner, T0), short_ttr);
+    assert_int_equal(reserve_now(owner, T0), long_ttr);
+    fake_close(owner, T0 + SEC(1));
+    assert_int_equal(find(w, short_ttr)->timeouts, 1);
+    assert_int_equal(find(w, long_ttr)->timeouts, 0);
+    assert_int_equal(w->engine.stat.job_timeouts, 1);
+    assert_int_equal(w->engine.ready_count, 2);
+    check_world(w);
+}
+
+/* The catch-up is one compare while nothing is due: due_at is a lower
+ * bound of the deadlines, lowered by every new deadline and made exact
+ * only by a tick. A deadline removed early leaves due_at low (no tick runs
+ * before it); the first call at or after it ticks once and makes it exact. */
+static void test_catch_up_due_at_bound(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *producer = &w->fc[0];
+    assert_int_equal(w->engine.due_at, NEVER);
+    uint64_t id = put_job(producer, "d", 1, 10, 60, T0);
+    assert_int_equal(w->engine.due_at, T0 + SEC(10));
+    put_job(producer, "later", 1, 20, 60, T0);
+    assert_int_equal(w->engine.due_at, T0 + SEC(10));
+    assert_int_equal(bg_delete(&producer->client, id, T0 + SEC(1)), BG_OK);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), T0 + SEC(20));
+    /* before due_at: no tick, so the stale bound stays as it is */
+    assert_int_equal(reserve(&w->fc[1], 0, T0 + SEC(10) - 1, NULL), BG_TIMED_OUT);
+    assert_int_equal(w->engine.due_at, T0 + SEC(10));
+    /* at due_at: one tick finds nothing due and makes the bound exact */
+    assert_int_equal(reserve(&w->fc[1], 0, T0 + SEC(10), NULL), BG_TIMED_OUT);
+    assert_int_equal(w->engine.due_at, T0 + SEC(20));
+    /* a reservation, a pause and a waiter lower it too */
+    uint64_t r = put_job(producer, "r", 1, 0, 5, T0 + SEC(10));
+    assert_int_equal(reserve_now(&w->fc[1], T0 + SEC(10)), r);
+    assert_int_equal(w->engine.due_at, T0 + SEC(15));
+    assert_int_equal(bg_pause_tube(&w->engine, "default", 3, T0 + SEC(10)), BG_OK);
+    assert_int_equal(w->engine.due_at, T0 + SEC(13));
+    assert_int_equal(reserve(&w->fc[2], 1, T0 + SEC(10), NULL), BG_WOULD_BLOCK);
+    assert_int_equal(w->engine.due_at, T0 + SEC(11));
+    check_world(w);
+}
+
+/* ---- the same through the beanstalk codec: one `now` per read ---------- */
+
+struct session_rig {
+    struct bg_engine e;
+    struct bg_session a, b;
+};
+
+static void rig_open(struct session_rig *r)
+{
+    assert_int_equal(bg_engine_init(&r->e, MAX_JOB_SIZE), BG_OK);
+    assert_int_equal(bg_session_init(&r->e, &r->a, NULL, NULL), BG_OK);
+    assert_int_equal(bg_session_init(&r->e, &r->b, NULL, NULL), BG_OK);
+}
+
+static void rig_close(struct session_rig *r, bg_time now)
+{
+    bg_session_close(&r->a, now);
+    bg_session_close(&r->b, now);
+    bg_engine_destroy(&r->e);
+}
+
+/* Feed `in` whole to s at `now` (no tick) and check the replies it added. */
+static void feed_expect(struct bg_session *s, const char *in, bg_time now, const char *want)
+{
+    bg_buf_clear(&s->out);
+    size_t n = strlen(in);
+    assert_int_equal(bg_session_feed(s, in, n, now), n);
+    size_t wn = strlen(want);
+    if (s->out.len != wn || (wn && memcmp(bg_buf_head(&s->out), want, wn) != 0))
+        fail_msg("after %s\ngot  %.*s\nwant %s", in, (int)s->out.len, s->out.len ? bg_buf_head(&s->out) : "", want);
+}
+
+/* Feed a stats command to s at `now`; its reply must contain `line`. */
+static void expect_stat_line(struct bg_session *s, const char *cmd, bg_time now, const char *line)
+{
+    bg_buf_clear(&s->out);
+    assert_int_equal(bg_session_feed(s, cmd, strlen(cmd), now), strlen(cmd));
+    if (!memmem(bg_buf_head(&s->out), s->out.len, line, strlen(line)))
+        fail_msg("no \"%s\" in %.*s", line, (int)s->out.len, bg_buf_head(&s->out));
+}
+
+/* Both commands in one read, so one `now`: the job is handed out. */
+static void test_session_pause_zero_then_reserve_one_read(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    feed_expect(&r.a, "put 0 0 60 1\r\nx\r\n", T0, "INSERTED 1\r\n");
+    feed_expect(&r.a, "pause-tube default 0\r\nreserve-with-timeout 0\r\n", T0,
+                "PAUSED\r\nRESERVED 1 1\r\nx\r\n");
+    rig_close(&r, T0);
+}
+
+/* peek-delayed, peek-ready, stats-tube and stats-job read the engine
+ * directly: after the delay passed they show the job ready, no tick run. */
+static void test_session_reads_after_delay_passed(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    feed_expect(&r.a, "put 0 1 60 1\r\nx\r\n", T0, "INSERTED 1\r\n");
+    expect_stat_line(&r.b, "stats-tube default\r\n", T0 + SEC(1), "\ncurrent-jobs-delayed: 0\n");
+    expect_stat_line(&r.b, "stats-tube default\r\n", T0 + SEC(1), "\ncurrent-jobs-ready: 1\n");
+    expect_stat_line(&r.b, "stats-job 1\r\n", T0 + SEC(1), "\nstate: ready\n");
+    expect_stat_line(&r.b, "stats\r\n", T0 + SEC(1), "\ncurrent-jobs-delayed: 0\n");
+    feed_expect(&r.b, "peek-delayed\r\n", T0 + SEC(1), "NOT_FOUND\r\n");
+    feed_expect(&r.b, "peek-ready\r\n", T0 + SEC(1), "FOUND 1 1\r\nx\r\n");
+    rig_close(&r, T0 + SEC(1));
+}
+
+/* stats-job after the TTR passed: ready, one timeout; touch is NOT_FOUND. */
+static void test_session_reads_after_ttr_passed(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    feed_expect(&r.a, "put 0 0 1 1\r\nx\r\nreserve\r\n", T0, "INSERTED 1\r\nRESERVED 1 1\r\nx\r\n");
+    expect_stat_line(&r.b, "stats-job 1\r\n", T0 + SEC(1), "\nstate: ready\n");
+    expect_stat_line(&r.b, "stats-job 1\r\n", T0 + SEC(1), "\ntimeouts: 1\n");
+    feed_expect(&r.a, "touch 1\r\n", T0 + SEC(1), "NOT_FOUND\r\n");
+    rig_close(&r, T0 + SEC(1));
+}
+
+/* A waiting session whose peer half-closes after its wait's end passed
+ * (here the DEADLINE_SOON wake of its held job) gets that end, not the
+ * TIMED_OUT a half-close gives: its own wait ends inside its own call. */
+static void test_session_peer_eof_after_wake_passed(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    feed_expect(&r.a, "put 0 0 2 1\r\nx\r\nreserve\r\n", T0, "INSERTED 1\r\nRESERVED 1 1\r\nx\r\n");
+    feed_expect(&r.a, "reserve-with-timeout 10\r\n", T0 + MSEC(500), "");
+    assert_int_equal(r.a.state, BG_WAITING);
+    bg_session_peer_eof(&r.a, T0 + MSEC(1500));
+    assert_int_equal(r.a.state, BG_WANT_COMMAND);
+    assert_int_equal(r.a.out.len, strlen("DEADLINE_SOON\r\n"));
+    assert_memory_equal(bg_buf_head(&r.a.out), "DEADLINE_SOON\r\n", r.a.out.len);
+    assert_int_equal(r.e.waiting, 0);
+    /* a half-close before that: TIMED_OUT, as before */
+    feed_expect(&r.b, "reserve-with-timeout 10\r\n", T0 + MSEC(1500), "");
+    bg_session_peer_eof(&r.b, T0 + MSEC(1600));
+    assert_int_equal(r.b.out.len, strlen("TIMED_OUT\r\n"));
+    assert_memory_equal(bg_buf_head(&r.b.out), "TIMED_OUT\r\n", r.b.out.len);
+    rig_close(&r, T0 + SEC(2));
 }
 
 /* ======================================================================= */
@@ -2005,9 +2273,9 @@ static void oom_script(void)
             uint64_t id = c->reserved_head->id;
             switch (n++ % 4) {
             case 0: bg_release(c, id, 10, 1, now); break;
-            case 1: bg_bury(c, id, 3); break;
+            case 1: bg_bury(c, id, 3, now); break;
             case 2: bg_touch(c, id, now); bg_release(c, id, 5, 0, now); break;
-            case 3: bg_delete(c, id); break;
+            case 3: bg_delete(c, id, now); break;
             }
             STEP();
         }
@@ -2084,13 +2352,13 @@ static uint64_t pick(uint64_t n) { return prng() % n; }
 enum stress_op {
     OP_PUT, OP_RESERVE, OP_RESERVE_JOB, OP_DELETE, OP_RELEASE, OP_BURY, OP_TOUCH,
     OP_KICK, OP_KICK_JOB, OP_PAUSE, OP_USE, OP_WATCH, OP_IGNORE, OP_TICK, OP_RECONNECT,
-    OP_COUNT
+    OP_ADVANCE, OP_COUNT
 };
 static const unsigned stress_weight[OP_COUNT] = {
     [OP_PUT] = 22, [OP_RESERVE] = 16, [OP_RESERVE_JOB] = 3, [OP_DELETE] = 8,
     [OP_RELEASE] = 6, [OP_BURY] = 4, [OP_TOUCH] = 3, [OP_KICK] = 3, [OP_KICK_JOB] = 2,
     [OP_PAUSE] = 1, [OP_USE] = 4, [OP_WATCH] = 4, [OP_IGNORE] = 3, [OP_TICK] = 14,
-    [OP_RECONNECT] = 1,
+    [OP_RECONNECT] = 1, [OP_ADVANCE] = 6,
 };
 static const char *const stress_tubes[] = {"default", "s1", "s2", "s3", "s4"};
 static const uint32_t stress_pris[] = {0, 1, 1023, 1024, 5000, UINT32_MAX};
@@ -2103,6 +2371,7 @@ struct stress {
     size_t nids;
     bg_time now;
     uint64_t delivered, ended; /* callbacks seen by clients since closed */
+    uint64_t late_calls;       /* calls made with deadlines passed, no tick run */
 };
 
 /* Live-job cap, alternating every 500 steps between a sparse phase (clients
@@ -2154,12 +2423,11 @@ static struct bg_job *model_best_ready(struct bg_client *c)
     return best;
 }
 
+/* Nonzero if a reservation of c ends within the margin. */
 static int model_deadline_soon(struct bg_client *c, bg_time now)
 {
-    int any_ready = 0;
-    for (uint32_t i = 0; i < c->watch_len; i++) any_ready |= c->watch[i]->tube->ready.len > 0;
     for (const struct bg_job *j = c->reserved_head; j; j = j->next)
-        if (now + BG_DEADLINE_MARGIN >= j->deadline_at) return !any_ready;
+        if (now + BG_DEADLINE_MARGIN >= j->deadline_at) return 1;
     return 0;
 }
 
@@ -2175,6 +2443,17 @@ static void stress_step(struct stress *s)
     struct fake_client *fc = random_idle_client(s);
     if (!fc && op != OP_RECONNECT) op = OP_TICK; /* everyone blocks: let time pass */
     if (op == OP_PUT && s->nids >= stress_max_jobs(audit_step)) op = OP_DELETE;
+    /* After OP_ADVANCE, deadlines may have passed with no tick: the next
+     * call must catch up before it acts, so the model (which reads the
+     * state before the call) only predicts outcomes while nothing is due;
+     * otherwise only the audit and "nothing due is left" are checked. */
+    int settled = bg_engine_next_deadline(e) > s->now;
+    int caught_up = 1; /* the op called an entry point that catches up */
+#define EXPECT(got, want)                                  \
+    do {                                                   \
+        uint64_t got_ = (uint64_t)(got); /* always run */  \
+        if (settled) assert_int_equal(got_, (want));       \
+    } while (0)
 
     switch (op) {
     case OP_PUT: {
@@ -2191,28 +2470,30 @@ static void stress_step(struct stress *s)
         static const int64_t timeouts[] = {-1, 0, 0, 1, 3};
         int64_t timeout = timeouts[pick(5)];
         int soon = model_deadline_soon(&fc->client, s->now);
-        struct bg_job *expected = soon ? NULL : model_best_ready(&fc->client);
+        struct bg_job *expected = model_best_ready(&fc->client);
         struct bg_job *j = NULL;
         int r = reserve(fc, timeout, s->now, &j);
-        int want = soon ? BG_DEADLINE_SOON : expected ? BG_OK : timeout == 0 ? BG_TIMED_OUT : BG_WOULD_BLOCK;
-        assert_int_equal(r, want);
-        if (r == BG_OK) assert_ptr_equal(j, expected);
+        int want = expected ? BG_OK : soon ? BG_DEADLINE_SOON : timeout == 0 ? BG_TIMED_OUT : BG_WOULD_BLOCK;
+        EXPECT(r, want);
+        if (settled && r == BG_OK) assert_ptr_equal(j, expected);
         break;
     }
     case OP_RESERVE_JOB: {
         uint64_t id = random_id(s);
         struct bg_job *j = bg_job_find(e, id), *out = NULL;
         int want = j && j->state != BG_JOB_RESERVED ? BG_OK : BG_NOT_FOUND;
-        assert_int_equal(bg_reserve_job(&fc->client, id, s->now, &out), want);
-        if (want == BG_OK) assert_ptr_equal(out->reserver, &fc->client);
+        int r = bg_reserve_job(&fc->client, id, s->now, &out);
+        EXPECT(r, want);
+        if (r == BG_OK) assert_ptr_equal(out->reserver, &fc->client);
         break;
     }
     case OP_DELETE: {
         uint64_t id = fc->client.reserved_head && pick(2) ? fc->client.reserved_head->id : random_id(s);
         struct bg_job *j = bg_job_find(e, id);
         int want = j && !(j->state == BG_JOB_RESERVED && j->reserver != &fc->client) ? BG_OK : BG_NOT_FOUND;
-        assert_int_equal(bg_delete(&fc->client, id), want);
-        if (want == BG_OK) untrack(s, id);
+        int r = bg_delete(&fc->client, id, s->now);
+        EXPECT(r, want);
+        if (r == BG_OK) untrack(s, id);
         break;
     }
     case OP_RELEASE: case OP_BURY: case OP_TOUCH: {
@@ -2221,10 +2502,10 @@ static void stress_step(struct stress *s)
         int mine = j && j->state == BG_JOB_RESERVED && j->reserver == &fc->client;
         uint32_t pri = stress_pris[pick(6)], delay = (uint32_t)pick(3);
         int r = op == OP_RELEASE ? bg_release(&fc->client, id, pri, delay, s->now)
-              : op == OP_BURY ? bg_bury(&fc->client, id, pri)
+              : op == OP_BURY ? bg_bury(&fc->client, id, pri, s->now)
               : bg_touch(&fc->client, id, s->now);
-        assert_int_equal(r, mine ? BG_OK : BG_NOT_FOUND);
-        if (!mine) break;
+        EXPECT(r, mine ? BG_OK : BG_NOT_FOUND);
+        if (r != BG_OK) break;
         if (op == OP_RELEASE && delay) assert_int_equal(j->state, BG_JOB_DELAYED);
         if (op == OP_RELEASE && !delay) assert_true(j->state == BG_JOB_READY || j->reserver != &fc->client);
         if (op == OP_BURY) assert_int_equal(j->state, BG_JOB_BURIED);
@@ -2234,18 +2515,21 @@ static void stress_step(struct stress *s)
     }
     case OP_KICK: {
         struct bg_tube *t = bg_tube_find(e, stress_tubes[pick(5)]);
-        if (!t) break;
+        if (!t) {
+            caught_up = 0;
+            break;
+        }
         uint64_t n = pick(4);
         uint64_t buried = t->buried_count, delayed = t->delayed.len;
         uint64_t want = buried ? (n < buried ? n : buried) : (n < delayed ? n : delayed);
-        assert_int_equal(bg_kick(e, t, n, s->now), want);
+        EXPECT(bg_kick(e, t, n, s->now), want);
         break;
     }
     case OP_KICK_JOB: {
         uint64_t id = random_id(s);
         struct bg_job *j = bg_job_find(e, id);
         int want = j && (j->state == BG_JOB_BURIED || j->state == BG_JOB_DELAYED) ? BG_OK : BG_NOT_FOUND;
-        assert_int_equal(bg_kick_job(e, id, s->now), want);
+        EXPECT(bg_kick_job(e, id, s->now), want);
         break;
     }
     case OP_PAUSE: {
@@ -2255,16 +2539,19 @@ static void stress_step(struct stress *s)
         break;
     }
     case OP_USE:
+        caught_up = 0;
         assert_int_equal(bg_client_use(&fc->client, stress_tubes[pick(5)]), BG_OK);
         assert_int_equal(fc->client.use->using_count >= 1, 1);
         break;
     case OP_WATCH: {
+        caught_up = 0;
         uint32_t count;
         assert_int_equal(bg_client_watch(&fc->client, stress_tubes[pick(5)], &count), BG_OK);
         assert_int_equal(count, fc->client.watch_len);
         break;
     }
     case OP_IGNORE: {
+        caught_up = 0;
         const char *name = stress_tubes[pick(5)];
         int watching = 0;
         for (uint32_t i = 0; i < fc->client.watch_len; i++)
@@ -2286,11 +2573,20 @@ static void stress_step(struct stress *s)
         struct fake_client *victim = &s->fc[pick(SC)];
         s->delivered += victim->delivered_count;
         s->ended += victim->ended_count;
+        caught_up = victim->open;
         fake_close(victim, s->now);
         assert_int_equal(fake_open(e, victim), BG_OK);
         break;
     }
+    case OP_ADVANCE: /* time passes, but the loop's timer has not run yet */
+        caught_up = 0;
+        s->now += MSEC(pick(2500));
+        break;
     }
+#undef EXPECT
+    /* whatever the op was, it left nothing due at `now` behind it */
+    if (caught_up) assert_true(bg_engine_next_deadline(e) > s->now);
+    if (caught_up && !settled) s->late_calls++;
 }
 
 /* Thousands of random calls over several clients and tubes, with a seeded
@@ -2319,13 +2615,16 @@ static void test_stress_random_operations(void **state)
             delivered += s->fc[i].delivered_count;
             ended += s->fc[i].ended_count;
         }
-        print_message("    seed %#llx: %llu deliveries, %llu wait endings, %llu timeouts, %zu jobs left\n",
+        print_message("    seed %#llx: %llu deliveries, %llu wait endings, %llu timeouts, %zu jobs left, "
+                      "%llu calls caught up\n",
                       (unsigned long long)seeds[si], (unsigned long long)delivered,
-                      (unsigned long long)ended, (unsigned long long)s->engine.stat.job_timeouts, s->nids);
+                      (unsigned long long)ended, (unsigned long long)s->engine.stat.job_timeouts, s->nids,
+                      (unsigned long long)s->late_calls);
         /* the run exercised asynchronous deliveries and wait endings */
         assert_true(delivered > 100);
         assert_true(ended > 50);
         assert_true(s->engine.stat.job_timeouts > 0);
+        assert_true(s->late_calls > 100); /* calls did meet passed deadlines */
         audit_step = -1;
         for (int i = 0; i < SC; i++) fake_close(&s->fc[i], s->now);
         check_engine(&s->engine, s->fc, SC);
@@ -2386,6 +2685,17 @@ int main(void)
         ENGINE_TEST(test_touch_extends_deadline),
         ENGINE_TEST(test_touch_moves_deadline_soon_wake),
         ENGINE_TEST(test_reserve_job_by_state),
+        ENGINE_TEST(test_catch_up_pause_zero_then_reserve),
+        ENGINE_TEST(test_catch_up_pause_ended_without_tick),
+        ENGINE_TEST(test_catch_up_delayed_job_due_without_tick),
+        ENGINE_TEST(test_catch_up_ttr_ended_without_tick),
+        ENGINE_TEST(test_catch_up_waiter_timed_out_before_put),
+        ENGINE_TEST(test_catch_up_close_counts_expired_ttr),
+        ENGINE_TEST(test_catch_up_due_at_bound),
+        cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
+        cmocka_unit_test(test_session_reads_after_delay_passed),
+        cmocka_unit_test(test_session_reads_after_ttr_passed),
+        cmocka_unit_test(test_session_peer_eof_after_wake_passed),
         ENGINE_TEST(test_put_while_draining),
         ENGINE_TEST(test_job_new_out_of_memory),
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
