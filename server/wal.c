@@ -992,7 +992,7 @@ static int recover(struct wal *w, struct recovery *rc)
         struct seg_report s = {.index = indexes[i], .superseded = i < start};
         /* a gap: segments between the last one read and this one are gone
          * (before a snapshot, only segment 1 may start the log) */
-        uint64_t expect = i == start ? (snapshot ? indexes[i] : 1) : indexes[i - 1] + 1;
+        uint64_t expect = i <= start ? (snapshot ? indexes[i] : 1) : indexes[i - 1] + 1;
         if (!s.superseded && indexes[i] > expect) {
             struct seg_report gap = {.index = expect, .missing = indexes[i] - expect, .status = SEG_MISSING};
             account_segment(w, rc, &gap);
