@@ -389,7 +389,15 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
         /* a bad record whose frame is believable: skip it whole (never look
          * for records inside it: a body may hold anything) */
         int64_t payload = frame_payload(p + at, len - at);
-        if (payload < 0 && checksum_matches(p + at, len - at)) payload = get_u32(p + at);
+        uint32_t claimed = len - at >= 9 ? get_u32(p + at) : 0;
+        if (payload < 0 && len - at >= 9 && claimed <= len - at - 9) { /* a type we do not know? */
+            if (spent + claimed + 1 > budget) {
+                t->search_complete = 0;
+                return;
+            }
+            spent += (size_t)claimed + 1;
+            if (checksum_matches(p + at, len - at)) payload = claimed;
+        }
         if (payload >= 0) {
             if ((uint64_t)payload > len - at - 9) break; /* cut by the end of the data */
             at += 9 + (size_t)payload;

@@ -471,6 +471,31 @@ static void test_search_budget(void **state)
     bg_buf_free(&seg);
 }
 
+/* A record with a good checksum and a type this version does not know, in
+ * the middle: damage (never torn), skipped by its length; the records after
+ * it are found. */
+static void test_unknown_type_with_good_checksum(void **state)
+{
+    (void)state;
+    enum { N = 6 };
+    size_t at[N + 1];
+    struct bg_buf seg = {0};
+    build_segment(&seg, N, at);
+    unsigned char *r = (unsigned char *)bg_buf_head(&seg) + at[2]; /* a delete */
+    r[8] = 9;
+    uint32_t crc = bg_crc32c(r + 8, 9);
+    for (int i = 0; i < 4; i++) r[4 + i] = (unsigned char)(crc >> (8 * i));
+    assert_int_equal(first_bad(bg_buf_head(&seg), seg.len, BG_JOURNAL_HEADER_SIZE), at[2]);
+    struct bg_journal_tail t;
+    bg_journal_examine(bg_buf_head(&seg), seg.len, at[2], BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_RECORD);
+    assert_int_equal(t.readable, N - 3);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_journal_examine(bg_buf_head(&seg), at[3], at[2], BIG_BUDGET, &t, NULL, NULL); /* as the last one */
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_record_inside_a_cut_body_is_not_found),
         cmocka_unit_test(test_header_and_bad_record_damage),
         cmocka_unit_test(test_search_budget),
+        cmocka_unit_test(test_unknown_type_with_good_checksum),
     };
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
 }
