@@ -413,6 +413,46 @@ int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause
  * BG_JOURNAL_TORN or BG_JOURNAL_CORRUPT. */
 int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used);
 
+/* Where a segment stops being readable, and what is wrong there. */
+enum bg_journal_damage {
+    BG_DAMAGE_NONE = 0,
+    BG_DAMAGE_NO_HEADER,       /* shorter than a header, or a zero header: never written */
+    BG_DAMAGE_BAD_HEADER,      /* a header that is not a beangate segment's */
+    BG_DAMAGE_OTHER_VERSION,   /* our magic, another format version: not damage */
+    BG_DAMAGE_TRUNCATED,       /* a record runs past the end of the data */
+    BG_DAMAGE_CHECKSUM,        /* a believable frame whose checksum fails */
+    BG_DAMAGE_BAD_RECORD,      /* the checksum matches, the fields are impossible */
+    BG_DAMAGE_BAD_FRAME,       /* a length and type no record can have */
+};
+
+/* What follows the point where reading a segment stopped. */
+struct bg_journal_tail {
+    enum bg_journal_damage damage;
+    size_t offset;             /* where reading stopped (0: the header) */
+    size_t dropped_bytes;      /* from offset to the end of the data */
+    uint64_t readable;         /* complete, valid records found after it */
+    uint64_t readable_bytes;   /* bytes those records take */
+    uint64_t readable_by_type[BG_REC_SNAPSHOT_END + 1];
+    int search_complete;       /* 0: the search gave up (budget): more may be readable */
+};
+
+/* The header's damage: BG_DAMAGE_NONE for a header of our version. */
+enum bg_journal_damage bg_journal_header_damage(const char *data, size_t len);
+/* Examine data[offset, len) of a segment whose reading stopped at offset
+ * (0: a bad header). Bad records with a believable frame are skipped whole;
+ * elsewhere the next valid record is searched byte by byte, checksumming at
+ * most `budget` bytes. each(ctx, rec), if not NULL, sees every valid record
+ * found after offset. Pure: the data is not changed. */
+void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budget,
+                        struct bg_journal_tail *t,
+                        void (*each)(void *ctx, const struct bg_journal_record *rec), void *ctx);
+/* Nonzero if t is a torn tail: an interrupted write can have left it (no
+ * header yet, or a bad record) and no valid record follows. Anything else is
+ * damage. Only the newest segment may end in a torn tail. */
+int bg_journal_tail_torn(const struct bg_journal_tail *t);
+/* "checksum", "truncated", ... for messages. */
+const char *bg_journal_damage_name(enum bg_journal_damage d);
+
 /* ---- engine <-> log ----------------------------------------------------- */
 
 /* What the engine tells the log. Set engine->journal to receive it. */

@@ -6,7 +6,10 @@
  *
  * All integers little-endian. A record whose length runs past the end of the
  * data is a torn tail; one whose checksum does not match is corrupt. Either
- * way the reader stops there and says so; it never guesses. */
+ * way the reader stops there and says so; it never guesses. After such a
+ * stop, bg_journal_examine looks at what follows (only to classify it as a
+ * torn tail or damage and to count what would be lost; nothing after the
+ * stop is ever applied). */
 #include <string.h>
 
 #include "core.h"
@@ -281,4 +284,167 @@ int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *re
     if (b != end) return BG_JOURNAL_CORRUPT;
     *used = (size_t)(end - p);
     return 0;
+}
+
+/* ---- where a segment stops being readable, and what follows ------------ */
+
+static int valid_state(uint8_t s)
+{
+    return s == BG_JOB_READY || s == BG_JOB_DELAYED || s == BG_JOB_BURIED;
+}
+
+/* If the record header at p (avail bytes from there to the end of the data)
+ * agrees with the format, as far as the bytes present show (length, type,
+ * and the lengths and state inside the payload), its payload length; else
+ * -1. No checksum is computed: this is the cheap test before one. */
+static int64_t frame_payload(const unsigned char *p, size_t avail)
+{
+    if (avail < 9) return -1;
+    uint32_t payload = get_u32(p);
+    if (payload > BG_JOB_SIZE_LIMIT + 1024u) return -1;
+    const unsigned char *b = p + 9;
+    size_t have = avail - 9; /* payload bytes present */
+    int ok;
+    switch (p[8]) {
+    case BG_REC_DELETE: ok = payload == 8; break;
+    case BG_REC_SNAPSHOT_END: ok = payload == 0; break;
+    case BG_REC_PAUSE:
+        ok = payload >= 14 && payload <= 13 + BG_TUBE_NAME_MAX && (have <= 12 || b[12] == payload - 13);
+        break;
+    case BG_REC_JOB:
+    case BG_REC_UPDATE: {
+        ok = payload >= JOB_FIXED + 2 && (have <= 12 || valid_state(b[12]));
+        if (!ok || have <= JOB_FIXED) break;
+        size_t tube = b[JOB_FIXED], fields = JOB_FIXED + 1 + tube;
+        if (tube == 0 || tube > BG_TUBE_NAME_MAX) ok = 0;
+        else if (p[8] == BG_REC_UPDATE) ok = payload == fields;
+        else ok = payload >= fields + 4 + 2 && (have < fields + 4 || get_u32(b + fields) == payload - fields - 4);
+        break;
+    }
+    default: ok = 0;
+    }
+    return ok ? (int64_t)payload : -1;
+}
+
+/* Nonzero if the record at p has a length that fits in avail and a
+ * checksum that matches (whatever its fields say). */
+static int checksum_matches(const unsigned char *p, size_t avail)
+{
+    if (avail < 9) return 0;
+    uint32_t payload = get_u32(p);
+    return payload <= avail - 9 && get_u32(p + 4) == bg_crc32c(p + 8, (size_t)payload + 1);
+}
+
+enum bg_journal_damage bg_journal_header_damage(const char *data, size_t len)
+{
+    char want[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(want);
+    size_t n = len < sizeof want ? len : sizeof want;
+    int zeros = 1;
+    for (size_t i = 0; i < n; i++) zeros &= data[i] == 0;
+    if (zeros) return BG_DAMAGE_NO_HEADER; /* never written (a crash after the file was made) */
+    if (len < sizeof want) return memcmp(data, want, n) == 0 ? BG_DAMAGE_NO_HEADER : BG_DAMAGE_BAD_HEADER;
+    if (memcmp(data, segment_magic, sizeof segment_magic) != 0) return BG_DAMAGE_BAD_HEADER;
+    return get_u32((const unsigned char *)data + 8) == BG_JOURNAL_VERSION ? BG_DAMAGE_NONE
+                                                                         : BG_DAMAGE_OTHER_VERSION;
+}
+
+/* What is wrong with the record at p, which bg_journal_decode refused. */
+static enum bg_journal_damage record_damage(const unsigned char *p, size_t avail)
+{
+    if (avail < 9) return BG_DAMAGE_TRUNCATED;
+    if (checksum_matches(p, avail)) return BG_DAMAGE_BAD_RECORD;
+    int64_t payload = frame_payload(p, avail);
+    if (payload < 0) return BG_DAMAGE_BAD_FRAME;
+    return (uint64_t)payload > avail - 9 ? BG_DAMAGE_TRUNCATED : BG_DAMAGE_CHECKSUM;
+}
+
+void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budget,
+                        struct bg_journal_tail *t,
+                        void (*each)(void *ctx, const struct bg_journal_record *rec), void *ctx)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    memset(t, 0, sizeof *t);
+    t->offset = offset;
+    t->dropped_bytes = len - offset;
+    t->search_complete = 1;
+    size_t at = offset;
+    if (offset < BG_JOURNAL_HEADER_SIZE) {
+        t->damage = bg_journal_header_damage(data, len);
+        at = BG_JOURNAL_HEADER_SIZE;
+    } else {
+        t->damage = record_damage(p + offset, len - offset);
+    }
+    size_t spent = 0, used;
+    struct bg_journal_record rec;
+    while (at < len) {
+        if (bg_journal_decode(data + at, len - at, &rec, &used) == 0) {
+            t->readable++;
+            t->readable_bytes += used;
+            t->readable_by_type[rec.type]++;
+            if (each) each(ctx, &rec);
+            at += used;
+            continue;
+        }
+        /* a bad record whose frame is believable: skip it whole (never look
+         * for records inside it: a body may hold anything) */
+        int64_t payload = frame_payload(p + at, len - at);
+        uint32_t claimed = len - at >= 9 ? get_u32(p + at) : 0;
+        if (payload < 0 && len - at >= 9 && claimed <= len - at - 9) { /* a type we do not know? */
+            if (spent + claimed + 1 > budget) {
+                t->search_complete = 0;
+                return;
+            }
+            spent += (size_t)claimed + 1;
+            if (checksum_matches(p + at, len - at)) payload = claimed;
+        }
+        if (payload >= 0) {
+            if ((uint64_t)payload > len - at - 9) break; /* cut by the end of the data */
+            at += 9 + (size_t)payload;
+            continue;
+        }
+        /* no record can start here: look for the next readable one */
+        size_t next = at + 1;
+        for (; next + 9 <= len; next++) {
+            int64_t n = frame_payload(p + next, len - next);
+            if (n < 0 || (uint64_t)n > len - next - 9) continue;
+            if (spent + (size_t)n + 1 > budget) {
+                t->search_complete = 0;
+                return;
+            }
+            spent += (size_t)n + 1;
+            if (bg_journal_decode(data + next, len - next, &rec, &used) == 0) break;
+        }
+        if (next + 9 > len) break;
+        at = next;
+    }
+}
+
+int bg_journal_tail_torn(const struct bg_journal_tail *t)
+{
+    switch (t->damage) {
+    case BG_DAMAGE_NO_HEADER:
+    case BG_DAMAGE_TRUNCATED:
+    case BG_DAMAGE_CHECKSUM:
+    case BG_DAMAGE_BAD_FRAME:
+        return t->readable == 0 && t->search_complete;
+    default:
+        return 0; /* a foreign header, or a record with a good checksum and bad fields:
+                   * no interrupted write leaves those */
+    }
+}
+
+const char *bg_journal_damage_name(enum bg_journal_damage d)
+{
+    static const char *const names[] = {
+        [BG_DAMAGE_NONE] = "none",
+        [BG_DAMAGE_NO_HEADER] = "no_header",
+        [BG_DAMAGE_BAD_HEADER] = "bad_header",
+        [BG_DAMAGE_OTHER_VERSION] = "other_version",
+        [BG_DAMAGE_TRUNCATED] = "truncated",
+        [BG_DAMAGE_CHECKSUM] = "checksum",
+        [BG_DAMAGE_BAD_RECORD] = "bad_record",
+        [BG_DAMAGE_BAD_FRAME] = "bad_frame",
+    };
+    return (unsigned)d < sizeof names / sizeof names[0] ? names[d] : "unknown";
 }

@@ -18,6 +18,7 @@
 enum setting {
     S_LISTEN, S_PORT, S_USER, S_MAX_JOB_SIZE, S_VERBOSE,
     S_BINLOG_DIR, S_FSYNC_MS, S_NO_FSYNC, S_BINLOG_SIZE,
+    S_LOG_RECOVER_DAMAGED,
     S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
     S_GEARMAN_LISTEN, S_GEARMAN_PORT,
     S_COUNT
@@ -40,6 +41,7 @@ static const struct setting_def {
     [S_FSYNC_MS] = {"BEANGATE_FSYNC_MS", "-f", "fsync_ms"},
     [S_NO_FSYNC] = {"BEANGATE_NO_FSYNC", "-F", "fsync_never"},
     [S_BINLOG_SIZE] = {"BEANGATE_BINLOG_SIZE", "-s", "binlog_size"},
+    [S_LOG_RECOVER_DAMAGED] = {"BEANGATE_LOG_RECOVER_DAMAGED", "--log-recover-damaged", "log_recover_damaged"},
     [S_HTTP_LISTEN] = {"BEANGATE_HTTP_LISTEN", "--http-listen", "http_listen"},
     [S_HTTP_PORT] = {"BEANGATE_HTTP_PORT", "--http-port", "http_port"},
     [S_NO_HTTP] = {"BEANGATE_NO_HTTP", "--no-http", "http"},
@@ -83,6 +85,12 @@ static void usage(FILE *f)
         "                         127.0.0.1 once --gearman-port is given)\n"
         " --gearman-port PORT     Gearman port (usually 4730); Gearman is off\n"
         "                         unless one of these two is given\n"
+        " --log-recover-damaged   start even if the log is damaged, with what is\n"
+        "                         readable (logs each part dropped); by default a\n"
+        "                         damaged log stops the start with status 111\n"
+        " --check-log DIR         report each log segment's records and damage and\n"
+        "                         exit (0 clean, 1 damaged, 2 check failed); must be\n"
+        "                         the first argument; starts no server\n"
         " --help, --version       as -h, -v\n"
         "\n"
         "Environment: every option can also be set by a variable. The command line\n"
@@ -97,6 +105,7 @@ static void usage(FILE *f)
         " BEANGATE_FSYNC_MS=MS           as -f\n"
         " BEANGATE_NO_FSYNC=1            as -F\n"
         " BEANGATE_BINLOG_SIZE=BYTES     as -s\n"
+        " BEANGATE_LOG_RECOVER_DAMAGED=1 as --log-recover-damaged\n"
         " BEANGATE_HTTP_LISTEN=ADDR      as --http-listen\n"
         " BEANGATE_HTTP_PORT=PORT        as --http-port\n"
         " BEANGATE_NO_HTTP=1             as --no-http\n"
@@ -241,6 +250,11 @@ static int apply_env(struct server_config *cfg, struct env_error *err)
         if (parse_segment_size(v, &cfg->segment_size) != 0) ENV_FAIL(S_BINLOG_SIZE, v, "invalid size");
         sources[S_BINLOG_SIZE] = FROM_ENV;
     }
+    if ((v = env_value(S_LOG_RECOVER_DAMAGED))) {
+        if (parse_bool(v, &b) != 0)
+            ENV_FAIL(S_LOG_RECOVER_DAMAGED, v, "not a boolean (1/0, true/false, yes/no, on/off)");
+        cfg->log_recover_damaged = b, sources[S_LOG_RECOVER_DAMAGED] = FROM_ENV;
+    }
     if ((v = env_value(S_HTTP_LISTEN))) {
         cfg->http_listen = v, cfg->http_explicit = 1, sources[S_HTTP_LISTEN] = FROM_ENV;
     }
@@ -285,6 +299,11 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
     if (strcmp(a, "--no-http") == 0) {
         cfg->http_enabled = 0;
         sources[S_NO_HTTP] = FROM_FLAG;
+        return 0;
+    }
+    if (strcmp(a, "--log-recover-damaged") == 0) {
+        cfg->log_recover_damaged = 1;
+        sources[S_LOG_RECOVER_DAMAGED] = FROM_FLAG;
         return 0;
     }
     if (strcmp(a, "--metrics-auth") == 0) {
@@ -516,14 +535,15 @@ static void log_config(const struct server_config *c)
               "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
               "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
               "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s gearman=%s "
-              "gearman_listen=%s gearman_port=%s",
+              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s",
               log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
               c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
               (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
               log_str(c->http_listen), log_str(c->http_port), log_str(c->http_token_file),
               c->http_token_count, c->http_token_count ? "on" : "off",
               c->metrics_auth ? "on" : "off", c->gearman_enabled ? "on" : "off",
-              log_str(c->gearman_listen), log_str(c->gearman_port));
+              log_str(c->gearman_listen), log_str(c->gearman_port),
+              c->log_recover_damaged ? "on" : "off");
     for (int s = 0; s < S_COUNT; s++)
         log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", defs[s].key,
                   source_names[sources[s]], defs[s].env);

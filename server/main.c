@@ -198,6 +198,14 @@ int main(int argc, char **argv)
     if (argc >= 2 && strncmp(argv[1], "--healthcheck", 13) == 0 &&
         (argv[1][13] == '\0' || argv[1][13] == '='))
         return healthcheck(argv[1][13] == '=' ? argv[1] + 14 : NULL);
+    if (argc >= 2 && strncmp(argv[1], "--check-log", 11) == 0 && (argv[1][11] == '\0' || argv[1][11] == '=')) {
+        const char *dir = argv[1][11] == '=' ? argv[1] + 12 : argc == 3 ? argv[2] : NULL;
+        if (!dir || !*dir || argc != (argv[1][11] == '=' ? 2 : 3)) {
+            log_event(BG_LOG_ERROR, "bad_flag", "flag=--check-log msg=%s", log_str("use: beangate --check-log DIR"));
+            return SERVER_USAGE_EXIT;
+        }
+        return wal_check(dir);
+    }
     struct server_config cfg;
     int r = server_config_parse(&cfg, argc, argv);
     if (r == 1) return 0;
@@ -230,7 +238,8 @@ int main(int argc, char **argv)
     event_add(srv.sig_int, NULL);
     static struct wal wal;
     if (cfg.log_dir) {
-        struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size};
+        struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
+                                  cfg.log_recover_damaged};
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t wall = (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;

@@ -37,6 +37,7 @@ struct server_config {
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
     uint64_t segment_size;       /* -s, default 10485760 */
+    int log_recover_damaged;     /* --log-recover-damaged: start on a damaged log */
     int gearman_enabled;         /* --gearman-listen or --gearman-port given */
     const char *gearman_listen;  /* default 127.0.0.1 */
     const char *gearman_port;    /* default 4730 */

@@ -98,13 +98,21 @@ static int segment_create(struct wal *w, uint64_t index)
     return fd;
 }
 
-/* Delete the segments below `index` (their data is in later ones). */
+/* Delete the segments below `index` (their data is in later ones). One
+ * that was found damaged at start is kept, as beangate.N.wal.damaged (which
+ * recovery does not read), for whoever wants to look at it. */
 static void segments_drop_below(struct wal *w, uint64_t index)
 {
-    char name[64];
+    char name[64], kept[80];
     while (w->first_index < index) {
         segment_name(name, sizeof name, w->first_index);
-        unlinkat(w->dir_fd, name, 0);
+        int damaged = 0;
+        for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
+        snprintf(kept, sizeof kept, "%s.damaged", name);
+        if (damaged && renameat(w->dir_fd, name, w->dir_fd, kept) == 0)
+            log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
+        else
+            unlinkat(w->dir_fd, name, 0);
         w->total_bytes -= w->segment_sizes[0];
         memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
         w->segment_sizes[w->segment_cap - 1] = 0;
@@ -177,6 +185,9 @@ const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted,
  * the partial write is cut off again, so a retry starts clean. */
 static int flush_batch(struct wal_batch *b, int dir_fd)
 {
+    /* a segment is complete on disk before anything goes into the next:
+     * after a crash of the machine only the newest may end torn */
+    if (b->close_fd >= 0 && b->sync_close && fdatasync(b->close_fd) != 0) return errno;
     const char *p = bg_buf_head(&b->data);
     size_t left = b->data.len;
     while (left) {
@@ -192,12 +203,14 @@ static int flush_batch(struct wal_batch *b, int dir_fd)
     }
     if (b->sync && fdatasync(b->fd) != 0) return errno;
     if (b->close_fd >= 0) {
-        if (b->sync) fdatasync(b->close_fd);
         close(b->close_fd);
         b->close_fd = -1;
     }
-    if (b->sync_dir && b->sync) fsync(dir_fd);
-    b->sync_dir = 0;
+    /* a new segment's name is on disk with the first synced batch after it */
+    if (b->sync_dir && b->sync) {
+        fsync(dir_fd);
+        b->sync_dir = 0;
+    }
     return 0;
 }
 
@@ -305,6 +318,7 @@ static int snapshot_begin(struct wal *w)
     w->snap_count = n;
     w->snap_next = 0;
     w->compact_index = w->cur_index;
+    w->force_snapshot = 0;
     return 0;
 }
 
@@ -322,6 +336,7 @@ static int rotate(struct wal *w)
     int fd = segment_create(w, w->cur_index + 1);
     if (fd < 0) return -1;
     w->batch.close_fd = w->cur_fd;
+    w->batch.sync_close = !w->cfg.fsync_never;
     w->batch.sync_dir = 1;
     w->cur_fd = fd;
     w->cur_index++;
@@ -337,7 +352,7 @@ void wal_kick(struct wal *w)
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
     struct wal_batch *b = &w->batch;
     int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !w->snap_ids && !(w->unsynced && sync_due)) {
+    if (!retry && w->pending.len == 0 && !w->snap_ids && !w->force_snapshot && !(w->unsynced && sync_due)) {
         if (w->unsynced && !w->cfg.fsync_never) {
             /* the tail of a burst is synced when its time comes */
             bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
@@ -350,7 +365,7 @@ void wal_kick(struct wal *w)
     if (!retry) {
         bg_buf_clear(&b->data);
         b->close_fd = -1;
-        int compact = w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size &&
+        int compact = (w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size || w->force_snapshot) &&
                       !w->compact_seq && !w->snap_ids;
         if (compact && snapshot_begin(w) != 0) return;
         if (w->snap_ids && snapshot_step(w) != 0) {
@@ -487,95 +502,210 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
 
 /* ---- recovery ---------------------------------------------------------- */
 
-/* Map a whole file read-only (no copy through a buffer); NULL on error.
- * An empty file maps to a static empty buffer. */
-static char *map_all(int dir_fd, const char *name, size_t *len)
+/* Bytes checksummed, per damaged segment, while looking for readable
+ * records after the damage (docs/durability.md, "Log damage policy"). */
+#define WAL_SEARCH_BUDGET ((size_t)256 << 20)
+
+/* Read a whole file; NULL on error (errno set). Mapped read-only (no copy)
+ * at start, when the directory is locked; copied by --check-log, which may
+ * read while a server cuts a failed write off a file (a mapping would then
+ * fault). An empty file gives a static empty buffer. */
+static char empty_file[1];
+
+static char *map_all(int dir_fd, const char *name, size_t *len, int copy)
 {
-    static char empty[1];
     int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
     struct stat st;
     char *data = NULL;
-    if (fstat(fd, &st) == 0) {
-        *len = (size_t)st.st_size;
-        if (*len == 0) data = empty;
-        else {
-            data = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (data == MAP_FAILED) data = NULL;
-            else madvise(data, *len, MADV_SEQUENTIAL);
+    int err = 0;
+    if (fstat(fd, &st) != 0) err = errno;
+    else if ((*len = (size_t)st.st_size) == 0) data = empty_file;
+    else if (copy) {
+        data = malloc(*len);
+        size_t got = 0;
+        while (data && got < *len) {
+            ssize_t n = pread(fd, data + got, *len - got, (off_t)got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                if (n == 0) *len = got; /* shorter now: read what is there */
+                else err = errno, free(data), data = NULL;
+                break;
+            }
+            got += (size_t)n;
         }
+        if (!data && !err) err = ENOMEM;
+    } else {
+        data = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (data == MAP_FAILED) err = errno, data = NULL;
+        else madvise(data, *len, MADV_SEQUENTIAL);
     }
     close(fd);
+    errno = err;
     return data;
 }
 
-static void unmap_all(char *data, size_t len)
+static void unmap_all(char *data, size_t len, int copy)
 {
-    if (len) munmap(data, len);
+    if (data == empty_file) return;
+    if (copy) free(data);
+    else munmap(data, len);
 }
 
-/* Apply one segment's records to the engine. Returns records applied. */
-static uint64_t replay_segment(struct wal *w, const char *name, const char *data, size_t len,
-                               bg_time now, uint64_t wall)
+static int index_less(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Job ids noted after damage, to say which jobs are known to be lost. */
+struct id_list {
+    uint64_t *ids;
+    size_t n, cap;
+    int incomplete;            /* out of memory: the counts are lower bounds */
+};
+
+static void ids_add(struct id_list *l, uint64_t id)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        uint64_t *a = realloc(l->ids, cap * sizeof *a);
+        if (!a) {
+            l->incomplete = 1;
+            return;
+        }
+        l->ids = a;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = id;
+}
+
+static int ids_has(const struct id_list *l, uint64_t id)
+{
+    return l->n && bsearch(&id, l->ids, l->n, sizeof id, index_less) != NULL;
+}
+
+enum seg_status { SEG_OK, SEG_TORN, SEG_DAMAGED, SEG_MISSING, SEG_UNREADABLE, SEG_OTHER_VERSION };
+
+/* What reading one segment found, for its log line or --check-log line. */
+struct seg_report {
+    uint64_t index;
+    uint64_t missing;            /* SEG_MISSING: segments missing from index on */
+    size_t bytes;
+    uint64_t by_type[BG_REC_SNAPSHOT_END + 1];
+    uint64_t jobs_put;           /* job records that made a job not alive before */
+    enum seg_status status;
+    int superseded;              /* before the snapshot recovery starts at */
+    struct bg_journal_tail tail; /* SEG_TORN, SEG_DAMAGED: where and what */
+    int error;                   /* SEG_UNREADABLE: errno */
+};
+
+/* One recovery: of a starting server, or of --check-log (read only, into a
+ * scratch engine, a line per segment on stdout). */
+struct recovery {
+    int check;
+    int accept_damage;           /* --log-recover-damaged */
+    bg_time now;
+    uint64_t wall;
+    uint64_t records, segments;
+    uint64_t torn, damaged, missing; /* damaged: damaged or unreadable segments */
+    int other_version, vanished;
+    uint64_t dropped_bytes, readable_dropped, unreadable_bytes;
+    int failed;                  /* out of memory: the start is refused */
+    int past_damage;             /* records now follow lost ones: note unknown ids */
+    /* readable records in dropped bytes, and records after the damage about
+     * jobs whose put was never read */
+    struct id_list dropped_puts, dropped_deletes, orphans, deleted_unknown;
+    uint64_t max_unread_id;      /* highest id in those records: never given out again */
+    int torn_newest;             /* the newest segment ends in a torn tail: */
+    struct seg_report torn_seg;  /* where; it is cut (and said) if the start goes on */
+};
+
+/* Apply one record to the engine. 0, or -1 out of memory (said). */
+static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s,
+                        const struct bg_journal_record *rec)
 {
     struct bg_engine *e = w->engine;
-    if (bg_journal_check_header(data, len) != 0) {
-        if (len >= BG_JOURNAL_HEADER_SIZE) {
-            /* a whole header we cannot read: another format version (a
-             * downgrade?) or not our file. Starting without its jobs would
-             * lose them silently, so refuse. */
-            log_event(BG_LOG_ERROR, "wal_unknown_segment", "file=%s action=refuse_start hint=%s", log_str(name),
-                      log_str("written by another beangate version, or not a beangate log"));
-            w->unreadable = 1;
-            return 0;
+    bg_time now = rc->now;
+    uint64_t wall = rc->wall;
+    bg_time deadline = rec->job.deadline_wall > wall ? now + (rec->job.deadline_wall - wall) : now;
+    bg_time created = rec->job.created_wall && rec->job.created_wall < wall
+                          ? (now > wall - rec->job.created_wall ? now - (wall - rec->job.created_wall) : 0)
+                          : now;
+    switch (rec->type) {
+    case BG_REC_JOB: {
+        struct bg_job *old = bg_job_find(e, rec->job.id);
+        if (old) w->live_bytes -= job_record_size(old);
+        else s->jobs_put++;
+        if (bg_engine_restore_job(e, &rec->job, deadline, created, now) != 0) {
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=restore error=%s", log_str(w->cfg.dir),
+                      log_str("out of memory"));
+            return -1;
         }
-        /* a header torn while the segment was being created */
-        log_event(BG_LOG_WARN, "wal_torn_tail", "file=%s offset=0 dropped_bytes=%zu", log_str(name), len);
-        w->torn_records++;
+        w->live_bytes += 9 + 60 + 1 + strlen(rec->tube) + 4 + rec->job.body_len;
+        break;
+    }
+    case BG_REC_UPDATE:
+        if (bg_engine_restore_update(e, &rec->job, deadline, now) != 0 && rc->past_damage) {
+            ids_add(&rc->orphans, rec->job.id); /* alive, and its put is lost */
+            if (rec->job.id > rc->max_unread_id) rc->max_unread_id = rec->job.id;
+        }
+        break;
+    case BG_REC_DELETE: {
+        struct bg_job *j = bg_job_find(e, rec->job.id);
+        if (j) w->live_bytes -= job_record_size(j);
+        else if (rc->past_damage) ids_add(&rc->deleted_unknown, rec->job.id);
+        bg_engine_restore_delete(e, rec->job.id);
+        break;
+    }
+    case BG_REC_PAUSE: {
+        bg_time unpause = rec->unpause_wall > wall ? now + (rec->unpause_wall - wall) : now;
+        bg_engine_restore_pause(e, rec->tube, rec->pause_s, unpause, now);
+        break;
+    }
+    }
+    return 0;
+}
+
+/* bg_journal_examine's view of the readable records in dropped bytes. */
+static void note_dropped(void *ctx, const struct bg_journal_record *rec)
+{
+    struct recovery *rc = ctx;
+    if (rec->type != BG_REC_PAUSE && rec->type != BG_REC_SNAPSHOT_END && rec->job.id > rc->max_unread_id)
+        rc->max_unread_id = rec->job.id;
+    if (rec->type == BG_REC_JOB) ids_add(&rc->dropped_puts, rec->job.id);
+    else if (rec->type == BG_REC_DELETE) ids_add(&rc->dropped_deletes, rec->job.id);
+}
+
+/* Read one segment's records in order (applying them if `apply`) up to the
+ * first that cannot be read, then examine the rest: a torn tail if `newest`
+ * and nothing readable follows, else damage. 0, or -1 out of memory. This
+ * is the one reader of segments, for a start and for --check-log. */
+static int read_segment(struct wal *w, struct recovery *rc, struct seg_report *s, const char *data,
+                        size_t len, int newest, int apply)
+{
+    s->bytes = len;
+    enum bg_journal_damage header = bg_journal_header_damage(data, len);
+    if (header == BG_DAMAGE_OTHER_VERSION) {
+        s->status = SEG_OTHER_VERSION;
         return 0;
     }
-    size_t at = BG_JOURNAL_HEADER_SIZE, used;
-    uint64_t applied = 0;
-    struct bg_journal_record rec;
-    while (at < len) {
-        int r = bg_journal_decode(data + at, len - at, &rec, &used);
-        if (r != 0) {
-            log_event(BG_LOG_WARN, r == BG_JOURNAL_TORN ? "wal_torn_tail" : "wal_corrupt_record",
-                      "file=%s offset=%zu dropped_bytes=%zu", log_str(name), at, len - at);
-            w->torn_records++;
-            break;
+    size_t at = 0, used;
+    if (header == BG_DAMAGE_NONE) {
+        struct bg_journal_record rec;
+        for (at = BG_JOURNAL_HEADER_SIZE; at < len; at += used) {
+            if (bg_journal_decode(data + at, len - at, &rec, &used) != 0) break;
+            s->by_type[rec.type]++;
+            if (apply && apply_record(w, rc, s, &rec) != 0) return -1;
         }
-        at += used;
-        applied++;
-        bg_time deadline = rec.job.deadline_wall > wall ? now + (rec.job.deadline_wall - wall) : now;
-        bg_time created = rec.job.created_wall && rec.job.created_wall < wall
-                              ? (now > wall - rec.job.created_wall ? now - (wall - rec.job.created_wall) : 0)
-                              : now;
-        switch (rec.type) {
-        case BG_REC_JOB: {
-            struct bg_job *old = bg_job_find(e, rec.job.id);
-            if (old) w->live_bytes -= job_record_size(old);
-            if (bg_engine_restore_job(e, &rec.job, deadline, created, now) != 0) return applied;
-            w->live_bytes += 9 + 60 + 1 + strlen(rec.tube) + 4 + rec.job.body_len;
-            break;
-        }
-        case BG_REC_UPDATE:
-            bg_engine_restore_update(e, &rec.job, deadline, now);
-            break;
-        case BG_REC_DELETE: {
-            struct bg_job *j = bg_job_find(e, rec.job.id);
-            if (j) w->live_bytes -= job_record_size(j);
-            bg_engine_restore_delete(e, rec.job.id);
-            break;
-        }
-        case BG_REC_PAUSE: {
-            bg_time unpause = rec.unpause_wall > wall ? now + (rec.unpause_wall - wall) : now;
-            bg_engine_restore_pause(e, rec.tube, rec.pause_s, unpause, now);
-            break;
-        }
+        if (at >= len) {
+            s->status = SEG_OK;
+            return 0;
         }
     }
-    return applied;
+    bg_journal_examine(data, len, at, WAL_SEARCH_BUDGET, &s->tail, apply ? note_dropped : NULL, rc);
+    s->status = newest && bg_journal_tail_torn(&s->tail) ? SEG_TORN : SEG_DAMAGED;
+    return 0;
 }
 
 /* Nonzero if the segment holds a complete snapshot (its end record). */
@@ -591,17 +721,229 @@ static int segment_has_snapshot_end(const char *data, size_t len)
     return 0;
 }
 
-static int index_less(const void *a, const void *b)
+static const char *const seg_status_names[] = {
+    [SEG_OK] = "ok", [SEG_TORN] = "torn_tail", [SEG_DAMAGED] = "damaged",
+    [SEG_MISSING] = "missing", [SEG_UNREADABLE] = "unreadable", [SEG_OTHER_VERSION] = "other_version",
+};
+
+/* What is wrong with a segment, as key=value pairs (empty when nothing). */
+static void describe_damage(char *out, size_t n, const struct seg_report *s)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
+    const struct bg_journal_tail *t = &s->tail;
+    switch (s->status) {
+    case SEG_TORN:
+    case SEG_DAMAGED:
+        snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu readable_records_after=%llu%s",
+                 bg_journal_damage_name(t->damage), t->offset, t->dropped_bytes,
+                 (unsigned long long)t->readable, t->search_complete ? "" : " search=incomplete");
+        break;
+    case SEG_MISSING:
+        snprintf(out, n, " damage=missing_segment missing_segments=%llu", (unsigned long long)s->missing);
+        break;
+    case SEG_UNREADABLE:
+        snprintf(out, n, " damage=unreadable error=%s", log_str(strerror(s->error)));
+        break;
+    default:
+        out[0] = '\0';
+    }
 }
 
-/* Replay every segment in index order. 0 or -1. */
-static int recover(struct wal *w, bg_time now, uint64_t wall)
+/* Say what reading a segment found: a line of --check-log on stdout, or at
+ * start a log event for a segment that was not read whole. */
+static void report_segment(const struct recovery *rc, const struct seg_report *s)
+{
+    char name[64], damage[256];
+    segment_name(name, sizeof name, s->index);
+    describe_damage(damage, sizeof damage, s);
+    if (rc->check) {
+        printf("segment index=%llu file=%s", (unsigned long long)s->index, name);
+        if (s->status != SEG_MISSING && s->status != SEG_UNREADABLE) {
+            uint64_t records = 0;
+            for (int k = 0; k <= BG_REC_SNAPSHOT_END; k++) records += s->by_type[k];
+            printf(" bytes=%zu records=%llu job=%llu update=%llu delete=%llu pause=%llu snapshot_end=%llu",
+                   s->bytes, (unsigned long long)records, (unsigned long long)s->by_type[BG_REC_JOB],
+                   (unsigned long long)s->by_type[BG_REC_UPDATE], (unsigned long long)s->by_type[BG_REC_DELETE],
+                   (unsigned long long)s->by_type[BG_REC_PAUSE],
+                   (unsigned long long)s->by_type[BG_REC_SNAPSHOT_END]);
+            if (!s->superseded) printf(" jobs_put=%llu", (unsigned long long)s->jobs_put);
+        }
+        printf(" status=%s%s\n", s->superseded ? "superseded" : seg_status_names[s->status], damage);
+        return;
+    }
+    switch (s->status) {
+    case SEG_OK:
+        return;
+    case SEG_TORN: /* said once the start is decided: cut_torn_tail */
+        return;
+    case SEG_OTHER_VERSION:
+        log_event(BG_LOG_ERROR, "wal_unknown_segment", "file=%s action=refuse_start hint=%s", name,
+                  log_str("written by another beangate version: start the version that wrote it"));
+        return;
+    default:
+        if (rc->accept_damage)
+            log_event(BG_LOG_WARN, "wal_damage_dropped", "file=%s%s action=dropped", name, damage);
+        else
+            log_event(BG_LOG_ERROR, "wal_damaged", "file=%s%s action=refuse_start", name, damage);
+    }
+}
+
+/* Count a segment that was not read whole into the recovery's totals. */
+static void account_segment(struct wal *w, struct recovery *rc, const struct seg_report *s)
+{
+    switch (s->status) {
+    case SEG_TORN:
+        rc->torn++;
+        w->torn_records++;
+        rc->torn_newest = 1;
+        rc->torn_seg = *s;
+        break;
+    case SEG_DAMAGED:
+    case SEG_UNREADABLE: {
+        int whole = s->status == SEG_UNREADABLE;
+        rc->dropped_bytes += whole ? s->bytes : s->tail.dropped_bytes;
+        rc->unreadable_bytes += whole ? s->bytes : s->tail.dropped_bytes - s->tail.readable_bytes;
+        rc->readable_dropped += whole ? 0 : s->tail.readable;
+        rc->damaged++;
+        rc->past_damage = 1;
+        w->torn_records++;
+        break;
+    }
+    case SEG_MISSING:
+        rc->missing += s->missing;
+        rc->past_damage = 1;
+        break;
+    case SEG_OTHER_VERSION:
+        rc->other_version = 1;
+        break;
+    case SEG_OK:
+        break;
+    }
+}
+
+/* Jobs known to be lost: put in dropped bytes or updated after the damage
+ * without their put, and neither deleted since nor alive; and jobs a
+ * dropped delete had removed that are alive again. */
+static void count_losses(struct wal *w, struct recovery *rc, uint64_t *lost, uint64_t *back)
+{
+    struct id_list *lists[] = {&rc->dropped_puts, &rc->dropped_deletes, &rc->orphans, &rc->deleted_unknown};
+    for (size_t k = 0; k < 4; k++)
+        if (lists[k]->n) qsort(lists[k]->ids, lists[k]->n, sizeof *lists[k]->ids, index_less);
+    *lost = *back = 0;
+    for (size_t k = 0; k < 2; k++) {
+        struct id_list *l = k ? &rc->orphans : &rc->dropped_puts;
+        for (size_t i = 0; i < l->n; i++) {
+            uint64_t id = l->ids[i];
+            if (i && l->ids[i - 1] == id) continue;
+            if (k && ids_has(&rc->dropped_puts, id)) continue; /* counted already */
+            if (!ids_has(&rc->dropped_deletes, id) && !ids_has(&rc->deleted_unknown, id) &&
+                !bg_job_find(w->engine, id))
+                (*lost)++;
+        }
+    }
+    for (size_t i = 0; i < rc->dropped_deletes.n; i++)
+        if ((!i || rc->dropped_deletes.ids[i - 1] != rc->dropped_deletes.ids[i]) &&
+            bg_job_find(w->engine, rc->dropped_deletes.ids[i]))
+            (*back)++;
+}
+
+/* The end of a recovery that met damage: why the start is refused, or
+ * what the start with --log-recover-damaged dropped; for --check-log, its
+ * summary line. */
+static void report_summary(struct wal *w, struct recovery *rc)
+{
+    if (!rc->check && !rc->damaged && !rc->missing) return;
+    uint64_t lost, back;
+    int incomplete = rc->dropped_puts.incomplete || rc->dropped_deletes.incomplete ||
+                     rc->orphans.incomplete || rc->deleted_unknown.incomplete;
+    count_losses(w, rc, &lost, &back);
+    char unknown[160] = "";
+    if (rc->missing || rc->unreadable_bytes)
+        snprintf(unknown, sizeof unknown, " unknown=%s", log_str(rc->missing && rc->unreadable_bytes
+                     ? "what the missing segments and the unreadable bytes held"
+                     : rc->missing ? "what the missing segments held" : "what the unreadable bytes held"));
+    char what[512];
+    snprintf(what, sizeof what,
+             "damaged_segments=%llu missing_segments=%llu dropped_bytes=%llu unreadable_bytes=%llu "
+             "readable_records_dropped=%llu jobs_lost_at_least=%llu%s deleted_jobs_back=%llu%s",
+             (unsigned long long)rc->damaged, (unsigned long long)rc->missing,
+             (unsigned long long)rc->dropped_bytes, (unsigned long long)rc->unreadable_bytes,
+             (unsigned long long)rc->readable_dropped, (unsigned long long)lost, incomplete ? "+" : "",
+             (unsigned long long)back, unknown);
+    int damaged = rc->damaged || rc->missing || rc->other_version;
+    if (rc->check) {
+        printf("summary segments=%llu records=%llu live_jobs=%zu torn_tails=%llu %s%s%s result=%s\n",
+               (unsigned long long)rc->segments, (unsigned long long)rc->records, w->engine->job_count,
+               (unsigned long long)rc->torn, what, rc->other_version ? " other_version=yes" : "",
+               rc->vanished ? " vanished=yes" : "",
+               rc->vanished ? "incomplete" : damaged ? "damaged" : rc->torn ? "torn_tail" : "clean");
+        return;
+    }
+    if (rc->accept_damage)
+        log_event(BG_LOG_WARN, "wal_recovered_damaged", "dir=%s jobs=%zu %s action=started",
+                  log_str(w->cfg.dir), w->engine->job_count, what);
+    else
+        log_event(BG_LOG_ERROR, "wal_refused", "dir=%s %s action=refuse_start hint=%s", log_str(w->cfg.dir),
+                  what, log_str("beangate --check-log DIR reports every segment; "
+                                "--log-recover-damaged starts with what is readable"));
+}
+
+/* Say the newest segment's torn tail was dropped and, if the start goes on
+ * (`cut`), cut it off the file so that it is never taken for damage once a
+ * newer segment follows it; a segment with no header goes, and the next
+ * segment takes its index. 0 or -1 (said). */
+static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
+{
+    const struct seg_report *s = &rc->torn_seg;
+    size_t offset = s->tail.offset;
+    char name[64], damage[256];
+    segment_name(name, sizeof name, s->index);
+    describe_damage(damage, sizeof damage, s);
+    log_event(BG_LOG_WARN, "wal_torn_tail", "file=%s%s action=%s", name, damage, cut ? "cut" : "kept");
+    if (!cut) return 0;
+    int ok;
+    if (offset < BG_JOURNAL_HEADER_SIZE) {
+        ok = unlinkat(w->dir_fd, name, 0) == 0;
+        if (ok) w->cur_index = s->index - 1;
+    } else {
+        int fd = openat(w->dir_fd, name, O_WRONLY | O_CLOEXEC);
+        ok = fd >= 0 && ftruncate(fd, (off_t)offset) == 0 && fdatasync(fd) == 0;
+        if (fd >= 0) close(fd);
+    }
+    if (!ok) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=cut_torn_tail file=%s error=%s",
+                  log_str(w->cfg.dir), name, log_str(strerror(errno)));
+        return -1;
+    }
+    uint64_t *size = segment_size_at(w, s->index);
+    if (size) {
+        uint64_t left = offset < BG_JOURNAL_HEADER_SIZE ? 0 : offset;
+        w->total_bytes -= *size - left;
+        *size = left;
+    }
+    return 0;
+}
+
+/* Remember a damaged segment: kept as beangate.N.wal.damaged, not deleted,
+ * when a snapshot supersedes it. */
+static void note_damaged_index(struct wal *w, uint64_t index)
+{
+    uint64_t *a = realloc(w->damaged_indexes, (w->damaged_count + 1) * sizeof *a);
+    if (!a) return; /* then it is deleted like the others */
+    w->damaged_indexes = a;
+    w->damaged_indexes[w->damaged_count++] = index;
+}
+
+/* Replay every segment in index order; for --check-log (rc->check) only
+ * read and report. 0, or -1 when the start must be refused (said). */
+static int recover(struct wal *w, struct recovery *rc)
 {
     DIR *d = fdopendir(dup(w->dir_fd));
-    if (!d) return -1;
+    if (!d) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
+                  log_str(strerror(errno)));
+        rc->failed = 1;
+        return -1;
+    }
     uint64_t *indexes = NULL;
     size_t n = 0, cap = 0;
     struct dirent *ent;
@@ -612,62 +954,102 @@ static int recover(struct wal *w, bg_time now, uint64_t wall)
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             uint64_t *a = realloc(indexes, cap * sizeof *a);
-            if (!a) break;
+            if (!a) {
+                closedir(d);
+                free(indexes);
+                rc->failed = 1;
+                log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
+                          log_str("out of memory"));
+                return -1;
+            }
             indexes = a;
         }
         indexes[n++] = index;
     }
     closedir(d);
     if (n) qsort(indexes, n, sizeof *indexes, index_less);
-    uint64_t records = 0;
-    w->first_index = n ? indexes[0] : 1;
+    size_t unique = 0; /* beangate.2.wal and beangate.02.wal are one index */
+    for (size_t i = 0; i < n; i++)
+        if (!unique || indexes[unique - 1] != indexes[i]) indexes[unique++] = indexes[i];
+    n = unique;
+    int copy = rc->check;
     /* start at the newest segment holding a complete snapshot, if any */
     size_t start = 0;
-    for (size_t i = n; i-- > 0 && start == 0;) {
+    int snapshot = 0;
+    for (size_t i = n; i-- > 0 && !snapshot;) {
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len);
-        if (data && segment_has_snapshot_end(data, len)) start = i;
-        if (data) unmap_all(data, len);
+        char *data = map_all(w->dir_fd, name, &len, copy);
+        if (data && segment_has_snapshot_end(data, len)) start = i, snapshot = 1;
+        if (data) unmap_all(data, len, copy);
     }
-    if (start)
+    w->first_index = n ? indexes[start] : 1; /* segments before it are superseded */
+    if (snapshot && start)
         log_event(BG_LOG_INFO, "wal_snapshot", "file=beangate.%llu.wal skipped_segments=%zu",
                   (unsigned long long)indexes[start], start);
-    for (size_t i = 0; i < start; i++) { /* superseded by the snapshot */
-        char name[64];
-        segment_name(name, sizeof name, indexes[i]);
-        unlinkat(w->dir_fd, name, 0);
-    }
-    if (start) {
-        fsync(w->dir_fd);
-        w->first_index = indexes[start];
-    }
-    for (size_t i = start; i < n; i++) {
+    for (size_t i = rc->check ? 0 : start; i < n && !rc->failed; i++) {
+        struct seg_report s = {.index = indexes[i], .superseded = i < start};
+        /* a gap: segments between the last one read and this one are gone
+         * (before a snapshot, only segment 1 may start the log) */
+        uint64_t expect = i <= start ? (snapshot ? indexes[i] : 1) : indexes[i - 1] + 1;
+        if (!s.superseded && indexes[i] > expect) {
+            struct seg_report gap = {.index = expect, .missing = indexes[i] - expect, .status = SEG_MISSING};
+            account_segment(w, rc, &gap);
+            report_segment(rc, &gap);
+        }
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len);
+        char *data = map_all(w->dir_fd, name, &len, copy);
         if (!data) {
-            log_event(BG_LOG_ERROR, "wal_unreadable", "file=%s error=%s", log_str(name), log_str(strerror(errno)));
-            free(indexes);
-            return -1;
+            if (errno == ENOENT && rc->check) rc->vanished = 1; /* a running server's compaction */
+            s.status = SEG_UNREADABLE;
+            s.error = errno;
+            struct stat st;
+            if (fstatat(w->dir_fd, name, &st, 0) == 0) s.bytes = (size_t)st.st_size;
+        } else {
+            rc->failed = read_segment(w, rc, &s, data, len, i == n - 1, !s.superseded) != 0;
+            unmap_all(data, len, copy);
         }
-        records += replay_segment(w, name, data, len, now, wall);
-        unmap_all(data, len);
-        if (w->unreadable) {
-            free(indexes);
-            return -1;
+        if (!s.superseded) {
+            for (int k = 0; k <= BG_REC_SNAPSHOT_END; k++) rc->records += s.by_type[k];
+            rc->segments++;
+            account_segment(w, rc, &s);
+            if (s.status == SEG_DAMAGED || s.status == SEG_UNREADABLE) note_damaged_index(w, s.index);
+            uint64_t *size = segment_size_at(w, indexes[i]);
+            if (size) *size = s.bytes;
+            w->total_bytes += s.bytes;
         }
-        uint64_t *size = segment_size_at(w, indexes[i]);
-        if (size) *size = len;
-        w->total_bytes += len;
+        report_segment(rc, &s);
     }
     w->cur_index = n ? indexes[n - 1] : 0;
-    free(indexes);
     bg_engine_restore_finish(w->engine);
-    log_event(BG_LOG_INFO, "wal_recovered_jobs", "jobs=%zu records=%llu segments=%zu torn=%llu",
-              w->engine->job_count, (unsigned long long)records, n, (unsigned long long)w->torn_records);
+    int refuse = rc->failed || rc->other_version || ((rc->damaged || rc->missing) && !rc->accept_damage);
+    if (!rc->check && rc->torn_newest && cut_torn_tail(w, rc, !refuse) != 0) refuse = 1;
+    report_summary(w, rc);
+    if (!rc->check && !refuse) {
+        if (start) { /* superseded by the snapshot */
+            for (size_t i = 0; i < start; i++) {
+                char name[64];
+                segment_name(name, sizeof name, indexes[i]);
+                unlinkat(w->dir_fd, name, 0);
+            }
+            fsync(w->dir_fd);
+        }
+        w->force_snapshot = rc->damaged || rc->missing;
+        /* ids seen only in dropped records were given out: not again */
+        if (rc->max_unread_id >= w->engine->next_id) w->engine->next_id = rc->max_unread_id + 1;
+    }
+    free(indexes);
+    free(rc->dropped_puts.ids);
+    free(rc->dropped_deletes.ids);
+    free(rc->orphans.ids);
+    free(rc->deleted_unknown.ids);
+    if (refuse) return -1;
+    if (!rc->check)
+        log_event(BG_LOG_INFO, "wal_recovered_jobs", "jobs=%zu records=%llu segments=%zu torn=%llu",
+                  w->engine->job_count, (unsigned long long)rc->records, n, (unsigned long long)w->torn_records);
     return 0;
 }
 
@@ -694,7 +1076,8 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
         return -1;
     }
-    if (recover(w, now, wall) != 0) return -1;
+    struct recovery rc = {.accept_damage = cfg->recover_damaged, .now = now, .wall = wall};
+    if (recover(w, &rc) != 0) return -1;
     /* new records go to a new segment: a torn tail is never appended to */
     w->cur_fd = segment_create(w, w->cur_index + 1);
     if (w->cur_fd < 0) {
@@ -718,7 +1101,38 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     w->last_sync = now;
     e->journal = &wal_journal_ops;
     e->journal_ctx = w;
+    /* damage was accepted: a snapshot of what was recovered supersedes the
+     * damaged segments, so that the next start finds a clean log */
+    if (w->force_snapshot) wal_kick(w);
     return 0;
+}
+
+int wal_check(const char *dir)
+{
+    struct wal w;
+    struct bg_engine e;
+    memset(&w, 0, sizeof w);
+    w.cfg.dir = dir;
+    w.dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (w.dir_fd < 0) {
+        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(errno)));
+        return WAL_CHECK_FAILED;
+    }
+    if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT) != 0) {
+        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str("out of memory"));
+        close(w.dir_fd);
+        return WAL_CHECK_FAILED;
+    }
+    w.engine = &e;
+    struct recovery rc = {.check = 1, .now = mono_now(), .wall = wall_now()};
+    recover(&w, &rc);
+    fflush(stdout);
+    bg_engine_destroy(&e);
+    free(w.segment_sizes);
+    free(w.damaged_indexes);
+    close(w.dir_fd);
+    if (rc.failed || rc.vanished) return WAL_CHECK_FAILED;
+    return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
 }
 
 void wal_close(struct wal *w)
@@ -768,5 +1182,6 @@ void wal_close(struct wal *w)
     bg_buf_free(&w->pending);
     bg_buf_free(&w->batch.data);
     free(w->segment_sizes);
+    free(w->damaged_indexes);
     free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
 }

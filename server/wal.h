@@ -14,6 +14,7 @@ struct wal_config {
     int fsync_ms;              /* 0: sync every batch (durable replies); >0 at most that often */
     int fsync_never;           /* -F */
     uint64_t segment_size;     /* -s */
+    int recover_damaged;       /* --log-recover-damaged: start with what is readable */
 };
 
 struct wal_batch {
@@ -22,7 +23,8 @@ struct wal_batch {
     uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
     int sync;
-    int close_fd;              /* an older segment to sync and close, or -1 */
+    int close_fd;              /* an older segment to close, or -1 */
+    int sync_close;            /* sync close_fd before writing data (not with -F) */
     int sync_dir;              /* a segment was created: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
 };
@@ -45,7 +47,9 @@ struct wal {
     int dir_dirty;             /* segments were deleted: sync the directory */
     uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
-    int unreadable;            /* a segment of an unknown format: refuse to start */
+    int force_snapshot;        /* damage was accepted at start: write a snapshot */
+    uint64_t *damaged_indexes; /* segments found damaged: kept when superseded */
+    size_t damaged_count;
     int failed_errno;          /* last write/sync failure, 0 when healthy */
     /* compaction: a snapshot is written a chunk per batch (snap_ids: the
      * jobs alive when it began; snap_next: the next one to write) */
@@ -69,9 +73,18 @@ struct wal {
 };
 
 /* Open DIR (lock, recover every segment into the engine, start the
- * flusher). 0, or -1 with a message printed. now/wall: the clocks. */
+ * flusher). 0, or -1 with a message printed: also when the log is damaged
+ * (docs/durability.md, "Log damage policy") unless cfg->recover_damaged.
+ * now/wall: the clocks. */
 int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
              struct event_base *base, bg_time now, uint64_t wall_now);
+/* beangate --check-log DIR: read every segment as a start would, without
+ * changing anything or taking the lock; print a line per segment and a
+ * summary on stdout. 0 clean (or only a torn tail), WAL_CHECK_DAMAGED if a
+ * start would refuse, WAL_CHECK_FAILED if the check could not be done. */
+#define WAL_CHECK_DAMAGED 1
+#define WAL_CHECK_FAILED 2
+int wal_check(const char *dir);
 /* Hand what was appended to the flusher if it is idle; call after each
  * loop callback. */
 void wal_kick(struct wal *w);

@@ -24,7 +24,14 @@ What is checked:
   disk_full_*            a file-size limit (prlimit) makes puts answer
                          OUT_OF_MEMORY, the server recovers by itself
   lock_*                 a second server on the same directory refuses
-  torn_tail_*            a torn or garbage tail is dropped, the rest kept
+  torn_tail_*            a torn or garbage tail is dropped, the rest kept, and
+                         cut off the file (later starts see no damage)
+  damage_*               a missing segment, a flipped byte, a zeroed block or a
+                         bad length in a segment that is not the newest (or a
+                         bad record before more records in the newest) refuses
+                         the start (111) naming file and offset; with
+                         --log-recover-damaged the readable jobs are served
+  check_log_*            --check-log: lines, exit status, read only
   fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
   binlog_stats           the binlog-* fields of `stats`
 
@@ -257,6 +264,13 @@ def peek_many(c, ids, chunk=500):
         for j in part:
             out[j] = read_peek(c, j)
     return out
+
+
+def check_bodies(c, jobs, what):
+    """Every job of {id: body} is there with its body."""
+    got = peek_many(c, sorted(jobs))
+    for jid, body in jobs.items():
+        check_eq(got[jid], body, "job %d %s" % (jid, what))
 
 
 def dir_size(path):
@@ -1137,6 +1151,9 @@ def test_old_segment_back_after_snapshot_is_ignored():
         if not os.path.exists(os.path.join(d, name)):
             with open(os.path.join(d, name), "wb") as f:
                 f.write(data)
+    code, out, err = check_log(d)
+    check(code == 0 and "status=superseded" in out, "--check-log with superseded segments back: exit %d, %s %s"
+          % (code, out, err))
     srv.start()
     c = srv.connect()
     check_eq(peek_many(c, [x])[x], None, "job X, deleted before the snapshot, after old segments came back")
@@ -1356,9 +1373,7 @@ def test_torn_tail_garbage_appended():
     # and once more: the damaged segment and the new one together
     srv.restart(signal.SIGTERM)
     c = srv.connect()
-    got = peek_many(c, sorted(jobs))
-    for jid, body in jobs.items():
-        check_eq(got[jid], body, "job %d after a second restart" % jid)
+    check_bodies(c, jobs, "after a second restart")
     c.close()
     srv.stop_checked()
 
@@ -1394,17 +1409,25 @@ def test_torn_tail_last_record_cut():
     srv.stop_checked()
 
 
-def test_torn_empty_newest_segment():
-    """A crash right after a segment file was created leaves it empty (no
-    header): it is ignored, everything before it is kept."""
-    d = new_dir("torn_empty")
+def put_then_kill(name, n, prefix):
+    """A server on a new directory with -f 0: n puts of prefix + number, then
+    SIGKILL. Returns (dir, server, {id: body})."""
+    d = new_dir(name)
     srv = Server(d, ["-f", "0"]).start()
     c = srv.connect()
     jobs = {}
-    for i in range(5):
-        jobs[put(c, b"before the empty segment %d" % i)] = b"before the empty segment %d" % i
+    for i in range(n):
+        body = b"%s %d" % (prefix, i)
+        jobs[put(c, body)] = body
     c.close()
     srv.kill()
+    return d, srv, jobs
+
+
+def test_torn_empty_newest_segment():
+    """A crash right after a segment file was created leaves it empty (no
+    header): it is ignored, everything before it is kept."""
+    d, srv, jobs = put_then_kill("torn_empty", 5, b"before the empty segment")
     newest = max(segments(d))
     open(os.path.join(d, "beangate.%d.wal" % (newest + 1)), "wb").close()
     srv.start()
@@ -1416,6 +1439,354 @@ def test_torn_empty_newest_segment():
     check(new_id > max(jobs), "put after the restart got id %d, want > %d" % (new_id, max(jobs)))
     c.close()
     srv.stop_checked()
+
+
+def test_torn_tail_is_cut_so_later_starts_are_clean():
+    """A torn tail of the newest segment is dropped with a warning, and cut
+    off the file: once the next start has begun a newer segment, the older
+    one must not look damaged (which would refuse every later start)."""
+    d, srv, jobs = put_then_kill("torn_then_restarts", 10, b"before the cut")
+    path, size = newest_segment(d)
+    with open(path, "r+b") as f:
+        f.truncate(size - 3)
+    last = max(jobs)
+    del jobs[last]
+    srv.start()
+    check("event=wal_torn_tail" in srv.stderr(), "no wal_torn_tail after cutting the last record: %s"
+          % srv.stderr()[-600:])
+    check(os.path.getsize(path) < size - 3, "the torn tail of %s was not cut off the file (%d bytes, was %d)"
+          % (path, os.path.getsize(path), size - 3))
+    c = srv.connect()
+    jobs[put(c, b"after the first restart")] = b"after the first restart"
+    c.close()
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        srv.restart(sig)
+        check_no_torn(srv, "restart after %s, after a torn tail was dropped" % signal.Signals(sig).name)
+        check("event=wal_damaged" not in srv.stderr(), "false damage: %s" % srv.stderr()[-600:])
+        c = srv.connect()
+        check_bodies(c, jobs, "after the restart")
+        c.close()
+    srv.stop_checked()
+    code, out, err = check_log(d)
+    check(code == 0 and "result=clean" in out, "--check-log after the restarts: exit %d, %s %s" % (code, out, err))
+
+
+# ---- 6b. log damage: refuse, --log-recover-damaged, --check-log -----------------
+
+DAMAGE_SEG = 65536        # -s for the damage tests: ~350 jobs of 100 bytes per segment
+DAMAGE_JOBS = 1300        # puts: four full segments and a fifth
+
+
+def read_records(path):
+    """[(offset, type, id or None, size)] of a segment's records (an
+    undamaged one: no checksum check), core/journal.c's format."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, at = [], JOURNAL_HEADER
+    while at + 9 <= len(data):
+        n = int.from_bytes(data[at:at + 4], "little")
+        if at + 9 + n > len(data):
+            break
+        typ = data[at + 8]
+        jid = int.from_bytes(data[at + 9:at + 17], "little") if typ in (1, 2, 3) else None
+        out.append((at, typ, jid, 9 + n))
+        at += 9 + n
+    return out
+
+
+def damage_base(name):
+    """A log of 5+ segments: DAMAGE_JOBS puts; then 5 jobs of segment 2
+    buried and 3 deleted (their records go to the newest segment).
+    Returns (dir, {id: body} alive, {index: [put ids]})."""
+    d = new_dir(name)
+    srv = Server(d, ["-f", "0", "-s", str(DAMAGE_SEG)]).start()
+    c = srv.connect()
+    jobs = {}
+    for start in range(0, DAMAGE_JOBS, 100):
+        bodies = [b"damage test job %05d " % i + b"d" * 80 for i in range(start, start + 100)]
+        c.send(b"".join(put_cmd(b) for b in bodies))
+        for b in bodies:
+            jobs[read_inserted(c, "put")] = b
+    c.close()
+    srv.stop_checked()
+    by_seg = {i: [r[2] for r in read_records(os.path.join(d, "beangate.%d.wal" % i)) if r[1] == 1]
+              for i in segments(d)}
+    check(len(by_seg) >= 5 and len(by_seg[2]) > 100, "the base log has segments %s" %
+          {i: len(v) for i, v in by_seg.items()})
+    srv.start()
+    c = srv.connect()
+    for jid in by_seg[2][10:15]:
+        c.cmd(b"reserve-job %d\r\n" % jid, job_reply(b"RESERVED", jid, jobs[jid]))
+        c.cmd(b"bury %d 0\r\n" % jid, b"BURIED\r\n")
+    for jid in by_seg[2][20:23]:
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n")
+        del jobs[jid]
+    c.close()
+    srv.stop_checked()
+    return d, jobs, by_seg
+
+
+def start_expecting_exit(d, args=(), env=None):
+    """Start a server on d that must refuse: (exit status, stderr)."""
+    argv = [BINARY, "-l", "127.0.0.1", "-p", str(free_port()), "-b", d] + NO_HTTP + list(args)
+    try:
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=30, env=dict(os.environ, **(env or {})))
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a server on the damaged log %s still runs after 30 s (killed): it did not "
+                             "refuse to start" % d) from None
+    err = r.stderr.decode(errors="replace")
+    check(not any(m in err for m in SANITIZER_MARKERS), "sanitizer report: %s" % err[-2000:])
+    return r.returncode, err
+
+
+def check_log(d):
+    """beangate --check-log d: (exit status, stdout, stderr)."""
+    r = subprocess.run([BINARY, "--check-log", d], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    err = r.stderr.decode(errors="replace")
+    check(not any(m in err for m in SANITIZER_MARKERS), "sanitizer report from --check-log: %s" % err[-2000:])
+    return r.returncode, r.stdout.decode(errors="replace"), err
+
+
+def kv_line(text, prefix):
+    """The key=value pairs of the first line of text starting with prefix
+    (a dict), or None."""
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+    return None
+
+
+def dir_state(d):
+    """{name: (size, mtime_ns, bytes)} of every file in d."""
+    out = {}
+    for n in sorted(os.listdir(d)):
+        p = os.path.join(d, n)
+        with open(p, "rb") as f:
+            out[n] = (os.path.getsize(p), os.stat(p).st_mtime_ns, f.read())
+    return out
+
+
+def check_refused(d, file, what, offset=None):
+    """A start on d exits 111 naming file (and offset), and changes nothing."""
+    before = dir_state(d)
+    code, err = start_expecting_exit(d)
+    check(code == 111, "start on a log with %s exited %r, want 111; stderr: %s" % (what, code, err[-800:]))
+    ev = kv_line(err[err.find("event=wal_damaged"):], "event=wal_damaged") if "event=wal_damaged" in err else None
+    check(ev is not None and ev.get("file") == file, "start on a log with %s: no event=wal_damaged naming %s; "
+          "stderr: %s" % (what, file, err[-800:]))
+    if offset is not None:
+        check_eq(ev.get("offset"), str(offset), "offset in the wal_damaged line (%s)" % what)
+    check("event=wal_refused" in err and "event=listening" not in err,
+          "start on a log with %s: want event=wal_refused and no listening; stderr: %s" % (what, err[-800:]))
+    check(dir_state(d) == before, "a refused start changed the log directory (%s)" % what)
+    return ev, err
+
+
+def check_recovered(d, jobs, dropped, file, what, via_env=False):
+    """Start d with --log-recover-damaged (or BEANGATE_LOG_RECOVER_DAMAGED=1):
+    it logs the drop of file, serves every job in jobs but not those in
+    dropped; a snapshot then makes the next plain start clean."""
+    if via_env:
+        os.environ["BEANGATE_LOG_RECOVER_DAMAGED"] = "1"
+        try:
+            srv = Server(d, ["-f", "0", "-s", str(DAMAGE_SEG)]).start()
+        finally:
+            del os.environ["BEANGATE_LOG_RECOVER_DAMAGED"]
+    else:
+        srv = Server(d, ["-f", "0", "-s", str(DAMAGE_SEG), "--log-recover-damaged"]).start()
+    err = srv.stderr()
+    ev = kv_line(err[err.find("event=wal_damage_dropped"):], "event=wal_damage_dropped") \
+        if "event=wal_damage_dropped" in err else None
+    check(ev is not None and ev.get("file") == file and "level=warn" in err,
+          "%s, --log-recover-damaged: no warn event=wal_damage_dropped naming %s: %s" % (what, file, err[-800:]))
+    check("event=wal_recovered_damaged" in err, "%s: no wal_recovered_damaged summary: %s" % (what, err[-800:]))
+    c = srv.connect()
+    got = peek_many(c, sorted(set(jobs) | set(dropped)))
+    missing = [j for j in sorted(jobs) if j not in dropped and got[j] != jobs[j]]
+    back = [j for j in sorted(dropped) if got[j] is not None]
+    check(not missing, "%s, --log-recover-damaged: %d jobs before the damage or in later segments are not "
+          "served, e.g. %s" % (what, len(missing), missing[:10]))
+    check(not back, "%s: %d jobs after the damage point are served, e.g. %s" % (what, len(back), back[:10]))
+    new_id = put(c, b"after the damaged start")
+    check(new_id > max(set(jobs) | set(dropped)), "put after the damaged start got id %d, want > %d"
+          % (new_id, max(set(jobs) | set(dropped))))
+    jobs[new_id] = b"after the damaged start"
+    # the snapshot of what was recovered supersedes the damaged segments
+    deadline = time.monotonic() + 20
+    damaged_index = int(file.split(".")[1])
+    while int(c.yaml(b"stats")["binlog-oldest-index"]) <= damaged_index:
+        check(time.monotonic() < deadline, "%s: no snapshot superseded %s within 20 s" % (what, file))
+        time.sleep(0.05)
+    c.close()
+    srv.stop_checked()
+    check(os.path.exists(os.path.join(d, file + ".damaged")) or not os.path.exists(os.path.join(d, file)),
+          "%s: %s is still in use after the snapshot" % (what, file))
+    # a plain start is clean now, with the same jobs
+    srv.args = ["-f", "0", "-s", str(DAMAGE_SEG)]
+    srv.start()
+    check("event=wal_damaged" not in srv.stderr() and "wal_torn_tail" not in srv.stderr(),
+          "%s: the start after the recovered one still finds damage: %s" % (what, srv.stderr()[-800:]))
+    c = srv.connect()
+    got = peek_many(c, sorted(jobs))
+    wrong = [j for j in sorted(jobs) if j not in dropped and got[j] != jobs[j]]
+    check(not wrong, "%s: after the snapshot and a plain restart, %d jobs are wrong, e.g. %s"
+          % (what, len(wrong), wrong[:10]))
+    c.close()
+    srv.stop_checked()
+
+
+def test_damage_missing_middle_segment_refuses():
+    d, jobs, by_seg = damage_base("missing_segment")
+    os.remove(os.path.join(d, "beangate.2.wal"))
+    ev, err = check_refused(d, "beangate.2.wal", "beangate.2.wal deleted")
+    check_eq(ev.get("damage"), "missing_segment", "damage of a deleted segment")
+    refused = kv_line(err[err.find("event=wal_refused"):], "event=wal_refused")
+    check_eq(refused.get("missing_segments"), "1", "missing_segments in wal_refused")
+    # 5 jobs of segment 2 were buried later and not deleted: known lost
+    check_eq(refused.get("jobs_lost_at_least"), "5", "jobs_lost_at_least (buried later, put in the gap)")
+    code, out, _ = check_log(d)
+    check(code == 1, "--check-log on a log with a missing segment exited %d, want 1; %s" % (code, out))
+    seg = kv_line(out, "segment index=2 ")
+    check(seg is not None and seg.get("status") == "missing", "--check-log: no missing line for segment 2: %s" % out)
+    summary = kv_line(out, "summary ")
+    check(summary is not None and summary.get("result") == "damaged", "--check-log summary: %s" % out)
+    alive_seg2 = [j for j in by_seg[2] if j in jobs]
+    check_eq(summary.get("live_jobs"), str(len(jobs) - len(alive_seg2) + 0), "live_jobs after replay")
+    code, err = start_expecting_exit(d, env={"BEANGATE_LOG_RECOVER_DAMAGED": "maybe"})
+    check(code == 5 and "BEANGATE_LOG_RECOVER_DAMAGED" in err, "BEANGATE_LOG_RECOVER_DAMAGED=maybe: exit %r, %s"
+          % (code, err[-400:]))
+    check_recovered(d, jobs, set(by_seg[2]), "beangate.2.wal", "a deleted middle segment", via_env=True)
+
+
+def damage_case(name, damage):
+    """Damage segment 2 (not the newest) with damage(data, records) ->
+    (offset of the first bad record); check the refusal, --check-log and
+    the recovered start."""
+    d, jobs, by_seg = damage_base(name)
+    path = os.path.join(d, "beangate.2.wal")
+    records = read_records(path)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    size = len(data)
+    k = len(records) // 2
+    offset = damage(data, records, k)
+    with open(path, "wb") as f:
+        f.write(data)
+    ev, err = check_refused(d, "beangate.2.wal", name, offset)
+    check_eq(ev.get("dropped_bytes"), str(size - offset), "dropped_bytes (%s)" % name)
+    code, out, _ = check_log(d)
+    check(code == 1, "--check-log on %s exited %d, want 1; %s" % (name, code, out))
+    seg = kv_line(out, "segment index=2 ")
+    check(seg is not None and seg.get("status") == "damaged" and seg.get("offset") == str(offset),
+          "--check-log line of segment 2 (%s): %s" % (name, out))
+    check_eq(seg.get("records"), str(k), "records read before the damage (%s)" % name)
+    for i in segments(d):
+        if i != 2:
+            check_eq(kv_line(out, "segment index=%d " % i).get("status"), "ok", "segment %d (%s)" % (i, name))
+    check_eq(kv_line(out, "summary ").get("result"), "damaged", "--check-log result (%s)" % name)
+    dropped = {r[2] for r in records[k:] if r[1] == 1}
+    check_recovered(d, jobs, dropped, "beangate.2.wal", name)
+    return ev
+
+
+def test_damage_flipped_byte_in_older_segment_refuses():
+    def flip(data, records, k):
+        at, _t, _j, n = records[k]
+        data[at + n - 20] ^= 0x10   # a byte of the body
+        return at
+    ev = damage_case("flipped_byte", flip)
+    check_eq(ev.get("damage"), "checksum", "damage of a flipped body byte")
+
+
+def test_damage_zeroed_block_in_older_segment_refuses():
+    def zero(data, records, k):
+        at = records[k][0] + 30
+        data[at:at + 4096] = bytes(4096)
+        return records[k][0]
+    damage_case("zeroed_block", zero)
+
+
+def test_damage_bad_length_in_older_segment_refuses():
+    def length(data, records, k):
+        at = records[k][0]
+        data[at:at + 4] = (0x7FFFFFFF).to_bytes(4, "little")
+        return at
+    ev = damage_case("bad_length", length)
+    check_eq(ev.get("damage"), "bad_frame", "damage of a bad length field")
+
+
+def test_damage_in_newest_segment_before_more_records_refuses():
+    """A bad record in the newest segment followed by readable records is
+    damage, not a torn tail."""
+    d = new_dir("newest_middle")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    for i in range(40):
+        put(c, b"newest %d" % i)
+    c.close()
+    srv.stop_checked()
+    path, _size = newest_segment(d)
+    records = read_records(path)
+    with open(path, "r+b") as f:
+        f.seek(records[10][0] + records[10][3] - 4)
+        f.write(b"!")
+    check_refused(d, os.path.basename(path), "a bad record in the middle of the newest segment", records[10][0])
+
+
+def test_check_log_clean_and_torn_and_read_only():
+    d = new_dir("check_clean")
+    srv = Server(d, ["-f", "0", "-s", "8192"]).start()
+    c = srv.connect()
+    ids = [put(c, b"check job %d " % i + b"c" * 100) for i in range(200)]
+    for jid in ids[:30]:
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n")
+    c.close()
+    srv.stop_checked()
+    os.remove(os.path.join(d, "lock"))
+    before = dir_state(d)
+    code, out, err = check_log(d)
+    check(code == 0, "--check-log on a clean log exited %d; %s %s" % (code, out, err))
+    check(dir_state(d) == before, "--check-log changed the directory (it must only read)")
+    for i in segments(d):
+        line = kv_line(out, "segment index=%d " % i)
+        check(line is not None, "--check-log printed no line for segment %d: %s" % (i, out))
+        recs = read_records(os.path.join(d, "beangate.%d.wal" % i))
+        check_eq(line.get("job"), str(sum(1 for r in recs if r[1] == 1)), "job records of segment %d" % i)
+        check_eq(line.get("delete"), str(sum(1 for r in recs if r[1] == 3)), "delete records of segment %d" % i)
+        check_eq(line.get("bytes"), str(os.path.getsize(os.path.join(d, "beangate.%d.wal" % i))), "bytes")
+        check_eq(line.get("status"), "ok", "status of segment %d" % i)
+    summary = kv_line(out, "summary ")
+    check_eq(summary.get("live_jobs"), "170", "live_jobs of the clean log")
+    check_eq(summary.get("result"), "clean", "result of the clean log")
+    # while a server holds the directory: the check works and the server is unharmed
+    srv.start()
+    code, out, err = check_log(d)
+    check(code == 0 and kv_line(out, "summary ").get("live_jobs") == "170",
+          "--check-log while a server runs: exit %d, %s %s" % (code, out, err))
+    c = srv.connect()
+    check_eq(peek_many(c, [ids[-1]])[ids[-1]], b"check job 199 " + b"c" * 100, "a job after the check")
+    c.close()
+    srv.stop_checked()
+    # a torn tail: exit 0, reported
+    path, size = newest_segment(d)
+    with open(path, "ab") as f:
+        f.write(b"\x55" * 37)
+    code, out, err = check_log(d)
+    idx = int(os.path.basename(path).split(".")[1])
+    line = kv_line(out, "segment index=%d " % idx)
+    check(code == 0, "--check-log on a torn tail exited %d, want 0; %s" % (code, out))
+    check(line is not None and line.get("status") == "torn_tail" and line.get("offset") == str(size)
+          and line.get("dropped_bytes") == "37", "--check-log line of the torn segment: %s" % out)
+    check_eq(kv_line(out, "summary ").get("result"), "torn_tail", "result with a torn tail")
+    # usage
+    r = subprocess.run([BINARY, "--check-log"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(r.returncode == 5, "--check-log without DIR exited %d, want 5" % r.returncode)
+    r = subprocess.run([BINARY, "--check-log", os.path.join(d, "nope")], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=10)
+    check(r.returncode == 2 and not os.path.exists(os.path.join(d, "nope")),
+          "--check-log on a missing directory exited %d (want 2) or created it" % r.returncode)
 
 
 # ---- 7. -f 50 and -F flush at exit ------------------------------------------------------
@@ -1636,6 +2007,13 @@ TESTS = [
     test_torn_tail_garbage_appended,
     test_torn_tail_last_record_cut,
     test_torn_empty_newest_segment,
+    test_torn_tail_is_cut_so_later_starts_are_clean,
+    test_damage_missing_middle_segment_refuses,
+    test_damage_flipped_byte_in_older_segment_refuses,
+    test_damage_zeroed_block_in_older_segment_refuses,
+    test_damage_bad_length_in_older_segment_refuses,
+    test_damage_in_newest_segment_before_more_records_refuses,
+    test_check_log_clean_and_torn_and_read_only,
     test_fsync_modes_f50_survives_sigterm,
     test_fsync_modes_F_survives_sigterm,
     test_sigterm_under_load_f50,

@@ -218,6 +218,284 @@ static void test_restore_into_engine(void **state)
     bg_engine_destroy(&e);
 }
 
+/* ---- after the first unreadable record: torn tail or damage ------------- */
+
+#define BIG_BUDGET ((size_t)1 << 30)
+
+/* A segment: the header, then n records (jobs, updates, deletes, pauses in
+ * turn, job ids from 1); at[i] is where record i starts, at[n] the end. */
+static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
+{
+    char h[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
+    for (size_t i = 0; i < n; i++) {
+        at[i] = seg->len;
+        struct bg_journal_job j = cases[0].job;
+        j.id = i + 1;
+        switch (i % 4) {
+        case 0: assert_int_equal(bg_journal_encode_job(seg, &j, 1), 0); break;
+        case 1: assert_int_equal(bg_journal_encode_job(seg, &j, 0), 0); break;
+        case 2: assert_int_equal(bg_journal_encode_delete(seg, j.id), 0); break;
+        default: assert_int_equal(bg_journal_encode_pause(seg, "tube-x", 5, 77), 0); break;
+        }
+    }
+    at[n] = seg->len;
+}
+
+/* Read records from `from` as recovery does; where it stops. */
+static size_t first_bad(const char *data, size_t len, size_t from)
+{
+    struct bg_journal_record rec;
+    size_t used;
+    while (from < len && bg_journal_decode(data + from, len - from, &rec, &used) == 0) from += used;
+    return from;
+}
+
+struct seen {
+    uint64_t records, puts, last_id;
+};
+
+static void count_seen(void *ctx, const struct bg_journal_record *rec)
+{
+    struct seen *s = ctx;
+    s->records++;
+    if (rec->type == BG_REC_JOB) s->puts++;
+    if (rec->type != BG_REC_PAUSE && rec->type != BG_REC_SNAPSHOT_END) s->last_id = rec->job.id;
+}
+
+/* A write cut anywhere in the last record is a torn tail: nothing readable
+ * follows, and what was read before it is intact. */
+static void test_cut_last_record_is_torn(void **state)
+{
+    (void)state;
+    size_t at[9];
+    struct bg_buf seg = {0};
+    build_segment(&seg, 8, at);
+    for (size_t k = 4; k < 8; k++) { /* job, update, delete, pause */
+        for (size_t cut = at[k]; cut < at[k + 1]; cut++) {
+            size_t bad = first_bad(bg_buf_head(&seg), cut, BG_JOURNAL_HEADER_SIZE);
+            assert_int_equal(bad, cut == at[k] ? cut : at[k]);
+            if (bad == cut) continue; /* cut at a record boundary: nothing to examine */
+            struct bg_journal_tail t;
+            bg_journal_examine(bg_buf_head(&seg), cut, bad, BIG_BUDGET, &t, NULL, NULL);
+            assert_int_equal(t.damage, BG_DAMAGE_TRUNCATED);
+            assert_int_equal(t.offset, at[k]);
+            assert_int_equal(t.dropped_bytes, cut - at[k]);
+            assert_int_equal(t.readable, 0);
+            assert_true(bg_journal_tail_torn(&t));
+        }
+    }
+    bg_buf_free(&seg);
+}
+
+/* Zeros or garbage after the last record (a machine crash after the file
+ * grew) are a torn tail too. */
+static void test_zeros_or_garbage_after_last_record_are_torn(void **state)
+{
+    (void)state;
+    size_t at[9];
+    struct bg_buf seg = {0};
+    build_segment(&seg, 8, at);
+    char zeros[4096] = {0};
+    assert_int_equal(bg_buf_append(&seg, zeros, sizeof zeros), 0);
+    struct bg_journal_tail t;
+    size_t bad = first_bad(bg_buf_head(&seg), seg.len, BG_JOURNAL_HEADER_SIZE);
+    assert_int_equal(bad, at[8]);
+    bg_journal_examine(bg_buf_head(&seg), seg.len, bad, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_FRAME);
+    assert_int_equal(t.dropped_bytes, sizeof zeros);
+    assert_true(bg_journal_tail_torn(&t));
+    seg.len = at[8];
+    unsigned x = 12345;
+    for (int i = 0; i < 4096; i++) {
+        x = x * 1103515245u + 12345u;
+        char c = (char)(x >> 16);
+        assert_int_equal(bg_buf_append(&seg, &c, 1), 0);
+    }
+    bg_journal_examine(bg_buf_head(&seg), seg.len, at[8], BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.readable, 0);
+    assert_true(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
+/* Any byte of a record in the middle changed: reading stops at that record,
+ * and every record after it is still found, so it is damage, not a torn
+ * tail. Covers the checksum, the length, the type and every field. */
+static void test_changed_byte_in_the_middle_is_damage(void **state)
+{
+    (void)state;
+    enum { N = 12, K = 5 };
+    static const unsigned char flips[] = {0x01, 0x80, 0xFF};
+    for (size_t k = K; k < K + 4; k++) { /* each record type in the middle */
+        size_t at[N + 1];
+        struct bg_buf seg = {0};
+        build_segment(&seg, N, at);
+        for (size_t pos = at[k]; pos < at[k + 1]; pos++) {
+            for (size_t f = 0; f < sizeof flips; f++) {
+                char *data = bg_buf_head(&seg);
+                data[pos] ^= (char)flips[f];
+                size_t bad = first_bad(data, seg.len, BG_JOURNAL_HEADER_SIZE);
+                assert_int_equal(bad, at[k]);
+                struct bg_journal_tail t;
+                struct seen seen = {0};
+                bg_journal_examine(data, seg.len, bad, BIG_BUDGET, &t, count_seen, &seen);
+                if (t.readable != N - k - 1)
+                    fail_msg("record %zu, byte %zu ^ 0x%02x: %llu readable after, want %zu", k, pos - at[k],
+                             flips[f], (unsigned long long)t.readable, N - k - 1);
+                assert_int_equal(seen.records, t.readable);
+                assert_int_equal(t.readable_bytes, at[N] - at[k + 1]);
+                assert_int_equal(t.dropped_bytes, at[N] - at[k]);
+                assert_false(bg_journal_tail_torn(&t));
+                data[pos] ^= (char)flips[f];
+            }
+        }
+        bg_buf_free(&seg);
+    }
+}
+
+/* A zeroed 4 KiB block in the middle: the records after it are found. */
+static void test_zeroed_block_is_damage(void **state)
+{
+    (void)state;
+    enum { N = 120 };
+    size_t at[N + 1];
+    struct bg_buf seg = {0};
+    build_segment(&seg, N, at);
+    size_t from = at[10] + 7, to = from + 4096;
+    assert_true(to < at[N]);
+    memset(bg_buf_head(&seg) + from, 0, 4096);
+    size_t first_after = 0;
+    while (at[first_after] < to) first_after++;
+    size_t bad = first_bad(bg_buf_head(&seg), seg.len, BG_JOURNAL_HEADER_SIZE);
+    assert_int_equal(bad, at[10]);
+    struct bg_journal_tail t;
+    struct seen seen = {0};
+    bg_journal_examine(bg_buf_head(&seg), seg.len, bad, BIG_BUDGET, &t, count_seen, &seen);
+    assert_int_equal(t.readable, N - first_after);
+    assert_int_equal(seen.last_id, N - 1); /* the last record with an id (N-1 is a delete) */
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
+/* A record cut by the end of the data whose body holds a whole valid
+ * record is still a torn tail: a believable frame is skipped whole, never
+ * searched (a client chooses body bytes). */
+static void test_record_inside_a_cut_body_is_not_found(void **state)
+{
+    (void)state;
+    struct bg_buf inner = {0}, seg = {0};
+    assert_int_equal(bg_journal_encode_delete(&inner, 99), 0);
+    char body[200];
+    memset(body, 'b', sizeof body);
+    memcpy(body + 50, bg_buf_head(&inner), inner.len);
+    memcpy(body + sizeof body - 2, "\r\n", 2);
+    struct bg_journal_job j = cases[0].job;
+    j.body = body;
+    j.body_len = sizeof body;
+    char h[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_buf_append(&seg, h, sizeof h), 0);
+    assert_int_equal(bg_journal_encode_job(&seg, &j, 1), 0);
+    struct bg_journal_tail t;
+    bg_journal_examine(bg_buf_head(&seg), seg.len - 10, BG_JOURNAL_HEADER_SIZE, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_TRUNCATED);
+    assert_int_equal(t.readable, 0);
+    assert_true(bg_journal_tail_torn(&t));
+    bg_buf_free(&inner);
+    bg_buf_free(&seg);
+}
+
+/* The header: never written (short or zero) can be torn; another magic or
+ * a valid-checksum record with impossible fields is never torn. */
+static void test_header_and_bad_record_damage(void **state)
+{
+    (void)state;
+    char h[BG_JOURNAL_HEADER_SIZE], zeros[BG_JOURNAL_HEADER_SIZE] = {0};
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_journal_header_damage(h, sizeof h), BG_DAMAGE_NONE);
+    assert_int_equal(bg_journal_header_damage(h, 7), BG_DAMAGE_NO_HEADER);
+    assert_int_equal(bg_journal_header_damage(h, 0), BG_DAMAGE_NO_HEADER);
+    assert_int_equal(bg_journal_header_damage(zeros, sizeof zeros), BG_DAMAGE_NO_HEADER);
+    assert_int_equal(bg_journal_header_damage("XYZ", 3), BG_DAMAGE_BAD_HEADER);
+    struct bg_journal_tail t;
+    bg_journal_examine(h, 7, 0, BIG_BUDGET, &t, NULL, NULL);
+    assert_true(bg_journal_tail_torn(&t));
+    h[8] ^= 2;
+    assert_int_equal(bg_journal_header_damage(h, sizeof h), BG_DAMAGE_OTHER_VERSION);
+    h[0] = 'X';
+    assert_int_equal(bg_journal_header_damage(h, sizeof h), BG_DAMAGE_BAD_HEADER);
+    bg_journal_examine(h, sizeof h, 0, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_HEADER);
+    assert_false(bg_journal_tail_torn(&t));
+    /* a zero header followed by records: the records are found, so damage */
+    size_t at[5];
+    struct bg_buf seg = {0};
+    build_segment(&seg, 4, at);
+    memset(bg_buf_head(&seg), 0, BG_JOURNAL_HEADER_SIZE);
+    bg_journal_examine(bg_buf_head(&seg), seg.len, 0, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_NO_HEADER);
+    assert_int_equal(t.readable, 4);
+    assert_false(bg_journal_tail_torn(&t));
+    /* good checksum, bad state: no interrupted write does that */
+    struct bg_journal_job j = cases[0].job;
+    j.state = BG_JOB_RESERVED;
+    bg_journal_segment_header(h);
+    bg_buf_clear(&seg);
+    assert_int_equal(bg_buf_append(&seg, h, sizeof h), 0);
+    assert_int_equal(bg_journal_encode_job(&seg, &j, 1), 0);
+    bg_journal_examine(bg_buf_head(&seg), seg.len, BG_JOURNAL_HEADER_SIZE, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_RECORD);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
+/* The search past damage stops at its budget and then never claims a torn
+ * tail: what it did not look at may hold records. */
+static void test_search_budget(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    size_t at[N + 1];
+    struct bg_buf seg = {0};
+    build_segment(&seg, N, at);
+    char *data = bg_buf_head(&seg);
+    memset(data + at[2], 0xEE, 9); /* an impossible frame: the next one is searched */
+    struct bg_journal_tail t;
+    bg_journal_examine(data, seg.len, at[2], BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.readable, N - 3);
+    assert_true(t.search_complete);
+    bg_journal_examine(data, seg.len, at[2], 0, &t, NULL, NULL);
+    assert_false(t.search_complete);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
+/* A record with a good checksum and a type this version does not know, in
+ * the middle: damage (never torn), skipped by its length; the records after
+ * it are found. */
+static void test_unknown_type_with_good_checksum(void **state)
+{
+    (void)state;
+    enum { N = 6 };
+    size_t at[N + 1];
+    struct bg_buf seg = {0};
+    build_segment(&seg, N, at);
+    unsigned char *r = (unsigned char *)bg_buf_head(&seg) + at[2]; /* a delete */
+    r[8] = 9;
+    uint32_t crc = bg_crc32c(r + 8, 9);
+    for (int i = 0; i < 4; i++) r[4 + i] = (unsigned char)(crc >> (8 * i));
+    assert_int_equal(first_bad(bg_buf_head(&seg), seg.len, BG_JOURNAL_HEADER_SIZE), at[2]);
+    struct bg_journal_tail t;
+    bg_journal_examine(bg_buf_head(&seg), seg.len, at[2], BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_RECORD);
+    assert_int_equal(t.readable, N - 3);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_journal_examine(bg_buf_head(&seg), at[3], at[2], BIG_BUDGET, &t, NULL, NULL); /* as the last one */
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +506,14 @@ int main(void)
         cmocka_unit_test(test_segment_header),
         cmocka_unit_test(test_structure_checked),
         cmocka_unit_test(test_restore_into_engine),
+        cmocka_unit_test(test_cut_last_record_is_torn),
+        cmocka_unit_test(test_zeros_or_garbage_after_last_record_are_torn),
+        cmocka_unit_test(test_changed_byte_in_the_middle_is_damage),
+        cmocka_unit_test(test_zeroed_block_is_damage),
+        cmocka_unit_test(test_record_inside_a_cut_body_is_not_found),
+        cmocka_unit_test(test_header_and_bad_record_damage),
+        cmocka_unit_test(test_search_budget),
+        cmocka_unit_test(test_unknown_type_with_good_checksum),
     };
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
 }
