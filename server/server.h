@@ -40,6 +40,7 @@ struct server_config {
     int gearman_enabled;         /* --gearman-listen or --gearman-port given */
     const char *gearman_listen;  /* default 127.0.0.1 */
     const char *gearman_port;    /* default 4730 */
+    int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
 };
 
 #define SERVER_FSYNC_MS_DEFAULT 50
