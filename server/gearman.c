@@ -1206,6 +1206,8 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 
 /* ---- the listener ------------------------------------------------------- */
 
+int gearman_listen_fd(const struct gearman *g) { return g->listen_fd; }
+
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg)
 {
     struct gearman *g = calloc(1, sizeof *g);
