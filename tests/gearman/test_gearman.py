@@ -1457,6 +1457,9 @@ def test_admin_shutdown_is_unknown_by_default(srv):
 @test
 @beangate_only(why=SHUTDOWN)
 def test_admin_shutdown(srv):
+    usage = subprocess.run([srv.binary, "--help"], capture_output=True, timeout=10).stdout
+    for word in (b"--gearman-admin-shutdown", b"BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1"):
+        check(word in usage, "--help does not mention %r" % word)
     srv = new_server(extra=["--gearman-admin-shutdown"])
     a = srv.conn()
     check_eq(a.text(b"shutdown\n"), b"OK\n", "admin shutdown")
