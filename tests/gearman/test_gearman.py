@@ -1135,6 +1135,11 @@ def admin_scenario(srv):
     wa.send("CAN_DO_TIMEOUT", "slow", 60)
     wb = srv.conn()
     wb.send("CAN_DO", "reverse")
+    # gearmand reads each connection on its own: an admin `status` on
+    # another one may come first unless the workers' packets were answered
+    for w in (wa, wb):
+        w.send("ECHO_REQ", "registered")
+        w.expect("ECHO_RES", ["registered"])
     c = srv.conn()
     c.submit("reverse", "1", kind="SUBMIT_JOB_BG")
     c.submit("reverse", "2", kind="SUBMIT_JOB_HIGH_BG")
