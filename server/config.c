@@ -20,7 +20,7 @@ enum setting {
     S_BINLOG_DIR, S_FSYNC_MS, S_NO_FSYNC, S_BINLOG_SIZE,
     S_LOG_RECOVER_DAMAGED,
     S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
-    S_GEARMAN_LISTEN, S_GEARMAN_PORT,
+    S_GEARMAN_LISTEN, S_GEARMAN_PORT, S_GEARMAN_ADMIN_SHUTDOWN,
     S_COUNT
 };
 
@@ -50,6 +50,8 @@ static const struct setting_def {
     [S_METRICS_AUTH] = {"BEANGATE_METRICS_AUTH", "--metrics-auth", "metrics_auth"},
     [S_GEARMAN_LISTEN] = {"BEANGATE_GEARMAN_LISTEN", "--gearman-listen", "gearman_listen"},
     [S_GEARMAN_PORT] = {"BEANGATE_GEARMAN_PORT", "--gearman-port", "gearman_port"},
+    [S_GEARMAN_ADMIN_SHUTDOWN] = {"BEANGATE_GEARMAN_ADMIN_SHUTDOWN", "--gearman-admin-shutdown",
+                                  "gearman_admin_shutdown"},
 };
 
 /* Where each setting came from (for the -VV log). */
@@ -85,6 +87,10 @@ static void usage(FILE *f)
         "                         127.0.0.1 once --gearman-port is given)\n"
         " --gearman-port PORT     Gearman port (usually 4730); Gearman is off\n"
         "                         unless one of these two is given\n"
+        " --gearman-admin-shutdown  let the Gearman admin commands `shutdown` and\n"
+        "                         `shutdown graceful` stop the server (default: off,\n"
+        "                         they answer ERR UNKNOWN_COMMAND as gearmand 1.1.20;\n"
+        "                         anyone who reaches the Gearman port could use them)\n"
         " --log-recover-damaged   start even if the log is damaged, with what is\n"
         "                         readable (logs each part dropped); by default a\n"
         "                         damaged log stops the start with status 111\n"
@@ -115,6 +121,7 @@ static void usage(FILE *f)
         " BEANGATE_METRICS_AUTH=1        as --metrics-auth\n"
         " BEANGATE_GEARMAN_LISTEN=ADDR   as --gearman-listen\n"
         " BEANGATE_GEARMAN_PORT=PORT     as --gearman-port\n"
+        " BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1  as --gearman-admin-shutdown\n"
         "Booleans take 1/0, true/false, yes/no or on/off.\n"
         "\n"
         "When any token is configured, every HTTP route except /livez and /readyz\n"
@@ -278,6 +285,11 @@ static int apply_env(struct server_config *cfg, struct env_error *err)
         if (parse_port(v) != 0) ENV_FAIL(S_GEARMAN_PORT, v, "not a port number (0-65535)");
         cfg->gearman_port = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_PORT] = FROM_ENV;
     }
+    if ((v = env_value(S_GEARMAN_ADMIN_SHUTDOWN))) {
+        if (parse_bool(v, &b) != 0)
+            ENV_FAIL(S_GEARMAN_ADMIN_SHUTDOWN, v, "not a boolean (1/0, true/false, yes/no, on/off)");
+        cfg->gearman_admin_shutdown = b, sources[S_GEARMAN_ADMIN_SHUTDOWN] = FROM_ENV;
+    }
     /* BEANGATE_HTTP_TOKENS is read with the token file (load_tokens) */
 #undef ENV_FAIL
     return 0;
@@ -309,6 +321,11 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
     if (strcmp(a, "--metrics-auth") == 0) {
         cfg->metrics_auth = 1;
         sources[S_METRICS_AUTH] = FROM_FLAG;
+        return 0;
+    }
+    if (strcmp(a, "--gearman-admin-shutdown") == 0) {
+        cfg->gearman_admin_shutdown = 1;
+        sources[S_GEARMAN_ADMIN_SHUTDOWN] = FROM_FLAG;
         return 0;
     }
     if (strcmp(a, "--help") == 0) {
@@ -535,7 +552,7 @@ static void log_config(const struct server_config *c)
               "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
               "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
               "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s gearman=%s "
-              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s",
+              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s gearman_admin_shutdown=%s",
               log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
               c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
               (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
@@ -543,7 +560,7 @@ static void log_config(const struct server_config *c)
               c->http_token_count, c->http_token_count ? "on" : "off",
               c->metrics_auth ? "on" : "off", c->gearman_enabled ? "on" : "off",
               log_str(c->gearman_listen), log_str(c->gearman_port),
-              c->log_recover_damaged ? "on" : "off");
+              c->log_recover_damaged ? "on" : "off", c->gearman_admin_shutdown ? "on" : "off");
     for (int s = 0; s < S_COUNT; s++)
         log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", defs[s].key,
                   source_names[sources[s]], defs[s].env);

@@ -105,6 +105,7 @@ struct gearman {
     uint32_t max_packet;           /* largest request size accepted */
     size_t sweep_cursor;           /* next record bucket the sweep looks at */
     uint8_t graceful;              /* `shutdown graceful`: stop when workers are done */
+    uint8_t admin_shutdown;        /* --gearman-admin-shutdown: `shutdown` is a command */
 };
 
 static uint64_t hash_bytes(const char *s, size_t n)
@@ -921,7 +922,11 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l, bg_time 
         bg_buf_append(&c->out, "ERR UNKNOWN_ERROR\r\n", 19);
         return;
     }
+    /* without --gearman-admin-shutdown, `shutdown` in every form is unknown,
+     * as in gearmand 1.1.20 (built without it): the Gearman port has no
+     * authentication, and the command would stop every protocol */
     if ((l->cmd == GM_ADMIN_CANCEL_JOB && l->nargs == 0) ||
+        (l->cmd == GM_ADMIN_SHUTDOWN && !c->g->admin_shutdown) ||
         (l->cmd == GM_ADMIN_SHUTDOWN && l->nargs &&
          !(l->arg_len[0] == 8 && strncasecmp(l->arg[0], "graceful", 8) == 0))) {
         admin_error(c, "UNKNOWN_COMMAND", "Unknown server command", l->word, l->word_len);
@@ -1212,12 +1217,15 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 
 /* ---- the listener ------------------------------------------------------- */
 
+int gearman_listen_fd(const struct gearman *g) { return g->listen_fd; }
+
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg)
 {
     struct gearman *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     g->srv = srv;
     g->listen_fd = -1;
+    g->admin_shutdown = cfg->gearman_admin_shutdown != 0;
     g->max_packet = srv->engine.max_job_size + GM_IN_SLACK;
     if (bg_client_init_bare(&srv->engine, &g->holder, &bg_client_ops_never_wait, NULL) != 0) {
         free(g);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <pwd.h>
 #include <grp.h>
+#include <limits.h>
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -193,6 +194,68 @@ static int healthcheck(const char *arg)
     return healthy ? 0 : 1;
 }
 
+/* "127.0.0.1:11300" or "[::1]:11300": the address a listening socket is
+ * bound to (the real port, also when 0 was asked for); "?" if unknown. */
+static void bound_address(int fd, char *out, size_t size)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) != 0 ||
+        getnameinfo((struct sockaddr *)&ss, len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+        snprintf(out, size, "?");
+        return;
+    }
+    snprintf(out, size, ss.ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+}
+
+/* The startup block: once every listener is up, a few lines for people on
+ * stdout (stderr keeps only key=value events, for machines): the version,
+ * each listener, where the jobs live, where the docs are. */
+static void print_startup_block(const struct server *srv, const struct server_config *cfg)
+{
+    char addr[NI_MAXHOST + NI_MAXSERV + 4], http[sizeof addr] = "";
+    printf("beangate %s (beanstalkd %s protocol) is up; Ctrl-C or SIGTERM stops it\n",
+           BEANGATE_VERSION, BG_VERSION);
+    if (srv->unix_path[0]) {
+        printf("  beanstalk  unix:%s\n", srv->unix_path);
+    } else {
+        bound_address(srv->listen_fd, addr, sizeof addr);
+        printf("  beanstalk  %s%s\n", addr, srv->listen_desc[0] ? " (socket from systemd)" : "");
+    }
+    if (srv->gateway) {
+        const union MHD_DaemonInfo *info =
+            MHD_get_daemon_info(srv->gateway->daemon, MHD_DAEMON_INFO_LISTEN_FD);
+        bound_address(info ? info->listen_fd : -1, http, sizeof http);
+        printf("  http       http://%s/\n", http);
+    } else if (cfg->http_enabled) {
+        printf("  http       not started: %s:%s is in use (see the warning above)\n",
+               cfg->http_listen, cfg->http_port);
+    }
+    if (srv->gearman) {
+        bound_address(gearman_listen_fd(srv->gearman), addr, sizeof addr);
+        printf("  gearman    %s%s\n", addr,
+               cfg->gearman_admin_shutdown ? " (admin shutdown on)" : "");
+    }
+    if (!cfg->log_dir) {
+        printf("  log        in memory only: jobs are lost when beangate stops (-b DIR keeps them)\n");
+    } else {
+        char dir[PATH_MAX];
+        const char *shown = realpath(cfg->log_dir, dir) ? dir : cfg->log_dir;
+        if (cfg->fsync_never)
+            printf("  log        %s, never synced (-F)\n", shown);
+        else if (cfg->fsync_ms == 0)
+            printf("  log        %s, synced before every reply (-f 0)\n", shown);
+        else
+            printf("  log        %s, synced every %d ms (-f)\n", shown, cfg->fsync_ms);
+    }
+    printf("  docs       man -l docs/beangate.1, docs/user-guide.md");
+    if (srv->gateway) printf(", API: http://%s/openapi.yaml", http);
+    printf("\n");
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strncmp(argv[1], "--healthcheck", 13) == 0 &&
@@ -267,6 +330,7 @@ int main(int argc, char **argv)
     log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
 
     gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
+    print_startup_block(&srv, &cfg);
     event_base_dispatch(srv.base);
 
     gateway_stop(srv.gateway);

@@ -41,6 +41,7 @@ struct server_config {
     int gearman_enabled;         /* --gearman-listen or --gearman-port given */
     const char *gearman_listen;  /* default 127.0.0.1 */
     const char *gearman_port;    /* default 4730 */
+    int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
 };
 
 #define SERVER_FSYNC_MS_DEFAULT 50
@@ -81,6 +82,8 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 void gearman_stop(struct gearman *g);
 /* The log synced more: let replies held for it go (-f 0). */
 void gearman_release_held(struct gearman *g);
+/* The listening socket (for the startup block's address). */
+int gearman_listen_fd(const struct gearman *g);
 
 /* ---- main.c: the process ----------------------------------------------- */
 

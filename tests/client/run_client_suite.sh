@@ -2,21 +2,28 @@
 # Run real beanstalk client libraries' OWN test suites, unchanged, against a
 # server binary that takes beanstalkd-style flags (-l ADDR -p PORT).
 #
-#   tests/client/run_client_suite.sh SERVER_BINARY [SUITE...]
+#   tests/client/run_client_suite.sh [--install-only] SERVER_BINARY [SUITE...]
 #
 # SUITE is one or more of: fivebeans jackd   (default: all of them)
 #
 # Both libraries' tests hard-code the server address (127.0.0.1:11300 /
-# localhost:11300), so the server is started on 127.0.0.1:11300; the script
-# refuses to run if that port is already taken.  Each suite gets a fresh
-# server process (the suites assume an empty server).  The pinned library and
-# its test devDependencies are installed from the npm registry with `npm ci`
-# into $CLIENT_SUITE_DIR (default: <repo>/build/client-suite), never into the
-# source tree.  See tests/client/README.md.
+# localhost:11300), so the server is started on 127.0.0.1:11300.  So that a
+# server already there (say, scripts/run.sh) does not matter, the suites run
+# in a private network namespace with its own loopback: `unshare --net` as
+# root, `unshare -rn` (a user namespace) otherwise.  Where neither works, the
+# host's 127.0.0.1:11300 is used, and if it is taken the script says which
+# process holds it and stops.  Each suite gets a fresh server process (the
+# suites assume an empty server).  The pinned library and its test
+# devDependencies are installed from the npm registry with `npm ci` into
+# $CLIENT_SUITE_DIR (default: <repo>/build/client-suite), never into the
+# source tree, before entering the namespace (which has no network).
+# --install-only installs and exits.  See tests/client/README.md.
 #
 # Environment:
 #   CLIENT_SUITE_DIR      install/cache/log directory (default <repo>/build/client-suite)
 #   CLIENT_SUITE_TIMEOUT  hard wall-clock limit per suite in seconds (default 120)
+#   CLIENT_SUITE_NETNS    auto (default): a private network namespace where
+#                         possible; off: always the host's network
 #
 # Exit status: 0 if every selected suite passed, 1 if any test failed or a
 # suite did not complete, 2 on usage/setup errors.
@@ -36,7 +43,9 @@ die() { echo "run_client_suite: ERROR: $*" >&2; echo "client-suite: 0 passed, 1 
 log() { echo "run_client_suite: $*"; }
 
 # ---------------------------------------------------------------- arguments
-[ $# -ge 1 ] || { echo "usage: $0 SERVER_BINARY [fivebeans|jackd ...]" >&2; exit 2; }
+INSTALL_ONLY=0
+[ "${1:-}" = --install-only ] && { INSTALL_ONLY=1; shift; }
+[ $# -ge 1 ] || { echo "usage: $0 [--install-only] SERVER_BINARY [fivebeans|jackd ...]" >&2; exit 2; }
 SERVER="$1"; shift
 case "$SERVER" in /*) ;; *) SERVER="$(pwd)/$SERVER" ;; esac
 [ -x "$SERVER" ] || die "server binary '$SERVER' does not exist or is not executable"
@@ -67,7 +76,21 @@ port_open() {   # true if something accepts TCP connections on $HOST:$PORT
     (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null
 }
 
-port_open && die "$HOST:$PORT is already in use (another beanstalkd?). The client test suites hard-code port $PORT; stop whatever listens there and retry."
+port_holder() {  # "NAME PID" of the process listening on $PORT, or nothing
+    ss -ltnpH "sport = :$PORT" 2>/dev/null |
+        sed -n 's/.*users:(("\([^"]*\)",pid=\([0-9]*\),.*/\1 \2/p' | head -n 1
+}
+
+port_taken() {  # the end of the run: say which process holds $HOST:$PORT
+    local name="" pid="" who
+    read -r name pid < <(port_holder) || true
+    if [ -n "$pid" ]; then
+        who="$name (pid $pid) holds it: stop it (kill $pid, or Ctrl-C where scripts/run.sh runs)"
+    else
+        who="a process of another user holds it (sudo ss -ltnp 'sport = :$PORT' names it): stop it"
+    fi
+    die "$HOST:$PORT is in use, and this machine cannot give the client suites a private network namespace ($NETNS_WHY). The suites hard-code port $PORT; $who, and retry."
+}
 
 SERVER_PID=""
 stop_server() {
@@ -83,9 +106,7 @@ trap 'stop_server' EXIT
 trap 'stop_server; echo "client-suite: 0 passed, 1 failed (interrupted)"; exit 130' INT TERM
 
 start_server() {  # $1 = log file
-    if port_open; then
-        die "$HOST:$PORT is already in use (another beanstalkd?). The client test suites hard-code port $PORT; stop whatever listens there and retry."
-    fi
+    port_open && port_taken
     # SERVER_ARGS: extra flags for the server under test, e.g. --no-http
     # shellcheck disable=SC2086
     "$SERVER" -l "$HOST" -p "$PORT" ${SERVER_ARGS:-} >"$1" 2>&1 &
@@ -114,6 +135,39 @@ install_suite() {  # $1 = suite name; installs pinned deps into $WORK/$1
         >"$dst/npm-install.log" 2>&1 || { cat "$dst/npm-install.log" >&2; return 1; }
     echo "$stamp" >"$dst/.installed"
 }
+
+# ---------------------------------------------------------------- install, then isolate
+# npm needs the network, which the namespace has not: install first (in the
+# namespace run_suite finds the installs; a failure is reported there)
+if [ -z "${CLIENT_SUITE_IN_NETNS:-}" ]; then
+    for s in $SUITES; do
+        install_suite "$s" || [ "$INSTALL_ONLY" = 0 ] || die "$s: npm install failed"
+    done
+fi
+[ "$INSTALL_ONLY" = 0 ] || exit 0
+
+NETNS_WHY=""
+if [ -n "${CLIENT_SUITE_IN_NETNS:-}" ]; then
+    ip link set lo up || die "cannot bring up lo in the private network namespace (ip is in iproute2)"
+    log "in a private network namespace: a server on the host's $HOST:$PORT does not matter"
+elif [ "${CLIENT_SUITE_NETNS:-auto}" = off ]; then
+    NETNS_WHY="CLIENT_SUITE_NETNS=off"
+else
+    # root: a network namespace; anyone: a user namespace with one, where
+    # the kernel allows them
+    ways=("--user --map-root-user --net")
+    [ "$(id -u)" -ne 0 ] || ways=("--net" "${ways[@]}")
+    for way in "${ways[@]}"; do
+        # shellcheck disable=SC2086
+        if err="$(unshare $way true 2>&1)"; then
+            # shellcheck disable=SC2086
+            CLIENT_SUITE_IN_NETNS=1 exec unshare $way -- "$0" "$SERVER" $SUITES
+        fi
+        NETNS_WHY="${NETNS_WHY:+$NETNS_WHY; }unshare $way: ${err:-failed}"
+    done
+    log "no private network namespace ($NETNS_WHY): the suites use the host's $HOST:$PORT"
+fi
+port_open && port_taken
 
 TOTAL_PASS=0; TOTAL_FAIL=0; TOTAL_SKIP=0; STATUS=0
 SUMMARIES=()

@@ -289,6 +289,7 @@ class Server:
         self.errf = None
         self.tmp = tempfile.mkdtemp(prefix="gearman-test-")
         self.extra = []            # more command line arguments (new_server)
+        self.env = None            # more environment variables (new_server)
         self.expect_exit = False   # a test made it exit (admin shutdown)
         self.last_stderr = ""      # its stderr, kept by stop()
 
@@ -297,8 +298,9 @@ class Server:
             self.errf.close()
         # append: the stderr of a killed and restarted server is kept
         self.errf = open(os.path.join(self.tmp, "stderr"), "a+b")
+        env = dict(os.environ, **self.env) if self.env else None
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self.errf)
+                                     stderr=self.errf, env=env)
 
     def _ready(self):
         deadline = time.monotonic() + START_TIMEOUT
@@ -532,11 +534,13 @@ def wait_workers(srv, func, n=1):
                "%d worker(s) for %s in status" % (n, func))
 
 
-def new_server(cls=None, extra=()):
+def new_server(cls=None, extra=(), env=None):
     """A started server; `extra`: more arguments, or a function of the
-    (not yet started) server returning them (e.g. a directory in s.tmp)."""
+    (not yet started) server returning them (e.g. a directory in s.tmp);
+    `env`: more environment variables."""
     s = (cls or TARGET)()
     s.extra = list(extra(s) if callable(extra) else extra)
+    s.env = env
     CLEANUP.append(s)
     return s.start()
 
@@ -1124,6 +1128,11 @@ def admin_scenario(srv):
     wa.send("CAN_DO_TIMEOUT", "slow", 60)
     wb = srv.conn()
     wb.send("CAN_DO", "reverse")
+    # gearmand reads each connection on its own: an admin `status` on
+    # another one may come first unless the workers' packets were answered
+    for w in (wa, wb):
+        w.send("ECHO_REQ", "registered")
+        w.expect("ECHO_RES", ["registered"])
     c = srv.conn()
     c.submit("reverse", "1", kind="SUBMIT_JOB_BG")
     c.submit("reverse", "2", kind="SUBMIT_JOB_HIGH_BG")
@@ -1278,7 +1287,7 @@ def test_cross_fg_ttr(srv):
 
 LIMITS = "beangate's own limits and options (-z, -b, tube names), beangate only"
 FRONTEND = "front-end scenario, beangate only"
-SHUTDOWN = "admin shutdown (gearmand 1.1.20: ERR UNKNOWN_COMMAND), beangate only"
+SHUTDOWN = "admin shutdown with --gearman-admin-shutdown (gearmand 1.1.20 has no shutdown), beangate only"
 
 
 def proc_rss_kib(pid):
@@ -1455,8 +1464,38 @@ def expect_clean_exit(srv, after):
 
 
 @test
+def test_admin_shutdown_is_unknown_by_default(srv):
+    """The Gearman port has no authentication: without
+    --gearman-admin-shutdown every form of `shutdown` is an unknown command,
+    byte for byte as gearmand 1.1.20 answers it, and nothing stops or
+    drains (the same test passes against gearmand)."""
+    a = srv.conn()
+    for line, word in ((b"shutdown\n", b"shutdown"), (b"shutdown graceful\n", b"shutdown"),
+                       (b"SHUTDOWN\r\n", b"SHUTDOWN"), (b"Shutdown Graceful\r\n", b"Shutdown"),
+                       (b"shutdown graceful now\n", b"shutdown"), (b"shutdown foo\n", b"shutdown")):
+        check_eq(a.text(line), b"ERR UNKNOWN_COMMAND Unknown+server+command" + word + b"\r\n",
+                 "admin %r without --gearman-admin-shutdown" % line)
+    check_eq(a.text(b"getpid\n"), b"OK %d\n" % srv.proc.pid, "the admin connection after the shutdowns")
+    a.expect_nothing("after the refused shutdowns")
+    check_eq(srv.proc.poll(), None, "the server still runs")
+    # not draining either (`shutdown graceful` would refuse new jobs): a
+    # submit on a new connection is taken, and a worker gets it
+    c = srv.conn()
+    h = c.submit("f", "after", kind="SUBMIT_JOB_BG")
+    w = srv.conn()
+    w.send("CAN_DO", "f")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", [h, "f", "after"])
+    check_eq(srv.proc.poll(), None, "the server still runs after a job")
+
+
+@test
 @beangate_only(why=SHUTDOWN)
 def test_admin_shutdown(srv):
+    usage = subprocess.run([srv.binary, "--help"], capture_output=True, timeout=10).stdout
+    for word in (b"--gearman-admin-shutdown", b"BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1"):
+        check(word in usage, "--help does not mention %r" % word)
+    srv = new_server(extra=["--gearman-admin-shutdown"])
     a = srv.conn()
     check_eq(a.text(b"shutdown\n"), b"OK\n", "admin shutdown")
     expect_clean_exit(srv, "the admin shutdown")
@@ -1465,6 +1504,8 @@ def test_admin_shutdown(srv):
 @test
 @beangate_only(why=SHUTDOWN)
 def test_admin_shutdown_graceful(srv):
+    # switched on by the environment this time
+    srv = new_server(env={"BEANGATE_GEARMAN_ADMIN_SHUTDOWN": "1"})
     # a worker holds a job: the server waits for it, refuses new jobs meanwhile
     c = srv.conn()
     h = c.submit("f", "last")

@@ -16,6 +16,7 @@ one line `integration: N passed, M failed[, K skipped]`; exits 1 on failure.
 import os
 import pwd
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -87,6 +88,7 @@ class Server:
         self.stopped = False
         self.exit_status = None
         self.stderr_text = ""
+        self.stdout_text = ""
 
     # -- start / stop
     def _argv(self):
@@ -160,9 +162,17 @@ class Server:
         return "timeout"
 
     def _read_stderr(self):
+        return self._read(self.err_file)
+
+    def read_stdout(self):
+        """What the server wrote on stdout so far (all of it once stopped)."""
+        return self.stdout_text if self.stopped else self._read(self.out_file)
+
+    @staticmethod
+    def _read(f):
         try:
-            self.err_file.seek(0)
-            return self.err_file.read().decode("utf-8", "replace")
+            f.seek(0)
+            return f.read().decode("utf-8", "replace")
         except (OSError, ValueError):
             return ""
 
@@ -187,6 +197,7 @@ class Server:
         self.stopped = True
         self.exit_status = status
         self.stderr_text = self._read_stderr()
+        self.stdout_text = self._read(self.out_file)
         self._close_files()
         return status, took, self.stderr_text
 
@@ -757,6 +768,92 @@ def test_unix_socket():
             os.unlink(path)
 
 
+# ---- 8b. the startup block ------------------------------------------------------------
+
+STARTUP_FIRST = re.compile(r"^beangate \S+ \(beanstalkd 1\.12 protocol\) is up; Ctrl-C or SIGTERM stops it$")
+LOG_EVENT = re.compile(r"^ts=\S+ level=(error|warn|info|debug) event=\w+( |$)")
+
+
+def startup_block(srv, want, absent=()):
+    """Check the server's stdout: one startup block whose lines include every
+    line of `want` and none that starts with a word of `absent`; stderr has
+    only key=value event lines. Returns the block's lines."""
+    lines = srv.read_stdout().splitlines()
+    check(lines and STARTUP_FIRST.match(lines[0]), "stdout does not start with the startup line: %r" % lines)
+    check_eq(sum(1 for ln in lines if STARTUP_FIRST.match(ln)), 1, "startup blocks on stdout")
+    for w in want:
+        check(w in lines, "startup block lacks %r: %r" % (w, lines))
+    for word in absent:
+        check(not any(ln.split()[:1] == [word] for ln in lines[1:]),
+              "startup block has a %r line: %r" % (word, lines))
+    err = srv._read_stderr()
+    for ln in err.splitlines():
+        check(LOG_EVENT.match(ln), "stderr line is not a key=value event: %r" % ln)
+    return lines
+
+
+def test_startup_block_lists_the_real_listeners():
+    if not HAS_HTTP:
+        raise Skip("the binary has no HTTP gateway")
+    gport = free_port()
+    with Server(["--gearman-port", str(gport), "-V"]) as srv:
+        http = "http://127.0.0.1:%d/" % srv.http_port
+        lines = startup_block(srv, ["  beanstalk  127.0.0.1:%d" % srv.port,
+                                    "  http       %s" % http,
+                                    "  gearman    127.0.0.1:%d" % gport,
+                                    "  log        in memory only: jobs are lost when beangate stops "
+                                    "(-b DIR keeps them)"])
+        docs = [ln for ln in lines if ln.startswith("  docs ")]
+        check(len(docs) == 1 and "docs/beangate.1" in docs[0] and http + "openapi.yaml" in docs[0],
+              "docs line: %r" % docs)
+        check("event=listening" in srv._read_stderr(), "stderr lost its -V events")
+
+
+def test_startup_block_without_http_and_with_a_log():
+    logdir = tempfile.mkdtemp(prefix="beangate-it-log-")
+    try:
+        for flags, policy in ((["-f", "0"], "synced before every reply (-f 0)"),
+                              ([], "synced every 50 ms (-f)"),
+                              (["-F"], "never synced (-F)")):
+            with Server(["--no-http", "-b", logdir] + flags) as srv:
+                lines = startup_block(srv, ["  beanstalk  127.0.0.1:%d" % srv.port,
+                                            "  log        %s, %s" % (os.path.realpath(logdir), policy)],
+                                      absent=["http", "gearman"])
+                check(not any("openapi.yaml" in ln for ln in lines), "an API URL without HTTP: %r" % lines)
+    finally:
+        subprocess.run(["rm", "-rf", logdir])
+
+
+def test_startup_block_unix_socket():
+    path = "/tmp/beangate-it-%d-%08x.sock" % (os.getpid(), random.getrandbits(32))
+    try:
+        with Server(unix_path=path) as srv:
+            startup_block(srv, ["  beanstalk  unix:%s" % path])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_no_startup_block_when_a_listener_fails():
+    if not HAS_HTTP:
+        raise Skip("the binary has no HTTP gateway")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        # an HTTP port asked for explicitly and taken: exit 111, and nothing
+        # on stdout says the server is up
+        out = tempfile.TemporaryFile()
+        proc = subprocess.run([BINARY, "-l", "127.0.0.1", "-p", str(free_port()), "--http-listen",
+                               "127.0.0.1", "--http-port", str(busy.getsockname()[1])],
+                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, timeout=10)
+        out.seek(0)
+        check_eq(proc.returncode, 111, "exit status with a busy --http-port")
+        check_eq(out.read(), b"", "stdout of a server that did not start")
+    finally:
+        busy.close()
+
+
 # ---- 9. flags -------------------------------------------------------------------------
 
 def run_binary(args, timeout=10):
@@ -1140,6 +1237,10 @@ TESTS = [
     test_deadline_passed_before_timer_runs,
     test_quit_after_pipelined_commands,
     test_unix_socket,
+    test_startup_block_lists_the_real_listeners,
+    test_startup_block_without_http_and_with_a_log,
+    test_startup_block_unix_socket,
+    test_no_startup_block_when_a_listener_fails,
     test_flag_v_prints_version,
     test_flag_h_usage,
     test_bad_flags_exit_5,
