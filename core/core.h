@@ -63,6 +63,14 @@ void bg_alloc_fail_after(uint64_t nth);
 void *bg_job_alloc(size_t size);
 void bg_job_free_sized(void *p, size_t size);
 
+/* ---- parse.c: the one decimal reader ----------------------------------- */
+
+/* s[0..len) as a decimal number: one or more ASCII digits and nothing else,
+ * at most max. 0 (*out set) or BG_BAD_FORMAT. */
+int bg_parse_u64(const char *s, size_t len, uint64_t max, uint64_t *out);
+/* How many ASCII digits s[0..len) starts with (0: none). */
+size_t bg_digits_span(const char *s, size_t len);
+
 /* ---- buf.c: growable byte buffer ---------------------------------------- */
 
 struct bg_buf {
