@@ -70,6 +70,18 @@ void gateway_stop(struct gateway *gw);
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
 
+/* Push delivery's views (server/push.c), shown by GET /subscriptions,
+ * GET /stats (subscriptions), GET /jobs/{id} (last_delivery_error) and
+ * /metrics. Each function may be NULL; arg is passed to each. */
+struct gw_push_hooks {
+    void *arg;
+    json_t *(*subscriptions)(void *arg);          /* a new JSON array */
+    json_t *(*job_error)(void *arg, uint64_t id); /* a new object, or NULL: none known */
+    int (*metrics)(void *arg, struct bg_buf *out); /* append families; 0 or BG_OUT_OF_MEMORY */
+};
+/* Install the hooks (copied). NULL gw does nothing. */
+void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
+
 /* ---- internal: shared by http.c and routes.c --------------------------- */
 
 /* One HTTP request as the gateway follows it across handler calls. */
@@ -126,6 +138,7 @@ struct gateway {
     bg_time started_at;
     uint64_t in_flight;           /* requests begun and not completed */
     struct gw_metrics *metrics;
+    struct gw_push_hooks push;    /* all NULL without push delivery */
 };
 
 /* Answer with a JSON value (taken over) and a status. */
@@ -151,7 +164,7 @@ enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
 enum gw_route_id {
     R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_BATCH, R_TUBE_RESERVE, R_TUBE_KICK,
     R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
-    R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS,
+    R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS, R_SUBSCRIPTIONS,
 };
 /* The methods the handlers tell apart; any other is GW_OTHER. */
 enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };

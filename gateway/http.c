@@ -460,6 +460,11 @@ void gateway_set_ready(struct gateway *gw, int ready)
     if (gw) gw->ready = ready != 0;
 }
 
+void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks)
+{
+    if (gw && hooks) gw->push = *hooks;
+}
+
 /* Free what gateway_start made before its daemon. */
 static void free_parts(struct gateway *gw)
 {

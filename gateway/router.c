@@ -36,6 +36,7 @@ static const struct route {
     {"/livez", "GET", R_LIVEZ},
     {"/readyz", "GET", R_READYZ},
     {"/metrics", "GET", R_METRICS},
+    {"/subscriptions", "GET", R_SUBSCRIPTIONS},
 };
 
 void gw_decode_slashes(char *s)

@@ -480,8 +480,13 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
     if (!action) {
         switch (m->method) {
         case GW_GET:
-        case GW_HEAD: /* HEAD is GET without the body: it never deletes */
-            return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
+        case GW_HEAD: { /* HEAD is GET without the body: it never deletes */
+            json_t *v = gw_json_job(gw->engine, j, now, NULL, 0);
+            json_t *failure = gw->push.job_error ? gw->push.job_error(gw->push.arg, id) : NULL;
+            if (v && failure) json_object_set_new(v, "last_delivery_error", failure);
+            else json_decref(failure);
+            return gw_reply_json(r->conn, 200, v, NULL);
+        }
         case GW_DELETE: {
             if (check_reservation(r, j, 0, &reply)) return reply;
             int rc = bg_delete(&gw->holder, id, now);
@@ -622,7 +627,8 @@ static int route_command(const struct gw_match *m)
     case R_OPENAPI:
     case R_LIVEZ:
     case R_READYZ:
-    case R_METRICS: return -1;
+    case R_METRICS:
+    case R_SUBSCRIPTIONS: return -1;
     }
     return -1;
 }
@@ -640,6 +646,13 @@ static void count_request(struct gw_request *r, const struct gw_match *m)
     bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
 }
 
+/* The push subscriptions as a JSON array (empty without push delivery). */
+static json_t *push_list(struct gateway *gw)
+{
+    json_t *list = gw->push.subscriptions ? gw->push.subscriptions(gw->push.arg) : NULL;
+    return list ? list : json_array();
+}
+
 /* Run the handler of a routed request. */
 static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
 {
@@ -651,8 +664,12 @@ static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
     case R_STATS: {
         struct bg_process_info pi = {0};
         if (r->gw->cfg.process_info) r->gw->cfg.process_info(r->gw->cfg.log_arg, &pi);
-        return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine, &pi), NULL);
+        json_t *v = gw_json_server(r->gw->engine, &pi);
+        if (v) json_object_set_new(v, "subscriptions", push_list(r->gw));
+        return gw_reply_json(r->conn, 200, v, NULL);
     }
+    case R_SUBSCRIPTIONS:
+        return gw_reply_json(r->conn, 200, json_pack("{s:o}", "subscriptions", push_list(r->gw)), NULL);
     case R_TUBES: return route_list_tubes(r);
     case R_TUBE: return route_tube(r, seg[1], NULL);
     case R_TUBE_JOBS: return route_put(r, seg[1]);
