@@ -21,6 +21,7 @@ enum setting {
     S_LOG_RECOVER_DAMAGED,
     S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
     S_GEARMAN_LISTEN, S_GEARMAN_PORT, S_GEARMAN_ADMIN_SHUTDOWN,
+    S_PUSH, S_PUSH_FILE, S_PUSH_GRACE,
     S_COUNT
 };
 
@@ -52,6 +53,9 @@ static const struct setting_def {
     [S_GEARMAN_PORT] = {"BEANGATE_GEARMAN_PORT", "--gearman-port", "gearman_port"},
     [S_GEARMAN_ADMIN_SHUTDOWN] = {"BEANGATE_GEARMAN_ADMIN_SHUTDOWN", "--gearman-admin-shutdown",
                                   "gearman_admin_shutdown"},
+    [S_PUSH] = {"BEANGATE_PUSH", "--push", "push"},
+    [S_PUSH_FILE] = {"BEANGATE_PUSH_FILE", "--push-file", "push_file"},
+    [S_PUSH_GRACE] = {"BEANGATE_PUSH_GRACE", "--push-grace", "push_grace"},
 };
 
 /* Where each setting came from (for the -VV log). */
@@ -91,6 +95,13 @@ static void usage(FILE *f)
         "                         `shutdown graceful` stop the server (default: off,\n"
         "                         they answer ERR UNKNOWN_COMMAND as gearmand 1.1.20;\n"
         "                         anyone who reaches the Gearman port could use them)\n"
+        " --push SUBSCRIPTION     deliver the jobs of a tube to an HTTP endpoint\n"
+        "                         (repeatable): 'tube=T url=http://HOST:PORT/PATH\n"
+        "                         [concurrency=N] [rate=N/s|N/m|N/h] [timeout=S]\n"
+        "                         [attempts=N] [backoff=MIN..MAX] [secret-file=PATH]'\n"
+        " --push-file PATH        subscriptions, one per line (# comments)\n"
+        " --push-grace SECONDS    at SIGTERM, let deliveries in flight finish for\n"
+        "                         this long, then release them (default 10)\n"
         " --log-recover-damaged   start even if the log is damaged, with what is\n"
         "                         readable (logs each part dropped); by default a\n"
         "                         damaged log stops the start with status 111\n"
@@ -122,6 +133,10 @@ static void usage(FILE *f)
         " BEANGATE_GEARMAN_LISTEN=ADDR   as --gearman-listen\n"
         " BEANGATE_GEARMAN_PORT=PORT     as --gearman-port\n"
         " BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1  as --gearman-admin-shutdown\n"
+        " BEANGATE_PUSH=SUBSCRIPTIONS    as --push; several are separated by newlines\n"
+        "                                or by a ' ; ' word\n"
+        " BEANGATE_PUSH_FILE=PATH        as --push-file\n"
+        " BEANGATE_PUSH_GRACE=SECONDS    as --push-grace\n"
         "Booleans take 1/0, true/false, yes/no or on/off.\n"
         "\n"
         "When any token is configured, every HTTP route except /livez and /readyz\n"
@@ -192,6 +207,15 @@ static int parse_fsync_ms(const char *s, int *out)
     uint64_t v;
     if (parse_size(s, &v) != 0 || v > 1000000000) return -1;
     *out = (int)v;
+    return 0;
+}
+
+/* --push-grace: seconds, at most 3600. */
+static int parse_push_grace(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v > 3600) return -1;
+    *out = (uint32_t)v;
     return 0;
 }
 
@@ -290,12 +314,22 @@ static int apply_env(struct server_config *cfg, struct env_error *err)
             ENV_FAIL(S_GEARMAN_ADMIN_SHUTDOWN, v, "not a boolean (1/0, true/false, yes/no, on/off)");
         cfg->gearman_admin_shutdown = b, sources[S_GEARMAN_ADMIN_SHUTDOWN] = FROM_ENV;
     }
+    if ((v = env_value(S_PUSH))) cfg->push_env = v, sources[S_PUSH] = FROM_ENV;
+    if ((v = env_value(S_PUSH_FILE))) cfg->push_file = v, sources[S_PUSH_FILE] = FROM_ENV;
+    if ((v = env_value(S_PUSH_GRACE))) {
+        if (parse_push_grace(v, &cfg->push_grace_s) != 0) ENV_FAIL(S_PUSH_GRACE, v, "not a number of seconds from 0 to 3600");
+        sources[S_PUSH_GRACE] = FROM_ENV;
+    }
     /* BEANGATE_HTTP_TOKENS is read with the token file (load_tokens) */
 #undef ENV_FAIL
     return 0;
 }
 
 /* ---- the command line -------------------------------------------------- */
+
+/* The --push values (pointers into argv). */
+static const char *push_flags[BG_PUSH_SUBSCRIPTIONS_MAX];
+static size_t push_flag_count;
 
 /* One --name [value] flag at argv[*i]; 0, 1 (exit 0) or the usage exit status. */
 static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int *i)
@@ -307,6 +341,9 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         {"--http-token-file", S_HTTP_TOKEN_FILE},
         {"--gearman-listen", S_GEARMAN_LISTEN},
         {"--gearman-port", S_GEARMAN_PORT},
+        {"--push", S_PUSH},
+        {"--push-file", S_PUSH_FILE},
+        {"--push-grace", S_PUSH_GRACE},
     };
     if (strcmp(a, "--no-http") == 0) {
         cfg->http_enabled = 0;
@@ -349,6 +386,18 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         case S_GEARMAN_PORT:
             if (parse_port(value) != 0) return usage_error("invalid port", valued[k].name, value);
             cfg->gearman_port = value, cfg->gearman_enabled = 1;
+            break;
+        case S_PUSH:
+            if (push_flag_count == BG_PUSH_SUBSCRIPTIONS_MAX)
+                return usage_error("more than 64 subscriptions", valued[k].name, NULL);
+            push_flags[push_flag_count++] = value;
+            cfg->push_specs = push_flags, cfg->push_spec_count = push_flag_count;
+            cfg->push_env = NULL; /* the flag wins over BEANGATE_PUSH */
+            break;
+        case S_PUSH_FILE: cfg->push_file = value; break;
+        case S_PUSH_GRACE:
+            if (parse_push_grace(value, &cfg->push_grace_s) != 0)
+                return usage_error("not a number of seconds from 0 to 3600", valued[k].name, value);
             break;
         default: cfg->http_token_file = value; break;
         }
@@ -552,7 +601,8 @@ static void log_config(const struct server_config *c)
               "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
               "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
               "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s gearman=%s "
-              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s gearman_admin_shutdown=%s",
+              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s gearman_admin_shutdown=%s "
+              "push_flags=%zu push_env=%s push_file=%s push_grace=%u",
               log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
               c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
               (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
@@ -560,7 +610,8 @@ static void log_config(const struct server_config *c)
               c->http_token_count, c->http_token_count ? "on" : "off",
               c->metrics_auth ? "on" : "off", c->gearman_enabled ? "on" : "off",
               log_str(c->gearman_listen), log_str(c->gearman_port),
-              c->log_recover_damaged ? "on" : "off", c->gearman_admin_shutdown ? "on" : "off");
+              c->log_recover_damaged ? "on" : "off", c->gearman_admin_shutdown ? "on" : "off",
+              c->push_spec_count, c->push_env ? "set" : "-", log_str(c->push_file), c->push_grace_s);
     for (int s = 0; s < S_COUNT; s++)
         log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", defs[s].key,
                   source_names[sources[s]], defs[s].env);
@@ -579,6 +630,8 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     cfg->gearman_port = "4730";
     cfg->fsync_ms = SERVER_FSYNC_MS_DEFAULT;
     cfg->segment_size = SERVER_SEGMENT_SIZE_DEFAULT;
+    cfg->push_grace_s = 10;
+    push_flag_count = 0;
     for (int s = 0; s < S_COUNT; s++) sources[s] = FROM_DEFAULT;
 
     struct env_error err = {0};
