@@ -81,8 +81,16 @@ SERVER_KEYS = {
     "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
     "current_workers", "current_waiting", "total_connections", "draining",
     "binlog_failed", "binlog_oldest_index", "binlog_current_index", "binlog_records_migrated",
-    "binlog_records_written", "binlog_max_size", "binlog_torn_records"}
+    "binlog_records_written", "binlog_max_size", "binlog_torn_records", "subscriptions"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
+# The server under test has one push subscription (tests/http/run_contract.sh
+# starts it with the same flag): jobs of PUSH_TUBE go to a port where nothing
+# listens, and one failed attempt buries them.
+PUSH_TUBE = "http-push"
+PUSH_ARGS = ["--push", "tube=%s url=http://127.0.0.1:1/ attempts=1" % PUSH_TUBE]
+SUBSCRIPTION_KEYS = {"tube", "url", "concurrency", "rate", "timeout", "attempts", "backoff_min", "backoff_max",
+                     "signed", "in_flight", "backing_off", "last_error", "attempts_started", "delivered",
+                     "retried", "buried", "retried_by_reason", "buried_by_reason", "reservations_lost"}
 
 
 class Skip(Exception):
@@ -1456,7 +1464,8 @@ def test_stats():
     st = server_stats()
     check_eq(st["draining"], False, "draining")
     check_eq(st["binlog_failed"], False, "binlog_failed without -b")
-    for k in SERVER_KEYS - {"draining", "binlog_failed"}:
+    check(isinstance(st["subscriptions"], list), "subscriptions %r" % st["subscriptions"])
+    for k in SERVER_KEYS - {"draining", "binlog_failed", "subscriptions"}:
         check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
     before = st["total_jobs"]
     put(uniq("st"), b"x")
@@ -1993,7 +2002,50 @@ def test_drain_sigusr1_503():
     check_eq(server_stats()["total_jobs"], total, "nothing stored while draining")
 
 
+# ---- push delivery ------------------------------------------------------------------
+
+def push_subscription():
+    doc = expect_json(get("/subscriptions"), 200, "GET /subscriptions")
+    check_eq(set(doc), {"subscriptions"}, "GET /subscriptions keys")
+    subs = [s for s in doc["subscriptions"] if s["tube"] == PUSH_TUBE]
+    check_eq(len(subs), 1, "the server's subscription for %s" % PUSH_TUBE)
+    check_eq(set(subs[0]), SUBSCRIPTION_KEYS, "subscription keys")
+    return subs[0]
+
+
+def test_subscriptions():
+    s = push_subscription()
+    check_eq((s["url"], s["concurrency"], s["rate"], s["timeout"], s["attempts"], s["backoff_min"],
+              s["backoff_max"], s["signed"]),
+             ("http://127.0.0.1:1/", 1, None, 30, 1, 1, 600, False), "settings and defaults")
+    check_eq(set(s["retried_by_reason"]), {"retry_after", "http_429", "http_5xx", "timeout", "connect_failed",
+                                           "connection_error", "bad_status"}, "retried_by_reason keys")
+    check_eq(set(s["buried_by_reason"]), {"http_3xx", "http_4xx", "attempts_exhausted"}, "buried_by_reason keys")
+    check_eq([x["tube"] for x in server_stats()["subscriptions"]], [PUSH_TUBE], "GET /stats subscriptions")
+
+
+def test_push_last_delivery_error():
+    before = push_subscription()
+    j = put(PUSH_TUBE, b"to nowhere")
+
+    def buried():
+        doc = expect_json(get("/jobs/%d" % j), 200, "GET /jobs/%d" % j)
+        return doc if doc["state"] == "buried" else None
+    doc = testlib.wait_until(buried, "the push job buried", 10)
+    check_eq(set(doc), JOB_KEYS | {"last_delivery_error"}, "job keys")
+    e = doc["last_delivery_error"]
+    check_eq((e["status"], e["error"], e["attempt"]), (None, "connect_failed", 1), "last_delivery_error")
+    check(abs(e["at"] - time.time()) < 30, "at %r" % e["at"])
+    after = push_subscription()
+    check_eq(after["buried_by_reason"]["attempts_exhausted"], before["buried_by_reason"]["attempts_exhausted"] + 1,
+             "buried for attempts_exhausted")
+    check_eq(after["last_error"], dict(e, job_id=j), "the subscription's last_error")
+    check_eq(delete("/jobs/%d" % j).status, 204, "delete the buried job")
+
+
 TESTS = [
+    test_subscriptions,
+    test_push_last_delivery_error,
     test_tube_name_with_slash,
     test_put_defaults,
     test_put_with_parameters,
@@ -2105,7 +2157,7 @@ def main(argv):
             print("using %s (server HTTP %s, TCP port %d)" % (opts["--base-url"], opts["--direct-url"],
                                                             T.tcp_port), flush=True)
         else:
-            server = Server().start()
+            server = Server(PUSH_ARGS).start()
             T.base = T.direct = ("127.0.0.1", server.http_port)
             T.tcp_port = server.tcp_port
             T.server_pid = server.proc.pid

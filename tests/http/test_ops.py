@@ -481,6 +481,60 @@ def test_promtool_check_metrics():
     check("route=\"unmatched\"" in text, "an unknown path is counted as route=\"unmatched\"")
 
 
+def test_promtool_push_metrics():
+    """The push families (a delivered job, a retried one, a buried one) pass promtool."""
+    import http.server
+    import threading
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response({"/ok": 204, "/busy": 503, "/no": 404}[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    rx = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    promtool = find_promtool()
+    base = "http://127.0.0.1:%d" % rx.server_address[1]
+    try:
+        args = ["--push", "tube=ops.ok url=%s/ok" % base, "--push", "tube=ops.busy url=%s/busy backoff=60..60" % base,
+                "--push", "tube=ops.no url=%s/no" % base]
+        with Server(args=args) as srv:
+            for tube in ("ops.ok", "ops.busy", "ops.no"):
+                srv.request("POST", "/tubes/%s/jobs" % tube, body=b"x")
+            deadline = time.monotonic() + 10
+            while True:
+                samples, _ = parse_metrics(srv.metrics())
+                done = (value(samples, "beangate_push_delivered_total", tube="ops.ok"),
+                        value(samples, "beangate_push_retries_total", tube="ops.busy", reason="http_5xx"),
+                        value(samples, "beangate_push_buried_total", tube="ops.no", reason="http_4xx"))
+                if done == (1.0, 1.0, 1.0) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            check_eq(done, (1.0, 1.0, 1.0), "delivered, retried (http_5xx), buried (http_4xx)")
+            check_eq(value(samples, "beangate_push_backing_off", tube="ops.busy"), 1.0, "backing_off")
+            check_eq(value(samples, "beangate_push_in_flight", tube="ops.ok"), 0.0, "in_flight")
+            check_eq(value(samples, "beangate_push_concurrency", tube="ops.ok"), 1.0, "concurrency")
+            check_eq(value(samples, "beangate_push_attempt_duration_seconds_count", tube="ops.ok"), 1.0,
+                     "attempt histogram count")
+            check_eq(value(samples, "beangate_push_delivery_seconds_count", tube="ops.ok"), 1.0,
+                     "put-to-delivery histogram count")
+            check_eq(value(samples, "beangate_push_failures_tracked"), 2.0, "failures tracked (busy, no)")
+            text = srv.metrics()
+    finally:
+        rx.shutdown()
+        rx.server_close()
+    p = subprocess.run([promtool, "check", "metrics"], input=text.encode("utf-8"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode("utf-8", "replace")
+    check(p.returncode == 0 and not out.strip(), "promtool check metrics with push: %s" % out[-3000:])
+
+
 def test_metrics_binlog_and_gearman():
     """With -b the log's figures are metrics too; Gearman connections count."""
     promtool = find_promtool()
@@ -859,6 +913,7 @@ TESTS = [
     test_metrics_long_poll_latency,
     test_metrics_tube_cap,
     test_promtool_check_metrics,
+    test_promtool_push_metrics,
     test_metrics_binlog_and_gearman,
     test_command_counters_agree_across_protocols,
     test_auth_token_file,
