@@ -128,24 +128,50 @@ struct gateway {
     struct gw_metrics *metrics;
 };
 
-/* Answer with a JSON value (taken over) and a status. */
-enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
-                              const char *location);
+/* ---- reply.c: responses (calls no other gateway file) ------------------ */
+
+/* What a reply function returns when no response could be queued (out of
+ * memory, or one was queued already): http.c then closes the connection.
+ * Distinct from every enum bg_outcome. */
+#define GW_NO_REPLY (-1000)
+
+/* An HTTP problem: the status, the `code` member and the `detail` text. */
+struct gw_problem {
+    int outcome;                  /* the enum bg_outcome it stands for */
+    unsigned status;
+    const char *code, *detail;
+};
+/* The problem for an engine outcome: the one table of them (404 NOT_FOUND,
+ * 413 JOB_TOO_BIG, 503 DRAINING / OUT_OF_MEMORY / LOG_UNAVAILABLE, ...);
+ * an outcome not in it is 500 with its beanstalk word as the code. */
+struct gw_problem gw_outcome_problem(int outcome);
+/* The title of a status in a problem ("Not Found"). */
+const char *gw_status_title(unsigned status);
+
+/* Each returns 0 (queued) or GW_NO_REPLY. */
+/* A JSON value (taken over; NULL is out of memory), with a Location header
+ * unless location is NULL. */
+int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const char *location);
 /* The same with one more header (name may be NULL). */
-enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
-                                      const char *location, const char *name, const char *value);
-/* Answer with application/problem+json for an outcome or status. */
-enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
-                                 const char *detail);
+int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
+                         const char *location, const char *name, const char *value);
+/* application/problem+json; a 503 carries Retry-After: 5. */
+int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
+                     const char *detail);
 /* The same with one more header (name may be NULL). */
-enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
-                                        const char *code, const char *detail,
-                                        const char *name, const char *value);
-/* The same with an Allow header (405). */
-enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
-                                       const char *detail, const char *allow);
-/* Answer with no body. */
-enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
+int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
+                            const char *detail, const char *name, const char *value);
+/* The problem of gw_outcome_problem(outcome). */
+int gw_reply_outcome(struct MHD_Connection *c, int outcome);
+/* No body. */
+int gw_reply_empty(struct MHD_Connection *c, unsigned status);
+/* n bytes of a Content-Type, copied (copy nonzero) or living as long as the
+ * process, with one more header (name may be NULL). */
+int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                   int copy, const char *type, const char *name, const char *value);
+/* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
+ * (X-Reservation too unless token is NULL). */
+int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
 
 /* router.c */
 enum gw_route_id {
@@ -181,8 +207,10 @@ const char *gw_route_methods(int i);
  * leaves them encoded so that a tube name may hold '/' in a path segment. */
 void gw_decode_slashes(char *s);
 
-/* routes.c: dispatch a complete request. */
-enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);
+/* routes.c: dispatch a complete request. 0 (a response is queued, or the
+ * request suspended), a negative outcome (answer gw_reply_outcome) or
+ * GW_NO_REPLY. */
+int gw_route(struct gw_request *r, const char *method, const char *url);
 /* routes.c: a long-poll waiter got a job / ended. */
 extern const struct bg_client_ops gw_waiter_ops;
 /* http.c: queue r to be resumed on the next loop turn. */
@@ -226,9 +254,9 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
 /* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
 int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
 /* The handlers of /metrics, /livez and /readyz. */
-enum MHD_Result gw_reply_metrics(struct gw_request *r);
-enum MHD_Result gw_reply_livez(struct gw_request *r);
-enum MHD_Result gw_reply_readyz(struct gw_request *r);
+int gw_reply_metrics(struct gw_request *r);
+int gw_reply_livez(struct gw_request *r);
+int gw_reply_readyz(struct gw_request *r);
 
 /* idempotency.c */
 struct gw_idempotency;

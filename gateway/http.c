@@ -165,84 +165,6 @@ static void gw_run(struct gateway *gw)
     if (gw->after_run) gw->after_run(gw->after_run_arg);
 }
 
-enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
-                              const char *location)
-{
-    return gw_reply_json_headers(c, status, v, location, NULL, NULL);
-}
-
-/* Queue len bytes of text (copied) with a Content-Type and up to two more
- * headers (a NULL name is skipped). */
-static enum MHD_Result queue_text(struct MHD_Connection *c, unsigned status, const char *text,
-                                  size_t len, const char *type, const char *name1,
-                                  const char *value1, const char *name2, const char *value2)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", type);
-    if (name1) MHD_add_response_header(resp, name1, value1);
-    if (name2) MHD_add_response_header(resp, name2, value2);
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
-enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
-                                      const char *location, const char *name, const char *value)
-{
-    char *text = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!text) return MHD_NO;
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
-    enum MHD_Result ok = queue_text(c, status, text, n + 1, "application/json",
-                                    location ? "Location" : NULL, location, name, value);
-    free(text);
-    return ok;
-}
-
-enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
-                                 const char *detail)
-{
-    return gw_reply_problem_allow(c, status, code, detail, NULL);
-}
-
-enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
-                                       const char *detail, const char *allow)
-{
-    return gw_reply_problem_header(c, status, code, detail, allow ? "Allow" : NULL, allow);
-}
-
-enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
-                                        const char *code, const char *detail,
-                                        const char *name, const char *value)
-{
-    const char *title = status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
-                      : status == 404 ? "Not Found"
-                      : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
-                      : status == 413 ? "Content Too Large" : status == 422 ? "Unprocessable Content"
-                      : status == 503 ? "Service Unavailable"
-                      : "Internal Server Error";
-    json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title", title,
-                          "status", (int)status, "detail", detail, "code", code);
-    char *text = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!text) return MHD_NO;
-    enum MHD_Result ok = queue_text(c, status, text, strlen(text), "application/problem+json",
-                                    status == 503 ? "Retry-After" : NULL, "5", name, value);
-    free(text);
-    return ok;
-}
-
-enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
-    if (!resp) return MHD_NO;
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
 static int hex_digit(char ch)
 {
     return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
@@ -254,6 +176,14 @@ unsigned gw_queued_status(const struct gw_request *r)
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
     return info ? info->http_status : 0;
+}
+
+/* What libmicrohttpd is told after a handler or reply function returned
+ * rc: carry on, unless no response could be queued (then the connection
+ * closes). */
+static enum MHD_Result mhd_result(int rc)
+{
+    return rc == GW_NO_REPLY ? MHD_NO : MHD_YES;
 }
 
 /* Remember the status of the response just queued, for the metrics. */
@@ -292,13 +222,13 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
             r->responded = 1;
             log_event(BG_LOG_DEBUG, "http_unauthorized", "method=%s path=%s token=%s",
                       log_str(method), log_str(url), given ? "wrong" : "missing");
-            enum MHD_Result ok = gw_reply_problem_header(
+            int rc = gw_reply_problem_header(
                 conn, 401, "UNAUTHORIZED", "a valid bearer token is required",
                 "WWW-Authenticate",
                 given ? "Bearer realm=\"beangate\", error=\"invalid_token\""
                       : "Bearer realm=\"beangate\"");
             note_status(r);
-            return ok;
+            return mhd_result(rc);
         }
     }
     /* the size limit is checked before any of the body is read */
@@ -308,9 +238,9 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     if (len && strtoull(len, NULL, 10) > r->body_limit) {
         r->body_too_big = 1;
         r->responded = 1;
-        enum MHD_Result ok = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
+        int rc = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
         note_status(r);
-        return ok;
+        return mhd_result(rc);
     }
     return MHD_YES;
 }
@@ -345,11 +275,12 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
     if (r->responded || r->held) return MHD_YES;
     uint64_t before = gw->cfg.log_seq ? gw->cfg.log_seq(gw->cfg.log_arg, 0) : 0;
-    enum MHD_Result ok = gw_route(r, method, url);
+    int rc = gw_route(r, method, url);
+    if (rc < 0 && rc != GW_NO_REPLY) rc = gw_reply_outcome(conn, rc);
     note_status(r);
     if (gw->cfg.log_durable && gw->cfg.log_durable(gw->cfg.log_arg)) {
         uint64_t after = gw->cfg.log_seq(gw->cfg.log_arg, 0);
-        if (after > before && ok == MHD_YES && !r->suspended) {
+        if (after > before && rc == 0 && !r->suspended) {
             /* durable acknowledgement: the queued response leaves only
              * once the records it reports are on disk */
             r->hold_seq = after;
@@ -359,7 +290,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
             MHD_suspend_connection(conn);
         }
     }
-    return ok;
+    return mhd_result(rc);
 }
 
 void gateway_release_held(struct gateway *gw)

@@ -375,30 +375,25 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
 
 /* ---- the endpoints ----------------------------------------------------- */
 
-enum MHD_Result gw_reply_metrics(struct gw_request *r)
+int gw_reply_metrics(struct gw_request *r)
 {
     struct bg_buf b = {0};
     if (gw_metrics_render(r->gw, &b, r->gw->now()) != 0) {
         bg_buf_free(&b);
-        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
+        return BG_OUT_OF_MEMORY;
     }
-    struct MHD_Response *resp = MHD_create_response_from_buffer(b.len, bg_buf_head(&b),
-                                                                MHD_RESPMEM_MUST_COPY);
+    int rc = gw_reply_bytes(r->conn, 200, bg_buf_head(&b), b.len, 1,
+                            "text/plain; version=0.0.4; charset=utf-8", "Cache-Control", "no-store");
     bg_buf_free(&b);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    MHD_add_response_header(resp, "Cache-Control", "no-store");
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
+    return rc;
 }
 
-enum MHD_Result gw_reply_livez(struct gw_request *r)
+int gw_reply_livez(struct gw_request *r)
 {
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }
 
-enum MHD_Result gw_reply_readyz(struct gw_request *r)
+int gw_reply_readyz(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     if (gw->engine->draining)

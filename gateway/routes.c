@@ -38,62 +38,29 @@ static int wants_raw(struct gw_request *r)
     return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
 }
 
-static enum MHD_Result bad_param(struct gw_request *r, const char *name)
+static int bad_param(struct gw_request *r, const char *name)
 {
     char detail[128];
     snprintf(detail, sizeof detail, "query parameter '%s' must be a non-negative integer in range", name);
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
 }
 
-static enum MHD_Result bad_tube(struct gw_request *r)
+static int bad_tube(struct gw_request *r)
 {
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
                             "tube names are 1-200 bytes of A-Za-z0-9-+/;.$_() not starting with '-'");
 }
 
-static enum MHD_Result not_found(struct gw_request *r, const char *what)
+static int not_found(struct gw_request *r, const char *what)
 {
     return gw_reply_problem(r->conn, 404, "NOT_FOUND", what);
 }
 
-/* Reply for an engine outcome that is not success. */
-static enum MHD_Result outcome_problem(struct gw_request *r, int outcome)
-{
-    switch (outcome) {
-    case BG_NOT_FOUND: return not_found(r, "no such job in a state that allows this");
-    case BG_DRAINING: return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
-    case BG_OUT_OF_MEMORY: return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
-    case BG_JOB_TOO_BIG: return gw_reply_problem(r->conn, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size");
-    default: return gw_reply_problem(r->conn, 500, bg_outcome_word(outcome), "internal error");
-    }
-}
-
-/* The job body as raw bytes with its metadata in headers. */
-static enum MHD_Result reply_raw_job(struct gw_request *r, const struct bg_job *j, const char *token)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(j->body_size - 2, (void *)j->body,
-                                                                MHD_RESPMEM_MUST_COPY);
-    if (!resp) return MHD_NO;
-    char num[32];
-    MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
-    snprintf(num, sizeof num, "%llu", (unsigned long long)j->id);
-    MHD_add_response_header(resp, "X-Job-Id", num);
-    MHD_add_response_header(resp, "X-Job-Tube", j->tube->name);
-    snprintf(num, sizeof num, "%u", j->pri);
-    MHD_add_response_header(resp, "X-Job-Priority", num);
-    snprintf(num, sizeof num, "%u", j->ttr_s);
-    MHD_add_response_header(resp, "X-Job-Ttr", num);
-    if (token) MHD_add_response_header(resp, "X-Reservation", token);
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
 /* A job with its body, as JSON or raw bytes per Accept. */
-static enum MHD_Result reply_job_with_body(struct gw_request *r, const struct bg_job *j,
+static int reply_job_with_body(struct gw_request *r, const struct bg_job *j,
                                            const char *token)
 {
-    if (wants_raw(r)) return reply_raw_job(r, j, token);
+    if (wants_raw(r)) return gw_reply_raw_job(r->conn, j, token);
     return gw_reply_json(r->conn, 200, gw_json_job(r->gw->engine, j, r->gw->now(), token, 1), NULL);
 }
 
@@ -117,17 +84,17 @@ static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
 
 /* 201 with Location for a put; replayed_state is the first answer's state
  * when this is an idempotent replay, else NULL. */
-static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *tube,
+static int reply_put(struct gw_request *r, uint64_t id, const char *tube,
                                  const char *replayed_state)
 {
     char location[48];
     snprintf(location, sizeof location, "/jobs/%llu", (unsigned long long)id);
     if (!replayed_state) return gw_reply_json(r->conn, 201, put_result(r->gw, id, tube), location);
     json_t *v = json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", replayed_state);
-    return gw_reply_json_headers(r->conn, 201, v, location, "Idempotent-Replayed", "true");
+    return gw_reply_json_header(r->conn, 201, v, location, "Idempotent-Replayed", "true");
 }
 
-static enum MHD_Result bad_idempotency_key(struct gw_request *r)
+static int bad_idempotency_key(struct gw_request *r)
 {
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "Idempotency-Key must be 1-128 visible ASCII characters");
 }
@@ -173,7 +140,7 @@ static const char *key_mismatch_detail(enum gw_idempotency_match match)
                  "priority, delay or ttr; nothing was stored: a new job needs a new key";
 }
 
-static enum MHD_Result route_put(struct gw_request *r, const char *tube)
+static int route_put(struct gw_request *r, const char *tube)
 {
     struct gateway *gw = r->gw;
     uint64_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
@@ -181,7 +148,7 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
     if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
     if (query_uint(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
-    if (r->body_too_big || r->body.len > gw->engine->max_job_size) return outcome_problem(r, BG_JOB_TOO_BIG);
+    if (r->body_too_big || r->body.len > gw->engine->max_job_size) return gw_reply_outcome(r->conn, BG_JOB_TOO_BIG);
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (key && !gw_idempotency_valid_key(key)) return bad_idempotency_key(r);
     struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
@@ -196,8 +163,15 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     case GW_IDEM_NEW:
         break;
     }
-    if (out.rc != 0) return outcome_problem(r, out.rc);
+    if (out.rc != 0) return gw_reply_outcome(r->conn, out.rc);
     return reply_put(r, out.id, tube, NULL);
+}
+
+/* The result object of a batch entry that failed with an engine outcome. */
+static json_t *entry_problem(int outcome)
+{
+    struct gw_problem p = gw_outcome_problem(outcome);
+    return json_pack("{s:i, s:s, s:s}", "status", (int)p.status, "code", p.code, "detail", p.detail);
 }
 
 /* One entry of a batch put: the result object for it. key (or NULL) is
@@ -231,8 +205,7 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
     }
     json_t *result = NULL;
     if (n > gw->engine->max_job_size) {
-        result = json_pack("{s:i, s:s, s:s}", "status", 413, "code", "JOB_TOO_BIG", "detail",
-                           "the body is larger than the maximum job size");
+        result = entry_problem(BG_JOB_TOO_BIG);
     } else {
         struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr, text, n};
         struct put_outcome out;
@@ -251,8 +224,7 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
             result = out.rc == 0
                 ? json_pack("{s:i, s:I, s:s, s:s}", "status", 201, "id", (json_int_t)out.id, "tube",
                             tube, "state", out.state)
-                : json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(out.rc), "detail",
-                            out.rc == BG_DRAINING ? "the server is draining" : "out of memory");
+                : entry_problem(out.rc);
             break;
         }
     }
@@ -260,11 +232,11 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
     return result;
 }
 
-static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
+static int route_batch_put(struct gw_request *r, const char *tube)
 {
     struct gateway *gw = r->gw;
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
-    if (r->body_too_big) return outcome_problem(r, BG_JOB_TOO_BIG);
+    if (r->body_too_big) return gw_reply_outcome(r->conn, BG_JOB_TOO_BIG);
     json_error_t err;
     json_t *doc = json_loadb(bg_buf_head(&r->body), r->body.len, 0, &err);
     json_t *jobs = json_object_get(doc, "jobs");
@@ -283,7 +255,7 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     if (gw->engine->draining && !key) {
         r->commands = (uint32_t)json_array_size(jobs); /* as many puts refused */
         json_decref(doc);
-        return outcome_problem(r, BG_DRAINING);
+        return gw_reply_outcome(r->conn, BG_DRAINING);
     }
     bg_time now = gw->now();
     json_t *results = json_array();
@@ -337,7 +309,7 @@ static int waiter_alive(struct bg_client *c) { return gw_peer_alive(c->owner); }
 const struct bg_client_ops gw_waiter_ops = {waiter_job_reserved, waiter_wait_ended, waiter_alive};
 
 /* Reply with what the long-poll got: 204, one job, or a batch. */
-static enum MHD_Result reply_reserved(struct gw_request *r)
+static int reply_reserved(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     bg_time now = gw->now();
@@ -366,7 +338,7 @@ static enum MHD_Result reply_reserved(struct gw_request *r)
 }
 
 /* Start a long-poll on a comma-separated list of tubes. */
-static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
+static int route_reserve(struct gw_request *r, const char *tubes)
 {
     struct gateway *gw = r->gw;
     if (r->waiter_active) { /* resumed */
@@ -398,13 +370,13 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
     n++;
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
     if (bg_client_init_bare(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
-        return outcome_problem(r, BG_OUT_OF_MEMORY);
+        return gw_reply_outcome(r->conn, BG_OUT_OF_MEMORY);
     r->waiter_active = 1;
     r->want = (uint32_t)count;
     strcpy(names, tubes);
     uint32_t watching;
     for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (bg_client_watch(&r->waiter, t, &watching) != 0) return outcome_problem(r, BG_OUT_OF_MEMORY);
+        if (bg_client_watch(&r->waiter, t, &watching) != 0) return gw_reply_outcome(r->conn, BG_OUT_OF_MEMORY);
     struct bg_job *j = NULL;
     int rc = bg_reserve(&r->waiter, (int64_t)timeout, gw->now(), &j);
     if (rc == 0) {
@@ -415,10 +387,10 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
         r->suspended = 1;
         gw_list(r);
         MHD_suspend_connection(r->conn);
-        return MHD_YES;
+        return 0;
     }
     if (rc == BG_TIMED_OUT) return reply_reserved(r);
-    return outcome_problem(r, rc);
+    return gw_reply_outcome(r->conn, rc);
 }
 
 /* ---- jobs -------------------------------------------------------------- */
@@ -426,7 +398,7 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
 /* Check the reservation token for an action on job j. 0 if the request may
  * act on j as the holder; otherwise a reply was queued into *reply. */
 static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
-                             enum MHD_Result *reply)
+                             int *reply)
 {
     struct gateway *gw = r->gw;
     const char *token = query(r, "reservation");
@@ -448,15 +420,15 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
 }
 
 /* 405 for a method the route does not have, with its Allow header. */
-static enum MHD_Result method_not_allowed(struct gw_request *r, const struct gw_match *m)
+static int method_not_allowed(struct gw_request *r, const struct gw_match *m)
 {
     char detail[96];
     snprintf(detail, sizeof detail, "allowed: %s", m->allow);
-    return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m->allow);
+    return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", m->allow);
 }
 
 /* /jobs/{id} and /jobs/{id}/{action}. */
-static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
+static int route_job(struct gw_request *r, const struct gw_match *m)
 {
     const char *id_text = m->seg[1];
     const char *action = m->nseg > 2 ? m->seg[2] : NULL;
@@ -475,7 +447,7 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
     struct bg_job *j = bg_job_find(gw->engine, id);
     if (!j) return not_found(r, "no such job");
     bg_time now = gw->now();
-    enum MHD_Result reply;
+    int reply;
     uint64_t pri = j->pri, delay = 0;
     if (!action) {
         switch (m->method) {
@@ -485,7 +457,7 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
         case GW_DELETE: {
             if (check_reservation(r, j, 0, &reply)) return reply;
             int rc = bg_delete(&gw->holder, id, now);
-            return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
+            return rc == 0 ? gw_reply_empty(r->conn, 204) : gw_reply_outcome(r->conn, rc);
         }
         case GW_POST:
         case GW_OTHER:
@@ -493,7 +465,7 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
         }
         return method_not_allowed(r, m);
     }
-    if (strcmp(action, "body") == 0) return reply_raw_job(r, j, NULL);
+    if (strcmp(action, "body") == 0) return gw_reply_raw_job(r->conn, j, NULL);
     if (strcmp(action, "kick") == 0) {
         int rc = bg_kick_job(gw->engine, id, now);
         if (rc != 0) return gw_reply_problem(r->conn, 409, "NOT_FOUND", "only buried or delayed jobs can be kicked");
@@ -520,14 +492,14 @@ static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
     } else {
         return not_found(r, "no such route");
     }
-    if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
+    if (rc != 0 && rc != BG_BURIED) return gw_reply_outcome(r->conn, rc);
     j = bg_job_find(gw->engine, id);
     return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
 }
 
 /* ---- tubes and stats --------------------------------------------------- */
 
-static enum MHD_Result route_tube(struct gw_request *r, const char *name, const char *action)
+static int route_tube(struct gw_request *r, const char *name, const char *action)
 {
     struct gateway *gw = r->gw;
     if (!bg_tube_name_valid(name, strlen(name))) return bad_tube(r);
@@ -549,7 +521,7 @@ static enum MHD_Result route_tube(struct gw_request *r, const char *name, const 
         uint64_t delay = 0;
         if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
         int rc = bg_pause_tube(gw->engine, name, (uint32_t)delay, now);
-        if (rc != 0) return outcome_problem(r, rc);
+        if (rc != 0) return gw_reply_outcome(r->conn, rc);
         struct bg_stats_tube st;
         bg_stats_tube(bg_tube_find(gw->engine, name), now, &st);
         return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
@@ -563,7 +535,7 @@ static enum MHD_Result route_tube(struct gw_request *r, const char *name, const 
     return reply_job_with_body(r, j, NULL);
 }
 
-static enum MHD_Result route_list_tubes(struct gw_request *r)
+static int route_list_tubes(struct gw_request *r)
 {
     struct bg_engine *e = r->gw->engine;
     json_t *names = json_array();
@@ -571,15 +543,10 @@ static enum MHD_Result route_list_tubes(struct gw_request *r)
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "tubes", names), NULL);
 }
 
-static enum MHD_Result reply_openapi(struct gw_request *r)
+static int reply_openapi(struct gw_request *r)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        gw_openapi_yaml_len, (void *)gw_openapi_yaml, MHD_RESPMEM_PERSISTENT);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/yaml");
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
+    return gw_reply_bytes(r->conn, 200, gw_openapi_yaml, gw_openapi_yaml_len, 0, "application/yaml",
+                          NULL, NULL);
 }
 
 /* ---- the cmd-* counters ------------------------------------------------- */
@@ -641,7 +608,7 @@ static void count_request(struct gw_request *r, const struct gw_match *m)
 }
 
 /* Run the handler of a routed request. */
-static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
+static int dispatch(struct gw_request *r, const struct gw_match *m)
 {
     char *const *seg = m->seg;
     /* the route reads job states (reservation checks, GET): bring the
@@ -684,14 +651,14 @@ static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
     return not_found(r, "no such route");
 }
 
-enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
+int gw_route(struct gw_request *r, const char *method, const char *url)
 {
     struct gw_match m;
     int status = gw_match_route(method, url, &m);
     if (status == 404) return not_found(r, "no such route");
     if (status == 405) return method_not_allowed(r, &m);
     if (!r->counted) r->commands = 1;
-    enum MHD_Result ok = dispatch(r, &m);
+    int rc = dispatch(r, &m);
     count_request(r, &m);
-    return ok;
+    return rc;
 }

@@ -137,6 +137,42 @@ static void test_route_long_url(void **state)
     assert_int_equal(gw_match_route("GET", url, &m), 404);
 }
 
+/* ---- the error table -------------------------------------------------- */
+
+/* Every engine outcome the handlers can meet is one row of the error table:
+ * its status, code and detail; an outcome not in it is a 500 named by its
+ * beanstalk word. Each status has its own title. */
+static void test_outcome_problems(void **state)
+{
+    (void)state;
+    static const struct gw_problem want[] = {
+        {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+        {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
+        {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
+        {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
+        {BG_OUT_OF_MEMORY, 503, "OUT_OF_MEMORY", "the server is out of memory"},
+        {BG_LOG_UNAVAILABLE, 503, "LOG_UNAVAILABLE", "the write-ahead log cannot write"},
+        {BG_INTERNAL_ERROR, 500, "INTERNAL_ERROR", "internal error"},
+        {BG_DEADLINE_SOON, 500, "DEADLINE_SOON", "internal error"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct gw_problem p = gw_outcome_problem(want[i].outcome);
+        if (p.status != want[i].status || strcmp(p.code, want[i].code) != 0 ||
+            strcmp(p.detail, want[i].detail) != 0)
+            fail_msg("outcome %d: %u %s \"%s\", want %u %s \"%s\"", want[i].outcome, p.status,
+                     p.code, p.detail, want[i].status, want[i].code, want[i].detail);
+    }
+    static const struct { unsigned status; const char *title; } titles[] = {
+        {400, "Bad Request"}, {401, "Unauthorized"}, {404, "Not Found"},
+        {405, "Method Not Allowed"}, {409, "Conflict"}, {413, "Content Too Large"},
+        {422, "Unprocessable Content"}, {500, "Internal Server Error"},
+        {503, "Service Unavailable"},
+    };
+    for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
+        assert_string_equal(gw_status_title(titles[i].status), titles[i].title);
+    assert_true(GW_NO_REPLY < BG_LOG_UNAVAILABLE - 100); /* no outcome is mistaken for it */
+}
+
 /* ---- JSON rendering ---------------------------------------------------- */
 
 /* A job made in a fresh engine with the given body. */
@@ -409,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_route_long_url),
         cmocka_unit_test(test_head_wherever_get),
+        cmocka_unit_test(test_outcome_problems),
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
         cmocka_unit_test(test_tokens),
