@@ -203,29 +203,38 @@ const char *gw_route_pattern(int i);
 /* The methods of entry i as the table writes them ("GET, DELETE"); HEAD is
  * implied by GET. NULL if i is out of range. */
 const char *gw_route_methods(int i);
-/* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
- * leaves them encoded so that a tube name may hold '/' in a path segment. */
-void gw_decode_slashes(char *s);
-
 /* routes.c: dispatch a complete request. 0 (a response is queued, or the
  * request suspended), a negative outcome (answer gw_reply_outcome) or
  * GW_NO_REPLY. */
 int gw_route(struct gw_request *r, const char *method, const char *url);
 /* routes.c: a long-poll waiter got a job / ended. */
 extern const struct bg_client_ops gw_waiter_ops;
-/* http.c: queue r to be resumed on the next loop turn. */
-void gw_wake(struct gw_request *r);
-/* http.c: track / forget a suspended long-poll (resumed at shutdown).
- * While listed, its socket is watched: a client that closes or resets ends
- * the wait at once (wait_outcome BG_TIMED_OUT, woken). */
-void gw_list(struct gw_request *r);
-void gw_unlist(struct gw_request *r);
-/* http.c: nonzero unless r's client has closed or reset its connection
- * (a FIN counts as gone, even after pipelined bytes). */
-int gw_peer_alive(struct gw_request *r);
-/* http.c: the status of the response queued for r, 0 if none yet. */
+/* ---- request.c: what handlers ask of their request ---------------------- */
+
+/* The query parameter key (unescaped, %2F kept), or NULL. */
+const char *gw_query(struct gw_request *r, const char *key);
+/* The decimal query parameter key, at most max: 0 (*out set, or left as it
+ * is when the parameter is absent) or -1 when it is not such a number. */
+int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
+/* Nonzero if Accept asks for application/octet-stream and not JSON. */
+int gw_wants_raw(struct gw_request *r);
+/* The status of the response queued for r, 0 if none yet. */
 unsigned gw_queued_status(const struct gw_request *r);
-/* http.c: release the jobs r reserved and did not deliver (r->got = 0). */
+/* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
+ * leaves them encoded so that a tube name may hold '/' in a path segment. */
+void gw_decode_slashes(char *s);
+/* Suspend long-poll r: it is listed (resumed at shutdown) and its socket
+ * watched: a client that closes or resets ends the wait at once
+ * (wait_outcome BG_TIMED_OUT, woken). */
+void gw_suspend(struct gw_request *r);
+/* Take r off the list and stop watching its socket (no-op if not listed). */
+void gw_unlist(struct gw_request *r);
+/* Queue r to be resumed on the next loop turn. */
+void gw_wake(struct gw_request *r);
+/* Nonzero unless r's client has closed or reset its connection (a FIN
+ * counts as gone, even after pipelined bytes). */
+int gw_peer_alive(struct gw_request *r);
+/* Release the jobs r reserved and did not deliver (r->got = 0). */
 void gw_give_back(struct gw_request *r, bg_time now);
 
 /* auth.c: bearer tokens */
@@ -242,7 +251,9 @@ int gw_auth_check(const struct gw_auth *a, const char *authorization);
 
 /* metrics.c */
 struct gw_metrics;
-struct gw_metrics *gw_metrics_new(void);
+/* Counters for routes 0..n-1 labelled route_labels[i] (strings that outlive
+ * the counters), and one more for requests that matched no route. */
+struct gw_metrics *gw_metrics_new(const char *const *route_labels, int n);
 void gw_metrics_free(struct gw_metrics *m);
 /* Index of an HTTP method for the metrics (unknown methods share one). */
 int gw_metrics_method_index(const char *method);

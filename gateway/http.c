@@ -42,115 +42,6 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
     gw_run(gw);
 }
 
-/* ---- noticing a long-poll's client going away ---------------------------
- * libmicrohttpd does not poll a suspended connection, so while a long-poll
- * waits the gateway watches its socket itself, and asks once more right
- * before the engine hands it a job (gw_waiter_ops.alive). */
-
-int gw_peer_alive(struct gw_request *r)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 1;
-    int fd = ci->connect_fd;
-#ifdef TCP_INFO
-    /* TCP's state leaves ESTABLISHED when the peer's FIN (CLOSE_WAIT) or
-     * reset (CLOSE) arrives, even behind unread pipelined bytes */
-    struct tcp_info ti;
-    socklen_t n = sizeof ti;
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) == 0) return ti.tcpi_state == TCP_ESTABLISHED;
-#endif
-    char byte;
-    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (got >= 0) return got > 0; /* 0: the read end, a close */
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-}
-
-/* The socket of a waiting long-poll became readable or closed. A close or
- * reset ends the wait (204, and libmicrohttpd then finds the close); bytes
- * are a pipelined request, left for libmicrohttpd after the answer. */
-static void peer_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    struct gw_request *r = arg;
-    if (gw_peer_alive(r)) {
-        /* level-triggered (no edge-triggered backend): the bytes would
-         * wake us forever, so stop watching; the check before a hand-over
-         * still runs */
-        if ((what & EV_READ) && !(event_get_events(r->peer_ev) & EV_ET)) {
-            event_free(r->peer_ev);
-            r->peer_ev = NULL;
-        }
-        return;
-    }
-    log_event(BG_LOG_DEBUG, "http_longpoll_abandoned", "msg=\"the client left while it waited\"");
-    if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
-    r->wait_outcome = BG_TIMED_OUT;
-    gw_unlist(r); /* frees r->peer_ev */
-    gw_wake(r);
-}
-
-/* Watch the socket of long-poll r while it is suspended: edge-triggered
- * where the loop can (one wake-up per change: data, then a close), with
- * EV_CLOSED to see a close behind unread bytes. */
-static void peer_watch(struct gw_request *r)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return;
-    int features = event_base_get_features(r->gw->base);
-    short what = EV_READ | EV_PERSIST;
-    if (features & EV_FEATURE_ET) what |= EV_ET;
-    if (features & EV_FEATURE_EARLY_CLOSE) what |= EV_CLOSED;
-    r->peer_ev = event_new(r->gw->base, ci->connect_fd, what, peer_cb, r);
-    if (r->peer_ev && event_add(r->peer_ev, NULL) != 0) {
-        event_free(r->peer_ev);
-        r->peer_ev = NULL;
-    }
-}
-
-void gw_list(struct gw_request *r)
-{
-    struct gateway *gw = r->gw;
-    r->prev_waiting = NULL;
-    r->next_waiting = gw->waiting;
-    if (gw->waiting) gw->waiting->prev_waiting = r;
-    gw->waiting = r;
-    r->listed = 1;
-    peer_watch(r);
-}
-
-void gw_unlist(struct gw_request *r)
-{
-    if (!r->listed) return;
-    if (r->prev_waiting) r->prev_waiting->next_waiting = r->next_waiting;
-    else r->gw->waiting = r->next_waiting;
-    if (r->next_waiting) r->next_waiting->prev_waiting = r->prev_waiting;
-    r->listed = 0;
-    if (r->peer_ev) event_free(r->peer_ev); /* before libmicrohttpd may close the socket */
-    r->peer_ev = NULL;
-}
-
-void gw_give_back(struct gw_request *r, bg_time now)
-{
-    struct gateway *gw = r->gw;
-    for (uint32_t i = 0; i < r->got; i++) {
-        struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
-        if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
-            j->reserves == r->job_reserves[i]) {
-            bg_release(&gw->holder, j->id, j->pri, 0, now);
-        }
-    }
-    r->got = 0;
-}
-
-void gw_wake(struct gw_request *r)
-{
-    r->next_woken = r->gw->woken;
-    r->gw->woken = r;
-    event_active(r->gw->run_ev, EV_READ, 0);
-}
-
 /* Run the daemon, then re-arm its timer and the engine's. */
 static void gw_run(struct gateway *gw)
 {
@@ -169,13 +60,6 @@ static int hex_digit(char ch)
 {
     return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
          : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
-unsigned gw_queued_status(const struct gw_request *r)
-{
-    const union MHD_ConnectionInfo *info =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
-    return info ? info->http_status : 0;
 }
 
 /* What libmicrohttpd is told after a handler or reply function returned
@@ -391,6 +275,18 @@ void gateway_set_ready(struct gateway *gw, int ready)
     if (gw) gw->ready = ready != 0;
 }
 
+/* The request counters, labelled by the route table's patterns. */
+static struct gw_metrics *new_metrics(void)
+{
+    int n = gw_route_count();
+    const char **labels = calloc((size_t)n + 1, sizeof *labels);
+    if (!labels) return NULL;
+    for (int i = 0; i < n; i++) labels[i] = gw_route_pattern(i);
+    struct gw_metrics *m = gw_metrics_new(labels, n);
+    free(labels);
+    return m;
+}
+
 /* Free what gateway_start made before its daemon. */
 static void free_parts(struct gateway *gw)
 {
@@ -435,7 +331,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->started_at = cfg->started_at;
     gw->metrics_auth = cfg->metrics_auth;
     gw->idempotency = gw_idempotency_new(idempotency_key);
-    gw->metrics = gw_metrics_new();
+    gw->metrics = new_metrics();
     if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
     if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth)) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");

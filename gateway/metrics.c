@@ -44,23 +44,27 @@ struct status_series {
 };
 
 struct gw_metrics {
-    int routes;                  /* gw_route_count() + 1: the last is "no route" */
+    int routes;                  /* route labels + 1: the last is "no route" */
+    const char **labels;         /* the route labels (not owned) */
     struct route_hist *hist;
     struct status_series *series;
     size_t series_len, series_cap;
     uint64_t dropped;
 };
 
-struct gw_metrics *gw_metrics_new(void)
+struct gw_metrics *gw_metrics_new(const char *const *route_labels, int n)
 {
     struct gw_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    m->routes = gw_route_count() + 1;
+    m->routes = n + 1;
     m->hist = calloc((size_t)m->routes, sizeof *m->hist);
-    if (!m->hist) {
-        free(m);
+    m->labels = calloc((size_t)m->routes, sizeof *m->labels);
+    if (!m->hist || !m->labels) {
+        gw_metrics_free(m);
         return NULL;
     }
+    for (int i = 0; i < n; i++) m->labels[i] = route_labels[i];
+    m->labels[n] = "unmatched";
     return m;
 }
 
@@ -68,6 +72,7 @@ void gw_metrics_free(struct gw_metrics *m)
 {
     if (!m) return;
     free(m->hist);
+    free(m->labels);
     free(m->series);
     free(m);
 }
@@ -126,7 +131,7 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
 
 static const char *route_label(const struct gw_metrics *m, int route)
 {
-    return route < m->routes - 1 ? gw_route_pattern(route) : "unmatched";
+    return m->labels[route];
 }
 
 /* The HELP and TYPE lines of a family. */

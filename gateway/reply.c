@@ -60,9 +60,9 @@ static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, s
     if (type) MHD_add_response_header(resp, "Content-Type", type);
     if (name1) MHD_add_response_header(resp, name1, value1);
     if (name2) MHD_add_response_header(resp, name2, value2);
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
     MHD_destroy_response(resp);
-    return ok == MHD_YES ? 0 : GW_NO_REPLY;
+    return rc;
 }
 
 int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const char *location)
@@ -137,7 +137,7 @@ int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const cha
     snprintf(num, sizeof num, "%u", j->ttr_s);
     MHD_add_response_header(resp, "X-Job-Ttr", num);
     if (token) MHD_add_response_header(resp, "X-Reservation", token);
-    enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+    int rc = MHD_queue_response(c, 200, resp) == MHD_YES ? 0 : GW_NO_REPLY;
     MHD_destroy_response(resp);
-    return ok == MHD_YES ? 0 : GW_NO_REPLY;
+    return rc;
 }

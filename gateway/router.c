@@ -38,20 +38,6 @@ static const struct route {
     {"/metrics", "GET", R_METRICS},
 };
 
-void gw_decode_slashes(char *s)
-{
-    char *out = s;
-    for (const char *in = s; *in; in++) {
-        if (in[0] == '%' && in[1] == '2' && (in[2] == 'F' || in[2] == 'f')) {
-            *out++ = '/';
-            in += 2;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
-
 /* Split url into at most GW_MAX_SEGMENTS segments in buf, each with its %2F
  * decoded; returns the count, or -1 if there are more, one is empty, or url
  * does not start with '/'. */

@@ -8,35 +8,7 @@
 
 #include "gateway.h"
 
-/* ---- request helpers --------------------------------------------------- */
-
-static const char *query(struct gw_request *r, const char *key)
-{
-    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
-}
-
-/* A decimal query parameter <= max: 0 (absent leaves *out), or -1 if bad. */
-static int query_uint(struct gw_request *r, const char *key, uint64_t max, uint64_t *out)
-{
-    const char *s = query(r, key);
-    if (!s) return 0;
-    uint64_t v = 0;
-    if (!*s) return -1;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (max - d) / 10) return -1;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int wants_raw(struct gw_request *r)
-{
-    const char *accept = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Accept");
-    return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
-}
+/* ---- replies ---------------------------------------------------------- */
 
 static int bad_param(struct gw_request *r, const char *name)
 {
@@ -60,7 +32,7 @@ static int not_found(struct gw_request *r, const char *what)
 static int reply_job_with_body(struct gw_request *r, const struct bg_job *j,
                                            const char *token)
 {
-    if (wants_raw(r)) return gw_reply_raw_job(r->conn, j, token);
+    if (gw_wants_raw(r)) return gw_reply_raw_job(r->conn, j, token);
     return gw_reply_json(r->conn, 200, gw_json_job(r->gw->engine, j, r->gw->now(), token, 1), NULL);
 }
 
@@ -145,9 +117,9 @@ static int route_put(struct gw_request *r, const char *tube)
     struct gateway *gw = r->gw;
     uint64_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
-    if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-    if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
-    if (query_uint(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
+    if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+    if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+    if (gw_query_u64(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
     if (r->body_too_big || r->body.len > gw->engine->max_job_size) return gw_reply_outcome(r->conn, BG_JOB_TOO_BIG);
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (key && !gw_idempotency_valid_key(key)) return bad_idempotency_key(r);
@@ -351,8 +323,8 @@ static int route_reserve(struct gw_request *r, const char *tubes)
         return reply_reserved(r);
     }
     uint64_t timeout = 0, count = 0;
-    if (query_uint(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
-    if (query_uint(r, "count", GW_BATCH_MAX, &count) || (query(r, "count") && count == 0))
+    if (gw_query_u64(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
+    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0))
         return bad_param(r, "count");
     if (timeout > GW_MAX_WAIT_S) timeout = GW_MAX_WAIT_S;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
@@ -384,9 +356,7 @@ static int route_reserve(struct gw_request *r, const char *tubes)
         return reply_reserved(r);
     }
     if (rc == BG_WOULD_BLOCK) {
-        r->suspended = 1;
-        gw_list(r);
-        MHD_suspend_connection(r->conn);
+        gw_suspend(r);
         return 0;
     }
     if (rc == BG_TIMED_OUT) return reply_reserved(r);
@@ -401,7 +371,7 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
                              int *reply)
 {
     struct gateway *gw = r->gw;
-    const char *token = query(r, "reservation");
+    const char *token = gw_query(r, "reservation");
     if (j->state != BG_JOB_RESERVED && !token && !need_reserved) return 0;
     if (!token) {
         *reply = gw_reply_problem(r->conn, 409, "RESERVATION_REQUIRED",
@@ -481,11 +451,11 @@ static int route_job(struct gw_request *r, const struct gw_match *m)
     if (check_reservation(r, j, 1, &reply)) return reply;
     int rc;
     if (strcmp(action, "release") == 0) {
-        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+        if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+        if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
         rc = bg_release(&gw->holder, id, (uint32_t)pri, (uint32_t)delay, now);
     } else if (strcmp(action, "bury") == 0) {
-        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+        if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
         rc = bg_bury(&gw->holder, id, (uint32_t)pri, now);
     } else if (strcmp(action, "touch") == 0) {
         rc = bg_touch(&gw->holder, id, now);
@@ -513,13 +483,13 @@ static int route_tube(struct gw_request *r, const char *name, const char *action
     }
     if (strcmp(action, "kick") == 0) {
         uint64_t bound = 1;
-        if (query_uint(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
+        if (gw_query_u64(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
         uint64_t n = bg_kick(gw->engine, t, bound, now);
         return gw_reply_json(r->conn, 200, json_pack("{s:I}", "kicked", (json_int_t)n), NULL);
     }
     if (strcmp(action, "pause") == 0) {
         uint64_t delay = 0;
-        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+        if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
         int rc = bg_pause_tube(gw->engine, name, (uint32_t)delay, now);
         if (rc != 0) return gw_reply_outcome(r->conn, rc);
         struct bg_stats_tube st;
@@ -634,7 +604,7 @@ static int dispatch(struct gw_request *r, const struct gw_match *m)
     case R_TUBE_PEEK: return route_tube(r, seg[1], seg[2]);
     case R_RESERVE: {
         /* the query too was unescaped with %2F left as is */
-        const char *tubes = query(r, "tubes");
+        const char *tubes = gw_query(r, "tubes");
         char decoded[2048];
         if (tubes && strlen(tubes) < sizeof decoded) {
             strcpy(decoded, tubes);
