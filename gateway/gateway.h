@@ -3,14 +3,22 @@
  * the same engine as the TCP protocol. No thread other than the loop's
  * touches the queue.
  *
- * Files:
- *   http.c    the daemon, its wiring into libevent, request bodies, routing
- *   routes.c  one handler per route: engine calls, JSON or raw replies
- *   json.c    rendering of jobs, tubes, stats and problem+json errors
+ * Files, from the top layer down. A file uses only what files of a lower
+ * layer define, so there is no circle (tests/http/gateway_layers.py):
+ *   http.c      the daemon, its wiring into libevent, the request lifecycle:
+ *               match once, token and body limit, dispatch, counters, replies
+ *               held for the log. The only file that speaks MHD_Result.
+ *   router.c    the route table (path pattern, method, handler, body limit,
+ *               auth rule, command counter) and URL matching
+ *   routes.c    the handlers of the queue's resources: engine calls
+ *   metrics.c   /metrics (Prometheus text), /livez, /readyz, request counters
+ *   request.c   what a handler asks of its request: query numbers, Accept,
+ *               long-poll suspension, wake-up and the watch on its socket
+ *   reply.c     responses: JSON, problem+json (status titles; the table of
+ *               outcome -> status, code, detail), empty, raw job, bytes
+ *   json.c      rendering of jobs, tubes and stats
  *   idempotency.c  Idempotency-Key -> job, for a window
- *   router.c  the route table and URL matching (no libmicrohttpd)
- *   auth.c    optional bearer tokens, compared in constant time
- *   metrics.c /metrics (Prometheus text), /livez, /readyz, request counters
+ *   auth.c      optional bearer tokens, compared in constant time
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -70,14 +78,68 @@ void gateway_stop(struct gateway *gw);
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
 
-/* ---- internal: shared by http.c and routes.c --------------------------- */
+/* ---- internal: shared by the gateway's files ----------------------------- */
+
+struct gw_request;
+
+/* The methods of the route table; HEAD is GET without the body (it is
+ * served by the GET row); any other method is GW_OTHER. */
+enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+
+/* How much body a route reads. The limit is checked against Content-Length
+ * before any byte of the body is read (413 JOB_TOO_BIG). */
+enum gw_body_limit {
+    GW_BODY_NONE,   /* the route reads none: a body is dropped, not kept
+                     * (above the max job size it is refused, as for a job) */
+    GW_BODY_JOB,    /* one job: the max job size (-z) */
+    GW_BODY_BATCH,  /* a batch put's JSON: GW_BATCH_BODY_MAX */
+};
+
+/* Who may call a route when bearer tokens are configured (without tokens
+ * everyone may). A path that matches no route needs a token, so that an
+ * unknown path tells nothing. */
+enum gw_auth_rule {
+    GW_AUTH_TOKEN,    /* a valid bearer token */
+    GW_AUTH_OPEN,     /* anyone: the health checks */
+    GW_AUTH_METRICS,  /* a token with --metrics-auth, else anyone */
+};
+
+/* A handler: 0 when it queued a response (or suspended the request), a
+ * negative enum bg_outcome for the problem of the error table
+ * (gw_reply_outcome), or GW_NO_REPLY (the connection is closed). */
+typedef int (*gw_handler)(struct gw_request *r);
+
+/* One row of the route table. */
+struct gw_route {
+    const char *pattern;          /* the path; a segment "*" matches any one segment */
+    enum gw_method method;        /* a GW_GET row answers HEAD too */
+    gw_handler handler;
+    enum gw_body_limit body;
+    enum gw_auth_rule auth;
+    int command;                  /* the cmd-* counter (enum bg_cmd) it counts in; -1: none */
+};
+
+#define GW_MAX_SEGMENTS 4
+/* The route of a request, found once, on its first access-handler call. */
+struct gw_match {
+    int status;                   /* 0: route is the row; 404: no such path; 405: not this method */
+    const struct gw_route *route; /* status 0: the row; 405: the path's first row; 404: NULL */
+    int path;                     /* index of the path's first row (the metrics label); -1: 404 */
+    enum gw_method method;
+    char allow[48];               /* the path's methods, as the Allow header lists them */
+    char buf[1024];
+    char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf, %2F decoded */
+    int nseg;
+};
 
 /* One HTTP request as the gateway follows it across handler calls. */
 struct gw_request {
     struct gateway *gw;
     struct MHD_Connection *conn;
+    struct gw_match match;        /* the route, matched once */
     struct bg_buf body;
-    uint64_t body_limit;
+    uint64_t body_limit;          /* bytes of body accepted (from the row) */
+    int keep_body;                /* the handler reads the body (not GW_BODY_NONE) */
     int body_too_big;
     int responded;
     /* long-poll */
@@ -89,7 +151,6 @@ struct gw_request {
     uint32_t got;
     /* metrics: from the first access-handler call to the completion */
     bg_time started;
-    int route;                    /* route table index; -1: no route */
     int method;                   /* gw_metrics_method_index */
     unsigned status;              /* status queued; 0: none yet */
     int counted;                  /* in the cmd-* counters already */
@@ -173,42 +234,47 @@ int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes,
  * (X-Reservation too unless token is NULL). */
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
 
-/* router.c */
-enum gw_route_id {
-    R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_BATCH, R_TUBE_RESERVE, R_TUBE_KICK,
-    R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
-    R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS,
-};
-/* The methods the handlers tell apart; any other is GW_OTHER. */
-enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+/* ---- router.c: the route table ------------------------------------------ */
+
 enum gw_method gw_method_of(const char *method);
-#define GW_MAX_SEGMENTS 4
-struct gw_match {
-    enum gw_route_id id;
-    int index;                    /* in the route table (gw_route_pattern) */
-    enum gw_method method;
-    const char *allow;            /* the methods the path allows (the Allow header) */
-    char buf[1024];
-    char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf */
-    int nseg;
-};
-/* Match method and url against the route table: 0 (m->id, m->method,
- * m->seg set), 404 (no such path) or 405 (m->allow lists the methods).
- * HEAD is allowed wherever GET is, and Allow then lists it too. */
+/* Match method and url against the route table into m; returns m->status:
+ * 0 (m->route, m->method, m->seg set), 404 or 405 (m->allow set). HEAD
+ * matches a GET row; the Allow header lists HEAD after GET. */
 int gw_match_route(const char *method, const char *url, struct gw_match *m);
-/* The route table: its size, and the path pattern of entry i, such as
- * "/tubes/{tube}/jobs" (the label of the HTTP metrics). */
+/* How many times gw_match_route ran in this process (a test counts that a
+ * request is matched once, however often libmicrohttpd calls back). */
+unsigned long gw_match_count(void);
+/* The table: its rows, row i (NULL out of range), and the label of row i:
+ * its pattern with each '*' named as in openapi.yaml ("/tubes/{tube}/jobs"),
+ * the route label of the HTTP metrics. */
 int gw_route_count(void);
+const struct gw_route *gw_route_at(int i);
 const char *gw_route_pattern(int i);
-/* The methods of entry i as the table writes them ("GET, DELETE"); HEAD is
- * implied by GET. NULL if i is out of range. */
-const char *gw_route_methods(int i);
-/* routes.c: dispatch a complete request. 0 (a response is queued, or the
- * request suspended), a negative outcome (answer gw_reply_outcome) or
- * GW_NO_REPLY. */
-int gw_route(struct gw_request *r, const char *method, const char *url);
-/* routes.c: a long-poll waiter got a job / ended. */
-extern const struct bg_client_ops gw_waiter_ops;
+
+/* ---- routes.c: the handlers of the route table --------------------------- */
+
+int gw_handle_stats(struct gw_request *r);
+int gw_handle_tubes(struct gw_request *r);
+int gw_handle_tube(struct gw_request *r);
+int gw_handle_put(struct gw_request *r);
+int gw_handle_batch_put(struct gw_request *r);
+int gw_handle_tube_reserve(struct gw_request *r);
+int gw_handle_tube_kick(struct gw_request *r);
+int gw_handle_tube_pause(struct gw_request *r);
+int gw_handle_peek_ready(struct gw_request *r);
+int gw_handle_peek_delayed(struct gw_request *r);
+int gw_handle_peek_buried(struct gw_request *r);
+int gw_handle_reserve(struct gw_request *r);
+int gw_handle_job(struct gw_request *r);
+int gw_handle_job_delete(struct gw_request *r);
+int gw_handle_job_body(struct gw_request *r);
+int gw_handle_job_release(struct gw_request *r);
+int gw_handle_job_bury(struct gw_request *r);
+int gw_handle_job_touch(struct gw_request *r);
+int gw_handle_job_kick(struct gw_request *r);
+int gw_handle_job_reserve(struct gw_request *r);
+int gw_handle_openapi(struct gw_request *r);
+
 /* ---- request.c: what handlers ask of their request ---------------------- */
 
 /* The query parameter key (unescaped, %2F kept), or NULL. */
@@ -265,9 +331,9 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
 /* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
 int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
 /* The handlers of /metrics, /livez and /readyz. */
-int gw_reply_metrics(struct gw_request *r);
-int gw_reply_livez(struct gw_request *r);
-int gw_reply_readyz(struct gw_request *r);
+int gw_handle_metrics(struct gw_request *r);
+int gw_handle_livez(struct gw_request *r);
+int gw_handle_readyz(struct gw_request *r);
 
 /* idempotency.c */
 struct gw_idempotency;

@@ -77,29 +77,43 @@ static void note_status(struct gw_request *r)
     if (status) r->status = status;
 }
 
-/* Nonzero if the request needs a bearer token: any configured, and the
- * route is not a health check (nor /metrics without --metrics-auth). An
- * unknown path needs one too, so that it tells nothing. */
-static int needs_token(const struct gateway *gw, int match_status, enum gw_route_id id)
+/* Nonzero if the request needs a bearer token: any configured, and its
+ * path's auth rule asks for one. An unknown path needs one too, so that it
+ * tells nothing. */
+static int needs_token(const struct gateway *gw, const struct gw_match *m)
 {
     if (!gw->auth) return 0;
-    if (match_status != 404) {
-        if (id == R_LIVEZ || id == R_READYZ) return 0;
-        if (id == R_METRICS) return gw->metrics_auth;
+    if (!m->route) return 1;
+    switch (m->route->auth) {
+    case GW_AUTH_OPEN: return 0;
+    case GW_AUTH_METRICS: return gw->metrics_auth;
+    case GW_AUTH_TOKEN: break;
     }
     return 1;
 }
 
-/* First call for a request: count it, check its token and body size. */
+/* The bytes of body the request's row reads at most (an unmatched request
+ * reads none). */
+static uint64_t body_limit(const struct gateway *gw, const struct gw_match *m)
+{
+    switch (m->status == 0 ? m->route->body : GW_BODY_NONE) {
+    case GW_BODY_BATCH: return GW_BATCH_BODY_MAX;
+    case GW_BODY_JOB:
+    case GW_BODY_NONE: break;
+    }
+    return gw->engine->max_job_size;
+}
+
+/* First call for a request: match its route (once: later calls, a resumed
+ * long-poll and a held response use r->match), check its token and its
+ * body size. */
 static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, const char *url,
                                      const char *method)
 {
     struct MHD_Connection *conn = r->conn;
-    struct gw_match m;
-    int match_status = gw_match_route(method, url, &m);
-    r->route = match_status == 404 ? -1 : m.index;
+    gw_match_route(method, url, &r->match);
     r->method = gw_metrics_method_index(method);
-    if (needs_token(gw, match_status, m.id)) {
+    if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!gw_auth_check(gw->auth, given)) {
             r->body_too_big = 1; /* the body, if any, is not kept */
@@ -116,8 +130,8 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
         }
     }
     /* the size limit is checked before any of the body is read */
-    uint64_t max = gw->engine->max_job_size;
-    r->body_limit = strstr(url, "/batch") ? GW_BATCH_BODY_MAX : max;
+    r->body_limit = body_limit(gw, &r->match);
+    r->keep_body = r->match.status == 0 && r->match.route->body != GW_BODY_NONE;
     const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     if (len && strtoull(len, NULL, 10) > r->body_limit) {
         r->body_too_big = 1;
@@ -127,6 +141,40 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
         return mhd_result(rc);
     }
     return MHD_YES;
+}
+
+/* Count a routed request in the cmd-* counters: once (a resumed long-poll
+ * is not counted again), as r->commands commands, unless it was malformed
+ * (400) or over a limit (413). */
+static void count_request(struct gw_request *r)
+{
+    if (r->counted) return;
+    r->counted = 1;
+    unsigned status = gw_queued_status(r);
+    int cmd = r->match.route->command;
+    if (cmd < 0 || status == 400 || status == 413) return;
+    bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
+}
+
+/* The body is in: answer 404 or 405, or run the row's handler and turn an
+ * outcome it returns into its problem. 0 or GW_NO_REPLY. */
+static int dispatch(struct gw_request *r)
+{
+    const struct gw_match *m = &r->match;
+    if (m->status == 404) return gw_reply_problem(r->conn, 404, "NOT_FOUND", "no such route");
+    if (m->status == 405) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "allowed: %s", m->allow);
+        return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", m->allow);
+    }
+    if (!r->counted) r->commands = 1;
+    /* the handler reads job states (reservation checks, GET): bring the
+     * engine up to now first, whether or not the loop's timer ran */
+    bg_engine_catch_up(r->gw->engine, r->gw->now());
+    int rc = m->route->handler(r);
+    if (rc < 0 && rc != GW_NO_REPLY) rc = gw_reply_outcome(r->conn, rc);
+    count_request(r);
+    return rc;
 }
 
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
@@ -147,7 +195,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return begin_request(gw, r, url, method);
     }
     if (*upload_size) {
-        if (!r->body_too_big) {
+        if (r->keep_body && !r->body_too_big) {
             if (r->body.len + *upload_size > r->body_limit ||
                 bg_buf_append(&r->body, upload_data, *upload_size) != 0) {
                 r->body_too_big = 1;
@@ -159,8 +207,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
     if (r->responded || r->held) return MHD_YES;
     uint64_t before = gw->cfg.log_seq ? gw->cfg.log_seq(gw->cfg.log_arg, 0) : 0;
-    int rc = gw_route(r, method, url);
-    if (rc < 0 && rc != GW_NO_REPLY) rc = gw_reply_outcome(conn, rc);
+    int rc = dispatch(r);
     note_status(r);
     if (gw->cfg.log_durable && gw->cfg.log_durable(gw->cfg.log_arg)) {
         uint64_t after = gw->cfg.log_seq(gw->cfg.log_arg, 0);
@@ -210,10 +257,10 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
     bg_time now = gw->now();
     double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
-    gw_metrics_observe(gw->metrics, r->route, r->method, r->status, seconds);
+    gw_metrics_observe(gw->metrics, r->match.path, r->method, r->status, seconds);
     gw->in_flight--;
     if (log_enabled(BG_LOG_DEBUG)) {
-        const char *pattern = gw_route_pattern(r->route);
+        const char *pattern = gw_route_pattern(r->match.path);
         log_event(BG_LOG_DEBUG, "http_request", "method=%s route=%s status=%u seconds=%.6f completed=%s",
                   gw_metrics_method_name(r->method), log_str(pattern ? pattern : "unmatched"),
                   r->status, seconds,

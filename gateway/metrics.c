@@ -380,7 +380,7 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
 
 /* ---- the endpoints ----------------------------------------------------- */
 
-int gw_reply_metrics(struct gw_request *r)
+int gw_handle_metrics(struct gw_request *r)
 {
     struct bg_buf b = {0};
     if (gw_metrics_render(r->gw, &b, r->gw->now()) != 0) {
@@ -393,12 +393,12 @@ int gw_reply_metrics(struct gw_request *r)
     return rc;
 }
 
-int gw_reply_livez(struct gw_request *r)
+int gw_handle_livez(struct gw_request *r)
 {
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }
 
-int gw_reply_readyz(struct gw_request *r)
+int gw_handle_readyz(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     if (gw->engine->draining)

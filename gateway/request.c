@@ -67,7 +67,7 @@ void gw_decode_slashes(char *s)
 /* Noticing a long-poll's client going away:
  * libmicrohttpd does not poll a suspended connection, so while a long-poll
  * waits the gateway watches its socket itself, and asks once more right
- * before the engine hands it a job (gw_waiter_ops.alive). */
+ * before the engine hands it a job (the waiter's alive op in routes.c). */
 
 int gw_peer_alive(struct gw_request *r)
 {

@@ -1504,8 +1504,9 @@ def test_command_counters_count_http_requests():
 
 def routes_from_source():
     """{(path, METHOD)} from the route table (`routes[] = {...}` in a
-    gateway/*.c file; '*' -> {x}), with HEAD wherever GET is: the router
-    allows HEAD on every route that has GET (gw_match_route)."""
+    gateway/*.c file, a row per path and method; '*' -> {x}), with HEAD
+    wherever GET is: the router serves HEAD with the GET row
+    (gw_match_route)."""
     import re
     src = ""
     gw_dir = os.path.join(REPO, "gateway")
@@ -1520,12 +1521,11 @@ def routes_from_source():
     table = src[src.index("routes[] = {"):]
     table = table[:table.index("};")]
     out = set()
-    for pattern, methods in re.findall(r'\{"(/[^"]*)",\s*"([^"]+)",\s*R_\w+\}', table):
+    for pattern, method in re.findall(r'\{"(/[^"]*)",\s*GW_([A-Z]+),', table):
         path = re.sub(r"/\*", "/{x}", pattern)
-        for m in methods.split(","):
-            out.add((path, m.strip()))
-            if m.strip() == "GET":
-                out.add((path, "HEAD"))
+        out.add((path, method))
+        if method == "GET":
+            out.add((path, "HEAD"))
     return out
 
 
