@@ -132,8 +132,11 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     /* the size limit is checked before any of the body is read */
     r->body_limit = body_limit(gw, &r->match);
     r->keep_body = r->match.status == 0 && r->match.route->body != GW_BODY_NONE;
+    /* (libmicrohttpd has answered 400 to a Content-Length that is not a
+     * number; one past 2^64-1 cannot fit any limit) */
     const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    if (len && strtoull(len, NULL, 10) > r->body_limit) {
+    uint64_t declared = 0;
+    if (len && (bg_parse_u64(len, strlen(len), UINT64_MAX, &declared) != 0 || declared > r->body_limit)) {
         r->body_too_big = 1;
         r->responded = 1;
         int rc = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");

@@ -23,16 +23,7 @@ int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *
 {
     const char *s = gw_query(r, key);
     if (!s) return 0;
-    uint64_t v = 0;
-    if (!*s) return -1;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (max - d) / 10) return -1;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
+    return bg_parse_u64(s, strlen(s), max, out) == 0 ? 0 : -1;
 }
 
 int gw_wants_raw(struct gw_request *r)

@@ -414,15 +414,7 @@ static struct bg_job *path_job(struct gw_request *r, int *reply)
 {
     const char *text = r->match.seg[1];
     uint64_t id = 0;
-    for (const char *p = text; *p; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (*p < '0' || *p > '9' || id > (UINT64_MAX - d) / 10) {
-            text = "";
-            break;
-        }
-        id = id * 10 + d;
-    }
-    if (!*text) {
+    if (bg_parse_u64(text, strlen(text), UINT64_MAX, &id) != 0) {
         *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned 64-bit integers");
         return NULL;
     }
