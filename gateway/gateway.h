@@ -29,7 +29,8 @@
 
 #include "../core/core.h"
 
-#define GW_MAX_WAIT_S 30          /* long-poll cap */
+#define GW_MAX_WAIT_DEFAULT_S 30  /* long-poll cap (--http-max-wait) */
+#define GW_MAX_WAIT_LIMIT_S 3600  /* the largest cap one may set */
 #define GW_DEFAULT_PRIORITY 2147483648u /* 2^31, as common clients use */
 #define GW_DEFAULT_TTR 60
 #define GW_CONNECTION_LIMIT 1024
@@ -60,6 +61,7 @@ struct gateway_config {
     bg_time started_at;           /* the server's start, for uptime */
     /* process facts for GET /stats (binlog figures); arg is log_arg */
     void (*process_info)(void *arg, struct bg_process_info *pi);
+    uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
 };
 
 struct gateway;

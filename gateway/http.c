@@ -375,6 +375,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->engine = engine;
     gw->base = base;
     gw->cfg = *cfg;
+    if (!gw->cfg.max_wait_s) gw->cfg.max_wait_s = GW_MAX_WAIT_DEFAULT_S;
     gw->now = now;
     gw->after_run = after_run;
     gw->after_run_arg = after_run_arg;
@@ -412,9 +413,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
     gw_run(gw);
-    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s",
+    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
-              cfg->token_count, gw->metrics_auth ? "on" : "off");
+              cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s);
     return gw;
 }
 

@@ -330,7 +330,7 @@ static int reserve(struct gw_request *r, const char *tubes)
     if (gw_query_u64(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
     if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0))
         return bad_param(r, "count");
-    if (timeout > GW_MAX_WAIT_S) timeout = GW_MAX_WAIT_S;
+    if (timeout > gw->cfg.max_wait_s) timeout = gw->cfg.max_wait_s;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
     /* validate every name (empty ones included) before touching the engine */
     char names[2048];

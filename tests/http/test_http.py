@@ -29,9 +29,8 @@ Usage:
 The binary (argv[1]) is also used for tests that need a server of their own
 (`--no-http`). Python 3 standard library only. Prints PASS/FAIL/SKIP per test
 and ends with one line `http: N passed, M failed[, K skipped]`; exits 1 on
-failure. BEANGATE_HTTP_ONLY="test_a test_b" runs only those tests. The
-30 s long-poll cap is checked by a request started before the other tests
-(BEANGATE_HTTP_SKIP_CAP=1 skips it).
+failure. BEANGATE_HTTP_ONLY="test_a test_b" runs only those tests. The long-poll
+cap is checked on a server of its own started with --http-max-wait 1.
 """
 
 import base64
@@ -1943,28 +1942,34 @@ def test_sigterm_with_waiting_longpoll():
         check(lp.result.status in (204, 503), "the long-poll got %s at shutdown" % lp.result.describe())
 
 
-CAP_POLL = {}
-
-
-def start_cap_poll():
-    """Started before the other tests: a long-poll with timeout=45 on an
-    empty tube, which must answer 204 after the 30 s cap."""
-    if not os.environ.get("BEANGATE_HTTP_SKIP_CAP"):
-        t = Later(lambda: reserve(uniq("cap30"), timeout=45))
-        CAP_POLL["started"] = time.monotonic()
-        CAP_POLL["poll"] = t
-        t.start()
-
-
-def test_timeout_is_capped_at_30s():
-    if "poll" not in CAP_POLL:
-        raise Skip("BEANGATE_HTTP_SKIP_CAP is set")
-    lp = CAP_POLL["poll"]
-    lp.join(max(0.0, CAP_POLL["started"] + 40 - time.monotonic()))
-    r = lp.get(1)
-    took = lp.done_at - CAP_POLL["started"]
-    expect_status(r, 204, "long-poll with timeout=45")
-    check(29.0 <= took <= 32.0, "timeout=45 answered after %.1f s, want the 30 s cap" % took)
+def test_timeout_is_capped_by_http_max_wait():
+    """A long-poll waits at most --http-max-wait seconds (default 30): a
+    larger timeout is taken as the cap. A server started with
+    --http-max-wait 1 answers a timeout=45 long-poll (single and count=3) on
+    an empty tube with 204 after about a second; a job put while it waits
+    still wakes it at once."""
+    srv = Server(extra=["--http-max-wait", "1"]).start()
+    try:
+        saved = T.base, T.direct
+        T.base = T.direct = ("127.0.0.1", srv.http_port)
+        try:
+            for params in ({}, {"count": 3}):
+                t0 = time.monotonic()
+                r = reserve(uniq("cap"), timeout=45, **params)
+                took = time.monotonic() - t0
+                expect_status(r, 204, "long-poll with timeout=45 %r" % params)
+                check(0.9 <= took <= 3.0, "timeout=45 %r answered after %.2f s, want the 1 s cap"
+                      % (params, took))
+            tube = uniq("capwake")
+            doc, _ = longpoll_then(tube, lambda: put(tube, b"in time"))
+            expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204,
+                          "delete")
+        finally:
+            T.base, T.direct = saved
+        status, err = srv.stop()
+    finally:
+        srv.stop()
+    check_stopped(status, err, "--http-max-wait 1 server")
 
 
 def test_drain_sigusr1_503():
@@ -2058,7 +2063,7 @@ TESTS = [
     test_utf8_and_nul_bodies_as_json_text,
     test_no_http_flag,
     test_sigterm_with_waiting_longpoll,
-    test_timeout_is_capped_at_30s,
+    test_timeout_is_capped_by_http_max_wait,
     test_drain_sigusr1_503,   # last: the server drains from here on
 ]
 
@@ -2123,8 +2128,6 @@ def main(argv):
         print("FAIL setup: test functions missing from TESTS: %s" % " ".join(unlisted), flush=True)
         failed += 1
     only = set(os.environ.get("BEANGATE_HTTP_ONLY", "").split()) or None
-    if not only or "test_timeout_is_capped_at_30s" in only:
-        start_cap_poll()
     try:
         for fn in TESTS:
             name = fn.__name__
