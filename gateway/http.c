@@ -1,11 +1,11 @@
 /* http.c - libmicrohttpd in external polling mode on the libevent loop:
  * the daemon's epoll fd is one libevent event, MHD_get_timeout arms one
- * timer, and MHD_run runs on the loop thread. Request bodies are collected
- * here, with the size limit checked before any byte is read. */
-#include <errno.h>
+ * timer, and MHD_run runs on the loop thread. The top of the gateway: the
+ * request lifecycle. A request's route is matched once, on the first
+ * access-handler call; its row gives the auth rule and the body limit
+ * (checked before any byte of the body is read), and, once the body is in,
+ * the handler. The only file that speaks MHD_Result. */
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
