@@ -43,6 +43,7 @@ enum bg_outcome {
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
     BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
+    BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
 };
 
 /* The beanstalk word for an outcome, e.g. "NOT_FOUND". */
