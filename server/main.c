@@ -258,21 +258,12 @@ static void print_startup_block(const struct server *srv, const struct server_co
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strncmp(argv[1], "--healthcheck", 13) == 0 &&
-        (argv[1][13] == '\0' || argv[1][13] == '='))
-        return healthcheck(argv[1][13] == '=' ? argv[1] + 14 : NULL);
-    if (argc >= 2 && strncmp(argv[1], "--check-log", 11) == 0 && (argv[1][11] == '\0' || argv[1][11] == '=')) {
-        const char *dir = argv[1][11] == '=' ? argv[1] + 12 : argc == 3 ? argv[2] : NULL;
-        if (!dir || !*dir || argc != (argv[1][11] == '=' ? 2 : 3)) {
-            log_event(BG_LOG_ERROR, "bad_flag", "flag=--check-log msg=%s", log_str("use: beangate --check-log DIR"));
-            return SERVER_USAGE_EXIT;
-        }
-        return wal_check(dir);
-    }
     struct server_config cfg;
     int r = server_config_parse(&cfg, argc, argv);
     if (r == 1) return 0;
     if (r != 0) return r;
+    if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg);
+    if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
