@@ -11,9 +11,9 @@ Every test starts its own server(s) on free loopback ports and stops them
 0 and leave no sanitizer report on stderr. Python 3 standard library only.
 `promtool` comes from Debian's package `prometheus`: when it is missing the
 script installs it with apt-get (as root); if that is not possible the
-promtool test FAILS and says so. Prints PASS/FAIL per test and ends with one
-line `ops: N passed, M failed`; exits 1 on failure. BEANGATE_OPS_ONLY="test_a
-test_b" runs only those tests.
+promtool test FAILS and says so. The runner is tests/lib/testlib.py's: -k NAME
+runs one test, PASS/FAIL per test, the last line is
+`ops: N passed, M failed, K skipped`; exits 1 on failure.
 """
 
 import http.client
@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -97,14 +96,14 @@ class Server:
         self.proc = subprocess.Popen([BINARY] + args, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.err_file,
                                      env=clean_env(self.env))
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("server exited with status %r at start; stderr: %s"
-                                     % (self.proc.returncode, self.read_stderr()[-2000:]))
-            if port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)):
-                return self
-            time.sleep(0.05)
+        status = testlib.wait_ready(
+            self.proc, lambda: port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)),
+            START_TIMEOUT, step=0.05)
+        if status == "exited":
+            raise AssertionError("server exited with status %r at start; stderr: %s"
+                                 % (self.proc.returncode, self.read_stderr()[-2000:]))
+        if status == "ok":
+            return self
         self.kill()
         raise AssertionError("server did not listen within %.0f s; stderr: %s"
                              % (START_TIMEOUT, self.read_stderr()[-2000:]))
@@ -298,12 +297,8 @@ def test_livez_readyz():
         check_eq(value(parse_metrics(srv.metrics())[0], "beangate_ready"), 1.0, "beangate_ready")
 
         srv.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 5
-        while True:
-            status, headers, body = srv.get("/readyz")
-            if status == 503 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        status, headers, body = testlib.wait_until(lambda: srv.get("/readyz"), "GET /readyz to answer 503",
+                                                   ok=lambda r: r[0] == 503)
         check_eq(status, 503, "GET /readyz after SIGUSR1")
         check(headers.get("content-type") == "application/problem+json",
               "/readyz 503 content type %r" % headers.get("content-type"))
@@ -497,13 +492,10 @@ def test_metrics_binlog_and_gearman():
                 # the flusher thread writes the records after the replies:
                 # wait (up to 5 s) until the three puts are counted and the
                 # closed beanstalk connections are gone
-                deadline = time.monotonic() + 5.0
-                while True:
-                    samples, _ = parse_metrics(srv.metrics())
-                    if (value(samples, "beangate_binlog_records_written_total") or 0) >= 3 and \
-                            value(samples, "beangate_current_connections") == 1 or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.02)
+                samples, _ = testlib.wait_until(
+                    lambda: parse_metrics(srv.metrics()), "3 log records and 1 connection in /metrics",
+                    step=0.02, ok=lambda m: (value(m[0], "beangate_binlog_records_written_total") or 0) >= 3
+                    and value(m[0], "beangate_current_connections") == 1)
                 check(value(samples, "beangate_binlog_records_written_total") >= 3,
                       "3 puts are at least 3 log records: %r" % series(samples, "beangate_binlog_records_written_total"))
                 check_eq(value(samples, "beangate_binlog_torn_records"), 0, "torn records of a fresh log")
@@ -780,8 +772,9 @@ def test_env_no_http_and_listen():
     http_port = free_port()
     with Server(["-p", str(tcp), "--http-port", str(http_port)],
                 env={"BEANGATE_NO_HTTP": "true", "BEANGATE_LISTEN": "127.0.0.1"}, ports=False,
-                tcp_port=tcp):
-        time.sleep(0.2)
+                tcp_port=tcp) as srv:
+        # a round trip: the loop runs, so every listener the server opens is open
+        check(srv.beanstalk(b"list-tube-used\r\n", 1) == b"USING default\r\n", "beanstalk round trip")
         check(not port_open(http_port), "HTTP listens although BEANGATE_NO_HTTP=true")
 
 
@@ -1079,26 +1072,9 @@ TESTS = [
 
 def main(argv):
     global BINARY
-    BINARY = testlib.binary_arg(argv)
-    if BINARY is None:
-        return 2
-    only = os.environ.get("BEANGATE_OPS_ONLY", "").split()
-    passed = failed = 0
-    for test in TESTS:
-        if only and test.__name__ not in only:
-            continue
-        t0 = time.monotonic()
-        try:
-            test()
-        except Exception as e:  # AssertionError and anything unexpected
-            failed += 1
-            detail = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
-            print("FAIL %s (%.1f s): %s" % (test.__name__, time.monotonic() - t0, detail), flush=True)
-        else:
-            passed += 1
-            print("PASS %s (%.1f s)" % (test.__name__, time.monotonic() - t0), flush=True)
-    print("ops: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
+    BINARY = args.binary
+    return testlib.run("ops", TESTS, args, namespace=globals())
 
 
 if __name__ == "__main__":
