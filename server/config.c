@@ -57,6 +57,7 @@ struct setting {
     int invert;                 /* K_BOOL: the field is the opposite (--no-http) */
     int arg_optional;           /* K_COMMAND: the value only as --flag=VALUE */
     enum server_command command; /* K_COMMAND */
+    const char *reads;          /* K_COMMAND: the key of a setting it uses (default, variable) */
     const char *def;            /* the default, parsed as a variable would be; NULL: none */
     const char *key;            /* key in the config log line */
     size_t offset;
@@ -133,7 +134,7 @@ static const struct setting settings[] = {
     {'v', "--version", NULL, NULL, K_VERSION, .help = "print the version and exit"},
     {'h', "--help", NULL, NULL, K_HELP, .help = "print this help and exit"},
     {0, "--healthcheck", NULL, "HOST:PORT", K_COMMAND, .arg_optional = 1,
-     .command = SERVER_HEALTHCHECK,
+     .command = SERVER_HEALTHCHECK, .reads = "http_port",
      .help = "ask a running server's GET /readyz (default 127.0.0.1, port\n"
              "BEANGATE_HTTP_PORT or 11301); exit 0 if it answers 200, else 1"},
     {0, "--check-log", NULL, "DIR", K_COMMAND, .command = SERVER_CHECK_LOG,
@@ -216,7 +217,7 @@ static void usage(FILE *f)
         if (s->kind == K_STATE) continue;
         flag_text(s, flags, sizeof flags);
         if (s->env)
-            fprintf(f, " %-27s %s=%s\n", flags, s->env, s->arg ? s->arg : "BOOL");
+            fprintf(f, " %-27s %s=%s\n", flags, s->env, s->arg ? s->arg : "1"); /* a switch */
         else
             fprintf(f, " %s\n", flags);
         size_t last = 0;        /* the length of the help's last line */
@@ -465,8 +466,9 @@ static int parse_args(struct server_config *cfg, int argc, char **argv)
 }
 
 /* A command instead of a server (--healthcheck, --check-log DIR): only as
- * the first argument, with nothing after it. -1 if argv[1] is none, else 0
- * (cfg->command set) or the usage exit status. */
+ * the first argument, with nothing after it; of the settings it reads only
+ * the one it uses (so a bad variable of another does not matter). -1 if
+ * argv[1] is none, else 0 (cfg->command set) or the usage exit status. */
 static int parse_command(struct server_config *cfg, int argc, char **argv)
 {
     if (argc < 2 || strncmp(argv[1], "--", 2) != 0) return -1;
@@ -482,6 +484,15 @@ static int parse_command(struct server_config *cfg, int argc, char **argv)
     if (argc > 1 + used) return usage_error("nothing may follow", s->long_flag, argv[1 + used]);
     cfg->command = s->command;
     cfg->command_arg = value && *value ? value : NULL;
+    for (size_t k = 0; k < SETTING_COUNT; k++) {
+        const struct setting *r = &settings[k];
+        const char *v = r->key && s->reads && strcmp(r->key, s->reads) == 0 ? env_value(r) : NULL;
+        const char *why = v ? apply(k, cfg, v, FROM_ENV, r->env) : NULL;
+        if (why) {
+            log_event(BG_LOG_ERROR, "bad_env", "var=%s value=%s msg=%s", r->env, log_str(v), log_str(why));
+            return SERVER_USAGE_EXIT;
+        }
+    }
     return 0;
 }
 
@@ -657,8 +668,6 @@ static void log_config(const struct server_config *c)
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
 {
     memset(cfg, 0, sizeof *cfg);
-    int rc = parse_command(cfg, argc, argv);
-    if (rc >= 0) return rc;
     for (size_t i = 0; i < SETTING_COUNT; i++) {
         sources[i] = FROM_DEFAULT;
         const char *why = settings[i].def ? set_value(&settings[i], cfg, settings[i].def, "default") : NULL;
@@ -667,6 +676,8 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
             return SERVER_USAGE_EXIT;
         }
     }
+    int rc = parse_command(cfg, argc, argv);
+    if (rc >= 0) return rc;
     struct env_error err = {0};
     apply_env(cfg, &err);
     if ((rc = parse_args(cfg, argc, argv)) != 0) return rc;

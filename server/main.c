@@ -160,14 +160,13 @@ static void describe_host(struct server *srv)
 }
 
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
- * (default 127.0.0.1:11301) and exit 0 if it answers 200, else 1. Docker's
- * HEALTHCHECK uses this: a slim image has no curl. */
-static int healthcheck(const char *arg)
+ * (default 127.0.0.1 and the HTTP port of the settings, http_port) and exit
+ * 0 if it answers 200, else 1. Docker's HEALTHCHECK uses this: a slim image
+ * has no curl. */
+static int healthcheck(const char *arg, const char *http_port)
 {
     char host[256] = "127.0.0.1";
-    const char *port = "11301";
-    const char *env_port = getenv("BEANGATE_HTTP_PORT");
-    if (env_port && *env_port) port = env_port;
+    const char *port = http_port;
     if (arg && *arg) {
         const char *colon = strrchr(arg, ':');
         if (!colon || (size_t)(colon - arg) >= sizeof host) return 1;
@@ -262,7 +261,7 @@ int main(int argc, char **argv)
     int r = server_config_parse(&cfg, argc, argv);
     if (r == 1) return 0;
     if (r != 0) return r;
-    if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg);
+    if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg, cfg.http_port);
     if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
 
     signal(SIGPIPE, SIG_IGN);

@@ -54,9 +54,10 @@ struct server_config {
     int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
 };
 
-/* A command given as the first argument (cfg->command) is all that is
- * read. Otherwise: the defaults, the environment, argv like beanstalkd,
- * then the bearer tokens. Returns 0 to run cfg->command (SERVER_RUN: the
+/* A command given as the first argument (cfg->command) reads only the
+ * setting it uses (--healthcheck: the HTTP port's default and variable).
+ * Otherwise: the defaults, the environment, argv like beanstalkd, then the
+ * bearer tokens. Returns 0 to run cfg->command (SERVER_RUN: the
  * server), 1 when the process should exit 0 (-h, -v), or SERVER_USAGE_EXIT
  * after printing why (and the usage for a bad flag). Sets the log level
  * (log.h) and, with -V, logs the effective configuration (never a token's

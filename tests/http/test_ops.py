@@ -924,6 +924,10 @@ def test_first_argument_commands():
         closed = free_port()
         rc, out, _ = run_binary(["--healthcheck=127.0.0.1:%d" % closed])
         check_eq((rc, out), (1, "unhealthy\n"), "--healthcheck of a closed port")
+        # the port it uses goes through the same parser as for a server
+        rc, _, err = run_binary(["--healthcheck"], env={"BEANGATE_HTTP_PORT": "65536"})
+        check(rc == 5 and "event=bad_env var=BEANGATE_HTTP_PORT" in err,
+              "--healthcheck with BEANGATE_HTTP_PORT=65536: status %r, stderr %r" % (rc, err[-300:]))
     with tempfile.TemporaryDirectory(prefix="beangate-check-log-") as empty:
         rc, out, err = run_binary(["--check-log=" + empty])
         check_eq(rc, 0, "--check-log=DIR of an empty directory (stdout %r, stderr %r)" % (out, err[-300:]))
