@@ -123,7 +123,7 @@ def install_and_enter_namespace(names):
     r = subprocess.run([RUNNER, "--install-only", BINARY], stdin=subprocess.DEVNULL, timeout=RUNNER_TIMEOUT)
     check(r.returncode == 0, "install: run_client_suite.sh --install-only exited with %d" % r.returncode)
     sys.stdout.flush()
-    enter_namespace([os.path.abspath(__file__)] + sys.argv[1:])
+    enter_namespace([os.path.abspath(__file__)] + sys.argv[1:] + ["--seed", str(SEED)])
 
 
 def start_outside_server(names):
@@ -196,12 +196,13 @@ TESTS = [
 ]
 
 BINARY = None
+SEED = None              # the inside run repeats the outside run's seed
 
 
 def main(argv):
-    global BINARY
+    global BINARY, SEED
     args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
-    BINARY = args.binary
+    BINARY, SEED = args.binary, args.seed
     if not os.environ.get(INSIDE):
         return testlib.run("client-isolation", TESTS, args, setup=install_and_enter_namespace,
                            all_skipped=SKIP)

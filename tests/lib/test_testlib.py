@@ -155,6 +155,11 @@ def test_status_when_everything_is_skipped():
     suite = MIXED.replace('namespace=globals())', 'namespace=globals(), all_skipped=77)')
     rc, lines, _ = run_suite(suite, ["-k", "test_skips"])
     check_eq((rc, lines[-1]), (77, "mixed: 0 passed, 0 failed, 1 skipped"), "every test skipped")
+    no_setup = suite.replace("all_skipped=77)", "all_skipped=77, setup=no_namespace)").replace(
+        "TESTS = [", "def no_namespace(names):\n    raise testlib.Skip('no namespace here')\n\nTESTS = [")
+    rc, lines, _ = run_suite(no_setup)
+    check_eq((rc, lines[1:2], lines[-1]), (77, ["SKIP setup: no namespace here"],
+                                          "mixed: 0 passed, 0 failed, 1 skipped"), "a setup that skips the suite")
     suite = suite.replace("TESTS = [test_passes, test_fails, test_skips]", "TESTS = []\ndel test_passes, "
                           "test_fails, test_skips")
     rc, lines, _ = run_suite(suite)

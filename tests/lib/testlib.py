@@ -255,8 +255,8 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
             counts["failed"] += 1
             print("FAIL %s: %s" % (name, error), flush=True)
 
-    def one(fn, name):
-        why = skip(fn) if skip else None
+    def one(fn, name, plain=False):   # plain: a `last` check, neither skipped nor run by call
+        why = skip(fn) if skip and not plain else None
         if why:
             counts["skipped"] += 1
             print("SKIP %s: %s" % (name, why), flush=True)
@@ -264,7 +264,7 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
         t0 = time.monotonic()
         error = skipped = None
         try:
-            (call or (lambda f: f()))(fn)
+            fn() if plain or not call else call(fn)
         except Skip as e:
             skipped = str(e)
         except failures as e:
@@ -301,7 +301,7 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
             one(fn, fn.__name__)
     finally:
         for check_fn in last:
-            one(check_fn, check_fn.__name__)
+            one(check_fn, check_fn.__name__, plain=True)
         if finish:
             finish()
         print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
