@@ -27,10 +27,10 @@ Usage:
       (a `https://stoplight.io/prism/errors#...` problem).
 
 The binary (argv[1]) is also used for tests that need a server of their own
-(`--no-http`). Python 3 standard library only. Prints PASS/FAIL/SKIP per test
-and ends with one line `http: N passed, M failed[, K skipped]`; exits 1 on
-failure. BEANGATE_HTTP_ONLY="test_a test_b" runs only those tests. The long-poll
-cap is checked on a server of its own started with --http-max-wait 1.
+(`--no-http`). Python 3 standard library only. The runner is
+tests/lib/testlib.py's: -k NAME runs one test, PASS/FAIL/SKIP per test, the
+last line is `http: N passed, M failed, K skipped`; exits 1 on failure. The
+long-poll cap is checked on a server of its own started with --http-max-wait 1.
 """
 
 import base64
@@ -84,8 +84,7 @@ SERVER_KEYS = {
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
 
-class Skip(Exception):
-    """Raised by a test that cannot run in this mode; the message says why."""
+Skip = testlib.Skip  # raised by a test that cannot run in this mode; the message says why
 
 
 class Target:
@@ -2072,99 +2071,56 @@ def parse_url(url):
     return (u.hostname, u.port or 80)
 
 
-def main(argv):
-    args = argv[1:]
-    usage = ("usage: %s PATH/TO/beangate [--base-url URL --direct-url URL --tcp-port N [--server-pid PID]]"
-             % argv[0])
-    if not args or args[0].startswith("--"):
-        print(usage, file=sys.stderr)
-        return 2
-    T.binary = os.path.abspath(args[0])
-    opts = {}
-    rest = args[1:]
-    while rest:
-        if rest[0] not in ("--base-url", "--direct-url", "--tcp-port", "--server-pid") or len(rest) < 2:
-            print(usage, file=sys.stderr)
-            return 2
-        opts[rest[0]] = rest[1]
-        rest = rest[2:]
-    if not os.access(T.binary, os.X_OK):
-        print("not an executable: %s" % T.binary, file=sys.stderr)
-        return 2
-    server = None
-    try:
-        if "--base-url" in opts:
-            if "--tcp-port" not in opts or "--direct-url" not in opts:
-                print("--base-url needs --direct-url and --tcp-port\n" + usage, file=sys.stderr)
-                return 2
-            T.base = parse_url(opts["--base-url"])
-            T.direct = parse_url(opts["--direct-url"])
-            T.tcp_port = int(opts["--tcp-port"])
-            T.server_pid = int(opts["--server-pid"]) if "--server-pid" in opts else None
-            T.proxied = T.base != T.direct
-            print("using %s (server HTTP %s, TCP port %d)" % (opts["--base-url"], opts["--direct-url"],
-                                                            T.tcp_port), flush=True)
-        else:
-            server = Server().start()
-            T.base = T.direct = ("127.0.0.1", server.http_port)
-            T.tcp_port = server.tcp_port
-            T.server_pid = server.proc.pid
-            print("started %s" % " ".join(server.argv()), flush=True)
-    except (AssertionError, ValueError) as e:
-        print("FAIL setup: %s" % e, flush=True)
-        print("http: 0 passed, 1 failed", flush=True)
-        return 1
+RUN = {}                 # the server this run started, if it started one
 
-    passed = failed = skipped = 0
-    t_all = time.monotonic()
-    listed = {fn.__name__ for fn in TESTS}
-    unlisted = sorted(n for n in globals() if n.startswith("test_") and n not in listed)
-    if unlisted:  # a test written and never run is worse than none
-        print("FAIL setup: test functions missing from TESTS: %s" % " ".join(unlisted), flush=True)
-        failed += 1
-    only = set(os.environ.get("BEANGATE_HTTP_ONLY", "").split()) or None
-    try:
-        for fn in TESTS:
-            name = fn.__name__
-            if only and name not in only:
-                continue
-            t0 = time.monotonic()
-            try:
-                fn()
-            except Skip as e:
-                skipped += 1
-                print("SKIP %s: %s" % (name, e), flush=True)
-                continue
-            except AssertionError as e:
-                failed += 1
-                print("FAIL %s: %s" % (name, e), flush=True)
-                continue
-            except Exception as e:  # a broken test or an unexpected error
-                failed += 1
-                print("FAIL %s: %s: %s" % (name, type(e).__name__, e), flush=True)
-                continue
-            passed += 1
-            print("PASS %s (%.2f s)" % (name, time.monotonic() - t0), flush=True)
-    finally:
-        if server is not None:
-            status, err = server.stop()
-            try:
-                check_stopped(status, err, "the test server")
-                passed += 1
-                print("PASS server_stops_cleanly", flush=True)
-            except AssertionError as e:
-                failed += 1
-                print("FAIL server_stops_cleanly: %s" % e, flush=True)
+
+def setup(names):
+    """Start a server of this run's own, or use the one given by the options."""
+    opts = RUN["args"]
+    if opts.base_url:
+        T.base = parse_url(opts.base_url)
+        T.direct = parse_url(opts.direct_url)
+        T.tcp_port = opts.tcp_port
+        T.server_pid = opts.server_pid
+        T.proxied = T.base != T.direct
+        print("using %s (server HTTP %s, TCP port %d)" % (opts.base_url, opts.direct_url, T.tcp_port),
+              flush=True)
+    else:
+        RUN["server"] = server = Server().start()
+        T.base = T.direct = ("127.0.0.1", server.http_port)
+        T.tcp_port = server.tcp_port
+        T.server_pid = server.proc.pid
+        print("started %s" % " ".join(server.argv()), flush=True)
+
+
+def server_stops_cleanly():
+    """After the tests, the server this run started stops on SIGTERM with
+    status 0 and no sanitizer report."""
+    if "server" not in RUN:
+        raise Skip("no server was started")
+    status, err = RUN["server"].stop()
+    check_stopped(status, err, "the test server")
+
+
+def print_violations():
     if VIOLATIONS:
         print("contract violations seen: %d" % len(VIOLATIONS), flush=True)
         for v in sorted(set(VIOLATIONS)):
             print("  " + v[:2000], flush=True)
-    summary = "http: %d passed, %d failed" % (passed, failed)
-    if skipped:
-        summary += ", %d skipped" % skipped
-    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
-    print(summary, flush=True)
-    return 1 if failed else 0
+
+
+def main(argv):
+    parser = testlib.arg_parser(__doc__)
+    parser.add_argument("--base-url", metavar="URL", help="reach a running server's HTTP here")
+    parser.add_argument("--direct-url", metavar="URL", help="that server's own HTTP address")
+    parser.add_argument("--tcp-port", type=int, metavar="N", help="that server's beanstalk port")
+    parser.add_argument("--server-pid", type=int, metavar="PID", help="that server's pid (for SIGUSR1)")
+    args = RUN["args"] = testlib.parse_args(parser, argv)
+    if args.base_url and (args.tcp_port is None or not args.direct_url):
+        parser.error("--base-url needs --direct-url and --tcp-port")
+    T.binary = args.binary
+    return testlib.run("http", TESTS, args, namespace=globals(), setup=setup,
+                       last=() if args.base_url else (server_stops_cleanly,), finish=print_violations)
 
 
 if __name__ == "__main__":
