@@ -17,6 +17,7 @@
  *   reply.c     responses: JSON, problem+json (status titles; the table of
  *               outcome -> status, code, detail), empty, raw job, bytes
  *   json.c      rendering of jobs, tubes and stats
+ *   tube_page.c one page of the tubes' statistics (GET /stats/tubes)
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
  */
@@ -45,6 +46,8 @@
 #define GW_AUTH_TOKEN_MAX 512         /* bytes in one bearer token */
 #define GW_AUTH_TOKENS_MAX 256        /* tokens configured at most */
 #define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
+#define GW_TUBE_PAGE_MAX 500          /* tubes in one page of GET /stats/tubes */
+#define GW_TUBE_PAGE_DEFAULT 100
 
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
@@ -257,6 +260,7 @@ const char *gw_route_pattern(int i);
 
 int gw_handle_stats(struct gw_request *r);
 int gw_handle_tubes(struct gw_request *r);
+int gw_handle_stats_tubes(struct gw_request *r);
 int gw_handle_tube(struct gw_request *r);
 int gw_handle_put(struct gw_request *r);
 int gw_handle_batch_put(struct gw_request *r);
@@ -372,6 +376,28 @@ int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
                             bg_time now);
 /* The bucket of key: a keyed hash, so it depends on the table's key. */
 size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key);
+
+/* tube_page.c: a page of tubes, filtered by a substring of the name and
+ * sorted by a TubeStats field, or in list order. Calls no other gateway
+ * file. */
+struct gw_tube_page_query {
+    const char *filter;           /* NULL or "": every tube */
+    int sort;                     /* gw_tube_sort_key; -1: list order (GET /tubes) */
+    int descending;
+    uint64_t offset;
+    uint32_t limit;
+};
+/* The index of a sort key (a TubeStats field name), or -1. */
+int gw_tube_sort_key(const char *name);
+/* The name of sort key i; NULL past the last. */
+const char *gw_tube_sort_key_name(int i);
+/* Nonzero if filter is at most 200 tube-name characters. */
+int gw_tube_filter_valid(const char *filter);
+/* out[0..*n) = the page (at most q->limit tubes); *total = the tubes that
+ * match. O(limit) in list order without a filter; else O(T log T) for T
+ * tubes. 0 or BG_OUT_OF_MEMORY. */
+int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_page_query *q,
+                 const struct bg_tube **out, uint32_t *n, uint64_t *total);
 
 /* openapi.c (generated from openapi/openapi.yaml) */
 extern const char gw_openapi_yaml[];

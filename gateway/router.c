@@ -13,6 +13,7 @@
  * reads this table to compare it with openapi/openapi.yaml.) */
 static const struct gw_route routes[] = {
     {"/stats", GW_GET, gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS},
+    {"/stats/tubes", GW_GET, gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1},
     {"/tubes", GW_GET, gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES},
     {"/tubes/*", GW_GET, gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE},
     {"/tubes/*/jobs", GW_POST, gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT},

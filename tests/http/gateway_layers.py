@@ -24,7 +24,8 @@ LAYERS = [
     ["router.c"],                                   # the route table and matching
     ["routes.c", "metrics.c"],                      # handlers
     ["request.c"],                                  # what handlers ask of a request
-    ["reply.c", "json.c", "idempotency.c", "auth.c"],  # responses, rendering, tables
+    ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
+     "tube_page.c"],                                 # pages of tubes
 ]
 
 DECIMAL_PARSERS = r"\b(strtoul|strtoull|strtol|strtoll|atoi|atol|atoll|sscanf)\s*\("

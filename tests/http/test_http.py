@@ -1496,6 +1496,83 @@ def test_command_counters_count_http_requests():
     for x in results:
         if x["status"] == 201:
             expect_status(delete("/jobs/%d" % x["id"]), 204, "delete a batch job")
+def tube_page(what="GET /stats/tubes", **params):
+    """GET /stats/tubes with params: the page, its shape checked."""
+    doc = expect_json(get("/stats/tubes" + q(**params)), 200, what)
+    check_eq(set(doc), {"total", "offset", "limit", "tubes"}, "%s: keys" % what)
+    check(len(doc["tubes"]) <= doc["limit"], "%s: %d tubes, limit %d" % (what, len(doc["tubes"]), doc["limit"]))
+    for t in doc["tubes"]:
+        check_eq(set(t), TUBE_KEYS, "%s: tube keys" % what)
+    return doc
+
+
+def test_tube_stats_pages():
+    """Pages of GET /stats/tubes: a filter on the name, sort by a stats
+    field either way (ties by name), offset and limit walk the matches, and
+    each tube's stats are those of GET /tubes/{tube}."""
+    prefix = uniq("page")
+    ready = [3, 1, 4, 1, 5, 0, 2, 6]          # ready jobs of tube i
+    names = ["%s-%d" % (prefix, i) for i in range(len(ready))]
+    for name, n in zip(names, ready):
+        put(name, b"x", delay=100)            # every tube exists, even with 0 ready
+        for _ in range(n):
+            put(name, b"x")
+    doc = tube_page(filter=prefix)
+    check_eq(doc["total"], len(names), "total with the filter")
+    check_eq(sorted(t["name"] for t in doc["tubes"]), sorted(names), "the filter finds every tube")
+    by_name = {t["name"]: t for t in doc["tubes"]}
+    for name in names[:2]:
+        check_eq(by_name[name], tube_stats(name), "a page's stats of %s vs GET /tubes/%s" % (name, name))
+
+    doc = tube_page(filter=prefix, sort="current_jobs_ready", order="desc")
+    want = sorted(names, key=lambda n: (-ready[names.index(n)], n))
+    check_eq([t["name"] for t in doc["tubes"]], want, "sorted by ready, most first, ties by name")
+    doc = tube_page(filter=prefix, sort="current_jobs_ready")
+    want_asc = sorted(names, key=lambda n: (ready[names.index(n)], n))
+    check_eq([t["name"] for t in doc["tubes"]], want_asc, "sorted by ready, fewest first, ties by name")
+    doc = tube_page(filter=prefix, sort="name", order="desc", offset=2, limit=3)
+    check_eq([t["name"] for t in doc["tubes"]], sorted(names, reverse=True)[2:5], "name desc, offset 2, limit 3")
+    check_eq((doc["total"], doc["offset"], doc["limit"]), (len(names), 2, 3), "total, offset, limit echoed")
+    walked = []
+    for offset in range(0, len(names), 3):
+        walked += [t["name"] for t in tube_page(filter=prefix, sort="name", offset=offset, limit=3)["tubes"]]
+    check_eq(walked, sorted(names), "pages of 3 walk every tube once")
+    check_eq(tube_page(filter=prefix, offset=len(names))["tubes"], [], "an offset past the end: empty page")
+    check_eq(tube_page(filter=uniq("nomatch"))["total"], 0, "a filter that matches nothing")
+
+    # without filter and sort: the order of GET /tubes, a slice of it
+    listed = expect_json(get("/tubes"), 200, "GET /tubes")["tubes"]
+    doc = tube_page(limit=500)
+    check_eq(doc["total"], len(listed), "total = every tube")
+    check_eq([t["name"] for t in doc["tubes"]], listed[:500], "list order without sort")
+    check_eq(tube_page()["limit"], 100, "default limit")
+
+    # no beanstalk command reads many tubes' stats at once: a page counts in
+    # no cmd-* counter (docs/operations.md, "Command counters")
+    before = server_stats()
+    tube_page(filter=prefix, sort="name")
+    after = server_stats()
+    check_eq({k: after[k] - before[k] for k in after if k.startswith("cmd_") and after[k] != before[k]},
+             {"cmd_stats": 1}, "the counters a page moved (cmd_stats: the second GET /stats)")
+
+
+def test_tube_stats_pages_filter_with_slash_and_plus():
+    """%2F and %2B in the filter are '/' and '+' of tube names."""
+    tube = uniq("a/b+c")
+    enc = tube.replace("/", "%2F").replace("+", "%2B")
+    doc = expect_json(post("/tubes/%s/jobs" % enc, body=b"x", via="direct"), 201, "put into %s" % enc)
+    check_eq(doc["tube"], tube, "tube of the put")
+    for encoded in (enc, tube.replace("+", "%2B")):
+        doc = expect_json(get("/stats/tubes?filter=" + encoded, via="direct"), 200, "filter=%s" % encoded)
+        check_eq([t["name"] for t in doc["tubes"]], [tube], "filter=%s" % encoded)
+
+
+def test_tube_stats_pages_bad_parameters_400():
+    for query in ("limit=0", "limit=501", "limit=abc", "limit=-1", "offset=-1", "offset=x",
+                  "offset=4294967296", "sort=nope", "sort=", "order=up", "order=asc",
+                  "sort=name&order=DESC", "filter=a%20b", "filter=%3Cscript%3E", "filter=" + "a" * 201):
+        expect_problem(get("/stats/tubes?" + query, via="direct"), 400, "BAD_FORMAT", "GET /stats/tubes?%s"
+                       % query[:40])
 
 
 def routes_from_source():
@@ -2039,6 +2116,9 @@ TESTS = [
     test_peek_ready_delayed_buried,
     test_stats,
     test_command_counters_count_http_requests,
+    test_tube_stats_pages,
+    test_tube_stats_pages_filter_with_slash_and_plus,
+    test_tube_stats_pages_bad_parameters_400,
     test_openapi_served,
     test_document_matches_route_table,
     test_http_put_tcp_reserve,

@@ -1,8 +1,8 @@
 /* test_gateway.c - unit tests of the gateway: the route table, the error
- * table, JSON rendering of jobs, base64, reservation tokens and the
- * idempotency table, data-driven where the cases are a table; and the
- * gateway in this process on a loopback port, with the engine's time
- * injected, to see that a request is matched once across the
+ * table, JSON rendering of jobs, base64, reservation tokens, the
+ * idempotency table and pages of tubes, data-driven where the cases are a
+ * table; and the gateway in this process on a loopback port, with the
+ * engine's time injected, to see that a request is matched once across the
  * access-handler calls of its body, a long-poll's resumption and a
  * response held for the log. */
 #include <setjmp.h>
@@ -38,6 +38,7 @@ static const struct row_case {
     const char *allow;           /* Allow of a 405 on this path */
 } row_cases[] = {
     {"GET", "/stats", gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS, NULL, "GET, HEAD"},
+    {"GET", "/stats/tubes", gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1, "tubes", "GET, HEAD"},
     {"GET", "/tubes", gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES, NULL, "GET, HEAD"},
     {"GET", "/tubes/emails", gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE, "emails",
      "GET, HEAD"},
@@ -161,6 +162,8 @@ static const struct route_case {
     {"GET", "/jobs/1/2", 404, NULL},
     {"POST", "/jobs/1/nudge", 404, NULL},
     {"GET", "/tubes/a/peek", 404, NULL},
+    {"POST", "/stats/tubes", 405, "GET, HEAD"},
+    {"GET", "/stats/other", 404, NULL},
 };
 
 /* Every row of route_cases routes as the table says; trailing slashes and
@@ -727,6 +730,89 @@ static void test_idempotency_hash_is_keyed(void **state)
     gw_idempotency_free(b);
 }
 
+/* ---- pages of tubes ----------------------------------------------------- */
+
+/* Names of the page out[0..n), comma-separated, into buf. */
+static const char *page_names(const struct bg_tube **out, uint32_t n, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", i ? "," : "", out[i]->name);
+    return buf;
+}
+
+/* List order without filter and sort, a filter on a substring, a sort by a
+ * stats field (ties by name) either way, by name either way, offset and
+ * limit past the end. */
+static void test_tube_page(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct bg_client c;
+    assert_int_equal(bg_engine_init(&e, 1000), 0);
+    assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
+    static const struct { const char *name; int ready; } tubes[] = {
+        {"mail", 2}, {"sms", 5}, {"mail-eu", 0}, {"push", 5}, {"a/mail", 1},
+    };
+    uint64_t id;
+    for (size_t i = 0; i < sizeof tubes / sizeof tubes[0]; i++) {
+        assert_int_equal(bg_put_copy(&c, tubes[i].name, 0, 100, 60, "d", 1, 0, &id), 0); /* delayed */
+        for (int k = 0; k < tubes[i].ready; k++)
+            assert_int_equal(bg_put_copy(&c, tubes[i].name, 0, 0, 60, "r", 1, 0, &id), 0);
+    }
+    static const struct {
+        const char *filter, *sort;
+        int descending;
+        uint64_t offset;
+        uint32_t limit;
+        uint64_t total;
+        const char *want;
+    } cases[] = {
+        {NULL, NULL, 0, 0, 100, 6, "default,mail,sms,mail-eu,push,a/mail"},
+        {NULL, NULL, 0, 2, 3, 6, "sms,mail-eu,push"},
+        {"", NULL, 0, 5, 3, 6, "a/mail"},
+        {NULL, NULL, 0, 6, 3, 6, ""},
+        {NULL, NULL, 0, 1000, 3, 6, ""},
+        {"mail", NULL, 0, 0, 100, 3, "mail,mail-eu,a/mail"},
+        {"/", NULL, 0, 0, 100, 1, "a/mail"},
+        {"nothing", NULL, 0, 0, 100, 0, ""},
+        {NULL, "name", 0, 0, 100, 6, "a/mail,default,mail,mail-eu,push,sms"},
+        {NULL, "name", 1, 0, 2, 6, "sms,push"},
+        {NULL, "current_jobs_ready", 1, 0, 4, 6, "push,sms,mail,a/mail"},
+        {NULL, "current_jobs_ready", 0, 0, 3, 6, "default,mail-eu,a/mail"},
+        {"mail", "current_jobs_ready", 1, 1, 100, 3, "a/mail,mail-eu"},
+        {NULL, "current_jobs_delayed", 0, 0, 2, 6, "default,a/mail"},
+    };
+    const struct bg_tube *out[100];
+    char names[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct gw_tube_page_query q = {cases[i].filter, cases[i].sort ? gw_tube_sort_key(cases[i].sort) : -1,
+                                       cases[i].descending, cases[i].offset, cases[i].limit};
+        uint32_t n = 99;
+        uint64_t total = 99;
+        assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
+        if (total != cases[i].total || strcmp(page_names(out, n, names, sizeof names), cases[i].want) != 0)
+            fail_msg("case %zu: total %llu, page %s; want %llu, %s", i, (unsigned long long)total, names,
+                     (unsigned long long)cases[i].total, cases[i].want);
+    }
+    assert_int_equal(gw_tube_sort_key("name"), 0);
+    assert_int_equal(gw_tube_sort_key("nope"), -1);
+    assert_int_equal(gw_tube_sort_key(""), -1);
+    for (int i = 0; gw_tube_sort_key_name(i); i++) assert_int_equal(gw_tube_sort_key(gw_tube_sort_key_name(i)), i);
+    assert_true(gw_tube_filter_valid(""));
+    assert_true(gw_tube_filter_valid("-a/b+c;d.e$f_(g)"));
+    assert_false(gw_tube_filter_valid("a b"));
+    assert_false(gw_tube_filter_valid("<script>"));
+    char long_filter[BG_TUBE_NAME_MAX + 2];
+    memset(long_filter, 'a', sizeof long_filter - 1);
+    long_filter[sizeof long_filter - 1] = '\0';
+    assert_false(gw_tube_filter_valid(long_filter));
+    long_filter[BG_TUBE_NAME_MAX] = '\0';
+    assert_true(gw_tube_filter_valid(long_filter));
+    bg_client_close(&c, 0);
+    bg_engine_destroy(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -745,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_idempotency_fingerprint),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_idempotency_hash_is_keyed),
+        cmocka_unit_test(test_tube_page),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }
