@@ -394,8 +394,8 @@ const char *gw_tube_sort_key_name(int i);
 /* Nonzero if filter is at most 200 tube-name characters. */
 int gw_tube_filter_valid(const char *filter);
 /* out[0..*n) = the page (at most q->limit tubes); *total = the tubes that
- * match. O(limit) in list order without a filter; else O(T log T) for T
- * tubes. 0 or BG_OUT_OF_MEMORY. */
+ * match. O(limit) in list order without a filter; else O(T log k) for T
+ * tubes and k = offset + limit. 0 or BG_OUT_OF_MEMORY. */
 int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_page_query *q,
                  const struct bg_tube **out, uint32_t *n, uint64_t *total);
 

@@ -3,12 +3,12 @@
  *
  * Without a filter or sort key, a page is a slice of the engine's tube list
  * (the order of GET /tubes): O(limit). With either, every tube is looked at
- * once and the matching ones sorted: O(T log T) for T tubes, with the keys
- * read once into an array of T (16 bytes each), freed before the reply.
- * Sorting on the server keeps what the browser gets, and what a poll
- * costs in bytes, at one page whatever T is, and lets "the 100 tubes with
- * the most ready jobs" be one request. (docs/performance.md measures it at
- * 10,000 tubes.) */
+ * once: the first offset + limit matches in sort order are kept in a
+ * bounded heap (O(T log k) for T tubes and k = offset + limit), then those
+ * k are sorted. Sorting on the server keeps what the browser gets, and
+ * what a poll costs in bytes, at one page whatever T is, and lets "the 100
+ * tubes with the most ready jobs" be one request. (docs/performance.md
+ * measures it at 10,000 tubes.) */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +64,8 @@ struct keyed {
     const struct bg_tube *tube;
 };
 
+typedef int (*order_fn)(const void *, const void *);
+
 /* By key, then by name: a stable order between two polls. */
 static int by_key(const void *a, const void *b)
 {
@@ -79,6 +81,41 @@ static int by_name(const void *a, const void *b)
 
 static int by_name_descending(const void *a, const void *b) { return by_name(b, a); }
 
+/* heap[0..n) is a max-heap in `order` (its root the last of the kept):
+ * move heap[i] down to its place. */
+static void sift_down(struct keyed *heap, size_t n, size_t i, order_fn order)
+{
+    for (;;) {
+        size_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && order(&heap[l], &heap[big]) > 0) big = l;
+        if (r < n && order(&heap[r], &heap[big]) > 0) big = r;
+        if (big == i) return;
+        struct keyed tmp = heap[i];
+        heap[i] = heap[big];
+        heap[big] = tmp;
+        i = big;
+    }
+}
+
+/* Offer x to the heap of the k first: kept if there is room or if it comes
+ * before the last of them. */
+static void keep_first(struct keyed *heap, size_t *n, size_t k, struct keyed x, order_fn order)
+{
+    if (*n < k) {
+        size_t i = (*n)++;
+        heap[i] = x;
+        while (i > 0 && order(&heap[(i - 1) / 2], &heap[i]) < 0) {
+            struct keyed tmp = heap[i];
+            heap[i] = heap[(i - 1) / 2];
+            heap[(i - 1) / 2] = tmp;
+            i = (i - 1) / 2;
+        }
+    } else if (k > 0 && order(&x, &heap[0]) < 0) {
+        heap[0] = x;
+        sift_down(heap, *n, 0, order);
+    }
+}
+
 int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_page_query *q,
                  const struct bg_tube **out, uint32_t *n, uint64_t *total)
 {
@@ -89,25 +126,32 @@ int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_pa
         for (uint64_t i = q->offset; i < e->tube_count && *n < q->limit; i++) out[(*n)++] = e->tube_list[i];
         return 0;
     }
-    struct keyed *all = malloc((e->tube_count ? e->tube_count : 1) * sizeof *all);
-    if (!all) return BG_OUT_OF_MEMORY;
-    size_t m = 0;
+    /* without a sort key, the matches keep list order: take them as they come */
+    size_t k = q->offset + q->limit < e->tube_count ? (size_t)(q->offset + q->limit) : e->tube_count;
+    struct keyed *kept = malloc((k ? k : 1) * sizeof *kept);
+    if (!kept) return BG_OUT_OF_MEMORY;
+    order_fn order = q->sort > 0 ? by_key : q->descending ? by_name_descending : by_name;
+    size_t m = 0, held = 0;
     struct bg_stats_tube st;
     for (uint32_t i = 0; i < e->tube_count; i++) {
         const struct bg_tube *t = e->tube_list[i];
         if (filtered && !strstr(t->name, q->filter)) continue;
+        m++;
+        if (q->sort < 0) {
+            if (held < k) kept[held++] = (struct keyed){0, t};
+            continue;
+        }
         uint64_t key = 0;
         if (q->sort > 0) {
             bg_stats_tube(t, now, &st);
             key = *(const uint64_t *)((const char *)&st + sort_keys[q->sort].field);
             if (q->descending) key = ~key;
         }
-        all[m++] = (struct keyed){key, t};
+        keep_first(kept, &held, k, (struct keyed){key, t}, order);
     }
-    if (q->sort >= 0)
-        qsort(all, m, sizeof *all, q->sort > 0 ? by_key : q->descending ? by_name_descending : by_name);
+    if (q->sort >= 0) qsort(kept, held, sizeof *kept, order);
     *total = m;
-    for (uint64_t i = q->offset; i < m && *n < q->limit; i++) out[(*n)++] = all[i].tube;
-    free(all);
+    for (uint64_t i = q->offset; i < held && *n < q->limit; i++) out[(*n)++] = kept[i].tube;
+    free(kept);
     return 0;
 }

@@ -781,6 +781,7 @@ static void test_tube_page(void **state)
         {NULL, "current_jobs_ready", 1, 0, 4, 6, "push,sms,mail,a/mail"},
         {NULL, "current_jobs_ready", 0, 0, 3, 6, "default,mail-eu,a/mail"},
         {"mail", "current_jobs_ready", 1, 1, 100, 3, "a/mail,mail-eu"},
+        {"mail", NULL, 0, 1, 1, 3, "mail-eu"},
         {NULL, "current_jobs_delayed", 0, 0, 2, 6, "default,a/mail"},
     };
     const struct bg_tube *out[100];
@@ -813,6 +814,77 @@ static void test_tube_page(void **state)
     bg_engine_destroy(&e);
 }
 
+static int by_name_ref(const void *a, const void *b)
+{
+    return strcmp((*(const struct bg_tube *const *)a)->name, (*(const struct bg_tube *const *)b)->name);
+}
+
+static int by_name_desc_ref(const void *a, const void *b) { return by_name_ref(b, a); }
+
+/* Reference order for test_tube_page_matches_a_full_sort: ready count,
+ * then name, either way. */
+static int ref_descending;
+static int ref_order(const void *a, const void *b)
+{
+    const struct bg_tube *x = *(const struct bg_tube *const *)a, *y = *(const struct bg_tube *const *)b;
+    if (x->ready.len != y->ready.len)
+        return (x->ready.len < y->ready.len) == !ref_descending ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* With 300 tubes of random ready counts, every page (sort by ready or by
+ * name, either way, offsets and limits across the whole range, with and
+ * without a filter) equals the same slice of a full sort. */
+static void test_tube_page_matches_a_full_sort(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct bg_client c;
+    assert_int_equal(bg_engine_init(&e, 1000), 0);
+    assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
+    srand(7);
+    char name[32];
+    uint64_t id;
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t%03d-%c", (i * 37) % 300, i % 3 ? 'x' : 'y');
+        int ready = rand() % 5;
+        assert_int_equal(bg_put_copy(&c, name, 0, 100, 60, "d", 1, 0, &id), 0);
+        for (int k = 0; k < ready; k++) assert_int_equal(bg_put_copy(&c, name, 0, 0, 60, "r", 1, 0, &id), 0);
+    }
+    const struct bg_tube *all[301], *out[GW_TUBE_PAGE_MAX];
+    for (int by_ready = 0; by_ready < 2; by_ready++)
+        for (int desc = 0; desc < 2; desc++)
+            for (int filtered = 0; filtered < 2; filtered++) {
+                size_t m = 0;
+                for (uint32_t i = 0; i < e.tube_count; i++)
+                    if (!filtered || strstr(e.tube_list[i]->name, "-y")) all[m++] = e.tube_list[i];
+                ref_descending = desc;
+                if (by_ready) qsort(all, m, sizeof all[0], ref_order);
+                else qsort(all, m, sizeof all[0], desc ? by_name_desc_ref : by_name_ref);
+                static const uint64_t offsets[] = {0, 1, 7, 99, 100, 250, 299, 300, 301};
+                static const uint32_t limits[] = {1, 2, 10, 100, 500};
+                for (size_t oi = 0; oi < sizeof offsets / sizeof offsets[0]; oi++)
+                    for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+                        struct gw_tube_page_query q = {filtered ? "-y" : NULL,
+                                                       gw_tube_sort_key(by_ready ? "current_jobs_ready" : "name"),
+                                                       desc, offsets[oi], limits[li]};
+                        uint32_t n;
+                        uint64_t total;
+                        assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
+                        assert_int_equal(total, m);
+                        size_t want = offsets[oi] >= m ? 0 : m - offsets[oi] < limits[li] ? m - offsets[oi] : limits[li];
+                        assert_int_equal(n, want);
+                        for (uint32_t i = 0; i < n; i++)
+                            if (out[i] != all[offsets[oi] + i])
+                                fail_msg("ready %d desc %d filter %d offset %llu limit %u: [%u] %s, want %s", by_ready,
+                                         desc, filtered, (unsigned long long)offsets[oi], limits[li], i, out[i]->name,
+                                         all[offsets[oi] + i]->name);
+                    }
+            }
+    bg_client_close(&c, 0);
+    bg_engine_destroy(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -832,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_idempotency_hash_is_keyed),
         cmocka_unit_test(test_tube_page),
+        cmocka_unit_test(test_tube_page_matches_a_full_sort),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }
