@@ -12,7 +12,8 @@
  *               auth rule, command counter) and URL matching
  *   routes.c    the handlers of the queue's resources: engine calls
  *   metrics.c   /metrics (Prometheus text), /livez, /readyz, request counters
- *   request.c   what a handler asks of its request: query numbers, Accept,
+ *   ui.c        the dashboard's files at /ui/ (ui.h; ui/ built in by CMake)
+ *   request.c   what a handler asks of its request: query numbers, headers,
  *               long-poll suspension, wake-up and the watch on its socket
  *   reply.c     responses: JSON, problem+json (status titles; the table of
  *               outcome -> status, code, detail), empty, raw job, bytes
@@ -29,6 +30,7 @@
 #include <microhttpd.h>
 
 #include "../core/core.h"
+#include "ui.h"
 
 #define GW_MAX_WAIT_DEFAULT_S 30  /* long-poll cap (--http-max-wait) */
 #define GW_MAX_WAIT_LIMIT_S 3600  /* the largest cap one may set */
@@ -106,6 +108,8 @@ enum gw_body_limit {
 enum gw_auth_rule {
     GW_AUTH_TOKEN,    /* a valid bearer token */
     GW_AUTH_OPEN,     /* anyone: the health checks */
+    GW_AUTH_PUBLIC,   /* anyone: public assets, the dashboard's files (they
+                       * hold no data; the page's API calls need a token) */
     GW_AUTH_METRICS,  /* a token with --metrics-auth, else anyone */
 };
 
@@ -201,6 +205,11 @@ struct gateway {
  * Distinct from every enum bg_outcome. */
 #define GW_NO_REPLY (-1000)
 
+/* One response header. */
+struct gw_header {
+    const char *name, *value;
+};
+
 /* An HTTP problem: the status, the `code` member and the `detail` text. */
 struct gw_problem {
     int outcome;                  /* the enum bg_outcome it stands for */
@@ -235,6 +244,11 @@ int gw_reply_empty(struct MHD_Connection *c, unsigned status);
  * process, with one more header (name may be NULL). */
 int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
                    int copy, const char *type, const char *name, const char *value);
+/* n bytes that live as long as the process (0 for a body-less status such
+ * as 304), with a Content-Type unless type is NULL, and the count headers
+ * of headers. */
+int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                    const char *type, const struct gw_header *headers, size_t count);
 /* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
  * (X-Reservation too unless token is NULL). */
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
@@ -281,6 +295,11 @@ int gw_handle_job_kick(struct gw_request *r);
 int gw_handle_job_reserve(struct gw_request *r);
 int gw_handle_openapi(struct gw_request *r);
 
+/* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
+
+int gw_handle_ui_redirect(struct gw_request *r);
+int gw_handle_ui_file(struct gw_request *r);
+
 /* ---- request.c: what handlers ask of their request ---------------------- */
 
 /* The query parameter key (unescaped, %2F kept), or NULL. */
@@ -288,6 +307,8 @@ const char *gw_query(struct gw_request *r, const char *key);
 /* The decimal query parameter key, at most max: 0 (*out set, or left as it
  * is when the parameter is absent) or -1 when it is not such a number. */
 int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
+/* The request header name (any case), or NULL. */
+const char *gw_request_header(struct gw_request *r, const char *name);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
 /* The status of the response queued for r, 0 if none yet. */

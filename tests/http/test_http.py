@@ -1286,12 +1286,13 @@ def test_method_not_allowed_405():
 
 def concrete_path(pattern, tube, jid):
     """A route pattern of routes_from_source() with {x} filled in: the tube
-    after "tubes", the job id after "jobs"."""
+    after "tubes", the job id after "jobs", a dashboard file after "ui"."""
     parts = pattern.split("/")
+    fill = {"tubes": tube, "jobs": str(jid), "ui": "index.html"}
     for i, p in enumerate(parts):
         if p == "{x}":
-            check(i > 0 and parts[i - 1] in ("tubes", "jobs"), "cannot fill in %s" % pattern)
-            parts[i] = tube if parts[i - 1] == "tubes" else str(jid)
+            check(i > 0 and parts[i - 1] in fill, "cannot fill in %s" % pattern)
+            parts[i] = fill[parts[i - 1]]
     return "/".join(parts)
 
 
@@ -1324,13 +1325,15 @@ def test_head_on_every_get_route():
         jids = sorted(states) if "/jobs/" in pattern else [ready]
         for jid in jids:
             path = concrete_path(pattern, tube, jid)
-            g = get(path)
+            # prism follows the redirect of /ui and reports the 200 it got
+            g = get(path, via="direct" if path == "/ui" else "base")
             hd = request("HEAD", path, via="direct")
             what = "HEAD %s" % path
             check_eq(hd.status, g.status, "%s: status vs GET" % what)
-            check(g.status == 200, "GET %s: %s" % (path, g.describe()))
+            check(g.status == (301 if path == "/ui" else 200), "GET %s: %s" % (path, g.describe()))
             check_eq(hd.body, b"", "%s: body" % what)
-            check_eq(hd.header("Content-Type"), g.header("Content-Type"), "%s: Content-Type" % what)
+            for name in ("Content-Type", "Location", "ETag"):
+                check_eq(hd.header(name), g.header(name), "%s: %s" % (what, name))
             check(hd.header("Content-Length") is not None, "%s: no Content-Length" % what)
     # HEAD on a reserved job with its token, as a link checker that follows
     # a URL with its query would
@@ -1573,6 +1576,94 @@ def test_tube_stats_pages_bad_parameters_400():
                   "sort=name&order=DESC", "filter=a%20b", "filter=%3Cscript%3E", "filter=" + "a" * 201):
         expect_problem(get("/stats/tubes?" + query, via="direct"), 400, "BAD_FORMAT", "GET /stats/tubes?%s"
                        % query[:40])
+
+
+def ui_files():
+    """{name: bytes} of the ui/ folder, as built into the server."""
+    folder = os.path.join(REPO, "ui")
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith(".") and not name.endswith("~"):
+            with open(os.path.join(folder, name), "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+UI_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+            ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+
+
+def check_ui_headers(r, what):
+    """The headers every file of the dashboard carries."""
+    csp = r.header("Content-Security-Policy") or ""
+    directives = {d.strip().split(" ")[0]: d.strip() for d in csp.split(";") if d.strip()}
+    check_eq(directives.get("default-src"), "default-src 'none'", "%s: CSP default-src" % what)
+    check_eq(directives.get("script-src"), "script-src 'self'", "%s: CSP script-src (no inline script)" % what)
+    check_eq(directives.get("style-src"), "style-src 'self'", "%s: CSP style-src (no inline style)" % what)
+    check_eq(directives.get("frame-ancestors"), "frame-ancestors 'none'", "%s: CSP frame-ancestors" % what)
+    check_eq(directives.get("require-trusted-types-for"), "require-trusted-types-for 'script'",
+             "%s: CSP Trusted Types" % what)
+    check("unsafe" not in csp, "%s: CSP allows something unsafe: %s" % (what, csp))
+    for name, want in (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
+                       ("X-Frame-Options", "DENY"), ("Cache-Control", "no-cache")):
+        check_eq(r.header(name), want, "%s: %s" % (what, name))
+    etag = r.header("ETag") or ""
+    check(len(etag) == 34 and etag[0] == etag[-1] == '"' and not etag.startswith("W/"),
+          "%s: ETag %r is not a strong quoted tag" % (what, etag))
+    return etag
+
+
+def test_ui_files_served():
+    """Every file of ui/ is served at /ui/{name}, byte for byte, with its
+    Content-Type and the dashboard's headers; /ui/ is index.html."""
+    files = ui_files()
+    check("index.html" in files and len(files) >= 2, "ui/ has index.html and more: %r" % sorted(files))
+    for name, data in files.items():
+        r = get("/ui/" + name)
+        expect_status(r, 200, "GET /ui/%s" % name)
+        check_eq(r.header("Content-Type"), UI_TYPES[os.path.splitext(name)[1]], "Content-Type of %s" % name)
+        check_eq(r.body, data, "GET /ui/%s vs ui/%s (rebuild if it changed)" % (name, name))
+        check_ui_headers(r, "GET /ui/%s" % name)
+    r = get("/ui/")
+    expect_status(r, 200, "GET /ui/")
+    check_eq(r.body, files["index.html"], "GET /ui/ is index.html")
+    check_eq(check_ui_headers(r, "GET /ui/"), get("/ui/index.html").header("ETag"), "ETag of /ui/ and /ui/index.html")
+
+
+def test_ui_etag_304():
+    """A browser's copy is revalidated: If-None-Match with the file's ETag
+    (strong or W/, alone or in a list) gets 304 without a body; another
+    tag gets the file."""
+    r = get("/ui/")
+    etag = r.header("ETag")
+    for inm in (etag, "W/" + etag, '"other", ' + etag, "*"):
+        r2 = get("/ui/", headers={"If-None-Match": inm})
+        expect_status(r2, 304, "GET /ui/ with If-None-Match: %s" % inm)
+        check_eq(r2.body, b"", "304 body")
+        check_eq(r2.header("ETag"), etag, "304 ETag")
+        check_eq(r2.header("Cache-Control"), "no-cache", "304 Cache-Control")
+    r3 = get("/ui/", headers={"If-None-Match": '"0123456789abcdef0123456789abcdef"'})
+    expect_status(r3, 200, "GET /ui/ with another ETag")
+    check_eq(r3.body, r.body, "the file again")
+    other = [n for n in ui_files() if n != "index.html"][0]
+    expect_status(get("/ui/" + other, headers={"If-None-Match": etag}), 200, "index.html's ETag on %s" % other)
+
+
+def test_ui_redirect_and_unknown_files():
+    r = get("/ui", via="direct")
+    expect_status(r, 301, "GET /ui")
+    check_eq(r.header("Location"), "ui/", "Location of /ui (relative: /ui/)")
+    for path in ("/ui/nope.js", "/ui/INDEX.HTML", "/ui/..%2Fopenapi.yaml", "/ui/.hidden"):
+        expect_problem(get(path, via="direct"), 404, "NOT_FOUND", "GET %s" % path)
+    expect_problem(get("/ui/a/b", via="direct"), 404, "NOT_FOUND", "GET /ui/a/b (the folder is flat)")
+    for method, path in (("POST", "/ui/"), ("DELETE", "/ui/index.html"), ("PUT", "/ui")):
+        r = request(method, path, via="direct")
+        expect_problem(r, 405, "METHOD_NOT_ALLOWED", "%s %s" % (method, path))
+        check_eq(r.header("Allow"), "GET, HEAD", "Allow of %s %s" % (method, path))
+    r = request("HEAD", "/ui/index.html", via="direct")
+    expect_status(r, 200, "HEAD /ui/index.html")
+    check_eq(r.body, b"", "HEAD has no body")
+    check_eq(r.header("ETag"), get("/ui/index.html").header("ETag"), "HEAD's ETag")
 
 
 def routes_from_source():
@@ -2119,6 +2210,9 @@ TESTS = [
     test_tube_stats_pages,
     test_tube_stats_pages_filter_with_slash_and_plus,
     test_tube_stats_pages_bad_parameters_400,
+    test_ui_files_served,
+    test_ui_etag_304,
+    test_ui_redirect_and_unknown_files,
     test_openapi_served,
     test_document_matches_route_table,
     test_http_put_tcp_reserve,

@@ -724,6 +724,29 @@ def test_metrics_auth():
         os.unlink(path)
 
 
+def test_auth_dashboard_files_are_open():
+    """With tokens on, the dashboard's files need none (they hold no data)
+    and an unknown one is 404 without a token; the API they call, the page
+    of tube stats included, still needs one."""
+    path = token_file(TOKEN_A)
+    try:
+        with Server(["--http-token-file", path]) as srv:
+            for p in ("/ui/", "/ui/index.html", "/ui/favicon.svg"):
+                status, h, body = srv.get(p)
+                check_eq(status, 200, "GET %s without a token" % p)
+                check(body, "GET %s: a body" % p)
+            status, h, _ = srv.get("/ui")
+            check_eq((status, h.get("location")), (301, "ui/"), "GET /ui without a token")
+            status, _, _ = srv.get("/ui/nope.js")
+            check_eq(status, 404, "GET /ui/nope.js without a token")
+            for p in ("/stats/tubes", "/stats", "/tubes"):
+                check_401(srv, p)
+            status, _, _ = srv.get("/stats/tubes", token=TOKEN_A)
+            check_eq(status, 200, "GET /stats/tubes with the token")
+    finally:
+        os.unlink(path)
+
+
 def test_no_tokens_means_open():
     with Server() as srv:
         for p in ("/stats", "/tubes", "/openapi.yaml", "/metrics"):
@@ -891,6 +914,7 @@ TESTS = [
     test_auth_env_tokens,
     test_auth_file_and_env_together,
     test_metrics_auth,
+    test_auth_dashboard_files_are_open,
     test_no_tokens_means_open,
     test_bad_token_sources_exit_5,
     test_env_sets_ports,

@@ -75,6 +75,9 @@ static const struct row_case {
     {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui/", gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui", gw_handle_ui_redirect, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui/app.js", gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, "app.js", "GET, HEAD"},
 };
 
 /* Each case reaches its row with the row's method, handler, body limit,
@@ -164,6 +167,11 @@ static const struct route_case {
     {"GET", "/tubes/a/peek", 404, NULL},
     {"POST", "/stats/tubes", 405, "GET, HEAD"},
     {"GET", "/stats/other", 404, NULL},
+    {"POST", "/ui/app.js", 405, "GET, HEAD"},
+    {"PUT", "/ui", 405, "GET, HEAD"},
+    {"DELETE", "/ui/", 405, "GET, HEAD"},
+    {"GET", "/ui/a/b", 404, NULL},           /* the dashboard's folder is flat */
+    {"GET", "/ui//", 404, NULL},
 };
 
 /* Every row of route_cases routes as the table says; trailing slashes and
@@ -191,6 +199,19 @@ static void test_routes(void **state)
     assert_int_equal(gw_match_route("GET", "/tubes/a%2Fb/ready", &m), 0);
     assert_string_equal(m.seg[1], "a/b");
     assert_true(m.route->handler == gw_handle_peek_ready);
+    /* a pattern that ends with '/' wants the '/': "/ui/" is the page, "/ui"
+     * the redirect to it; other paths take a trailing '/' or not */
+    assert_int_equal(gw_match_route("GET", "/ui/", &m), 0);
+    assert_true(m.route->handler == gw_handle_ui_file);
+    assert_string_equal(gw_route_pattern(m.path), "/ui/");
+    assert_int_equal(gw_match_route("GET", "/ui", &m), 0);
+    assert_true(m.route->handler == gw_handle_ui_redirect);
+    assert_string_equal(gw_route_pattern(m.path), "/ui");
+    assert_int_equal(gw_match_route("GET", "/ui/app.js/", &m), 0);
+    assert_string_equal(m.seg[1], "app.js");
+    assert_string_equal(gw_route_pattern(m.path), "/ui/{asset}");
+    assert_int_equal(gw_match_route("GET", "/stats/", &m), 0);
+    assert_true(m.route->handler == gw_handle_stats);
 }
 
 /* A URL for route pattern p ("/jobs/{id}/body"): each {x} filled with "7". */
@@ -730,6 +751,57 @@ static void test_idempotency_hash_is_keyed(void **state)
     gw_idempotency_free(b);
 }
 
+/* ---- the dashboard's files -------------------------------------------- */
+
+/* The table built from ui/: index.html is there (and is what "" finds),
+ * names are sorted and unique, each file has bytes, a known Content-Type
+ * and a strong quoted ETag of 32 hex digits, distinct per content. */
+static void test_ui_assets(void **state)
+{
+    (void)state;
+    assert_true(gw_ui_assets_count >= 1);
+    const struct gw_asset *index = gw_ui_find("index.html");
+    assert_non_null(index);
+    assert_ptr_equal(gw_ui_find(""), index);
+    assert_string_equal(index->content_type, "text/html; charset=utf-8");
+    static const char *const types[] = {"text/html; charset=utf-8", "text/css; charset=utf-8",
+                                        "text/javascript; charset=utf-8", "image/svg+xml",
+                                        "image/png", "text/plain; charset=utf-8"};
+    for (size_t i = 0; i < gw_ui_assets_count; i++) {
+        const struct gw_asset *a = &gw_ui_assets[i];
+        assert_ptr_equal(gw_ui_find(a->name), a);
+        if (i) assert_true(strcmp(gw_ui_assets[i - 1].name, a->name) < 0);
+        assert_true(a->len > 0);
+        assert_int_equal(a->bytes[a->len], 0); /* a NUL after the bytes */
+        int known = 0;
+        for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) known |= strcmp(a->content_type, types[k]) == 0;
+        assert_true(known);
+        assert_int_equal(strlen(a->etag), 34);
+        assert_true(a->etag[0] == '"' && a->etag[33] == '"');
+        assert_int_equal(strspn(a->etag + 1, "0123456789abcdef"), 32);
+        for (size_t k = 0; k < i; k++)
+            if (gw_ui_assets[k].len != a->len || memcmp(gw_ui_assets[k].bytes, a->bytes, a->len) != 0)
+                assert_string_not_equal(gw_ui_assets[k].etag, a->etag);
+    }
+    static const char *const missing[] = {"nope.js", "INDEX.HTML", "index.html/", "../index.html", "/index.html"};
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) assert_null(gw_ui_find(missing[i]));
+}
+
+/* If-None-Match: "*", the tag itself, W/ of it, or one entry of a list. */
+static void test_ui_etag_matches(void **state)
+{
+    (void)state;
+    static const struct { const char *header; int match; } cases[] = {
+        {"\"abc\"", 1}, {"W/\"abc\"", 1}, {"*", 1}, {" \"abc\" ", 1},
+        {"\"x\", \"abc\"", 1}, {"\"x\",W/\"abc\"", 1}, {"\"x\" ,\t\"abc\"\t", 1},
+        {NULL, 0}, {"", 0}, {"\"abd\"", 0}, {"abc", 0}, {"\"abc", 0}, {"\"abc\"x", 0},
+        {"w/\"abc\"", 0}, {"\"x\", \"y\"", 0}, {"**", 0}, {",", 0}, {"\"ab\"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (gw_ui_etag_matches(cases[i].header, "\"abc\"") != cases[i].match)
+            fail_msg("If-None-Match %s: want %d", cases[i].header ? cases[i].header : "(none)", cases[i].match);
+}
+
 /* ---- pages of tubes ----------------------------------------------------- */
 
 /* Names of the page out[0..n), comma-separated, into buf. */
@@ -903,6 +975,8 @@ int main(void)
         cmocka_unit_test(test_idempotency_fingerprint),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_idempotency_hash_is_keyed),
+        cmocka_unit_test(test_ui_assets),
+        cmocka_unit_test(test_ui_etag_matches),
         cmocka_unit_test(test_tube_page),
         cmocka_unit_test(test_tube_page_matches_a_full_sort),
     };
