@@ -311,6 +311,8 @@ int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *
 const char *gw_request_header(struct gw_request *r, const char *name);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
+/* The HTTP connections open to the gateway now, r's included. */
+unsigned gw_open_connections(const struct gw_request *r);
 /* The status of the response queued for r, 0 if none yet. */
 unsigned gw_queued_status(const struct gw_request *r);
 /* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
@@ -430,6 +432,8 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n);
 json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);
-/* Server stats; pi adds the write-ahead log's figures (may be NULL). */
-json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi);
+/* Server stats; pi adds the process's and the write-ahead log's figures
+ * (may be NULL); http_connections: the gateway's open connections. */
+json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi,
+                       unsigned http_connections);
 #endif

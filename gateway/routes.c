@@ -703,8 +703,9 @@ int gw_handle_stats(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     struct bg_process_info pi = {0};
+    pi.binlog_sync_age_ms = -1;
     if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
-    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi), NULL);
+    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi, gw_open_connections(r)), NULL);
 }
 
 /* GET /openapi.yaml: the document compiled in. */

@@ -80,7 +80,11 @@ SERVER_KEYS = {
     "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
     "current_workers", "current_waiting", "total_connections", "draining",
     "binlog_failed", "binlog_oldest_index", "binlog_current_index", "binlog_records_migrated",
-    "binlog_records_written", "binlog_max_size", "binlog_torn_records"}
+    "binlog_records_written", "binlog_max_size", "binlog_torn_records",
+    # beyond beanstalk's keys, for the dashboard
+    "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
+    "current_http_connections", "binlog_enabled", "binlog_size", "binlog_last_sync_age_ms"}
+SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
 
@@ -1455,7 +1459,10 @@ def test_stats():
     st = server_stats()
     check_eq(st["draining"], False, "draining")
     check_eq(st["binlog_failed"], False, "binlog_failed without -b")
-    for k in SERVER_KEYS - {"draining", "binlog_failed"}:
+    check_eq(st["binlog_enabled"], False, "binlog_enabled without -b")
+    check_eq(st["binlog_last_sync_age_ms"], None, "binlog_last_sync_age_ms without -b")
+    check_eq(st["binlog_size"], 0, "binlog_size without -b")
+    for k in SERVER_KEYS - SERVER_KEYS_NOT_COUNTS:
         check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
     before = st["total_jobs"]
     put(uniq("st"), b"x")
@@ -1499,6 +1506,27 @@ def test_command_counters_count_http_requests():
     for x in results:
         if x["status"] == 201:
             expect_status(delete("/jobs/%d" % x["id"]), 204, "delete a batch job")
+def test_stats_version_uptime_connections():
+    """version is the binary's (-v), uptime counts seconds, and the open
+    connections are counted by protocol: a beanstalk connection opened
+    here shows up in current_beanstalk_connections (and in
+    current_connections), this very request in current_http_connections."""
+    status, out, _ = testlib.run_binary(T.binary, ["-v"], timeout=10)
+    st = server_stats()
+    check(st["version"] and st["version"] in out, "version %r not in `beangate -v`: %r" % (st["version"], out))
+    check(st["uptime"] >= 0, "uptime %r" % st["uptime"])
+    check(st["current_http_connections"] >= 1, "this request's connection is not counted: %r"
+          % st["current_http_connections"])
+    check_eq(st["current_gearman_connections"], 0, "Gearman connections without --gearman-port")
+    before = st["current_beanstalk_connections"]
+    with Beanstalk(T.tcp_port) as b:
+        check_eq(b.cmd("list-tube-used\r\n"), b"USING default\r\n", "beanstalk connection")
+        during = server_stats()
+        check_eq(during["current_beanstalk_connections"], before + 1, "beanstalk connections with one more open")
+        check_eq(during["current_connections"], during["current_beanstalk_connections"]
+                 + during["current_gearman_connections"], "current_connections = beanstalk + Gearman")
+
+
 def tube_page(what="GET /stats/tubes", **params):
     """GET /stats/tubes with params: the page, its shape checked."""
     doc = expect_json(get("/stats/tubes" + q(**params)), 200, what)
@@ -2206,6 +2234,7 @@ TESTS = [
     test_tube_pause,
     test_peek_ready_delayed_buried,
     test_stats,
+    test_stats_version_uptime_connections,
     test_command_counters_count_http_requests,
     test_tube_stats_pages,
     test_tube_stats_pages_filter_with_slash_and_plus,

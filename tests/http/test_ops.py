@@ -636,6 +636,65 @@ def test_command_counters_agree_across_protocols():
             gm.close()
 
 
+def stats_json(srv, token=None):
+    status, _, body = srv.get("/stats", token=token)
+    check_eq(status, 200, "GET /stats")
+    return json.loads(body)
+
+
+def wait_stats(srv, cond, what, limit=5.0):
+    """GET /stats once cond(stats) holds (polled, at most limit seconds)."""
+    def ready():
+        st = stats_json(srv)
+        return st if cond(st) else None
+    return testlib.wait_until(ready, what, timeout=limit)
+
+
+def test_stats_connections_and_log_state():
+    """GET /stats tells the dashboard the open connections by protocol and
+    the log's state: with -b it is enabled, its size grows with the records
+    written, and its last sync is recent; with -F it never syncs (null);
+    without -b it is off."""
+    logdir = tempfile.mkdtemp(prefix="beangate-ops-")
+    gport = free_port()
+    try:
+        with Server(args=["-b", logdir, "--gearman-port", str(gport)]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_failed"]), (True, False), "log enabled and healthy")
+            check(isinstance(st["binlog_last_sync_age_ms"], int) and st["binlog_last_sync_age_ms"] >= 0,
+                  "last sync age %r" % st["binlog_last_sync_age_ms"])
+            size0 = st["binlog_size"]
+            check(size0 > 0, "a fresh log has its segment header: %r" % size0)
+            srv.beanstalk(b"put 0 0 60 100\r\n" + b"x" * 100 + b"\r\n", 1)
+            st = wait_stats(srv, lambda s: s["binlog_size"] >= size0 + 100, "the log grows by the put's body")
+            g = socket.create_connection(("127.0.0.1", gport), timeout=HTTP_TIMEOUT)
+            b = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
+            try:
+                g.sendall(b"version\n")
+                check(g.recv(100).startswith(b"OK "), "the Gearman port answers")
+                b.sendall(b"list-tube-used\r\n")
+                check(b.recv(100).startswith(b"USING "), "the beanstalk port answers")
+                st = wait_stats(srv, lambda s: s["current_beanstalk_connections"] == 1,
+                                "the put's closed connection gone")
+                check_eq((st["current_gearman_connections"], st["current_connections"]), (1, 2),
+                         "one Gearman and one beanstalk connection open (current_connections: both)")
+                check(st["current_http_connections"] >= 1, "HTTP connections %r" % st["current_http_connections"])
+            finally:
+                g.close()
+                b.close()
+            wait_stats(srv, lambda s: (s["current_gearman_connections"], s["current_beanstalk_connections"]) == (0, 0),
+                       "both closed")
+        with Server(args=["-b", logdir, "-F"]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_last_sync_age_ms"]), (True, None), "-F: enabled, never syncs")
+        with Server() as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_size"], st["binlog_last_sync_age_ms"]), (False, 0, None),
+                     "without -b")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
 # ---- tests: auth ----------------------------------------------------------------
 
 def check_401(srv, path, token=None, method="GET", body=None):
@@ -909,6 +968,7 @@ TESTS = [
     test_metrics_tube_cap,
     test_promtool_check_metrics,
     test_metrics_binlog_and_gearman,
+    test_stats_connections_and_log_state,
     test_command_counters_agree_across_protocols,
     test_auth_token_file,
     test_auth_env_tokens,
