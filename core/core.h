@@ -208,8 +208,11 @@ struct bg_client {
 };
 
 struct bg_server_counters {
-    uint64_t cmd[32];           /* indexed by enum bg_cmd */
+    uint64_t cmd[32];           /* requests of every front-end by the command they perform (enum bg_cmd) */
     uint64_t job_timeouts, total_jobs, total_connections;
+    /* what happened to jobs, whichever front-end asked: reservations made
+     * (a job reserved again counts again) and jobs deleted */
+    uint64_t total_jobs_reserved, total_jobs_deleted;
 };
 
 struct bg_engine {

@@ -136,6 +136,9 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "current_beanstalk_connections", json_integer((json_int_t)(e->connections - gearman)));
     json_object_set_new(v, "current_gearman_connections", json_integer((json_int_t)gearman));
     json_object_set_new(v, "current_http_connections", json_integer(http_connections));
+    /* what happened to jobs, whatever front-end asked (the cmd_* count requests) */
+    json_object_set_new(v, "total_jobs_reserved", json_integer((json_int_t)e->stat.total_jobs_reserved));
+    json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
     json_object_set_new(v, "binlog_last_sync_age_ms", pi->binlog_enabled && pi->binlog_sync_age_ms >= 0

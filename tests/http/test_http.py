@@ -83,7 +83,8 @@ SERVER_KEYS = {
     "binlog_records_written", "binlog_max_size", "binlog_torn_records",
     # beyond beanstalk's keys, for the dashboard
     "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
-    "current_http_connections", "binlog_enabled", "binlog_size", "binlog_last_sync_age_ms"}
+    "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "binlog_enabled", "binlog_size",
+    "binlog_last_sync_age_ms"}
 SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
@@ -1506,6 +1507,42 @@ def test_command_counters_count_http_requests():
     for x in results:
         if x["status"] == 201:
             expect_status(delete("/jobs/%d" % x["id"]), 204, "delete a batch job")
+def test_stats_jobs_reserved_and_deleted():
+    """total_jobs_reserved and total_jobs_deleted count what happened to
+    jobs, over HTTP and beanstalk alike, where the cmd_* counters count the
+    requests (docs/operations.md, "Command counters"): a reserve with
+    count=3 is one request and three reservations, a delete of no job is a
+    request and no delete."""
+    keys = ("total_jobs_reserved", "total_jobs_deleted", "cmd_reserve_with_timeout", "cmd_delete")
+
+    def moved(before, after):
+        return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
+
+    tube = uniq("jobcount")
+    for body in (b"a", b"b", b"c"):
+        put(tube, body)
+    before = server_stats()
+    jobs = expect_json(reserve(tube, count=3), 200, "reserve count=3")["jobs"]
+    check_eq(len(jobs), 3, "jobs reserved at once")
+    for job in jobs:
+        expect_status(delete("/jobs/%d%s" % (job["id"], q(reservation=job["reservation"]))), 204, "HTTP delete")
+    expect_problem(delete("/jobs/%d" % (jobs[-1]["id"])), 404, "NOT_FOUND", "delete of a deleted job")
+    expect_status(reserve(tube), 204, "a reserve that gets nothing")
+    mid = server_stats()
+    check_eq(moved(before, mid), {"total_jobs_reserved": 3, "total_jobs_deleted": 3,
+                                  "cmd_reserve_with_timeout": 2, "cmd_delete": 4}, "over HTTP")
+    with Beanstalk(T.tcp_port) as b:
+        b.cmd("use %s\r\n" % tube)
+        jid = b.put(b"t")
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        check_eq(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED %d 1\r\n" % jid, "TCP reserve")
+        check_eq(b.line(), b"t\r\n", "the reserved body")
+        check_eq(b.cmd("delete %d\r\n" % jid), b"DELETED\r\n", "TCP delete")
+    check_eq(moved(mid, server_stats()), {"total_jobs_reserved": 1, "total_jobs_deleted": 1,
+                                          "cmd_reserve_with_timeout": 1, "cmd_delete": 1}, "over beanstalk")
+
+
 def test_stats_version_uptime_connections():
     """version is the binary's (-v), uptime counts seconds, and the open
     connections are counted by protocol: a beanstalk connection opened
@@ -2234,6 +2271,7 @@ TESTS = [
     test_tube_pause,
     test_peek_ready_delayed_buried,
     test_stats,
+    test_stats_jobs_reserved_and_deleted,
     test_stats_version_uptime_connections,
     test_command_counters_count_http_requests,
     test_tube_stats_pages,

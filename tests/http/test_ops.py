@@ -568,6 +568,9 @@ def command_counters(srv, bs):
         "yaml": {c: int(yaml["cmd-" + c]) for c in SHOWN_COMMANDS},
         "json": {c: js["cmd_" + c.replace("-", "_")] for c in SHOWN_COMMANDS},
         "metrics": {c: value(samples, "beangate_commands_total", command=c) for c in SHOWN_COMMANDS},
+        # what happened to jobs (not in `stats`: its keys are beanstalkd's)
+        "jobs_json": {k: js["total_jobs_" + k] for k in ("reserved", "deleted")},
+        "jobs_metrics": {k: value(samples, "beangate_jobs_%s_total" % k) for k in ("reserved", "deleted")},
     }
 
 
@@ -576,7 +579,10 @@ def test_command_counters_agree_across_protocols():
     counts a well-formed request once, in the counter of the beanstalk
     command it performs. A put, reserve and delete over beanstalk, HTTP and
     Gearman each move the same counters in `stats` (YAML), GET /stats (JSON)
-    and /metrics. `stats` itself is left out: reading the counters counts."""
+    and /metrics. `stats` itself is left out: reading the counters counts.
+    Each also reserves and deletes one job: total_jobs_reserved and
+    total_jobs_deleted (JSON) and beangate_jobs_*_total (/metrics) move by
+    one, whichever protocol, and agree."""
     gport = free_port()
     with Server(args=["--gearman-port", str(gport)]) as srv:
         bs = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
@@ -630,6 +636,11 @@ def test_command_counters_agree_across_protocols():
                     check_eq({c: v for c, v in after[rendering].items() if c != "stats"},
                              {c: v for c, v in after["yaml"].items() if c != "stats"},
                              "%s vs yaml after %s" % (rendering, protocol))
+                for rendering in ("jobs_json", "jobs_metrics"):
+                    check_eq({k: after[rendering][k] - before[rendering][k] for k in ("reserved", "deleted")},
+                             {"reserved": 1, "deleted": 1},
+                             "%s: the jobs one reserve and one delete over %s moved" % (rendering, protocol))
+                check_eq(after["jobs_metrics"], after["jobs_json"], "jobs: metrics vs json after %s" % protocol)
                 before = after
         finally:
             bs.close()
