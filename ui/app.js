@@ -81,7 +81,8 @@ let online = null;
 
 const app = {
   rates,
-  historySeconds: HISTORY_SECONDS,
+  // Seconds the rates cover: up to HISTORY_SECONDS, less after a fresh load.
+  historySeconds: () => (samples.length > 1 ? (samples[samples.length - 1].t - samples[0].t) / 1000 : 0),
   // Run a round now (after an action), or right after the one under way.
   refreshNow() {
     if (running) { again = true; return; }

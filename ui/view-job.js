@@ -25,10 +25,11 @@ export function jobView(main, {id}, app) {
   const content = h("div", {class: "cards"},
     h("section", {class: "card", "aria-label": "Statistics"}, h("h2", {}, "Statistics"), facts.dl,
       h("div", {class: "buttons"}, kick, del), why),
-    h("section", {class: "card wide", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
+    h("section", {class: "card", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
   const crumbTube = h("a", {href: "#/tubes"});
+  const crumbStep = h("span", {hidden: true}, " › ", crumbTube);   // once the tube is known
   main.append(
-    h("nav", {class: "crumbs", "aria-label": "Breadcrumb"}, h("a", {href: "#/tubes"}, "Tubes"), " › ", crumbTube,
+    h("nav", {class: "crumbs", "aria-label": "Breadcrumb"}, h("a", {href: "#/tubes"}, "Tubes"), crumbStep,
       " › ", h("span", {}, `Job ${id}`)),
     h("h1", {}, `Job ${id}`),
     gone, content);
@@ -80,6 +81,7 @@ export function jobView(main, {id}, app) {
         link.setAttribute("href", "#/" + api.tubePath(job.tube));
         setText(link, job.tube);
       }
+      crumbStep.hidden = false;
       setText(v.state, job.state);
       setText(v.priority, count(job.priority));
       setText(v.age, duration(job.age));

@@ -79,7 +79,7 @@ export function overviewView(main, params, app) {
       });
       bar.update([st.current_jobs_ready, st.current_jobs_reserved, st.current_jobs_delayed, st.current_jobs_buried]);
 
-      for (const [key, spark] of Object.entries(sparks)) spark.update(app.rates(key), app.historySeconds);
+      for (const [key, spark] of Object.entries(sparks)) spark.update(app.rates(key), app.historySeconds());
     },
   };
 }

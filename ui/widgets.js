@@ -3,7 +3,7 @@
 // message.
 
 import {h, s, fill, setText} from "./dom.js";
-import {bytes, count, rate, preview, defaultMode} from "./format.js";
+import {bytes, count, duration, rate, preview, defaultMode} from "./format.js";
 
 // ---- body viewer ------------------------------------------------------------
 
@@ -52,8 +52,9 @@ export function bodyViewer(label) {
 
 const SPARK_W = 300, SPARK_H = 48;
 
-// A line of the last values (one per second), with the current value and
-// the peak in text. update(values): values oldest first.
+// A line of the last values (one per poll), with the current value and
+// the peak in text. update(values, seconds): values oldest first, over
+// that many seconds.
 export function sparkline(title) {
   const line = s("polyline", {class: "spark-line", points: ""});
   const area = s("polygon", {class: "spark-area", points: ""});
@@ -69,7 +70,7 @@ export function sparkline(title) {
       const last = values.length ? values[values.length - 1] : 0;
       const max = Math.max(0, ...values);
       setText(now, rate(last));
-      setText(peak, `peak ${rate(max)} in the last ${Math.round(seconds / 60)} min`);
+      setText(peak, `peak ${rate(max)} over the last ${duration(seconds)}`);
       const top = max > 0 ? max : 1;
       const step = SPARK_W / Math.max(1, values.length - 1);
       const pts = values.map((v, i) => `${(i * step).toFixed(1)},${(SPARK_H - 2 - (v / top) * (SPARK_H - 6)).toFixed(1)}`);

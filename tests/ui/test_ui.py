@@ -299,10 +299,11 @@ class Browser:
         """The whole page, laid out at width, into path (PNG)."""
         import base64
         self.d.set_window_size(width, 900)
-        size = self.d.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        w, h = self.js("const e = document.documentElement;"
+                       "return [Math.max(e.scrollWidth, window.innerWidth), e.scrollHeight]")
         shot = self.d.execute_cdp_cmd("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 4000), "scale": 1}})
+            "clip": {"x": 0, "y": 0, "width": w, "height": min(h, 4000), "scale": 1}})
         with open(path, "wb") as f:
             f.write(base64.b64decode(shot["data"]))
         self.d.set_window_size(1280, 900)
@@ -385,7 +386,7 @@ def test_overview_counts_follow_tcp_and_http():
 
 
 def peak(b, title):
-    """The peak rate a sparkline shows ("peak 1.5/s in the last 5 min")."""
+    """The peak rate a sparkline shows ("peak 1.5/s over the last 4m 10s")."""
     for fig in b.all("figure.spark-box"):
         if fig.find_element(b.sel["By"].CSS_SELECTOR, ".spark-title").text == title:
             m = re.search(r"peak ([0-9.,]+)/s", fig.text)
