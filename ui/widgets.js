@@ -135,9 +135,12 @@ export function confirmAction(message, okLabel) {
   });
 }
 
-// A short message in the status line (announced by screen readers).
+// A short message in the status line (announced by screen readers; the
+// same message again, as a failing poll gives every second, is left alone).
 export function notify(message, kind) {
   const box = document.getElementById("notice");
-  box.className = "notice " + (kind || "ok");
+  const className = "notice " + (kind || "ok");
+  if (box.className === className && box.textContent === message) return;
+  box.className = className;
   fill(box, message);
 }
