@@ -39,6 +39,8 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->os = srv->os;
     pi->platform = srv->platform;
     pi->binlog_max_size = 10485760; /* the reference's default without -b */
+    pi->binlog_sync_age_ms = -1;
+    pi->gearman_connections = gearman_connections(srv->gearman);
     wal_stats(srv->wal, pi);
 }
 

@@ -92,6 +92,8 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 void gearman_stop(struct gearman *g);
 /* The log synced more: let replies held for it go (-f 0). */
 void gearman_release_held(struct gearman *g);
+/* Open Gearman connections; 0 for NULL. */
+uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */
 int gearman_listen_fd(const struct gearman *g);
 

@@ -560,6 +560,9 @@ def command_counters(srv, bs):
         "yaml": {c: int(yaml["cmd-" + c]) for c in SHOWN_COMMANDS},
         "json": {c: js["cmd_" + c.replace("-", "_")] for c in SHOWN_COMMANDS},
         "metrics": {c: value(samples, "beangate_commands_total", command=c) for c in SHOWN_COMMANDS},
+        # what happened to jobs (not in `stats`: its keys are beanstalkd's)
+        "jobs_json": {k: js["total_jobs_" + k] for k in ("reserved", "deleted")},
+        "jobs_metrics": {k: value(samples, "beangate_jobs_%s_total" % k) for k in ("reserved", "deleted")},
     }
 
 
@@ -568,7 +571,10 @@ def test_command_counters_agree_across_protocols():
     counts a well-formed request once, in the counter of the beanstalk
     command it performs. A put, reserve and delete over beanstalk, HTTP and
     Gearman each move the same counters in `stats` (YAML), GET /stats (JSON)
-    and /metrics. `stats` itself is left out: reading the counters counts."""
+    and /metrics. `stats` itself is left out: reading the counters counts.
+    Each also reserves and deletes one job: total_jobs_reserved and
+    total_jobs_deleted (JSON) and beangate_jobs_*_total (/metrics) move by
+    one, whichever protocol, and agree."""
     gport = free_port()
     with Server(args=["--gearman-port", str(gport)]) as srv:
         bs = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
@@ -622,10 +628,74 @@ def test_command_counters_agree_across_protocols():
                     check_eq({c: v for c, v in after[rendering].items() if c != "stats"},
                              {c: v for c, v in after["yaml"].items() if c != "stats"},
                              "%s vs yaml after %s" % (rendering, protocol))
+                for rendering in ("jobs_json", "jobs_metrics"):
+                    check_eq({k: after[rendering][k] - before[rendering][k] for k in ("reserved", "deleted")},
+                             {"reserved": 1, "deleted": 1},
+                             "%s: the jobs one reserve and one delete over %s moved" % (rendering, protocol))
+                check_eq(after["jobs_metrics"], after["jobs_json"], "jobs: metrics vs json after %s" % protocol)
                 before = after
         finally:
             bs.close()
             gm.close()
+
+
+def stats_json(srv, token=None):
+    status, _, body = srv.get("/stats", token=token)
+    check_eq(status, 200, "GET /stats")
+    return json.loads(body)
+
+
+def wait_stats(srv, cond, what, limit=5.0):
+    """GET /stats once cond(stats) holds (polled, at most limit seconds)."""
+    def ready():
+        st = stats_json(srv)
+        return st if cond(st) else None
+    return testlib.wait_until(ready, what, timeout=limit)
+
+
+def test_stats_connections_and_log_state():
+    """GET /stats tells the dashboard the open connections by protocol and
+    the log's state: with -b it is enabled, its size grows with the records
+    written, and its last sync is recent; with -F it never syncs (null);
+    without -b it is off."""
+    logdir = tempfile.mkdtemp(prefix="beangate-ops-")
+    gport = free_port()
+    try:
+        with Server(args=["-b", logdir, "--gearman-port", str(gport)]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_failed"]), (True, False), "log enabled and healthy")
+            check(isinstance(st["binlog_last_sync_age_ms"], int) and st["binlog_last_sync_age_ms"] >= 0,
+                  "last sync age %r" % st["binlog_last_sync_age_ms"])
+            size0 = st["binlog_size"]
+            check(size0 > 0, "a fresh log has its segment header: %r" % size0)
+            srv.beanstalk(b"put 0 0 60 100\r\n" + b"x" * 100 + b"\r\n", 1)
+            st = wait_stats(srv, lambda s: s["binlog_size"] >= size0 + 100, "the log grows by the put's body")
+            g = socket.create_connection(("127.0.0.1", gport), timeout=HTTP_TIMEOUT)
+            b = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
+            try:
+                g.sendall(b"version\n")
+                check(g.recv(100).startswith(b"OK "), "the Gearman port answers")
+                b.sendall(b"list-tube-used\r\n")
+                check(b.recv(100).startswith(b"USING "), "the beanstalk port answers")
+                st = wait_stats(srv, lambda s: s["current_beanstalk_connections"] == 1,
+                                "the put's closed connection gone")
+                check_eq((st["current_gearman_connections"], st["current_connections"]), (1, 2),
+                         "one Gearman and one beanstalk connection open (current_connections: both)")
+                check(st["current_http_connections"] >= 1, "HTTP connections %r" % st["current_http_connections"])
+            finally:
+                g.close()
+                b.close()
+            wait_stats(srv, lambda s: (s["current_gearman_connections"], s["current_beanstalk_connections"]) == (0, 0),
+                       "both closed")
+        with Server(args=["-b", logdir, "-F"]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_last_sync_age_ms"]), (True, None), "-F: enabled, never syncs")
+        with Server() as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_size"], st["binlog_last_sync_age_ms"]), (False, 0, None),
+                     "without -b")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 # ---- tests: auth ----------------------------------------------------------------
@@ -712,6 +782,29 @@ def test_metrics_auth():
         with Server(["--http-token-file", path], env={"BEANGATE_METRICS_AUTH": "1"}) as srv:
             check_401(srv, "/metrics")
             srv.metrics(token=TOKEN_A)
+    finally:
+        os.unlink(path)
+
+
+def test_auth_dashboard_files_are_open():
+    """With tokens on, the dashboard's files need none (they hold no data)
+    and an unknown one is 404 without a token; the API they call, the page
+    of tube stats included, still needs one."""
+    path = token_file(TOKEN_A)
+    try:
+        with Server(["--http-token-file", path]) as srv:
+            for p in ("/ui/", "/ui/index.html", "/ui/favicon.svg"):
+                status, h, body = srv.get(p)
+                check_eq(status, 200, "GET %s without a token" % p)
+                check(body, "GET %s: a body" % p)
+            status, h, _ = srv.get("/ui")
+            check_eq((status, h.get("location")), (301, "ui/"), "GET /ui without a token")
+            status, _, _ = srv.get("/ui/nope.js")
+            check_eq(status, 404, "GET /ui/nope.js without a token")
+            for p in ("/stats/tubes", "/stats", "/tubes"):
+                check_401(srv, p)
+            status, _, _ = srv.get("/stats/tubes", token=TOKEN_A)
+            check_eq(status, 200, "GET /stats/tubes with the token")
     finally:
         os.unlink(path)
 
@@ -1081,11 +1174,13 @@ TESTS = [
     test_metrics_tube_cap,
     test_promtool_check_metrics,
     test_metrics_binlog_and_gearman,
+    test_stats_connections_and_log_state,
     test_command_counters_agree_across_protocols,
     test_auth_token_file,
     test_auth_env_tokens,
     test_auth_file_and_env_together,
     test_metrics_auth,
+    test_auth_dashboard_files_are_open,
     test_no_tokens_means_open,
     test_bad_token_sources_exit_5,
     test_env_sets_ports,
