@@ -106,6 +106,7 @@ struct gearman {
     size_t sweep_cursor;           /* next record bucket the sweep looks at */
     uint8_t graceful;              /* `shutdown graceful`: stop when workers are done */
     uint8_t admin_shutdown;        /* --gearman-admin-shutdown: `shutdown` is a command */
+    uint64_t conn_count;           /* open connections (GET /stats) */
 };
 
 static uint64_t hash_bytes(const char *s, size_t n)
@@ -1013,6 +1014,7 @@ static void conn_free(struct gm_conn *c)
     unsleep(c);
     bg_client_close(&c->client, now);
     g->srv->engine.connections--;
+    g->conn_count--;
     event_free(c->read_ev);
     event_free(c->write_ev);
     close(c->fd);
@@ -1198,6 +1200,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         c->g = g;
         c->fd = fd;
         g->srv->engine.connections++; /* beanstalk's stats count every connection */
+        g->conn_count++;
         g->srv->engine.stat.total_connections++;
         if (sa.ss_family == AF_INET)
             inet_ntop(AF_INET, &((struct sockaddr_in *)&sa)->sin_addr, c->peer, sizeof c->peer);
@@ -1256,6 +1259,8 @@ void gearman_release_held(struct gearman *g)
     for (struct gm_conn *c = g->conns; c; c = c->next)
         if (c->hold_seq && c->hold_seq <= g->srv->wal->synced_seq && c->out.len) conn_wake(c);
 }
+
+uint64_t gearman_connections(const struct gearman *g) { return g ? g->conn_count : 0; }
 
 void gearman_stop(struct gearman *g)
 {

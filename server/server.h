@@ -15,9 +15,18 @@
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
-/* Every setting is a flag and an environment variable BEANGATE_<NAME>
- * (config.c); command line > environment > default. */
+/* What the process does: serve, or run one command and exit. */
+enum server_command {
+    SERVER_RUN = 0,
+    SERVER_HEALTHCHECK,          /* --healthcheck[=HOST:PORT] */
+    SERVER_CHECK_LOG,            /* --check-log DIR */
+};
+
+/* Every setting is a flag and an environment variable BEANGATE_<NAME>,
+ * declared once in config.c's table; command line > environment > default. */
 struct server_config {
+    enum server_command command; /* SERVER_RUN unless the first argument is a command */
+    const char *command_arg;     /* its HOST:PORT or DIR, or NULL */
     const char *listen_addr;     /* "127.0.0.1", or "unix:/path" */
     const char *port;            /* "11300" */
     const char *user;            /* -u, or NULL */
@@ -27,6 +36,7 @@ struct server_config {
     const char *http_port;       /* --http-port, default 11301 */
     int http_enabled;            /* 0 with --no-http */
     int http_explicit;           /* HTTP address or port given (flag or env) */
+    int max_wait_s;              /* --http-max-wait: longest long-poll, default 30 */
     const char *http_token_file; /* --http-token-file, or NULL */
     /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
      * gateway is open. They live as long as the process. */
@@ -43,21 +53,21 @@ struct server_config {
     const char *gearman_port;    /* default 4730 */
     int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
     /* push delivery (server/push.c parses and checks the subscriptions) */
-    const char *const *push_specs; /* --push values, in order */
+    const char *const *push_specs; /* the --push values in order, or BEANGATE_PUSH's */
     size_t push_spec_count;
-    const char *push_env;        /* BEANGATE_PUSH, unless --push was given */
+    int push_from_env;           /* push_specs is BEANGATE_PUSH (no --push was given) */
     const char *push_file;       /* --push-file or BEANGATE_PUSH_FILE, or NULL */
     uint32_t push_grace_s;       /* --push-grace, default 10 */
 };
 
-#define SERVER_FSYNC_MS_DEFAULT 50
-#define SERVER_SEGMENT_SIZE_DEFAULT 10485760
-
-/* Read the environment, then argv like beanstalkd, then the bearer tokens.
- * Returns 0 to run, 1 when the process should exit 0 (-h, -v), or
- * SERVER_USAGE_EXIT after printing why (and the usage for a bad flag).
- * Sets the log level (log.h) and, with -V, logs the effective
- * configuration (never a token's value). */
+/* A command given as the first argument (cfg->command) reads only the
+ * setting it uses (--healthcheck: the HTTP port's default and variable).
+ * Otherwise: the defaults, the environment, argv like beanstalkd, then the
+ * bearer tokens. Returns 0 to run cfg->command (SERVER_RUN: the
+ * server), 1 when the process should exit 0 (-h, -v), or SERVER_USAGE_EXIT
+ * after printing why (and the usage for a bad flag). Sets the log level
+ * (log.h) and, with -V, logs the effective configuration (never a token's
+ * value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
 
 /* ---- net.c: listeners and connections ---------------------------------- */
@@ -88,6 +98,8 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 void gearman_stop(struct gearman *g);
 /* The log synced more: let replies held for it go (-f 0). */
 void gearman_release_held(struct gearman *g);
+/* Open Gearman connections; 0 for NULL. */
+uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */
 int gearman_listen_fd(const struct gearman *g);
 

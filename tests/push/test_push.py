@@ -13,8 +13,9 @@ snippet next to it, so the documented code is the tested code. Nothing
 sleeps to wait for something: every wait polls its condition with a
 deadline. Python 3 standard library only (node for the Node snippet).
 
-Prints PASS/FAIL per test and ends with one line `push: N passed, M failed`;
-exits 1 on failure. BEANGATE_PUSH_ONLY="test_a test_b" runs only those.
+The command line and the output are those of every suite (tests/lib/testlib.py):
+-k NAME runs one test, BEANGATE_TEST_ONLY (or BEANGATE_PUSH_ONLY) names some,
+and the last line is `push: N passed, M failed, K skipped`.
 """
 
 import http.client
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from email.utils import formatdate
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -800,34 +800,9 @@ TESTS = [
 
 def main(argv):
     global BINARY
-    BINARY = testlib.binary_arg(argv)
-    if not BINARY:
-        return 2
-    listed = {fn.__name__ for fn in TESTS}
-    unlisted = sorted(n for n in globals() if n.startswith("test_") and n not in listed)
-    only = set(os.environ.get("BEANGATE_PUSH_ONLY", "").split()) or None
-    passed = failed = 0
-    if unlisted:
-        print("FAIL setup: test functions missing from TESTS: %s" % " ".join(unlisted), flush=True)
-        failed += 1
-    t_all = time.monotonic()
-    for fn in TESTS:
-        if only and fn.__name__ not in only:
-            continue
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as e:  # an assertion, or a broken test
-            failed += 1
-            print("FAIL %s: %s: %s" % (fn.__name__, type(e).__name__, e), flush=True)
-            if not isinstance(e, AssertionError):
-                traceback.print_exc()
-            continue
-        passed += 1
-        print("PASS %s (%.2f s)" % (fn.__name__, time.monotonic() - t0), flush=True)
-    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
-    print("push: %d passed, %d failed" % (passed, failed), flush=True)
-    return 1 if failed else 0
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv, only_env=("BEANGATE_PUSH_ONLY",))
+    BINARY = args.binary
+    return testlib.run("push", TESTS, args, namespace=globals())
 
 
 if __name__ == "__main__":
