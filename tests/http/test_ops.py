@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import SANITIZER_MARKERS, check, check_eq, free_port  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, check_eq, clean_env, free_port, port_open  # noqa: E402
 
 HTTP_TIMEOUT = 10.0
 START_TIMEOUT = 15.0
@@ -47,21 +47,6 @@ BINARY = None
 
 
 # ---- processes ----------------------------------------------------------------
-
-def clean_env(extra=None):
-    """The environment without any BEANGATE_* variable, plus extra."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
-    env.update(extra or {})
-    return env
-
-
-def port_open(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
 
 class Server:
     """A beangate process. args: extra flags; env: extra environment.

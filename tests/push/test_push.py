@@ -18,6 +18,8 @@ The command line and the output are those of every suite (tests/lib/testlib.py):
 and the last line is `push: N passed, M failed, K skipped`.
 """
 
+import hashlib
+import hmac
 import http.client
 import http.server
 import json
@@ -35,7 +37,8 @@ from email.utils import formatdate
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import SANITIZER_MARKERS, check, check_eq, free_port, wait_until  # noqa: E402
+from testlib import (SANITIZER_MARKERS, check, check_eq, clean_env, free_port, port_open,  # noqa: E402
+                     wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -134,20 +137,6 @@ def answers(*steps):
 
 # ---- the server ----------------------------------------------------------------------
 
-def clean_env(extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
-    env.update(extra or {})
-    return env
-
-
-def port_open(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class Server:
     """A beangate process with its own ports and extra arguments."""
 
@@ -166,11 +155,9 @@ class Server:
             self.proc = subprocess.Popen(
                 [BINARY, "-p", str(self.tcp_port), "--http-port", str(self.http_port)] + self.args,
                 stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, env=clean_env(self.env))
-            deadline = time.monotonic() + START_TIMEOUT
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                if port_open(self.tcp_port) and port_open(self.http_port):
-                    return self
-                time.sleep(0.02)
+            if testlib.wait_ready(self.proc, lambda: port_open(self.tcp_port) and port_open(self.http_port),
+                                  START_TIMEOUT) == "ok":
+                return self
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
@@ -487,6 +474,21 @@ def doc_block(marker):
     return m.group(1)
 
 
+def start_example_service(work, secret):
+    """Run the example service of docs/http.md with SECRET_FILE=secret on a free
+    port, once it listens: (process, port). Its stdout is a pipe (the jobs it did)."""
+    service_py = os.path.join(work, "service.py")
+    with open(service_py, "w") as f:
+        f.write(doc_block("push-example-service"))
+    port = free_port()
+    service = subprocess.Popen([sys.executable, service_py], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=dict(os.environ, SECRET_FILE=secret, PORT=str(port)))
+    if testlib.wait_ready(service, lambda: port_open(port), 10) != "ok":
+        service.kill()
+        raise AssertionError("the example service did not listen: %r" % (service.communicate()[1],))
+    return service, port
+
+
 def test_signature_verified_by_documented_code():
     work = tempfile.mkdtemp()
     try:
@@ -498,16 +500,8 @@ def test_signature_verified_by_documented_code():
             f.write("not-the-secret-of-the-service-xyz\n")
         os.chmod(secret, 0o600)
         os.chmod(wrong, 0o600)
-        service_py = os.path.join(work, "service.py")
-        with open(service_py, "w") as f:
-            f.write(doc_block("push-example-service"))
-        port = free_port()
-        service = subprocess.Popen([sys.executable, service_py], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=dict(os.environ, SECRET_FILE=secret, PORT=str(port)))
+        service, port = start_example_service(work, secret)
         try:
-            wait_until(lambda: port_open(port) or service.poll() is not None, "the example service", 10)
-            if service.poll() is not None:
-                raise AssertionError("the example service exited: %r" % (service.stderr.read(),))
             url = "http://127.0.0.1:%d/jobs" % port
             args = push_arg("signed", url, secret_file=secret) + push_arg("forged", url, secret_file=wrong)
             with Server(args) as srv:
@@ -566,20 +560,12 @@ def test_documented_service_refuses_forgeries():
         secret = os.path.join(work, "k")
         with open(secret, "w") as f:
             f.write("another-test-secret-abcdefghijkl\n")
-        service_py = os.path.join(work, "service.py")
-        with open(service_py, "w") as f:
-            f.write(doc_block("push-example-service"))
-        port = free_port()
-        service = subprocess.Popen([sys.executable, service_py], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env=dict(os.environ, SECRET_FILE=secret, PORT=str(port)))
+        service, port = start_example_service(work, secret)
         try:
-            wait_until(lambda: port_open(port), "the example service", 10)
-            import hashlib
-            import hmac as hm
             key = b"another-test-secret-abcdefghijkl"
 
             def post(ts, body, sign_body=None):
-                sig = hm.new(key, b"%d.9.%s" % (ts, sign_body if sign_body is not None else body),
+                sig = hmac.new(key, b"%d.9.%s" % (ts, sign_body if sign_body is not None else body),
                              hashlib.sha256).hexdigest()
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 c.request("POST", "/jobs", body, {"X-Beangate-Job-Id": "9", "X-Beangate-Attempt": "1",
@@ -594,7 +580,7 @@ def test_documented_service_refuses_forgeries():
             check_eq(post(now, b"changed", sign_body=b"ok"), 401, "a body that was changed")
         finally:
             service.kill()
-            service.wait()
+            service.communicate()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
