@@ -375,6 +375,148 @@ void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserve
 int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t id,
                    uint32_t reserves);
 
+/* ---- push.c: the pure parts of push delivery (server/push.c does I/O) --- */
+
+#define BG_PUSH_SUBSCRIPTIONS_MAX 64
+#define BG_PUSH_URL_MAX 2048
+#define BG_PUSH_CONCURRENCY_MAX 1024
+#define BG_PUSH_TIMEOUT_MAX 86400       /* seconds */
+#define BG_PUSH_ATTEMPTS_MAX 1000000
+#define BG_PUSH_BACKOFF_MAX 604800      /* seconds (7 days) */
+#define BG_PUSH_RATE_MAX 1000000        /* jobs per period */
+#define BG_PUSH_DEFAULT_CONCURRENCY 1
+#define BG_PUSH_DEFAULT_TIMEOUT 30
+#define BG_PUSH_DEFAULT_ATTEMPTS 10
+#define BG_PUSH_DEFAULT_BACKOFF_MIN 1
+#define BG_PUSH_DEFAULT_BACKOFF_MAX 600
+#define BG_PUSH_FAILURES_MAX 100000     /* jobs whose last failure is kept */
+
+/* One subscription as the operator wrote it:
+ *   tube=T url=http://HOST[:PORT]/PATH [concurrency=N] [rate=N/s|N/m|N/h]
+ *   [timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH] */
+struct bg_push_spec {
+    char tube[BG_TUBE_NAME_MAX + 1];
+    char url[BG_PUSH_URL_MAX + 1];   /* as given */
+    char host[256];                  /* an IPv6 address without its brackets */
+    uint16_t port;                   /* 80 when the url names none */
+    char path[BG_PUSH_URL_MAX + 2];  /* path and query; starts with '/' */
+    uint32_t concurrency;            /* jobs in flight at most */
+    uint32_t rate_count;             /* 0: no rate limit */
+    bg_time rate_period;             /* rate_count jobs per this many ns */
+    uint32_t timeout_s;              /* one attempt, at most (and below the TTR) */
+    uint32_t attempts;               /* the attempt that fails at this number buries */
+    uint32_t backoff_min_s, backoff_max_s;
+    char secret_file[1024];          /* "": deliveries are not signed */
+};
+
+/* The next subscription of a list text s[*pos..len) (a --push value, a
+ * --push-file, BEANGATE_PUSH): subscriptions are separated by newlines and
+ * by a ';' that is a word of its own; a word that starts with '#' comments
+ * out the rest of its line. Writes its words into out, one space apart,
+ * and advances *pos; *line counts the newlines passed before it (for
+ * messages). 1 (one found), 0 (none left) or BG_BAD_FORMAT (longer than
+ * out_size). */
+int bg_push_list_next(const char *s, size_t len, size_t *pos, char *out, size_t out_size,
+                      unsigned *line);
+/* Fill *out with the defaults. */
+void bg_push_spec_defaults(struct bg_push_spec *s);
+/* Parse one subscription (words one space apart): 0, or BG_BAD_FORMAT with
+ * a message for people in why. Checks every value; the secret file is only
+ * named here (the server reads it). */
+int bg_push_spec_parse(const char *text, struct bg_push_spec *out, char *why, size_t why_size);
+/* Parse an http:// URL into out's url, host, port and path: 0, or
+ * BG_BAD_FORMAT with why (https://, a user, a fragment, no host, ...). */
+int bg_push_url_parse(const char *url, struct bg_push_spec *out, char *why, size_t why_size);
+
+/* What went wrong below HTTP in an attempt that got no status. */
+enum bg_push_failure {
+    BG_PUSH_FAIL_NONE, BG_PUSH_FAIL_TIMEOUT, BG_PUSH_FAIL_CONNECT, BG_PUSH_FAIL_CONNECTION,
+};
+/* Why an attempt ended as it did (the metrics' reason label). */
+enum bg_push_reason {
+    BG_PUSH_DELIVERED,          /* 2xx */
+    BG_PUSH_RETRY_AFTER,        /* any other status with a valid Retry-After */
+    BG_PUSH_HTTP_429,
+    BG_PUSH_HTTP_5XX,
+    BG_PUSH_TIMEOUT,            /* no complete answer within the attempt's timeout */
+    BG_PUSH_CONNECT_FAILED,     /* refused, unreachable, or the name did not resolve */
+    BG_PUSH_CONNECTION_ERROR,   /* closed or reset, or not HTTP */
+    BG_PUSH_BAD_STATUS,         /* a status outside 200-599 */
+    BG_PUSH_HTTP_3XX,           /* redirects are not followed */
+    BG_PUSH_HTTP_4XX,           /* other than 429 */
+    BG_PUSH_ATTEMPTS_EXHAUSTED, /* a retryable failure at the last attempt */
+    BG_PUSH_SHUTDOWN,           /* cut by the end of the shutdown grace */
+    BG_PUSH_REASON_COUNT
+};
+enum bg_push_action { BG_PUSH_DELETE, BG_PUSH_RELEASE, BG_PUSH_BURY };
+
+/* "http_5xx", ... */
+const char *bg_push_reason_name(enum bg_push_reason r);
+/* The reason of an attempt's end: status 0 when no response head came
+ * (failure says why); a status, when one came, decides. */
+enum bg_push_reason bg_push_classify(unsigned status, int has_retry_after, enum bg_push_failure failure);
+/* What to do with the job after attempt number `attempt` ended for r:
+ * delete (2xx), bury (3xx, 4xx but 429, or a retryable failure at attempt
+ * >= max_attempts), or release (retry; also a shutdown cut). */
+enum bg_push_action bg_push_action_of(enum bg_push_reason r, uint32_t attempt, uint32_t max_attempts);
+/* Seconds to wait after failed attempt number `attempt` (1 = the first):
+ * full jitter above the minimum, uniform in [min, min(max, min * 2^(attempt-1))];
+ * random is any random 64-bit value. */
+uint32_t bg_push_backoff(uint32_t min_s, uint32_t max_s, uint32_t attempt, uint64_t random);
+/* The delay for a receiver's Retry-After of retry_after_s seconds: kept
+ * within [min, max] of the subscription's backoff. */
+uint32_t bg_push_retry_delay(uint64_t retry_after_s, uint32_t min_s, uint32_t max_s);
+/* A Retry-After value: delta-seconds, or an HTTP-date (IMF-fixdate, RFC 850
+ * or asctime; a past date gives 0). now_wall_s is Unix time. 0 with
+ * *delay_s set, or BG_BAD_FORMAT. */
+int bg_push_retry_after(const char *v, int64_t now_wall_s, uint64_t *delay_s);
+/* An HTTP-date in any of its three forms as Unix seconds: 0 or BG_BAD_FORMAT. */
+int bg_http_date_parse(const char *v, int64_t *out);
+
+/* A rate limit (GCRA): rate_count jobs per period, with a burst of one
+ * second's worth (at least 1). interval 0: unlimited. */
+struct bg_rate { bg_time interval, burst, tat; };
+void bg_rate_init(struct bg_rate *r, uint32_t count, bg_time period);
+/* When the next job may start: now if it may start now. */
+bg_time bg_rate_ready_at(const struct bg_rate *r, bg_time now);
+/* Count one job started at now (after bg_rate_ready_at said now). */
+void bg_rate_take(struct bg_rate *r, bg_time now);
+
+/* The last delivery failure of a job (GET /jobs/{id}: last_delivery_error). */
+struct bg_push_failure_rec {
+    uint64_t job_id;            /* 0: a free slot */
+    int64_t at_wall_s;          /* when the attempt ended, Unix seconds */
+    bg_time retry_at;           /* released with a delay: when it is ready again; else 0 */
+    uint32_t attempt;
+    uint16_t status;            /* 0: no HTTP status */
+    uint8_t reason;             /* enum bg_push_reason */
+    uint8_t subscription;       /* index of the subscription */
+};
+struct bg_push_failure_slot {
+    struct bg_push_failure_rec rec;
+    uint32_t hash_next, older, newer;
+};
+/* A table of at most `limit` records by job id; when it is full the record
+ * updated longest ago goes. Grows by doubling, never shrinks. */
+struct bg_push_failures {
+    struct bg_push_failure_slot *slots;
+    uint32_t *buckets;
+    unsigned bucket_bits;
+    uint32_t cap, limit, count, free_head, newest, oldest;
+    uint64_t evicted;           /* records dropped because the table was full */
+};
+void bg_push_failures_init(struct bg_push_failures *t, uint32_t limit);
+void bg_push_failures_free(struct bg_push_failures *t);
+/* Record (or replace) rec for rec->job_id, as the newest: 0, or
+ * BG_OUT_OF_MEMORY (nothing recorded). */
+int bg_push_failures_set(struct bg_push_failures *t, const struct bg_push_failure_rec *rec);
+/* The record of job id, or NULL if none. */
+const struct bg_push_failure_rec *bg_push_failures_get(const struct bg_push_failures *t, uint64_t id);
+void bg_push_failures_remove(struct bg_push_failures *t, uint64_t id);
+/* Call fn for every record, oldest first. fn must not change the table. */
+void bg_push_failures_each(const struct bg_push_failures *t,
+                           void (*fn)(void *ctx, const struct bg_push_failure_rec *rec), void *ctx);
+
 /* ---- journal.c: the write-ahead log's record format (no files) --------- */
 
 #define BG_JOURNAL_VERSION 1

@@ -69,6 +69,16 @@ struct gateway_config {
     uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
 };
 
+/* Push delivery's views (server/push.c), shown by GET /subscriptions,
+ * GET /stats (subscriptions), GET /jobs/{id} (last_delivery_error) and
+ * /metrics. Each function may be NULL; arg is passed to each. */
+struct gw_push_hooks {
+    void *arg;
+    json_t *(*subscriptions)(void *arg);          /* a new JSON array */
+    json_t *(*job_error)(void *arg, uint64_t id); /* a new object, or NULL: none known */
+    int (*metrics)(void *arg, struct bg_buf *out); /* append families; 0 or BG_OUT_OF_MEMORY */
+};
+
 struct gateway;
 
 /* Start the gateway on base. NULL on failure (message printed). now() is
@@ -84,6 +94,8 @@ void gateway_stop(struct gateway *gw);
 /* /readyz answers 200 once the server says it serves (listeners up), and
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
+/* Install push delivery's hooks (copied). NULL gw does nothing. */
+void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
 
 /* ---- internal: shared by the gateway's files ----------------------------- */
 
@@ -196,6 +208,7 @@ struct gateway {
     bg_time started_at;
     uint64_t in_flight;           /* requests begun and not completed */
     struct gw_metrics *metrics;
+    struct gw_push_hooks push;    /* all NULL without push delivery */
 };
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
@@ -294,6 +307,7 @@ int gw_handle_job_touch(struct gw_request *r);
 int gw_handle_job_kick(struct gw_request *r);
 int gw_handle_job_reserve(struct gw_request *r);
 int gw_handle_openapi(struct gw_request *r);
+int gw_handle_subscriptions(struct gw_request *r);
 
 /* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
 

@@ -326,6 +326,11 @@ void gateway_set_ready(struct gateway *gw, int ready)
     if (gw) gw->ready = ready != 0;
 }
 
+void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks)
+{
+    if (gw && hooks) gw->push = *hooks;
+}
+
 /* The request counters, labelled by the route table's patterns. */
 static struct gw_metrics *new_metrics(void)
 {

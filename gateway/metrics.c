@@ -384,6 +384,7 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
     int rc = render_server(gw, out, now);
     if (rc == 0) rc = render_tubes(gw, out, now);
     if (rc == 0 && gw->metrics) rc = render_http(gw, out);
+    if (rc == 0 && gw->push.metrics) rc = gw->push.metrics(gw->push.arg, out);
     return rc;
 }
 

@@ -45,6 +45,7 @@ static const struct gw_route routes[] = {
     {"/livez", GW_GET, gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1},
     {"/readyz", GW_GET, gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1},
     {"/metrics", GW_GET, gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1},
+    {"/subscriptions", GW_GET, gw_handle_subscriptions, GW_BODY_NONE, GW_AUTH_TOKEN, -1},
     {"/ui/", GW_GET, gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},
     {"/ui", GW_GET, gw_handle_ui_redirect, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},
     {"/ui/*", GW_GET, gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},

@@ -432,11 +432,19 @@ static int reply_job(struct gw_request *r, uint64_t id)
 }
 
 /* GET (and HEAD) /jobs/{id}: the job's stats, no body. HEAD never deletes. */
+/* GET /jobs/{id}: the job's statistics, and its last push delivery
+ * failure (last_delivery_error) when push delivery knows one. */
 int gw_handle_job(struct gw_request *r)
 {
+    struct gateway *gw = r->gw;
     int reply;
     struct bg_job *j = path_job(r, &reply);
-    return j ? reply_job(r, j->id) : reply;
+    if (!j) return reply;
+    json_t *v = gw_json_job(gw->engine, j, gw->now(), NULL, 0);
+    json_t *failure = gw->push.job_error ? gw->push.job_error(gw->push.arg, j->id) : NULL;
+    if (v && failure) json_object_set_new(v, "last_delivery_error", failure);
+    else json_decref(failure);
+    return gw_reply_json(r->conn, 200, v, NULL);
 }
 
 /* DELETE /jobs/{id}: with its token when the job is reserved. */
@@ -699,13 +707,29 @@ int gw_handle_stats_tubes(struct gw_request *r)
 }
 
 /* GET /stats */
+/* The push subscriptions as a JSON array (empty without push delivery). */
+static json_t *push_list(struct gateway *gw)
+{
+    json_t *list = gw->push.subscriptions ? gw->push.subscriptions(gw->push.arg) : NULL;
+    return list ? list : json_array();
+}
+
 int gw_handle_stats(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     struct bg_process_info pi = {0};
     pi.binlog_sync_age_ms = -1;
     if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
-    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi, gw_open_connections(r)), NULL);
+    json_t *v = gw_json_server(gw->engine, &pi, gw_open_connections(r));
+    if (v) json_object_set_new(v, "subscriptions", push_list(gw));
+    return gw_reply_json(r->conn, 200, v, NULL);
+}
+
+/* GET /subscriptions: push delivery's subscriptions ({"subscriptions": []}
+ * without push delivery). */
+int gw_handle_subscriptions(struct gw_request *r)
+{
+    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "subscriptions", push_list(r->gw)), NULL);
 }
 
 /* GET /openapi.yaml: the document compiled in. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what building and testing beangate needs on Debian 12, skipping
 # what is already there. Usage: scripts/install-deps.sh [build|test]
-#   build: compiler, CMake, libevent, libmicrohttpd, jansson
+#   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
 #          reference), python3, node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
@@ -10,7 +10,7 @@
 set -euo pipefail
 mode="${1:-test}"
 
-pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
+pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium)

@@ -28,6 +28,7 @@ enum kind {
     K_COUNT,    /* -V: each flag adds one, the variable gives the count */
     K_TOKENS,   /* BEANGATE_HTTP_TOKENS: read with the token file, never logged */
     K_STATE,    /* no flag, no variable: a field other rows set, in the log only */
+    K_LIST,     /* --push: each flag adds a value (the first replaces the variable's) */
     K_HELP,     /* print the usage, exit 0 */
     K_VERSION,  /* print the version, exit 0 */
     K_COMMAND,  /* a command instead of a server: only as the first argument */
@@ -131,6 +132,18 @@ static const struct setting settings[] = {
      .help = "let the Gearman admin commands `shutdown` and `shutdown graceful` stop\n"
              "the server (off: unknown commands, as in gearmand 1.1.20); the Gearman\n"
              "port has no authentication"},
+    {0, "--push", "BEANGATE_PUSH", "SUBSCRIPTION", K_LIST, .max = BG_PUSH_SUBSCRIPTIONS_MAX,
+     .key = "push",
+     .help = "deliver the jobs of a tube to an HTTP endpoint (docs/http.md, Push\n"
+             "delivery): 'tube=T url=http://HOST:PORT/PATH [concurrency=N] [rate=N/s]\n"
+             "[timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH]'. In the\n"
+             "variable, subscriptions are separated by newlines or a lone ';'"},
+    {0, "--push-file", "BEANGATE_PUSH_FILE", "PATH", K_STRING, .key = "push_file", FIELD(push_file),
+     .help = "push subscriptions, one per line (# comments); adds to --push"},
+    {0, "--push-grace", "BEANGATE_PUSH_GRACE", "SECONDS", K_NUMBER, .max = 3600, .def = "10",
+     .key = "push_grace", FIELD(push_grace_s),
+     .help = "at SIGTERM, let push deliveries in flight finish for this long,\n"
+             "then release their jobs"},
     {'v', "--version", NULL, NULL, K_VERSION, .help = "print the version and exit"},
     {'h', "--help", NULL, NULL, K_HELP, .help = "print this help and exit"},
     {0, "--healthcheck", NULL, "HOST:PORT", K_COMMAND, .arg_optional = 1,
@@ -185,6 +198,8 @@ static void facts_text(const struct setting *s, char *out, size_t size)
     else if (s->kind == K_NUMBER && s->round)
         snprintf(range, sizeof range, "at least %llu, rounded up to a multiple of %llu", min,
                  (unsigned long long)s->round);
+    else if (s->kind == K_LIST)
+        snprintf(range, sizeof range, "may be repeated, at most %llu times", max);
     else if (s->kind == K_NUMBER || s->kind == K_COUNT)
         snprintf(range, sizeof range, "%llu-%llu", min, max);
     if (*range || def)
@@ -300,6 +315,9 @@ static const char *number_why(const struct setting *s)
     return why;
 }
 
+/* The values of the K_LIST row (pointers into argv or the environment). */
+static const char *list_values[BG_PUSH_SUBSCRIPTIONS_MAX];
+
 /* Parse text as s's value and store it in cfg: NULL, or why it is refused
  * (the message lives until the next call). from names the flag or variable,
  * for the warning of a clamped value. */
@@ -333,6 +351,11 @@ static const char *set_value(const struct setting *s, struct server_config *cfg,
         if ((b = parse_bool(text)) < 0) return "not a boolean (1/0, true/false, yes/no, on/off)";
         v = (uint64_t)(b ^ s->invert);
         break;
+    case K_LIST: /* the one list, --push: its values are checked by server/push.c */
+        if (cfg->push_spec_count >= s->max) return "given too many times";
+        list_values[cfg->push_spec_count++] = text;
+        cfg->push_specs = list_values;
+        return NULL;
     default:
         break;
     }
@@ -345,10 +368,13 @@ static const char *apply(size_t i, struct server_config *cfg, const char *text, 
                          const char *name)
 {
     const struct setting *s = &settings[i];
+    if (s->kind == K_LIST && from == FROM_FLAG && sources[i] != FROM_FLAG)
+        cfg->push_spec_count = 0; /* the first flag replaces the variable's value */
     const char *why = set_value(s, cfg, text, name);
     if (why) return why;
     if (s->also_offset) *(int *)((char *)cfg + s->also_offset - 1) = s->also_value;
     sources[i] = from;
+    if (s->kind == K_LIST) cfg->push_from_env = from == FROM_ENV;
     return NULL;
 }
 
@@ -652,6 +678,9 @@ static void log_config(const struct server_config *c)
         case K_TOKENS:
             fprintf(m, "%s%s=%zu http_auth=%s", sep, s->key, c->http_token_count,
                     c->http_token_count ? "on" : "off");
+            break;
+        case K_LIST:
+            fprintf(m, "%s%s=%zu", sep, s->key, c->push_spec_count);
             break;
         default:
             break;

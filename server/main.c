@@ -18,6 +18,7 @@
 #include "../gateway/gateway.h"
 #include "wal.h"
 #include "log.h"
+#include "push.h"
 
 bg_time server_now(void)
 {
@@ -117,11 +118,18 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
+/* Push deliveries in flight at SIGTERM have finished, or the grace ran out. */
+static void push_stopped(void *arg) { event_base_loopbreak(((struct server *)arg)->base); }
+
+/* SIGTERM, SIGINT: stop, once push deliveries in flight have finished
+ * (within --push-grace); a second signal stops at once. */
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    event_base_loopbreak(((struct server *)arg)->base);
+    struct server *srv = arg;
+    if (push_stop(srv->push, push_stopped, srv)) return;
+    event_base_loopbreak(srv->base);
 }
 
 /* Become `name`'s user and group, handing the log's files over first.
@@ -251,6 +259,7 @@ static void print_startup_block(const struct server *srv, const struct server_co
         else
             printf("  log        %s, synced every %d ms (-f)\n", shown, cfg->fsync_ms);
     }
+    push_describe(srv->push, stdout);
     printf("  docs       man -l docs/beangate.1, docs/user-guide.md");
     if (srv->gateway) printf(", API: http://%s/openapi.yaml", http);
     printf("\n");
@@ -265,6 +274,17 @@ int main(int argc, char **argv)
     if (r != 0) return r;
     if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg, cfg.http_port);
     if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
+
+    /* the subscriptions are checked (and their secrets read) before anything starts */
+    struct push_source push_sources[BG_PUSH_SUBSCRIPTIONS_MAX + 1];
+    size_t push_source_count = 0;
+    for (size_t i = 0; i < cfg.push_spec_count; i++)
+        push_sources[push_source_count++] =
+            (struct push_source){cfg.push_specs[i], cfg.push_from_env ? "BEANGATE_PUSH" : "--push"};
+    static struct push_setup push_setup;
+    if ((r = push_setup_load(&push_setup, push_sources, push_source_count, cfg.push_file,
+                             cfg.push_grace_s)) != 0)
+        return r;
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
@@ -321,10 +341,19 @@ int main(int argc, char **argv)
     if (cfg.user && become_user(cfg.user, srv.wal) != 0) return 111;
     log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
 
+    if (push_setup.count) {
+        srv.push = push_start(&push_setup, srv.base, &srv.engine, server_now, after_gateway_run, &srv);
+        if (!srv.push) return 1;
+        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics};
+        gateway_set_push(srv.gateway, &hooks);
+    }
+    push_setup_free(&push_setup); /* the secrets now live only in the keyed HMAC states */
+
     gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
     print_startup_block(&srv, &cfg);
     event_base_dispatch(srv.base);
 
+    push_free(srv.push); /* jobs still in flight go back to ready before the log closes */
     gateway_stop(srv.gateway);
     gearman_stop(srv.gearman);
     net_shutdown(&srv);

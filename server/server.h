@@ -52,6 +52,12 @@ struct server_config {
     const char *gearman_listen;  /* default 127.0.0.1 */
     const char *gearman_port;    /* default 4730 */
     int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
+    /* push delivery (server/push.c parses and checks the subscriptions) */
+    const char *const *push_specs; /* the --push values in order, or BEANGATE_PUSH's */
+    size_t push_spec_count;
+    int push_from_env;           /* push_specs is BEANGATE_PUSH (no --push was given) */
+    const char *push_file;       /* --push-file or BEANGATE_PUSH_FILE, or NULL */
+    uint32_t push_grace_s;       /* --push-grace, default 10 */
 };
 
 /* A command given as the first argument (cfg->command) reads only the
@@ -124,6 +130,7 @@ struct server {
     int verbose;
     struct gateway *gateway;     /* NULL with --no-http */
     struct gearman *gearman;     /* NULL unless --gearman-port/--gearman-listen */
+    struct push *push;           /* NULL unless subscriptions are configured */
 };
 
 /* Monotonic time in nanoseconds. */

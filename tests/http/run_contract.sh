@@ -133,6 +133,7 @@ started=0
 for _attempt in 1 2 3; do
     tcp_port="$(free_port)"; http_port="$(free_port)"; proxy_port="$(free_port)"
     "$binary" -l 127.0.0.1 -p "$tcp_port" --http-listen 127.0.0.1 --http-port "$http_port" \
+        --push "tube=http-push url=http://127.0.0.1:1/ attempts=1" \
         </dev/null >"$work/server.out" 2>"$work/server.err" &
     server_pid=$!
     if wait_http "http://127.0.0.1:$http_port/stats" 10; then

@@ -84,9 +84,18 @@ SERVER_KEYS = {
     # beyond beanstalk's keys, for the dashboard
     "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
     "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "binlog_enabled", "binlog_size",
-    "binlog_last_sync_age_ms"}
-SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms"}
+    "binlog_last_sync_age_ms", "subscriptions"}
+SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms",
+                          "subscriptions"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
+# The server under test has one push subscription (tests/http/run_contract.sh
+# starts it with the same flag): jobs of PUSH_TUBE go to a port where nothing
+# listens, and one failed attempt buries them.
+PUSH_TUBE = "http-push"
+PUSH_ARGS = ["--push", "tube=%s url=http://127.0.0.1:1/ attempts=1" % PUSH_TUBE]
+SUBSCRIPTION_KEYS = {"tube", "url", "concurrency", "rate", "timeout", "attempts", "backoff_min", "backoff_max",
+                     "signed", "in_flight", "backing_off", "last_error", "attempts_started", "delivered",
+                     "retried", "buried", "retried_by_reason", "buried_by_reason", "reservations_lost"}
 
 
 Skip = testlib.Skip  # raised by a test that cannot run in this mode; the message says why
@@ -1459,6 +1468,7 @@ def test_stats():
     st = server_stats()
     check_eq(st["draining"], False, "draining")
     check_eq(st["binlog_failed"], False, "binlog_failed without -b")
+    check(isinstance(st["subscriptions"], list), "subscriptions %r" % st["subscriptions"])
     check_eq(st["binlog_enabled"], False, "binlog_enabled without -b")
     check_eq(st["binlog_last_sync_age_ms"], None, "binlog_last_sync_age_ms without -b")
     check_eq(st["binlog_size"], 0, "binlog_size without -b")
@@ -2225,7 +2235,50 @@ def test_drain_sigusr1_503():
     check_eq(server_stats()["total_jobs"], total, "nothing stored while draining")
 
 
+# ---- push delivery ------------------------------------------------------------------
+
+def push_subscription():
+    doc = expect_json(get("/subscriptions"), 200, "GET /subscriptions")
+    check_eq(set(doc), {"subscriptions"}, "GET /subscriptions keys")
+    subs = [s for s in doc["subscriptions"] if s["tube"] == PUSH_TUBE]
+    check_eq(len(subs), 1, "the server's subscription for %s" % PUSH_TUBE)
+    check_eq(set(subs[0]), SUBSCRIPTION_KEYS, "subscription keys")
+    return subs[0]
+
+
+def test_subscriptions():
+    s = push_subscription()
+    check_eq((s["url"], s["concurrency"], s["rate"], s["timeout"], s["attempts"], s["backoff_min"],
+              s["backoff_max"], s["signed"]),
+             ("http://127.0.0.1:1/", 1, None, 30, 1, 1, 600, False), "settings and defaults")
+    check_eq(set(s["retried_by_reason"]), {"retry_after", "http_429", "http_5xx", "timeout", "connect_failed",
+                                           "connection_error", "bad_status"}, "retried_by_reason keys")
+    check_eq(set(s["buried_by_reason"]), {"http_3xx", "http_4xx", "attempts_exhausted"}, "buried_by_reason keys")
+    check_eq([x["tube"] for x in server_stats()["subscriptions"]], [PUSH_TUBE], "GET /stats subscriptions")
+
+
+def test_push_last_delivery_error():
+    before = push_subscription()
+    j = put(PUSH_TUBE, b"to nowhere")
+
+    def buried():
+        doc = expect_json(get("/jobs/%d" % j), 200, "GET /jobs/%d" % j)
+        return doc if doc["state"] == "buried" else None
+    doc = testlib.wait_until(buried, "the push job buried", 10)
+    check_eq(set(doc), JOB_KEYS | {"last_delivery_error"}, "job keys")
+    e = doc["last_delivery_error"]
+    check_eq((e["status"], e["error"], e["attempt"]), (None, "connect_failed", 1), "last_delivery_error")
+    check(abs(e["at"] - time.time()) < 30, "at %r" % e["at"])
+    after = push_subscription()
+    check_eq(after["buried_by_reason"]["attempts_exhausted"], before["buried_by_reason"]["attempts_exhausted"] + 1,
+             "buried for attempts_exhausted")
+    check_eq(after["last_error"], dict(e, job_id=j), "the subscription's last_error")
+    check_eq(delete("/jobs/%d" % j).status, 204, "delete the buried job")
+
+
 TESTS = [
+    test_subscriptions,
+    test_push_last_delivery_error,
     test_tube_name_with_slash,
     test_put_defaults,
     test_put_with_parameters,
@@ -2327,7 +2380,7 @@ def setup(names):
         print("using %s (server HTTP %s, TCP port %d)" % (opts.base_url, opts.direct_url, T.tcp_port),
               flush=True)
     else:
-        RUN["server"] = server = Server().start()
+        RUN["server"] = server = Server(PUSH_ARGS).start()
         T.base = T.direct = ("127.0.0.1", server.http_port)
         T.tcp_port = server.tcp_port
         T.server_pid = server.proc.pid

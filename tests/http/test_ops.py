@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import SANITIZER_MARKERS, check, check_eq, free_port  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, check_eq, clean_env, free_port, port_open  # noqa: E402
 
 HTTP_TIMEOUT = 10.0
 START_TIMEOUT = 15.0
@@ -47,21 +47,6 @@ BINARY = None
 
 
 # ---- processes ----------------------------------------------------------------
-
-def clean_env(extra=None):
-    """The environment without any BEANGATE_* variable, plus extra."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
-    env.update(extra or {})
-    return env
-
-
-def port_open(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
 
 class Server:
     """A beangate process. args: extra flags; env: extra environment.
@@ -474,6 +459,60 @@ def test_promtool_check_metrics():
     check(p.returncode == 0 and not out.strip(),
           "promtool check metrics: exit %d: %s" % (p.returncode, out[-3000:]))
     check("route=\"unmatched\"" in text, "an unknown path is counted as route=\"unmatched\"")
+
+
+def test_promtool_push_metrics():
+    """The push families (a delivered job, a retried one, a buried one) pass promtool."""
+    import http.server
+    import threading
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response({"/ok": 204, "/busy": 503, "/no": 404}[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    rx = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    promtool = find_promtool()
+    base = "http://127.0.0.1:%d" % rx.server_address[1]
+    try:
+        args = ["--push", "tube=ops.ok url=%s/ok" % base, "--push", "tube=ops.busy url=%s/busy backoff=60..60" % base,
+                "--push", "tube=ops.no url=%s/no" % base]
+        with Server(args=args) as srv:
+            for tube in ("ops.ok", "ops.busy", "ops.no"):
+                srv.request("POST", "/tubes/%s/jobs" % tube, body=b"x")
+            deadline = time.monotonic() + 10
+            while True:
+                samples, _ = parse_metrics(srv.metrics())
+                done = (value(samples, "beangate_push_delivered_total", tube="ops.ok"),
+                        value(samples, "beangate_push_retries_total", tube="ops.busy", reason="http_5xx"),
+                        value(samples, "beangate_push_buried_total", tube="ops.no", reason="http_4xx"))
+                if done == (1.0, 1.0, 1.0) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            check_eq(done, (1.0, 1.0, 1.0), "delivered, retried (http_5xx), buried (http_4xx)")
+            check_eq(value(samples, "beangate_push_backing_off", tube="ops.busy"), 1.0, "backing_off")
+            check_eq(value(samples, "beangate_push_in_flight", tube="ops.ok"), 0.0, "in_flight")
+            check_eq(value(samples, "beangate_push_concurrency", tube="ops.ok"), 1.0, "concurrency")
+            check_eq(value(samples, "beangate_push_attempt_duration_seconds_count", tube="ops.ok"), 1.0,
+                     "attempt histogram count")
+            check_eq(value(samples, "beangate_push_delivery_seconds_count", tube="ops.ok"), 1.0,
+                     "put-to-delivery histogram count")
+            check_eq(value(samples, "beangate_push_failures_tracked"), 2.0, "failures tracked (busy, no)")
+            text = srv.metrics()
+    finally:
+        rx.shutdown()
+        rx.server_close()
+    p = subprocess.run([promtool, "check", "metrics"], input=text.encode("utf-8"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode("utf-8", "replace")
+    check(p.returncode == 0 and not out.strip(), "promtool check metrics with push: %s" % out[-3000:])
 
 
 def test_metrics_binlog_and_gearman():
@@ -1107,9 +1146,11 @@ def test_docs_list_every_setting():
             check(any(re.search(r"\b%s\b" % var, tag) for tag, _ in entries),
                   "beangate.1 has no entry for %s" % var)
         for doc, lines in tables.items():
-            rows = [l for l in lines if all("`%s" % f in l.split("|")[1] for f in flags)
+            # a name ends where no name character follows: --push is not --push-file
+            named = lambda name, cell: re.search(r"`%s(?![\w-])" % re.escape(name), cell)  # noqa: E731
+            rows = [l for l in lines if all(named(f, l.split("|")[1]) for f in flags)
                     and (flags or not l.split("|")[1].strip())
-                    and (not var or "`%s" % var in l.split("|")[2])]
+                    and (not var or named(var, l.split("|")[2]))]
             check(len(rows) == 1, "%s: want one settings row with %s %s, found %r"
                   % (doc, " ".join(flags), var or "", rows))
             if default:
@@ -1173,6 +1214,7 @@ TESTS = [
     test_metrics_long_poll_latency,
     test_metrics_tube_cap,
     test_promtool_check_metrics,
+    test_promtool_push_metrics,
     test_metrics_binlog_and_gearman,
     test_stats_connections_and_log_state,
     test_command_counters_agree_across_protocols,

@@ -47,6 +47,23 @@ def free_port():
         s.close()
 
 
+# The environment without any BEANGATE_* variable, plus extra: a server
+# started by a test sees only the settings the test gives it.
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
+    env.update(extra or {})
+    return env
+
+
+# Nonzero if something accepts connections on 127.0.0.1:port.
+def port_open(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 # Raise exc(msg) unless cond is true (exc: AssertionError, or a suite's own failure class).
 def check(cond, msg, exc=AssertionError):
     if not cond:
