@@ -77,6 +77,8 @@ struct gw_push_hooks {
     json_t *(*subscriptions)(void *arg);          /* a new JSON array */
     json_t *(*job_error)(void *arg, uint64_t id); /* a new object, or NULL: none known */
     int (*metrics)(void *arg, struct bg_buf *out); /* append families; 0 or BG_OUT_OF_MEMORY */
+    /* nonzero if client c is push delivery's (a job it reserved is in flight) */
+    int (*owns)(void *arg, const struct bg_client *c);
 };
 
 struct gateway;
@@ -218,6 +220,18 @@ struct gateway {
  * Distinct from every enum bg_outcome. */
 #define GW_NO_REPLY (-1000)
 
+/* The gateway's own outcomes: a request that the job's state refuses. They
+ * are rows of the error table, as the engine's outcomes are (409 each, with
+ * its own code), distinct from every enum bg_outcome and from GW_NO_REPLY. */
+enum gw_conflict {
+    GW_RESERVATION_REQUIRED = -900, /* reserved over HTTP, and no token was given */
+    GW_RESERVATION_MISMATCH,      /* a token that is not the job's current reservation */
+    GW_RESERVED_ELSEWHERE,        /* reserved by a beanstalk or Gearman client, or by push */
+    GW_NOT_RESERVED,              /* release, bury, touch of a ready, delayed or buried job */
+    GW_NOT_BURIED_OR_DELAYED,     /* kick of a ready or reserved job */
+    GW_ALREADY_RESERVED,          /* reserve-job of a reserved job */
+};
+
 /* One response header. */
 struct gw_header {
     const char *name, *value;
@@ -229,9 +243,10 @@ struct gw_problem {
     unsigned status;
     const char *code, *detail;
 };
-/* The problem for an engine outcome: the one table of them (404 NOT_FOUND,
- * 413 JOB_TOO_BIG, 503 DRAINING / OUT_OF_MEMORY / LOG_UNAVAILABLE, ...);
- * an outcome not in it is 500 with its beanstalk word as the code. */
+/* The problem for an engine outcome or an enum gw_conflict: the one table
+ * of them (404 NOT_FOUND, 409 NOT_RESERVED, 413 JOB_TOO_BIG, 503 DRAINING /
+ * OUT_OF_MEMORY / LOG_UNAVAILABLE, ...); an outcome not in it is 500 with
+ * its beanstalk word as the code. */
 struct gw_problem gw_outcome_problem(int outcome);
 /* The title of a status in a problem ("Not Found"). */
 const char *gw_status_title(unsigned status);
@@ -251,6 +266,9 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
                             const char *detail, const char *name, const char *value);
 /* The problem of gw_outcome_problem(outcome). */
 int gw_reply_outcome(struct MHD_Connection *c, int outcome);
+/* The same with a detail that says more about this request (the job's id
+ * and state); NULL: the table's. */
+int gw_reply_outcome_detail(struct MHD_Connection *c, int outcome, const char *detail);
 /* No body. */
 int gw_reply_empty(struct MHD_Connection *c, unsigned status);
 /* n bytes of a Content-Type, copied (copy nonzero) or living as long as the

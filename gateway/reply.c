@@ -29,10 +29,24 @@ const char *gw_status_title(unsigned status)
     return "Internal Server Error";
 }
 
-/* The engine's outcomes as HTTP problems. A handler with more to say about
- * its request (which tube, which parameter) passes its own detail. */
+/* The engine's outcomes and the gateway's conflicts as HTTP problems. A
+ * handler with more to say about its request (which job, in which state)
+ * passes its own detail. A 409's code says what happened; the hint of one
+ * about a reservation held elsewhere never asks for a token: there is none. */
 static const struct gw_problem outcome_problems[] = {
     {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+    {GW_RESERVATION_REQUIRED, 409, "RESERVATION_REQUIRED",
+     "the job is reserved over HTTP: give the token of that reservation "
+     "(header X-Reservation: TOKEN, or ?reservation=TOKEN)"},
+    {GW_RESERVATION_MISMATCH, 409, "RESERVATION_MISMATCH",
+     "the reservation token is wrong, or its reservation has ended"},
+    {GW_RESERVED_ELSEWHERE, 409, "RESERVED_ELSEWHERE",
+     "the job is reserved by a beanstalk or Gearman client or by push delivery: only that "
+     "reservation can act on it, and HTTP has no token for it"},
+    {GW_NOT_RESERVED, 409, "NOT_RESERVED",
+     "the job is not reserved: only a reserved job can be released, buried or touched"},
+    {GW_NOT_BURIED_OR_DELAYED, 409, "NOT_BURIED_OR_DELAYED", "only a buried or delayed job can be kicked"},
+    {GW_ALREADY_RESERVED, 409, "ALREADY_RESERVED", "the job is already reserved"},
     {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
     {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
     {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
@@ -117,8 +131,13 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
 
 int gw_reply_outcome(struct MHD_Connection *c, int outcome)
 {
+    return gw_reply_outcome_detail(c, outcome, NULL);
+}
+
+int gw_reply_outcome_detail(struct MHD_Connection *c, int outcome, const char *detail)
+{
     struct gw_problem p = gw_outcome_problem(outcome);
-    return gw_reply_problem(c, p.status, p.code, p.detail);
+    return gw_reply_problem(c, p.status, p.code, detail ? detail : p.detail);
 }
 
 int gw_reply_empty(struct MHD_Connection *c, unsigned status)

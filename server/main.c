@@ -344,7 +344,8 @@ int main(int argc, char **argv)
     if (push_setup.count) {
         srv.push = push_start(&push_setup, srv.base, &srv.engine, server_now, after_gateway_run, &srv);
         if (!srv.push) return 1;
-        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics};
+        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics,
+                                      push_owns_client};
         gateway_set_push(srv.gateway, &hooks);
     }
     push_setup_free(&push_setup); /* the secrets now live only in the keyed HMAC states */

@@ -1114,7 +1114,7 @@ def test_reserve_job_by_id():
     doc = check_job(expect_json(r, 200, "reserve-job of a delayed job"), "reserve-job", body=b"pick me",
                     reserved=True)
     check_eq(doc["id"], jid, "id")
-    expect_problem(post("/jobs/%d/reservations" % jid), 409, "NOT_FOUND", "reserve-job of a reserved job")
+    expect_problem(post("/jobs/%d/reservations" % jid), 409, "ALREADY_RESERVED", "reserve-job of a reserved job")
     expect_problem(post("/jobs/%d/reservations" % 987654321), 404, "NOT_FOUND", "reserve-job of no job")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
     jid = put(tube, b"raw pick")
@@ -1189,7 +1189,7 @@ def test_reservation_token_rules():
     # actions that need a reservation, on a job that is not reserved
     j3 = put(tube, b"three", delay=100)
     for action in ("release", "bury", "touch"):
-        expect_problem(post("/jobs/%d/%s" % (j3, action)), 409, "RESERVATION_REQUIRED",
+        expect_problem(post("/jobs/%d/%s" % (j3, action)), 409, "NOT_RESERVED",
                        "%s of a delayed job without token" % action)
         expect_problem(post("/jobs/%d/%s%s" % (j3, action, q(reservation=d1["reservation"]))), 409,
                        "RESERVATION_MISMATCH", "%s of a delayed job with another job's token" % action)
@@ -1197,6 +1197,70 @@ def test_reservation_token_rules():
     expect_status(delete("/jobs/%d%s" % (j2, q(reservation=d2["reservation"]))), 204, "delete j2")
     expect_status(delete("/jobs/%d" % j3), 204, "delete j3")
 
+
+def check_no_token_hint(doc, what):
+    """The detail of a problem about a job reserved by another client never
+    suggests a token: there is none for it."""
+    detail = doc["detail"].lower()
+    for word in ("token", "reservation="):
+        if word in detail and "no token" not in detail:
+            raise AssertionError("%s: the detail suggests a token: %r" % (what, doc["detail"]))
+
+
+def test_conflict_codes():
+    """Every 409 says what happened in its code, and its detail names the
+    job and its state: RESERVATION_REQUIRED (reserved over HTTP, no token),
+    RESERVATION_MISMATCH (a token that is not the current reservation's),
+    RESERVED_ELSEWHERE (a beanstalk client holds it: no token is suggested),
+    NOT_RESERVED (release, bury, touch of a job that is not reserved),
+    NOT_BURIED_OR_DELAYED (kick), ALREADY_RESERVED (reserve-job). None is
+    NOT_FOUND (issue 14)."""
+    tube = uniq("conflict")
+    ready = put(tube, b"ready", priority=5)
+    over_http = put(tube, b"over http", priority=1)
+    d = reserve_one(tube, body=b"over http")
+
+    def ask(cases):
+        for fn, path, code, words in cases:
+            what = "%s %s" % (fn.__name__.upper(), path)
+            doc = expect_problem(fn(path), 409, code, what)
+            for w in words:
+                check(w in doc["detail"], "%s: %r not in the detail %r" % (what, w, doc["detail"]))
+            if code == "RESERVED_ELSEWHERE" or "beanstalk or Gearman client" in words:
+                check_no_token_hint(doc, what)
+    cases = [
+        (delete, "/jobs/%d" % over_http, "RESERVATION_REQUIRED", ["job %d" % over_http, "X-Reservation"]),
+        (post, "/jobs/%d/kick" % ready, "NOT_BURIED_OR_DELAYED", ["job %d is ready" % ready]),
+        (post, "/jobs/%d/kick" % over_http, "NOT_BURIED_OR_DELAYED", ["reserved over HTTP"]),
+        (post, "/jobs/%d/reservations" % over_http, "ALREADY_RESERVED", ["reserved over HTTP"]),
+    ]
+    for action in ("release", "bury", "touch"):
+        cases += [
+            (post, "/jobs/%d/%s" % (ready, action), "NOT_RESERVED", ["job %d is ready" % ready]),
+            (post, "/jobs/%d/%s" % (over_http, action), "RESERVATION_REQUIRED",
+             ["job %d" % over_http, action, "X-Reservation: TOKEN", "reservation=TOKEN"]),
+            (post, "/jobs/%d/%s?reservation=bogus" % (over_http, action), "RESERVATION_MISMATCH",
+             ["job %d is reserved under another token" % over_http]),
+            (post, "/jobs/%d/%s%s" % (ready, action, q(reservation=d["reservation"])), "RESERVATION_MISMATCH",
+             ["ended", "job %d is ready" % ready]),
+        ]
+    ask(cases)
+    with Beanstalk() as b:
+        b.expect("watch %s\r\n" % tube, b"WATCHING 2\r\n")
+        got, _ = b.job(b.cmd("reserve-with-timeout 2\r\n"), b"RESERVED")
+        check_eq(got, ready, "the TCP client reserves the ready job")
+        cases = [
+            (delete, "/jobs/%d" % ready, "RESERVED_ELSEWHERE", ["job %d" % ready, "delete"]),
+            (post, "/jobs/%d/kick" % ready, "NOT_BURIED_OR_DELAYED", ["beanstalk or Gearman client"]),
+            (post, "/jobs/%d/reservations" % ready, "ALREADY_RESERVED", ["beanstalk or Gearman client"]),
+        ]
+        for action in ("release", "bury", "touch"):
+            for path in ("/jobs/%d/%s" % (ready, action),
+                         "/jobs/%d/%s%s" % (ready, action, q(reservation=d["reservation"]))):
+                cases.append((post, path, "RESERVED_ELSEWHERE", ["beanstalk or Gearman client", action]))
+        ask(cases)
+        b.expect("delete %d\r\n" % ready, b"DELETED\r\n")
+    expect_status(delete("/jobs/%d%s" % (over_http, q(reservation=d["reservation"]))), 204, "delete")
 
 def test_release():
     tube = uniq("rel")
@@ -1243,9 +1307,9 @@ def test_bury_peek_kick():
     expect_problem(get("/tubes/%s/ready" % tube), 404, "NOT_FOUND", "peek ready with none ready")
     j = check_job(expect_json(post("/jobs/%d/kick" % jid), 200, "kick buried job"), "kick reply")
     check_eq((j["state"], j["kicks"]), ("ready", 1), "after kick")
-    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a ready job")
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_BURIED_OR_DELAYED", "kick a ready job")
     d = reserve_one(tube)
-    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a reserved job")
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_BURIED_OR_DELAYED", "kick a reserved job")
     expect_problem(post("/jobs/%d/kick" % 987654321), 404, "NOT_FOUND", "kick no job")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete")
     jd = put(tube, b"delayed", delay=100)
@@ -1822,10 +1886,10 @@ def test_http_put_tcp_reserve():
         check_eq((got, body), (jid, b"made over http"), "TCP reserve of the HTTP job")
         j = job_stats(jid)
         check_eq(j["state"], "reserved", "HTTP sees the TCP reservation")
-        expect_problem(delete("/jobs/%d" % jid), 409, "RESERVATION_REQUIRED",
+        expect_problem(delete("/jobs/%d" % jid), 409, "RESERVED_ELSEWHERE",
                        "HTTP delete of a TCP-reserved job without token")
         expect_problem(delete("/jobs/%d?reservation=%s" % (jid, "1-1-" + "0" * 32)), 409,
-                       "RESERVATION_MISMATCH", "HTTP delete of a TCP-reserved job with a token")
+                       "RESERVED_ELSEWHERE", "HTTP delete of a TCP-reserved job with a token")
         b.expect("delete %d\r\n" % jid, b"DELETED\r\n")
     expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "GET after TCP delete")
 
@@ -2310,6 +2374,7 @@ TESTS = [
     test_get_job_and_body,
     test_delete_ready_delayed_buried,
     test_reservation_token_rules,
+    test_conflict_codes,
     test_release,
     test_bury_peek_kick,
     test_touch_and_ttr,

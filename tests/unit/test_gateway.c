@@ -452,14 +452,28 @@ static void test_route_long_url(void **state)
 
 /* ---- the error table -------------------------------------------------- */
 
-/* Every engine outcome the handlers can meet is one row of the error table:
- * its status, code and detail; an outcome not in it is a 500 named by its
- * beanstalk word. Each status has its own title. */
+/* Every engine outcome the handlers can meet, and every conflict of a
+ * request with a job's state, is one row of the error table: its status,
+ * code and detail (a 409's code says what happened, not NOT_FOUND); an
+ * outcome not in it is a 500 named by its beanstalk word. Each status has
+ * its own title. */
 static void test_outcome_problems(void **state)
 {
     (void)state;
     static const struct gw_problem want[] = {
         {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+        {GW_RESERVATION_REQUIRED, 409, "RESERVATION_REQUIRED",
+         "the job is reserved over HTTP: give the token of that reservation "
+         "(header X-Reservation: TOKEN, or ?reservation=TOKEN)"},
+        {GW_RESERVATION_MISMATCH, 409, "RESERVATION_MISMATCH",
+         "the reservation token is wrong, or its reservation has ended"},
+        {GW_RESERVED_ELSEWHERE, 409, "RESERVED_ELSEWHERE",
+         "the job is reserved by a beanstalk or Gearman client or by push delivery: only that "
+         "reservation can act on it, and HTTP has no token for it"},
+        {GW_NOT_RESERVED, 409, "NOT_RESERVED",
+         "the job is not reserved: only a reserved job can be released, buried or touched"},
+        {GW_NOT_BURIED_OR_DELAYED, 409, "NOT_BURIED_OR_DELAYED", "only a buried or delayed job can be kicked"},
+        {GW_ALREADY_RESERVED, 409, "ALREADY_RESERVED", "the job is already reserved"},
         {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
         {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
         {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
@@ -484,6 +498,8 @@ static void test_outcome_problems(void **state)
     for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
         assert_string_equal(gw_status_title(titles[i].status), titles[i].title);
     assert_true(GW_NO_REPLY < BG_LOG_UNAVAILABLE - 100); /* no outcome is mistaken for it */
+    /* the gateway's conflicts lie between the engine's outcomes and GW_NO_REPLY */
+    assert_true(GW_RESERVATION_REQUIRED < BG_LOG_UNAVAILABLE - 100 && GW_ALREADY_RESERVED > GW_NO_REPLY);
 }
 
 /* ---- JSON rendering ---------------------------------------------------- */
