@@ -341,6 +341,11 @@ const char *gw_query(struct gw_request *r, const char *key);
 int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
 /* The request header name (any case), or NULL. */
 const char *gw_request_header(struct gw_request *r, const char *name);
+/* The request's reservation token into *token: the X-Reservation header or
+ * the reservation query parameter (the same name as the header of a raw
+ * reply), NULL when neither is given. 0, or -1 when both are given and
+ * differ (*token NULL). */
+int gw_reservation_token(struct gw_request *r, const char **token);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
 /* The HTTP connections open to the gateway now, r's included. */

@@ -449,7 +449,12 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
                              const char *action, int *reply)
 {
     struct gateway *gw = r->gw;
-    const char *token = gw_query(r, "reservation");
+    const char *token;
+    if (gw_reservation_token(r, &token) != 0) {
+        *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                  "the X-Reservation header and ?reservation= differ: give the token once");
+        return -1;
+    }
     int outcome = 0;
     if (j->state == BG_JOB_RESERVED && j->reserver != &gw->holder)
         outcome = GW_RESERVED_ELSEWHERE;

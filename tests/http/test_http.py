@@ -1262,6 +1262,37 @@ def test_conflict_codes():
         b.expect("delete %d\r\n" % ready, b"DELETED\r\n")
     expect_status(delete("/jobs/%d%s" % (over_http, q(reservation=d["reservation"]))), 204, "delete")
 
+def test_reservation_token_header():
+    """The token may come in the X-Reservation header (the name of the raw
+    reply's header), so that it stays out of URLs and proxy logs: delete,
+    release, bury and touch take it; the query parameter still works; both
+    given and equal is fine, both given and different is 400."""
+    tube = uniq("tokhdr")
+    jid = put(tube, b"by header", ttr=30)
+    d = reserve_one(tube, body=b"by header")
+    tok = {"X-Reservation": d["reservation"]}
+    j = check_job(expect_json(post("/jobs/%d/touch" % jid, headers=tok), 200, "touch with the header"), "touch")
+    check_eq(j["state"], "reserved", "touched")
+    doc = expect_problem(post("/jobs/%d/touch%s" % (jid, q(reservation="1-1-" + "0" * 32)), headers=tok), 400,
+                         "BAD_FORMAT", "header and query differ")
+    check("X-Reservation" in doc["detail"], "the 400 names the header: %r" % doc["detail"])
+    expect_problem(delete("/jobs/%d" % jid, headers={"X-Reservation": "1-1-" + "0" * 32}), 409,
+                   "RESERVATION_MISMATCH", "delete with a wrong token in the header")
+    j = check_job(expect_json(post("/jobs/%d/release%s" % (jid, q(reservation=d["reservation"], delay=0)),
+                                   headers=tok), 200, "header and query equal"), "release")
+    check_eq((j["state"], j["releases"]), ("ready", 1), "released")
+    d = reserve_one(tube, body=b"by header")
+    tok = {"X-Reservation": d["reservation"]}
+    j = check_job(expect_json(post("/jobs/%d/bury" % jid, headers=tok), 200, "bury with the header"), "bury")
+    check_eq(j["state"], "buried", "buried")
+    # raw reserve: the reply's X-Reservation goes back as it came
+    expect_json(post("/jobs/%d/kick" % jid), 200, "kick")
+    r = reserve(tube, headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw reserve")
+    expect_status(delete("/jobs/%s" % r.header("X-Job-Id"), headers={"X-Reservation": r.header("X-Reservation")}),
+                  204, "delete with the header of the raw reply")
+    expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "deleted")
+
 def test_release():
     tube = uniq("rel")
     jid = put(tube, b"again", priority=20)
@@ -2375,6 +2406,7 @@ TESTS = [
     test_delete_ready_delayed_buried,
     test_reservation_token_rules,
     test_conflict_codes,
+    test_reservation_token_header,
     test_release,
     test_bury_peek_kick,
     test_touch_and_ttr,
