@@ -328,8 +328,11 @@ static int reserve(struct gw_request *r, const char *tubes)
     }
     uint64_t timeout = 0, count = 0;
     if (gw_query_u64(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
-    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0))
-        return bad_param(r, "count");
+    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0)) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "query parameter 'count' must be 1 to %d", GW_BATCH_MAX);
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+    }
     if (timeout > gw->cfg.max_wait_s) timeout = gw->cfg.max_wait_s;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
     /* validate every name (empty ones included) before touching the engine */

@@ -1088,8 +1088,12 @@ def test_reserve_several_tubes():
 def test_reserve_bad_parameters_400():
     tube = uniq("badres")
     for params in ("timeout=abc", "timeout=-1", "count=0", "count=101", "count=x", "timeout=1e3"):
-        expect_problem(post("/tubes/%s/reservations?%s" % (tube, params), via="direct"), 400,
-                       "BAD_FORMAT", "reserve with %s" % params)
+        doc = expect_problem(post("/tubes/%s/reservations?%s" % (tube, params), via="direct"), 400,
+                             "BAD_FORMAT", "reserve with %s" % params)
+        name = params.split("=")[0]
+        check("'%s'" % name in doc["detail"], "reserve with %s: the detail names %s: %r" % (params, name, doc["detail"]))
+        if name == "count":   # the range, not "a non-negative integer" (0 is one)
+            check("1 to 100" in doc["detail"], "reserve with %s: the detail gives the range: %r" % (params, doc["detail"]))
     for params in ("", "tubes=", "tubes=-bad", "tubes=a,,b", "tubes=" + ",".join("t%d" % i for i in range(65))):
         expect_problem(post("/reservations?%s" % params, via="direct"), 400, "BAD_FORMAT",
                        "multi-tube reserve with %r" % params[:40])
@@ -1896,6 +1900,42 @@ def test_document_matches_route_table():
     check_eq(sorted(doc - src), [], "operations of openapi.yaml missing from the route table")
 
 
+def error_table_of_the_guide():
+    """{code: {statuses}} from the table of docs/http.md's "Errors" section."""
+    import re
+    with open(os.path.join(REPO, "docs", "http.md")) as f:
+        text = f.read()
+    section = text[text.index("\n## Errors\n"):]
+    section = section[:section.index("\n## ", 5)]
+    out = {}
+    for status, code in re.findall(r"^\| (\d{3}) \| `([A-Z_]+)` \|", section, flags=re.M):
+        out.setdefault(code, set()).add(int(status))
+    return out
+
+
+def codes_of_the_document():
+    """The `code` enum of the Problem schema of openapi/openapi.yaml."""
+    import re
+    with open(OPENAPI_PATH) as f:
+        text = f.read()
+    problem = text[text.index("\n    Problem:\n"):]
+    enum = problem[problem.index("enum:"):]
+    return set(re.findall(r"^            - ([A-Z_]+)$", enum[:enum.index("\n\n") if "\n\n" in enum else None],
+                          flags=re.M))
+
+
+def test_error_table_of_the_guide():
+    """docs/http.md's error table lists every code of the document's
+    Problem schema, 401 UNAUTHORIZED included, and nothing else; each code
+    with the status the server sends it with."""
+    guide, doc = error_table_of_the_guide(), codes_of_the_document()
+    check(len(doc) >= 15, "could not read the Problem codes of openapi.yaml: %r" % sorted(doc))
+    check_eq(sorted(set(guide)), sorted(doc), "codes of the error table of docs/http.md vs openapi.yaml")
+    check_eq(guide.get("UNAUTHORIZED"), {401}, "UNAUTHORIZED's status in the table")
+    for code in ("RESERVATION_REQUIRED", "RESERVATION_MISMATCH", "RESERVED_ELSEWHERE", "NOT_RESERVED",
+                 "NOT_BURIED_OR_DELAYED", "ALREADY_RESERVED"):
+        check_eq(guide.get(code), {409}, "%s's status in the table" % code)
+
 def test_openapi_served():
     r = get("/openapi.yaml")
     expect_status(r, 200, "GET /openapi.yaml")
@@ -2431,6 +2471,7 @@ TESTS = [
     test_ui_redirect_and_unknown_files,
     test_openapi_served,
     test_document_matches_route_table,
+    test_error_table_of_the_guide,
     test_http_put_tcp_reserve,
     test_tcp_put_http_reserve_delete,
     test_ids_increase_across_protocols,
