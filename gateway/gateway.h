@@ -21,6 +21,7 @@
  *   tube_page.c one page of the tubes' statistics (GET /stats/tubes)
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
+ *   cors.c      the origins allowed to call from a browser (CORS), below reply.c
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -50,6 +51,15 @@
 #define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
 #define GW_TUBE_PAGE_MAX 500          /* tubes in one page of GET /stats/tubes */
 #define GW_TUBE_PAGE_DEFAULT 100
+#define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
+#define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
+#define GW_CORS_MAX_AGE "600"         /* seconds a browser may keep a preflight's answer */
+/* What a page of an allowed origin may send (beyond the CORS-safelisted
+ * headers) and read (beyond the safelisted response headers). */
+#define GW_CORS_ALLOW_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Reservation"
+#define GW_CORS_EXPOSE_HEADERS                                                                \
+    "Location, X-Job-Id, X-Job-Tube, X-Job-Priority, X-Job-Ttr, X-Reservation, "             \
+    "Idempotent-Replayed, Retry-After, Allow, WWW-Authenticate, ETag"
 
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
@@ -67,6 +77,7 @@ struct gateway_config {
     /* process facts for GET /stats (binlog figures); arg is log_arg */
     void (*process_info)(void *arg, struct bg_process_info *pi);
     uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
+    const char *cors_origins;     /* comma-separated origins (gw_cors_check); NULL: CORS off */
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,
@@ -104,8 +115,9 @@ void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
 struct gw_request;
 
 /* The methods of the route table; HEAD is GET without the body (it is
- * served by the GET row); any other method is GW_OTHER. */
-enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+ * served by the GET row); OPTIONS has no row (http.c answers it for every
+ * path when CORS is on); any other method is GW_OTHER. */
+enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OPTIONS, GW_OTHER };
 
 /* How much body a route reads. The limit is checked against Content-Length
  * before any byte of the body is read (413 JOB_TOO_BIG). */
@@ -211,6 +223,7 @@ struct gateway {
     uint64_t in_flight;           /* requests begun and not completed */
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
+    struct gw_cors *cors;         /* NULL: CORS off */
 };
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
@@ -283,6 +296,15 @@ int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes
 /* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
  * (X-Reservation too unless token is NULL). */
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
+/* 204 to OPTIONS on a path whose methods are allow: Allow (with OPTIONS),
+ * and for a CORS preflight (preflight nonzero) the Access-Control-Allow-
+ * Methods, -Headers and -Max-Age of GW_CORS_*. */
+int gw_reply_options(struct MHD_Connection *c, const char *allow, int preflight);
+/* Every response from now on carries the CORS headers of cors (NULL: none):
+ * Vary: Origin, and for an Origin that cors allows its echo in
+ * Access-Control-Allow-Origin and GW_CORS_EXPOSE_HEADERS. One gateway per
+ * process. */
+void gw_reply_set_cors(const struct gw_cors *cors);
 
 /* ---- router.c: the route table ------------------------------------------ */
 
@@ -368,6 +390,20 @@ void gw_wake(struct gw_request *r);
 int gw_peer_alive(struct gw_request *r);
 /* Release the jobs r reserved and did not deliver (r->got = 0). */
 void gw_give_back(struct gw_request *r, bg_time now);
+
+/* cors.c: the origins allowed to call from a browser */
+struct gw_cors;
+/* Check a comma-separated list of origins, each "http(s)://HOST[:PORT]"
+ * (no path, no '*', at most GW_CORS_ORIGINS_MAX): NULL, or why it is
+ * refused (a static string). */
+const char *gw_cors_check(const char *list);
+/* The origins of a list that gw_cors_check accepts (copied); NULL if it
+ * does not, or out of memory. */
+struct gw_cors *gw_cors_new(const char *list);
+void gw_cors_free(struct gw_cors *c);
+/* Nonzero if origin (a request's Origin header; NULL: none) is one of c's,
+ * compared without regard to ASCII case. */
+int gw_cors_allows(const struct gw_cors *c, const char *origin);
 
 /* auth.c: bearer tokens */
 struct gw_auth;

@@ -1,7 +1,8 @@
 /* reply.c - the responses of the gateway, below every handler: JSON,
  * application/problem+json (one table of status titles, one table of
- * outcome -> status, code, detail), no body, a raw job, and bytes. It calls
- * libmicrohttpd and jansson and no other file of the gateway. Each function
+ * outcome -> status, code, detail), no body, a raw job, and bytes; and the
+ * CORS headers of every response, in one place (send_response). It calls
+ * libmicrohttpd, jansson and cors.c, below it. Each function
  * returns 0 when the response was queued, GW_NO_REPLY when it could not be
  * (out of memory, or a response was queued already). */
 #include <stdio.h>
@@ -16,6 +17,7 @@ static const struct {
     const char *title;
 } titles[] = {
     {400, "Bad Request"},           {401, "Unauthorized"},
+    {403, "Forbidden"},
     {404, "Not Found"},             {405, "Method Not Allowed"},
     {409, "Conflict"},              {413, "Content Too Large"},
     {422, "Unprocessable Content"}, {500, "Internal Server Error"},
@@ -61,6 +63,31 @@ struct gw_problem gw_outcome_problem(int outcome)
     return (struct gw_problem){outcome, 500, bg_outcome_word(outcome), "internal error"};
 }
 
+/* The gateway's origins (gw_reply_set_cors); NULL: CORS is off. */
+static const struct gw_cors *cors_origins;
+
+void gw_reply_set_cors(const struct gw_cors *cors) { cors_origins = cors; }
+
+/* Queue resp (NULL: out of memory) for c with the CORS headers, and let it
+ * go. Every response of the gateway leaves through here. */
+static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
+{
+    if (!resp) return GW_NO_REPLY;
+    if (cors_origins) {
+        /* the answer depends on the Origin: a cache must not give one
+         * origin's answer to another */
+        MHD_add_response_header(resp, "Vary", "Origin");
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        if (gw_cors_allows(cors_origins, origin)) {
+            MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+            MHD_add_response_header(resp, "Access-Control-Expose-Headers", GW_CORS_EXPOSE_HEADERS);
+        }
+    }
+    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 /* Queue a response made of n bytes (copied unless copy is 0: then they live
  * as long as the process), with a Content-Type unless type is NULL, and
  * the count headers of h. */
@@ -69,12 +96,9 @@ static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, s
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         n, (void *)bytes, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
-    if (!resp) return GW_NO_REPLY;
-    if (type) MHD_add_response_header(resp, "Content-Type", type);
-    for (size_t i = 0; i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
-    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
-    MHD_destroy_response(resp);
-    return rc;
+    if (resp && type) MHD_add_response_header(resp, "Content-Type", type);
+    for (size_t i = 0; resp && i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
+    return send_response(c, status, resp);
 }
 
 /* Append the header name: value to h[*count] unless name is NULL. */
@@ -175,7 +199,16 @@ int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const cha
     snprintf(num, sizeof num, "%u", j->ttr_s);
     MHD_add_response_header(resp, "X-Job-Ttr", num);
     if (token) MHD_add_response_header(resp, "X-Reservation", token);
-    int rc = MHD_queue_response(c, 200, resp) == MHD_YES ? 0 : GW_NO_REPLY;
-    MHD_destroy_response(resp);
-    return rc;
+    return send_response(c, 200, resp);
+}
+
+int gw_reply_options(struct MHD_Connection *c, const char *allow, int preflight)
+{
+    char methods[64];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    struct gw_header h[4] = {{"Allow", methods},
+                             {"Access-Control-Allow-Methods", allow},
+                             {"Access-Control-Allow-Headers", GW_CORS_ALLOW_HEADERS},
+                             {"Access-Control-Max-Age", GW_CORS_MAX_AGE}};
+    return queue(c, 204, "", 0, 0, NULL, h, preflight ? 4 : 1);
 }

@@ -328,7 +328,8 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s};
+                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
+                                      cfg.http_cors_origins};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

@@ -180,9 +180,9 @@ def prism_problem(resp):
 
 
 def request(method, path, body=None, headers=None, via="base", timeout=HTTP_TIMEOUT):
-    """One HTTP exchange on a new connection. via: "base" (maybe a proxy) or
-    "direct" (the server itself)."""
-    host, port = T.base if via == "base" else T.direct
+    """One HTTP exchange on a new connection. via: "base" (maybe a proxy),
+    "direct" (the server itself), or the (host, port) of another server."""
+    host, port = T.base if via == "base" else T.direct if via == "direct" else via
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     hdrs = dict(headers or {})
     if body is not None and not any(k.lower() == "content-type" for k in hdrs):
@@ -511,7 +511,7 @@ class Server:
                 if self.http:
                     c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
                     try:
-                        c.request("GET", "/stats")
+                        c.request("GET", "/livez")   # open with bearer tokens too
                         if c.getresponse().status != 200:
                             continue
                     finally:
@@ -2271,6 +2271,163 @@ def listening_ports(pid):
     return ports
 
 
+# ---- CORS -----------------------------------------------------------------------------
+
+CORS_ORIGINS = ("https://app.example.com", "http://localhost:3000")
+CORS_TOKEN = "cors-test-token-0123456789abcdef"
+
+
+def cors_headers(resp):
+    """The Access-Control-* headers and Vary of a response, by lowercase name."""
+    return {k.lower(): v for k, v in resp.headers if k.lower().startswith("access-control-") or k.lower() == "vary"}
+
+
+def test_cors_off_by_default():
+    """Without --http-cors-origins the gateway sends no CORS header, to an
+    Origin or not, and OPTIONS is 405 like any method a path lacks."""
+    origin = {"Origin": CORS_ORIGINS[0]}
+    for method, path in (("GET", "/stats"), ("GET", "/jobs/987654321"), ("POST", "/tubes/%s/jobs" % uniq("nocors"))):
+        r = request(method, path, body=b"x" if method == "POST" else None, headers=origin, via="direct")
+        check_eq(cors_headers(r), {}, "CORS headers of %s %s with CORS off" % (method, path))
+    r = request("OPTIONS", "/jobs/1", headers=dict(origin, **{"Access-Control-Request-Method": "DELETE"}),
+                via="direct")
+    expect_problem(r, 405, "METHOD_NOT_ALLOWED", "a preflight with CORS off")
+    check_eq((r.header("Allow"), cors_headers(r)), ("GET, HEAD, DELETE", {}), "Allow and CORS headers")
+
+
+def cors_server(extra=()):
+    """A server of its own with CORS for CORS_ORIGINS and a bearer token."""
+    f = tempfile.NamedTemporaryFile("w", prefix="beangate-cors-", suffix=".tokens", delete=False)
+    f.write(CORS_TOKEN + "\n")
+    f.close()
+    os.chmod(f.name, 0o600)
+    try:
+        return Server(["--http-cors-origins", ",".join(CORS_ORIGINS), "--http-token-file", f.name] + list(extra)).start()
+    finally:
+        os.unlink(f.name)
+
+
+def test_cors_preflight_on_every_route():
+    """With --http-cors-origins, a preflight from a listed origin to any path
+    of the route table, without a token, gets 204 with the origin echoed,
+    Vary: Origin, the path's methods (from the route table), the request
+    headers a page may send and a max age; from another origin 403
+    ORIGIN_NOT_ALLOWED without CORS headers. A plain OPTIONS gets 204 with
+    Allow; an unknown path still needs the token."""
+    srv = cors_server()
+    at = ("127.0.0.1", srv.http_port)
+    try:
+        methods = {}
+        for path, method in routes_from_source():
+            methods.setdefault(path, set()).add(method)
+        order = ["GET", "HEAD", "POST", "DELETE"]
+        check(len(methods) >= 20, "paths of the route table: %d" % len(methods))
+        for pattern, ms in sorted(methods.items()):
+            path = concrete_path(pattern, "t", 1)
+            want = ", ".join(m for m in order if m in ms)
+            for origin in CORS_ORIGINS + (CORS_ORIGINS[0].upper(),):
+                r = request("OPTIONS", path, via=at, headers={
+                    "Origin": origin, "Access-Control-Request-Method": sorted(ms)[0],
+                    "Access-Control-Request-Headers": "authorization,x-reservation"})
+                what = "preflight of %s from %s" % (path, origin)
+                expect_status(r, 204, what)
+                h = cors_headers(r)
+                check_eq(h.get("access-control-allow-origin"), origin, "%s: Allow-Origin" % what)
+                check_eq(h.get("access-control-allow-methods"), want, "%s: Allow-Methods" % what)
+                check_eq([x.strip() for x in h.get("access-control-allow-headers", "").split(",")],
+                         ["Authorization", "Content-Type", "Idempotency-Key", "X-Reservation"],
+                         "%s: Allow-Headers" % what)
+                check(h.get("access-control-max-age", "").isdigit(), "%s: Max-Age %r" % (what, h))
+                check("Origin" in h.get("vary", ""), "%s: Vary %r" % (what, h.get("vary")))
+                check_eq(r.header("Allow"), want + ", OPTIONS", "%s: Allow" % what)
+            r = request("OPTIONS", path, via=at, headers={"Origin": "https://evil.example",
+                                                          "Access-Control-Request-Method": sorted(ms)[0]})
+            doc = expect_problem(r, 403, "ORIGIN_NOT_ALLOWED", "preflight of %s from another origin" % path)
+            check("--http-cors-origins" in doc["detail"], "the 403 says why: %r" % doc["detail"])
+            check_eq(set(cors_headers(r)), {"vary"}, "CORS headers of the 403")
+            r = request("OPTIONS", path, via=at)
+            expect_status(r, 204, "plain OPTIONS %s" % path)
+            check_eq((r.header("Allow"), r.header("Access-Control-Allow-Methods")), (want + ", OPTIONS", None),
+                     "plain OPTIONS %s: Allow, no preflight headers" % path)
+        r = request("OPTIONS", "/nope", via=at, headers={"Origin": CORS_ORIGINS[0],
+                                                         "Access-Control-Request-Method": "GET"})
+        expect_problem(r, 401, "UNAUTHORIZED", "OPTIONS of an unknown path without a token")
+        r = request("PUT", "/jobs/1", via=at, headers={"Authorization": "Bearer " + CORS_TOKEN})
+        expect_problem(r, 405, "METHOD_NOT_ALLOWED", "PUT /jobs/1")
+        check_eq(r.header("Allow"), "GET, HEAD, DELETE, OPTIONS", "a 405's Allow lists OPTIONS with CORS on")
+    finally:
+        check_stopped(*srv.stop(), what="the CORS server")
+
+
+def test_cors_actual_responses():
+    """Answers to a listed origin carry Access-Control-Allow-Origin and
+    expose the headers a page needs (Location, X-Job-Id, X-Reservation,
+    Retry-After, ...), errors and 401s included, raw replies too; a request
+    from another origin is served without them."""
+    srv = cors_server()
+    at = ("127.0.0.1", srv.http_port)
+    auth = {"Authorization": "Bearer " + CORS_TOKEN}
+    try:
+        origin = {"Origin": CORS_ORIGINS[1]}
+        tube = uniq("cors")
+
+        def allowed(r, what):
+            h = cors_headers(r)
+            check_eq(h.get("access-control-allow-origin"), CORS_ORIGINS[1], "%s: Allow-Origin" % what)
+            exposed = [x.strip() for x in h.get("access-control-expose-headers", "").split(",")]
+            for name in ("Location", "X-Job-Id", "X-Reservation", "Retry-After", "Idempotent-Replayed",
+                         "WWW-Authenticate", "Allow"):
+                check(name in exposed, "%s: %s not exposed (%r)" % (what, name, exposed))
+            check("Origin" in h.get("vary", ""), "%s: Vary %r" % (what, h.get("vary")))
+            check("access-control-allow-credentials" not in h, "%s: credentials mode %r" % (what, h))
+        r = request("POST", "/tubes/%s/jobs" % tube, body=b"from a page", headers=dict(origin, **auth), via=at)
+        jid = expect_json(r, 201, "put from the page")["id"]
+        allowed(r, "put")
+        r = request("POST", "/tubes/%s/reservations" % tube, via=at,
+                    headers=dict(origin, Accept="application/octet-stream", **auth))
+        expect_status(r, 200, "raw reserve")
+        allowed(r, "raw reserve")
+        r = request("DELETE", "/jobs/%d" % jid, via=at,
+                    headers=dict(origin, **dict(auth, **{"X-Reservation": r.header("X-Reservation")})))
+        expect_status(r, 204, "delete with the header")
+        allowed(r, "delete")
+        r = request("GET", "/stats", headers=origin, via=at)
+        expect_problem(r, 401, "UNAUTHORIZED", "no token")
+        allowed(r, "401")
+        r = request("GET", "/jobs/%d" % jid, headers=dict(origin, **auth), via=at)
+        expect_problem(r, 404, "NOT_FOUND", "a deleted job")
+        allowed(r, "404")
+        r = request("GET", "/ui/app.js", headers=origin, via=at)
+        expect_status(r, 200, "a file of the dashboard")
+        allowed(r, "dashboard file")
+        for other in ({"Origin": "https://evil.example"}, {"Origin": "null"}, {}):
+            r = request("POST", "/tubes/%s/jobs" % tube, body=b"x", headers=dict(other, **auth), via=at)
+            expect_status(r, 201, "put from %r" % other)
+            check_eq(cors_headers(r), {"vary": "Origin"}, "CORS headers for %r" % other)
+    finally:
+        check_stopped(*srv.stop(), what="the CORS server")
+
+
+def test_cors_origins_checked_at_start():
+    """A bad --http-cors-origins (or BEANGATE_HTTP_CORS_ORIGINS) stops the
+    start with exit status 5 and a line that says why; '*' is refused."""
+    cases = [("*", "'*' is refused"), ("https://a.example,*", "'*' is refused"),
+             ("https://a.example/", "no path"), ("https://a.example/app", "no path"),
+             ("ftp://a.example", "http:// or https://"), ("a.example", "http:// or https://"),
+             ("https://", "no host"), ("https://a.example:0", "port"), ("https://a.example:99999", "port"),
+             ("https://a.example,,https://b.example", "http:// or https://"), ("null", "http:// or https://"),
+             (",".join("http://h%d.example" % i for i in range(65)), "more than 64")]
+    env = testlib.clean_env()
+    for value, why in cases:
+        for argv, extra_env in (([T.binary, "--http-cors-origins", value], {}),
+                                ([T.binary], {"BEANGATE_HTTP_CORS_ORIGINS": value})):
+            p = subprocess.run(argv + ["-p", "0", "--http-port", "0"], env=dict(env, **extra_env),
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            err = p.stderr.decode("utf-8", "replace")
+            what = "%s%s" % ("BEANGATE_HTTP_CORS_ORIGINS=" if extra_env else "--http-cors-origins ", value[:60])
+            check_eq(p.returncode, 5, "%s: exit status (stderr %s)" % (what, err[-300:]))
+            check(why in err, "%s: %r not in %r" % (what, why, err[-400:]))
+
 def test_no_http_flag():
     """--no-http: only the beanstalk port is listening."""
     http_port = free_port()
@@ -2487,6 +2644,10 @@ TESTS = [
     test_binary_body_base64,
     test_binary_raw_round_trip,
     test_utf8_and_nul_bodies_as_json_text,
+    test_cors_off_by_default,
+    test_cors_preflight_on_every_route,
+    test_cors_actual_responses,
+    test_cors_origins_checked_at_start,
     test_no_http_flag,
     test_sigterm_with_waiting_longpoll,
     test_timeout_is_capped_by_http_max_wait,

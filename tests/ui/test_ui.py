@@ -769,6 +769,89 @@ def test_server_memory_steady():
         s.stop()
 
 
+class OtherOrigin:
+    """A page of another origin (http://127.0.0.1:PORT/, a blank page from
+    a threaded http.server), to call the gateway from as a web app would."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                page = b"<!doctype html><title>another app</title><p>another origin</p>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# Put, reserve raw and delete with the token header, from the page on screen:
+# what each step answered, or the error that stopped it.
+CALL_FROM_PAGE = r"""
+const [base, token, tube, done] = arguments;
+(async () => {
+  const out = {};
+  try {
+    const auth = token ? {Authorization: "Bearer " + token} : {};
+    const put = await fetch(base + "/tubes/" + tube + "/jobs", {method: "POST", headers: auth, body: "from another origin"});
+    out.put = put.status; out.location = put.headers.get("Location");
+    const res = await fetch(base + "/tubes/" + tube + "/reservations",
+                            {method: "POST", headers: {...auth, Accept: "application/octet-stream"}});
+    out.reserve = res.status; out.id = res.headers.get("X-Job-Id"); out.token = res.headers.get("X-Reservation");
+    out.body = await res.text();
+    const del = await fetch(base + "/jobs/" + out.id, {method: "DELETE", headers: {...auth, "X-Reservation": out.token}});
+    out.delete = del.status;
+  } catch (e) {
+    out.error = String(e);
+  }
+  done(out);
+})();"""
+
+
+def test_cors_from_another_origin():
+    """A page of another origin calls the gateway in a real browser: with
+    its origin in --http-cors-origins (and a bearer token) the preflights
+    pass and it puts, reserves raw (reading X-Job-Id and X-Reservation) and
+    deletes with the token header; a server that lists another origin, or
+    none (the default), gives the page nothing to read."""
+    b = C.browser
+    b.collect_logs()
+    with OtherOrigin() as page:
+        allowed = Server(C.binary, ["--http-cors-origins", page.url], env={"BEANGATE_HTTP_TOKENS": TOKEN}).start()
+        other = Server(C.binary, ["--http-cors-origins", "https://app.example.com"]).start()
+        try:
+            b.d.get(page.url + "/")
+            got = b.d.execute_async_script(CALL_FROM_PAGE, allowed.url, TOKEN, "cors-ui")
+            check_eq(got.get("error"), None, "the calls from %s: %r" % (page.url, got))
+            check_eq((got["put"], got["reserve"], got["body"], got["delete"]), (201, 200, "from another origin", 204),
+                     "put, reserve, body, delete from the page")
+            check_eq(got["location"], "/jobs/%s" % got["id"], "Location read by the page")
+            check(got["token"], "X-Reservation read by the page: %r" % got)
+            allowed.api("GET", "/tubes/cors-ui", want=404, token=TOKEN)   # the job deleted, the tube gone
+            for server, why in ((other, "another origin listed"), (C.server, "CORS off")):
+                got = b.d.execute_async_script(CALL_FROM_PAGE, server.url, "", "cors-ui")
+                check("error" in got and "fetch" in got["error"].lower(),
+                      "%s: the page read an answer: %r" % (why, got))
+        finally:
+            b.d.get_log("browser")   # the refused calls above are logged as errors: expected
+            b.open(C.server, "/overview")
+            allowed.stop()
+            other.stop()
+
 def test_no_policy_violations_or_script_errors():
     """Over every test above, the browser logged no Content-Security-Policy
     violation and no script error; the only failed loads are the 404s of
@@ -800,6 +883,7 @@ TESTS = [
     test_phone_width,
     test_screenshots,
     test_server_memory_steady,
+    test_cors_from_another_origin,
     test_no_policy_violations_or_script_errors,   # last: reads the whole log
 ]
 

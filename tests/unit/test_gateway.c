@@ -137,6 +137,7 @@ static void test_route_paths(void **state)
                 fail_msg("rows %d and %d: the same path and method", i, k);
         }
         assert_int_not_equal(gw_route_at(i)->method, GW_HEAD); /* HEAD comes from GET */
+        assert_int_not_equal(gw_route_at(i)->method, GW_OPTIONS); /* the lifecycle answers it (CORS) */
         assert_int_not_equal(gw_route_at(i)->method, GW_OTHER);
     }
     assert_null(gw_route_at(gw_route_count()));
@@ -267,6 +268,11 @@ static void test_head_wherever_get(void **state)
     assert_true(m.route->handler == gw_handle_job); /* HEAD never deletes */
     assert_int_equal(gw_match_route("PATCH", "/jobs/7", &m), 405);
     assert_int_equal(m.method, GW_OTHER);
+    /* OPTIONS is told apart, and matches no row: 405 with the path's methods,
+     * which a CORS preflight's answer lists */
+    assert_int_equal(gw_match_route("OPTIONS", "/jobs/7", &m), 405);
+    assert_int_equal(m.method, GW_OPTIONS);
+    assert_string_equal(m.allow, "GET, HEAD, DELETE");
 }
 
 /* ---- the gateway in this process: each request is matched once ---------- */
@@ -593,6 +599,80 @@ static void test_base64_decode(void **state)
 }
 
 /* ---- tokens ------------------------------------------------------------ */
+
+/* ---- CORS origins ------------------------------------------------------- */
+
+/* The origins of --http-cors-origins: exact http(s)://HOST[:PORT] only; a
+ * refused list says why (the message's key words here). */
+static void test_cors_origins(void **state)
+{
+    (void)state;
+    static const struct { const char *list, *why; } cases[] = {
+        {"https://app.example.com", NULL},
+        {"http://localhost:3000,https://a.example", NULL},
+        {"http://127.0.0.1:8080", NULL},
+        {"http://[::1]:8080", NULL},
+        {"HTTPS://App.Example.COM", NULL},
+        {"*", "'*' is refused"},
+        {"https://a.example,*", "'*' is refused"},
+        {"https://a.example/", "no path"},
+        {"https://a.example/x", "no path"},
+        {"https://a.example?x", "no path"},
+        {"https://user@a.example", "no path"},
+        {"ftp://a.example", "http:// or https://"},
+        {"a.example", "http:// or https://"},
+        {"", "http:// or https://"},
+        {"https://a.example,", "http:// or https://"},
+        {"null", "http:// or https://"},
+        {"https://", "no host"},
+        {"https://:80", "no host"},
+        {"http://[]", "IPv6"},
+        {"http://[::1", "IPv6"},
+        {"http://[zz]", "IPv6"},
+        {"https://a.example:", "port"},
+        {"https://a.example:0", "port"},
+        {"https://a.example:65536", "port"},
+        {"https://a.example:000080", "port"},
+        {"https://a.example:8x", "port"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *why = gw_cors_check(cases[i].list);
+        if (!cases[i].why != !why || (why && !strstr(why, cases[i].why)))
+            fail_msg("\"%s\": %s, want %s", cases[i].list, why ? why : "accepted",
+                     cases[i].why ? cases[i].why : "accepted");
+        struct gw_cors *c = gw_cors_new(cases[i].list);
+        assert_true((c == NULL) == (why != NULL));
+        gw_cors_free(c);
+    }
+    /* 64 origins at most; 256 bytes each */
+    char list[64 * 24 + 32], *p = list;
+    for (int i = 0; i < 64; i++) p += sprintf(p, "%shttp://h%d.example", i ? "," : "", i);
+    assert_null(gw_cors_check(list));
+    strcpy(p, ",http://h64.example");
+    assert_non_null(strstr(gw_cors_check(list), "more than 64"));
+    char longest[300] = "https://";
+    memset(longest + 8, 'a', 248);
+    longest[256] = '\0';
+    assert_null(gw_cors_check(longest));
+    strcat(longest, "a");
+    assert_non_null(strstr(gw_cors_check(longest), "longer than 256"));
+
+    struct gw_cors *c = gw_cors_new("https://app.example.com,http://localhost:3000");
+    assert_non_null(c);
+    assert_true(gw_cors_allows(c, "https://app.example.com"));
+    assert_true(gw_cors_allows(c, "http://localhost:3000"));
+    assert_true(gw_cors_allows(c, "HTTPS://APP.EXAMPLE.COM"));
+    assert_false(gw_cors_allows(c, "https://app.example.com:443"));
+    assert_false(gw_cors_allows(c, "http://app.example.com"));
+    assert_false(gw_cors_allows(c, "http://localhost:30000"));
+    assert_false(gw_cors_allows(c, "http://localhost"));
+    assert_false(gw_cors_allows(c, "https://app.example.com,http://localhost:3000"));
+    assert_false(gw_cors_allows(c, "null"));
+    assert_false(gw_cors_allows(c, ""));
+    assert_false(gw_cors_allows(c, NULL));
+    assert_false(gw_cors_allows(NULL, "https://app.example.com"));
+    gw_cors_free(c);
+}
 
 /* A token checks for its own reservation only: another id, another
  * reservation count, another key or any changed character fails. */
@@ -987,6 +1067,7 @@ int main(void)
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
         cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_cors_origins),
         cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_idempotency_bounded),
         cmocka_unit_test(test_idempotency_fingerprint),
