@@ -38,6 +38,8 @@ import http.client
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import struct
@@ -2428,6 +2430,181 @@ def test_cors_origins_checked_at_start():
             check_eq(p.returncode, 5, "%s: exit status (stderr %s)" % (what, err[-300:]))
             check(why in err, "%s: %r not in %r" % (what, why, err[-400:]))
 
+# ---- the shell examples of docs/http.md, run as they are ------------------------------
+
+HTTP_GUIDE = os.path.join(REPO, "docs", "http.md")
+
+
+def guide_block(marker):
+    """The ```sh block of docs/http.md right after <!-- MARKER: ... -->."""
+    with open(HTTP_GUIDE) as f:
+        text = f.read()
+    at = text.find("<!-- %s:" % marker)
+    check(at >= 0, "docs/http.md has no <!-- %s: --> marker" % marker)
+    start = text.index("```sh\n", at) + len("```sh\n")
+    return text[start:text.index("```", start)]
+
+
+# Stand-ins put before curl and sleep on PATH: each call is logged (curl with
+# its arguments, then the real curl runs; sleep with its seconds, returning
+# at once). A run that has slept SLEEPS_MAX times or called curl CURLS_MAX
+# times ends its whole process group, so that a loop ends by itself.
+SLEEPS_MAX = 7
+CURLS_MAX = 60
+CURL_STANDIN = """#!/bin/sh
+printf 'curl %s\\n' "$*" >> "$CALLS"
+[ "$(grep -c '^curl' "$CALLS")" -ge {curls} ] && kill -TERM 0
+exec {curl} "$@"
+"""
+SLEEP_STANDIN = """#!/bin/sh
+printf 'sleep %s\\n' "$1" >> "$CALLS"
+[ "$(grep -c '^sleep' "$CALLS")" -ge {sleeps} ] && kill -TERM 0
+exit 0
+"""
+
+
+class ShellExample:
+    """A block of docs/http.md run with POSIX sh in a fresh folder, with
+    $B set, in a process group of its own, curl and sleep logged."""
+
+    def __init__(self, marker, base_url):
+        self.dir = tempfile.mkdtemp(prefix="beangate-doc-")
+        self.calls = os.path.join(self.dir, "calls.log")
+        bin_dir = os.path.join(self.dir, "bin")
+        os.mkdir(bin_dir)
+        curl = shutil.which("curl")
+        check(curl and shutil.which("jq"), "curl and jq are needed (scripts/install-deps.sh test)")
+        for name, text in (("curl", CURL_STANDIN.format(curls=CURLS_MAX, curl=curl)),
+                           ("sleep", SLEEP_STANDIN.format(sleeps=SLEEPS_MAX))):
+            path = os.path.join(bin_dir, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        env = dict(testlib.clean_env(), B=base_url, CALLS=self.calls, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+        self.out = open(os.path.join(self.dir, "stdout"), "w+b")
+        self.err = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.proc = subprocess.Popen(["sh", "-c", guide_block(marker)], cwd=self.dir, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=self.out, stderr=self.err, start_new_session=True)
+
+    def log(self):
+        try:
+            with open(self.calls) as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def output(self):
+        self.out.seek(0)
+        self.err.seek(0)
+        return self.out.read(), self.err.read().decode("utf-8", "replace")
+
+    def wait(self, timeout):
+        """Until the run ends by itself (its exit status)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the example did not end within %.0f s; calls: %r" % (timeout, self.log()[-10:]))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(5)
+        self.out.close()
+        self.err.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def base_url(via="base"):
+    host, port = T.base if via == "base" else T.direct if via == "direct" else via
+    return "http://%s:%d" % (host, port)
+
+
+def test_worker_loop_of_the_guide():
+    """docs/http.md's worker loop, run as written against the server: it
+    reserves the job, prints its body and deletes it with its token (in the
+    X-Reservation header), then waits for the next job."""
+    body = ("send the welcome mail to %08x" % random.getrandbits(32)).encode()
+    jid = put("emails", body)
+    run = ShellExample("worker-loop", base_url())
+    try:
+        testlib.wait_until(lambda: get("/jobs/%d" % jid).status == 404, "the loop to delete job %d" % jid, 20)
+        testlib.wait_until(lambda: body in run.output()[0], "the loop to print the body", 5)
+        calls = run.log()
+        deletes = [c for c in calls if "-X DELETE" in c and c.endswith("/jobs/%d" % jid)]
+        check_eq(len(deletes), 1, "DELETE requests of job %d by the loop: %r" % (jid, calls))
+        check(re.search(r"-H X-Reservation: \S{16,} ", deletes[0]) and "reservation=" not in deletes[0],
+              "the token goes in the header, not the URL: %r" % deletes[0])
+        check(not any("/jobs/null" in c for c in calls), "the loop asked for /jobs/null: %r" % calls)
+        check(not any(c.startswith("sleep") for c in calls), "the loop slept with the server up: %r" % calls)
+    finally:
+        run.stop()
+
+
+def check_backs_off(run, what):
+    """The run of the worker loop waited between failed tries, twice as long
+    each time (1, 2, 4, ... s), with one reserve per try and no DELETE, and
+    ended itself after SLEEPS_MAX sleeps (a loop that spins calls curl
+    CURLS_MAX times without sleeping, and ends so)."""
+    run.wait(30)
+    calls = run.log()
+    sleeps = [c for c in calls if c.startswith("sleep")]
+    reserves = [c for c in calls if c.startswith("curl") and "/reservations" in c]
+    check(not any("-X DELETE" in c for c in calls), "%s: the loop sent a DELETE: %r" % (what, calls[:8]))
+    check_eq(len(sleeps), SLEEPS_MAX, "%s: sleeps before %d requests (%r)" % (what, len(calls) - len(sleeps),
+                                                                            calls[:8]))
+    check_eq([c.split()[1] for c in sleeps], ["1", "2", "4", "8", "16", "32", "64"][:SLEEPS_MAX],
+             "%s: the waits" % what)
+    check_eq(len(reserves), len(sleeps), "%s: one reserve per wait" % what)
+    check_eq(calls[0::2], reserves, "%s: reserve, wait, reserve, wait, ..." % what)
+    _, err = run.output()
+    check("reserve: HTTP" in err, "%s: the loop says why it waits: %r" % (what, err[-300:]))
+
+
+def test_worker_loop_backs_off_when_the_server_is_down():
+    """With no server at $B the documented loop waits between tries, longer
+    each time, instead of asking again at once (the loop of issue 14
+    spun: an empty answer looked like 204)."""
+    run = ShellExample("worker-loop", "http://127.0.0.1:%d" % free_port())
+    try:
+        check_backs_off(run, "server down")
+        check("HTTP 000" in run.output()[1], "000 for no server: %r" % run.output()[1][-200:])
+    finally:
+        run.stop()
+
+
+def test_worker_loop_backs_off_on_4xx():
+    """A server that answers 401 (bearer tokens on, none given): the loop
+    waits and tries again, and never deletes /jobs/null (the loop of issue
+    14 did, after any 4xx)."""
+    srv = cors_server()
+    run = ShellExample("worker-loop", base_url(("127.0.0.1", srv.http_port)))
+    try:
+        check_backs_off(run, "401")
+        check("HTTP 401" in run.output()[1], "the 401 reported: %r" % run.output()[1][-200:])
+    finally:
+        run.stop()
+        check_stopped(*srv.stop(), what="the server with tokens")
+
+
+def test_raw_reserve_example_of_the_guide():
+    """docs/http.md's octet-stream example, run as written: it puts four
+    bytes, reserves them raw, and deletes the job it got, whose id it reads
+    from X-Job-Id (the example of issue 14 deleted job 9, whichever it got)."""
+    run = ShellExample("raw-reserve", base_url())
+    try:
+        check_eq(run.wait(20), 0, "exit status of the example (stderr %r)" % run.output()[1][-300:])
+        with open(os.path.join(run.dir, "body.bin"), "rb") as f:
+            check_eq(f.read(), b"\x00\x01\xfe\xff", "body.bin")
+        with open(os.path.join(run.dir, "headers.txt")) as f:
+            headers = dict(line.rstrip("\r\n").split(": ", 1) for line in f if ": " in line)
+        jid = int(headers["X-Job-Id"])
+        check_eq(headers["X-Job-Tube"], "blobs", "X-Job-Tube")
+        expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "the job the example reserved, after it")
+        out, _ = run.output()
+        check(b"X-Job-Id: %d" % jid in out, "the example shows the headers: %r" % out[:300])
+    finally:
+        run.stop()
+
 def test_no_http_flag():
     """--no-http: only the beanstalk port is listening."""
     http_port = free_port()
@@ -2648,6 +2825,10 @@ TESTS = [
     test_cors_preflight_on_every_route,
     test_cors_actual_responses,
     test_cors_origins_checked_at_start,
+    test_worker_loop_of_the_guide,
+    test_worker_loop_backs_off_when_the_server_is_down,
+    test_worker_loop_backs_off_on_4xx,
+    test_raw_reserve_example_of_the_guide,
     test_no_http_flag,
     test_sigterm_with_waiting_longpoll,
     test_timeout_is_capped_by_http_max_wait,
