@@ -2590,7 +2590,8 @@ def test_raw_reserve_example_of_the_guide():
     """docs/http.md's octet-stream example, run as written: it puts four
     bytes, reserves them raw, and deletes the job it got, whose id it reads
     from X-Job-Id (the example of issue 14 deleted job 9, whichever it got)."""
-    run = ShellExample("raw-reserve", base_url())
+    # to the server itself: a proxy that reads bodies as text changes these bytes
+    run = ShellExample("raw-reserve", base_url("direct"))
     try:
         check_eq(run.wait(20), 0, "exit status of the example (stderr %r)" % run.output()[1][-300:])
         with open(os.path.join(run.dir, "body.bin"), "rb") as f:
