@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "gateway.h"
-#include "../server/log.h"
+#include "../io/eventlog.h"
 
 static void gw_run(struct gateway *gw);
 

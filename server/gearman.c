@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #include "server.h"
-#include "wal.h"
-#include "log.h"
+#include "../io/wal.h"
+#include "../io/eventlog.h"
 #include "../core/gearman.h"
 
 #define GM_READ_CHUNK 65536

@@ -16,8 +16,8 @@
 
 #include "server.h"
 #include "../gateway/gateway.h"
-#include "wal.h"
-#include "log.h"
+#include "../io/wal.h"
+#include "../io/eventlog.h"
 
 bg_time server_now(void)
 {

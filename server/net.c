@@ -19,8 +19,8 @@
 #include <pwd.h>
 
 #include "server.h"
-#include "wal.h"
-#include "log.h"
+#include "../io/wal.h"
+#include "../io/eventlog.h"
 
 struct conn {
     struct bg_session session;   /* first: the codec's view */

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "wal.h"
-#include "log.h"
+#include "eventlog.h"
 
 #define RETRY_SECONDS 1
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
