@@ -29,6 +29,10 @@ const char *bg_outcome_word(int outcome)
     case BG_UNKNOWN_COMMAND: return "UNKNOWN_COMMAND";
     case BG_NOT_IGNORED: return "NOT_IGNORED";
     case BG_BURIED: return "BURIED";
+    case BG_LOG_UNAVAILABLE: return "LOG_UNAVAILABLE";
+    case BG_TORN: return "TORN";
+    case BG_CORRUPT: return "CORRUPT";
+    case BG_IO_ERROR: return "IO_ERROR";
     default: return "INTERNAL_ERROR";
     }
 }

@@ -16,6 +16,7 @@
  * unknown job (ignored) or a new job's own record, and the snapshot then
  * writes each remaining job as it is at that point. */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -28,25 +29,66 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loop.h"
 #include "wal.h"
 #include "eventlog.h"
 
+struct wal_batch {
+    struct bg_buf data;
+    int fd;                    /* where data goes */
+    uint64_t offset;           /* file size before data */
+    uint64_t end_seq;          /* last record seq in data */
+    int sync;
+    int close_fd;              /* an older segment to close, or -1 */
+    int sync_close;            /* sync close_fd before writing data (not with -F) */
+    int sync_dir;              /* a segment was created: sync the directory */
+    int error;                 /* errno of the flusher, 0 if written */
+};
+
+struct wal {
+    struct wal_config cfg;
+    struct bg_engine *engine;
+    struct event_base *base;
+    int dir_fd, lock_fd;
+    /* segments: index -> size, for [first_index, cur_index] */
+    uint64_t first_index, cur_index;
+    uint64_t *segment_sizes;
+    size_t segment_cap;
+    int cur_fd;
+    uint64_t total_bytes, live_bytes;
+    /* records */
+    struct bg_buf pending;
+    uint64_t pending_records;  /* records in pending (the last ones appended) */
+    uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
+    int dir_dirty;             /* segments were deleted: sync the directory */
+    uint64_t records_migrated;
+    uint64_t torn_records;     /* dropped at recovery */
+    int force_snapshot;        /* damage was accepted at start: write a snapshot */
+    uint64_t *damaged_indexes; /* segments found damaged: kept when superseded */
+    size_t damaged_count;
+    int failed_errno;          /* last write/sync failure, 0 when healthy */
+    /* compaction: a snapshot is written a chunk per batch (snap_ids: the
+     * jobs alive when it began; snap_next: the next one to write) */
+    uint64_t compact_index;    /* segments below it go once compact_seq is safe */
+    uint64_t compact_seq;      /* the snapshot's end record, once appended */
+    uint64_t *snap_ids;        /* non-NULL while a snapshot is being written */
+    size_t snap_count, snap_next;
+    /* flusher thread */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct wal_batch batch;
+    int busy, stop, has_work;
+    int notify_fd;             /* eventfd: the flusher finished a batch */
+    int locks_made;            /* lock and cond are initialised */
+    struct event *notify_ev, *sync_timer, *retry_timer;
+    bg_time last_sync;
+    int unsynced;              /* bytes written but not synced */
+    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by mark */
+};
+
 #define RETRY_SECONDS 1
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
-
-static bg_time mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
-}
-
-static uint64_t wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
-}
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
 static uint64_t job_record_size(const struct bg_job *j)
@@ -146,10 +188,10 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     struct bg_journal_job r;
     bg_journal_job_of(j, &r);
     if (r.state == BG_JOB_DELAYED) {
-        bg_time now = mono_now();
-        r.deadline_wall = wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
+        bg_time now = loop_now();
+        r.deadline_wall = loop_wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
     }
-    r.created_wall = wall_now() - (mono_now() - j->created_at);
+    r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
     w->appended_seq++;
     w->pending_records++;
@@ -169,8 +211,8 @@ static void hook_job_deleted(void *ctx, uint64_t id)
 static void hook_tube_paused(void *ctx, const struct bg_tube *t)
 {
     struct wal *w = ctx;
-    bg_time now = mono_now();
-    uint64_t unpause = wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
+    bg_time now = loop_now();
+    uint64_t unpause = loop_wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
     if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND), unpause) != 0)
         return append_failed(w);
     w->appended_seq++;
@@ -256,8 +298,8 @@ static void pending_added(struct wal *w)
 static int snapshot_step(struct wal *w)
 {
     struct bg_engine *e = w->engine;
-    uint64_t wall = wall_now();
-    bg_time now = mono_now();
+    uint64_t wall = loop_wall_now();
+    bg_time now = loop_now();
     size_t stop = w->snap_next + WAL_SNAPSHOT_CHUNK;
     if (stop > w->snap_count) stop = w->snap_count;
     for (; w->snap_next < stop; w->snap_next++) {
@@ -346,7 +388,7 @@ static int rotate(struct wal *w)
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy) return;
-    bg_time now = mono_now();
+    bg_time now = loop_now();
     int sync_due = w->cfg.fsync_never ? 0
                  : w->cfg.fsync_ms == 0 ? 1
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
@@ -436,7 +478,7 @@ static int batch_done(struct wal *w)
     w->written_seq = b->end_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
-        w->last_sync = mono_now();
+        w->last_sync = loop_now();
         w->unsynced = 0;
     } else {
         w->unsynced = 1;
@@ -451,6 +493,53 @@ static int batch_done(struct wal *w)
     return 0;
 }
 
+/* ---- durable acknowledgement: marks and holds --------------------------- */
+
+uint64_t wal_mark(const struct wal *w)
+{
+    int wait = w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
+    return wait ? w->appended_seq : 0;
+}
+
+int wal_reached(const struct wal *w, uint64_t mark) { return !w || mark <= w->synced_seq; }
+
+void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
+{
+    h->mark = mark;
+    h->durable = durable;
+    if (wal_reached(w, mark)) {
+        durable(h);
+        return;
+    }
+    /* by mark: almost always at the tail, as marks grow */
+    struct wal_hold *after = w->hold_tail;
+    while (after && after->mark > mark) after = after->prev;
+    h->prev = after;
+    h->next = after ? after->next : w->hold_head;
+    if (h->next) h->next->prev = h; else w->hold_tail = h;
+    if (after) after->next = h; else w->hold_head = h;
+    h->queued = 1;
+}
+
+void wal_unhold(struct wal *w, struct wal_hold *h)
+{
+    if (!h->queued) return;
+    if (h->prev) h->prev->next = h->next; else w->hold_head = h->next;
+    if (h->next) h->next->prev = h->prev; else w->hold_tail = h->prev;
+    h->prev = h->next = NULL;
+    h->queued = 0;
+}
+
+/* Let every reply whose mark is on disk go, oldest first. */
+static void release_holds(struct wal *w)
+{
+    struct wal_hold *h;
+    while ((h = w->hold_head) && h->mark <= w->synced_seq) {
+        wal_unhold(w, h);
+        h->durable(h);
+    }
+}
+
 /* The loop side of a finished batch. */
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -459,7 +548,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t n;
     if (read(fd, &n, sizeof n) != sizeof n) return;
     if (batch_done(w) != 0) return; /* the retry timer is armed */
-    if (w->on_synced) w->on_synced(w->on_synced_arg);
+    release_holds(w);
     wal_kick(w);
 }
 
@@ -468,11 +557,6 @@ static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     wal_kick(arg);
-}
-
-int wal_durable(const struct wal *w)
-{
-    return w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
 }
 
 int wal_chown(struct wal *w, unsigned uid, unsigned gid)
@@ -486,7 +570,7 @@ int wal_chown(struct wal *w, unsigned uid, unsigned gid)
     return 0;
 fail:
     log_event(BG_LOG_ERROR, "wal_chown", "dir=%s error=%s", log_str(w->cfg.dir), log_str(strerror(errno)));
-    return -1;
+    return BG_IO_ERROR;
 }
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
@@ -1053,10 +1137,11 @@ static int recover(struct wal *w, struct recovery *rc)
     return 0;
 }
 
-int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
-             struct event_base *base, bg_time now, uint64_t wall)
+/* wal_open's work on a zeroed w: 0, or -1 with a message (what is open
+ * then is closed by open_failed). */
+static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
+                     struct event_base *base, bg_time now, uint64_t wall)
 {
-    memset(w, 0, sizeof *w);
     w->cfg = *cfg;
     w->engine = e;
     w->base = base;
@@ -1090,6 +1175,7 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
+    w->locks_made = 1;
     if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
         return -1;
@@ -1104,6 +1190,40 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     /* damage was accepted: a snapshot of what was recovered supersedes the
      * damaged segments, so that the next start finds a clean log */
     if (w->force_snapshot) wal_kick(w);
+    return 0;
+}
+
+/* Undo what open_into did before it failed, and free w. */
+static void open_failed(struct wal *w)
+{
+    int fds[] = {w->dir_fd, w->lock_fd, w->cur_fd, w->notify_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (fds[i] > 0) close(fds[i]);
+    if (w->locks_made) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+    }
+    free(w->segment_sizes);
+    free(w->damaged_indexes);
+    free(w);
+}
+
+int wal_open(struct wal **out, const struct wal_config *cfg, struct bg_engine *e,
+             struct event_base *base, bg_time now, uint64_t wall)
+{
+    struct wal *w = calloc(1, sizeof *w);
+    if (!w) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir),
+                  log_str("out of memory"));
+        return BG_IO_ERROR;
+    }
+    if (open_into(w, cfg, e, base, now, wall) != 0) {
+        int err = errno;
+        open_failed(w);
+        errno = err;
+        return BG_IO_ERROR;
+    }
+    *out = w;
     return 0;
 }
 
@@ -1124,7 +1244,7 @@ int wal_check(const char *dir)
         return WAL_CHECK_FAILED;
     }
     w.engine = &e;
-    struct recovery rc = {.check = 1, .now = mono_now(), .wall = wall_now()};
+    struct recovery rc = {.check = 1, .now = loop_now(), .wall = loop_wall_now()};
     recover(&w, &rc);
     fflush(stdout);
     bg_engine_destroy(&e);
@@ -1184,4 +1304,5 @@ void wal_close(struct wal *w)
     free(w->segment_sizes);
     free(w->damaged_indexes);
     free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
+    free(w);
 }

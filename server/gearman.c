@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "../io/loop.h"
 #include "../io/wal.h"
 #include "../io/eventlog.h"
 #include "../core/gearman.h"
@@ -68,18 +69,19 @@ struct gm_conn {
     struct event *read_ev, *write_ev;
     struct bg_buf in, out;
     struct gm_conn *prev, *next;   /* g->conns */
-    struct gm_conn *woken_next;    /* g->woken */
+    struct loop_task woken;        /* output came from outside its callback */
     struct bg_client client;       /* the engine's view: bare, watches abilities */
     struct gm_ability *abilities;
     uint32_t ability_count, ability_cap;
     uint64_t *listening;           /* ids of the records this client listens to */
     uint32_t listening_count, listening_cap;
     struct gm_conn *sleep_prev, *sleep_next; /* g->sleepers, while sleeping */
-    uint64_t hold_seq;             /* output waits until the log synced this */
+    uint64_t mark;                 /* output waits until the log holds this */
+    struct wal_hold hold;          /* queued at the log while held */
+    uint8_t held;
     char peer[INET6_ADDRSTRLEN];
     char client_id[GM_CLIENT_ID_MAX + 1];
     uint8_t sleeping, exceptions, peer_eof, closing, read_paused;
-    uint8_t is_woken;
     uint8_t overflow;              /* over GM_OUT_HARD_LIMIT: dropped on its next run */
 };
 
@@ -94,8 +96,8 @@ struct gm_function {
 struct gearman {
     struct server *srv;
     int listen_fd;
-    struct event *listen_ev, *process_ev, *sweep_ev;
-    struct gm_conn *conns, *woken;
+    struct event *listen_ev, *sweep_ev;
+    struct gm_conn *conns;
     struct gm_conn *sleepers;      /* workers after PRE_SLEEP, not yet woken */
     struct bg_client holder;       /* deletes jobs whose clients all left */
     struct gm_table by_id, by_unique;
@@ -305,14 +307,7 @@ static struct gm_function *function_get(struct gearman *g, const char *tube, int
 
 /* ---- output ------------------------------------------------------------ */
 
-static void conn_wake(struct gm_conn *c)
-{
-    if (c->is_woken) return;
-    c->is_woken = 1;
-    c->woken_next = c->g->woken;
-    c->g->woken = c;
-    event_active(c->g->process_ev, EV_READ, 0);
-}
+static void conn_wake(struct gm_conn *c) { loop_defer(&c->woken); }
 
 /* Append a response packet of type t with n arguments to c's output. A
  * connection's own requests stop at CONN_OUT_HIGH_WATER, but results other
@@ -951,7 +946,7 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l, bg_time 
         bg_buf_append(&c->out, "OK\n", 3);
         if (l->nargs == 0) {
             log_event(BG_LOG_INFO, "shutdown", "by=gearman_admin");
-            event_base_loopbreak(c->g->srv->base);
+            loop_stop();
             break;
         }
         /* graceful: take no new jobs or Gearman connections; stop once no
@@ -972,17 +967,13 @@ static void run_admin(struct gm_conn *c, const struct gm_admin_line *l, bg_time 
 static void conn_free(struct gm_conn *c)
 {
     struct gearman *g = c->g;
-    bg_time now = server_now();
+    bg_time now = loop_now();
     /* first, while c is still on the woken list: the engine calls below
      * catch up with due deadlines, and a job that becomes ready wakes the
      * sleeping workers, c among them; that must happen before c leaves
      * the list, or the list would keep a freed c */
     bg_engine_catch_up(&g->srv->engine, now);
-    if (c->is_woken) {
-        struct gm_conn **p = &g->woken;
-        while (*p != c) p = &(*p)->woken_next;
-        *p = c->woken_next;
-    }
+    loop_cancel(&c->woken);
     if (c->prev) c->prev->next = c->next; else g->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     /* stop listening; a foreground job nobody waits for any more is
@@ -1011,6 +1002,7 @@ static void conn_free(struct gm_conn *c)
         if (r) strcpy(r->numerator, "0"), strcpy(r->denominator, "0");
     }
     unsleep(c);
+    if (c->held) wal_unhold(g->srv->wal, &c->hold);
     bg_client_close(&c->client, now);
     g->srv->engine.connections--;
     event_free(c->read_ev);
@@ -1023,11 +1015,23 @@ static void conn_free(struct gm_conn *c)
     free(c);
 }
 
+/* The log holds what c's output reports: let it go. */
+static void conn_durable(struct wal_hold *h)
+{
+    struct gm_conn *c = (struct gm_conn *)((char *)h - offsetof(struct gm_conn, hold));
+    c->held = 0;
+    conn_wake(c);
+}
+
 /* Write what the socket takes. 0, or -1 when the peer is gone. */
 static int conn_flush(struct gm_conn *c)
 {
-    struct wal *w = c->g->srv->wal;
-    if (w && c->hold_seq > w->synced_seq) return 0; /* -f 0: not on disk yet */
+    if (c->held) return 0;
+    if (!wal_reached(c->g->srv->wal, c->mark)) { /* -f 0: not on disk yet */
+        c->held = 1;
+        wal_hold(c->g->srv->wal, &c->hold, c->mark, conn_durable);
+        if (c->held) return 0;
+    }
     return net_write_out(c->fd, &c->out, c->write_ev);
 }
 
@@ -1042,9 +1046,8 @@ static int conn_run(struct gm_conn *c)
         conn_free(c);
         return -1;
     }
-    struct wal *w = g->srv->wal;
-    uint64_t before = w ? w->appended_seq : 0;
-    bg_time now = server_now();
+    uint64_t before = wal_mark(g->srv->wal);
+    bg_time now = loop_now();
     size_t off = 0;
     while (!c->closing && off < c->in.len && c->out.len < CONN_OUT_HIGH_WATER) {
         const char *data = bg_buf_head(&c->in) + off;
@@ -1086,7 +1089,8 @@ static int conn_run(struct gm_conn *c)
         off += (size_t)used;
     }
     bg_buf_consume(&c->in, off);
-    if (wal_durable(w) && w->appended_seq > before) c->hold_seq = w->appended_seq;
+    uint64_t mark = wal_mark(g->srv->wal);
+    if (mark > before) c->mark = mark;
     if (conn_flush(c) != 0) {
         conn_free(c);
         return -1;
@@ -1109,39 +1113,26 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct gm_conn *c = arg;
-    struct server *srv = c->g->srv;
     if (net_read_in(fd, &c->in, GM_READ_CHUNK, &c->peer_eof) != 0) {
         conn_free(c);
-        server_arm_timer(srv);
+        loop_engine_changed();
         return;
     }
     conn_run(c);
-    server_arm_timer(srv);
+    loop_engine_changed();
 }
 
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct gm_conn *c = arg;
-    struct server *srv = c->g->srv;
-    conn_run(c);
-    server_arm_timer(srv);
+    conn_run(arg);
+    loop_engine_changed();
 }
 
-/* Run every connection the engine or another connection gave output. */
-static void process_cb(evutil_socket_t fd, short what, void *arg)
+static void conn_woken(struct loop_task *t)
 {
-    (void)fd;
-    (void)what;
-    struct gearman *g = arg;
-    struct gm_conn *c;
-    while ((c = g->woken)) {
-        g->woken = c->woken_next;
-        c->is_woken = 0;
-        conn_run(c);
-    }
-    server_arm_timer(g->srv);
+    conn_run((struct gm_conn *)((char *)t - offsetof(struct gm_conn, woken)));
 }
 
 /* Every GM_SWEEP_MS: look at the next GM_SWEEP_BUCKETS buckets of records
@@ -1172,9 +1163,9 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     if (g->graceful) {
         struct gm_conn *c = g->conns;
         while (c && c->client.reserved.len == 0) c = c->next;
-        if (!c) event_base_loopbreak(g->srv->base);
+        if (!c) loop_stop();
     }
-    server_arm_timer(g->srv);
+    loop_engine_changed();
 }
 
 static void accept_cb(evutil_socket_t lfd, short what, void *arg)
@@ -1197,6 +1188,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         }
         c->g = g;
         c->fd = fd;
+        c->woken.run = conn_woken;
         g->srv->engine.connections++; /* beanstalk's stats count every connection */
         g->srv->engine.stat.total_connections++;
         if (sa.ss_family == AF_INET)
@@ -1240,7 +1232,6 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
     srv->engine.job_ready = engine_job_ready;
     srv->engine.job_ready_ctx = g;
     g->listen_ev = event_new(srv->base, g->listen_fd, EV_READ | EV_PERSIST, accept_cb, g);
-    g->process_ev = event_new(srv->base, -1, 0, process_cb, g);
     g->sweep_ev = event_new(srv->base, -1, EV_PERSIST, sweep_cb, g);
     struct timeval every = {GM_SWEEP_MS / 1000, (GM_SWEEP_MS % 1000) * 1000};
     event_add(g->listen_ev, NULL);
@@ -1248,13 +1239,6 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
     log_event(BG_LOG_INFO, "listening", "protocol=gearman addr=%s port=%s",
               log_str(cfg->gearman_listen), log_str(cfg->gearman_port));
     return g;
-}
-
-void gearman_release_held(struct gearman *g)
-{
-    if (!g || !g->srv->wal) return;
-    for (struct gm_conn *c = g->conns; c; c = c->next)
-        if (c->hold_seq && c->hold_seq <= g->srv->wal->synced_seq && c->out.len) conn_wake(c);
 }
 
 void gearman_stop(struct gearman *g)
@@ -1277,8 +1261,7 @@ void gearman_stop(struct gearman *g)
         free(f);
     }
     free(g->functions);
-    if (g->process_ev) event_free(g->process_ev);
     if (g->sweep_ev) event_free(g->sweep_ev);
-    bg_client_close(&g->holder, server_now());
+    bg_client_close(&g->holder, loop_now());
     free(g);
 }

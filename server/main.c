@@ -16,15 +16,9 @@
 
 #include "server.h"
 #include "../gateway/gateway.h"
+#include "../io/loop.h"
 #include "../io/wal.h"
 #include "../io/eventlog.h"
-
-bg_time server_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
-}
 
 void server_process_info(struct server *srv, struct bg_process_info *pi)
 {
@@ -33,7 +27,7 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->pid = (long)getpid();
     pi->utime = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
     pi->stime = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    pi->uptime_s = (server_now() - srv->started_at) / BG_SECOND;
+    pi->uptime_s = (loop_now() - srv->started_at) / BG_SECOND;
     pi->instance_id = srv->instance_id;
     pi->hostname = srv->hostname;
     pi->os = srv->os;
@@ -42,69 +36,21 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     wal_stats(srv->wal, pi);
 }
 
-void server_arm_timer(struct server *srv)
-{
-    wal_kick(srv->wal); /* whatever this turn logged goes to the flusher */
-    bg_time next = bg_engine_next_deadline(&srv->engine);
-    if (next == srv->timer_at) return;
-    srv->timer_at = next;
-    if (next == UINT64_MAX) {
-        event_del(srv->timer);
-        return;
-    }
-    bg_time now = server_now();
-    bg_time wait = next > now ? next - now : 0;
-    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
-    if (wait > 0 && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
-    evtimer_add(srv->timer, &tv);
-}
-
 /* Process facts for the gateway's GET /stats. */
 static void gateway_process_info(void *arg, struct bg_process_info *pi)
 {
     server_process_info(arg, pi);
 }
 
-/* The log's record counts, for the gateway's durable replies. */
-static uint64_t log_seq(void *arg, int synced)
-{
-    struct wal *w = ((struct server *)arg)->wal;
-    return !w ? 0 : synced ? w->synced_seq : w->appended_seq;
-}
-
-static int log_durable(void *arg) { return wal_durable(((struct server *)arg)->wal); }
-
-/* The log synced more: replies over both protocols may go. */
-static void on_log_synced(void *arg)
-{
-    struct server *srv = arg;
-    net_release_held(srv);
-    gateway_release_held(srv->gateway);
-    gearman_release_held(srv->gearman);
-}
-
 /* The gateway changed the queue: the next deadline may have moved. */
-static void after_gateway_run(void *arg) { server_arm_timer(arg); }
-
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void after_gateway_run(void *arg)
 {
-    (void)fd;
-    (void)what;
-    struct server *srv = arg;
-    srv->timer_at = UINT64_MAX; /* fired: nothing armed */
-    bg_engine_tick(&srv->engine, server_now());
-    net_process_woken(srv);
-    server_arm_timer(srv);
+    (void)arg;
+    loop_engine_changed();
 }
 
-static void process_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    struct server *srv = arg;
-    net_process_woken(srv);
-    server_arm_timer(srv);
-}
+/* Whatever this loop turn logged goes to the flusher. */
+static void hand_log_batch(void *wal) { wal_kick(wal); }
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -119,7 +65,8 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    event_base_loopbreak(((struct server *)arg)->base);
+    (void)arg;
+    loop_stop();
 }
 
 /* Become `name`'s user and group, handing the log's files over first.
@@ -279,45 +226,36 @@ int main(int argc, char **argv)
     static struct server srv;
     srv.listen_fd = -1;
     srv.verbose = cfg.verbose;
-    srv.started_at = server_now();
+    srv.started_at = loop_now();
     describe_host(&srv);
     if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }
-    srv.base = event_base_new();
-    if (!srv.base) {
+    if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;
     }
-    srv.timer = evtimer_new(srv.base, timer_cb, &srv);
-    srv.timer_at = UINT64_MAX;
-    srv.process_ev = event_new(srv.base, -1, 0, process_cb, &srv);
+    srv.base = loop_base();
     srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, drain_cb, &srv);
     srv.sig_term = evsignal_new(srv.base, SIGTERM, stop_cb, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, stop_cb, &srv);
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
-    static struct wal wal;
     if (cfg.log_dir) {
         struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
                                   cfg.log_recover_damaged};
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wall = (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
-        if (wal_open(&wal, &wcfg, &srv.engine, srv.base, server_now(), wall) != 0) return 111;
-        srv.wal = &wal;
-        wal.on_synced = on_log_synced;
-        wal.on_synced_arg = &srv;
+        if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
+        loop_set_changed_hook(hand_log_batch, srv.wal);
     }
     if (net_listen(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
-        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv,
+        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
                                       srv.started_at, gateway_process_info};
-        srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
+        srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
         if (!srv.gateway && cfg.http_explicit) return 111;
@@ -331,18 +269,16 @@ int main(int argc, char **argv)
 
     gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
     print_startup_block(&srv, &cfg);
-    event_base_dispatch(srv.base);
+    loop_run();
 
     gateway_stop(srv.gateway);
     gearman_stop(srv.gearman);
     net_shutdown(&srv);
     wal_close(srv.wal);
     bg_engine_destroy(&srv.engine);
-    event_free(srv.timer);
-    event_free(srv.process_ev);
     event_free(srv.sig_usr1);
     event_free(srv.sig_term);
     event_free(srv.sig_int);
-    event_base_free(srv.base);
+    loop_free();
     return 0;
 }

@@ -19,6 +19,7 @@
 #include <pwd.h>
 
 #include "server.h"
+#include "../io/loop.h"
 #include "../io/wal.h"
 #include "../io/eventlog.h"
 
@@ -29,16 +30,23 @@ struct conn {
     struct event *read_ev, *write_ev;
     struct bg_buf in;            /* bytes not yet consumed by the codec */
     struct conn *prev, *next;    /* srv->conns */
-    struct conn *woken_next;
-    uint64_t hold_seq;           /* replies wait until the log synced this */
-    struct conn *held_next;      /* srv->held */
-    uint8_t is_woken, peer_eof, read_paused, is_held;
+    struct loop_task woken;      /* output came from outside its callback */
+    uint64_t mark;               /* replies wait until the log holds this */
+    struct wal_hold hold;        /* queued at the log while is_held */
+    uint8_t peer_eof, read_paused, is_held;
 };
 
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 
+static int conn_run(struct conn *c);
+
 static void conn_output_ready(struct bg_session *s) { net_conn_wake((struct conn *)s->io_owner); }
+
+static void conn_woken(struct loop_task *t)
+{
+    conn_run((struct conn *)((char *)t - offsetof(struct conn, woken)));
+}
 
 static void conn_process_info(struct bg_session *s, struct bg_process_info *pi)
 {
@@ -59,19 +67,11 @@ static int set_nonblocking(int fd)
 static void conn_free(struct conn *c)
 {
     struct server *srv = c->srv;
-    if (c->is_woken) {
-        struct conn **p = &srv->woken;
-        while (*p != c) p = &(*p)->woken_next;
-        *p = c->woken_next;
-    }
-    if (c->is_held) {
-        struct conn **p = &srv->held;
-        while (*p != c) p = &(*p)->held_next;
-        *p = c->held_next;
-    }
+    if (c->is_held) wal_unhold(srv->wal, &c->hold);
     if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
-    bg_session_close(&c->session, server_now());
+    bg_session_close(&c->session, loop_now());
+    loop_cancel(&c->woken); /* after the close, which may have woken c */
     event_free(c->read_ev);
     event_free(c->write_ev);
     close(c->fd);
@@ -109,19 +109,24 @@ int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof)
     return 0;
 }
 
+/* The log holds what c's replies report: let them go. */
+static void conn_durable(struct wal_hold *h)
+{
+    struct conn *c = (struct conn *)((char *)h - offsetof(struct conn, hold));
+    c->is_held = 0;
+    net_conn_wake(c);
+}
+
 /* Write as much output as the socket takes. 0, or -1 if the peer is gone. */
 static int conn_flush(struct conn *c)
 {
     struct bg_buf *out = &c->session.out;
-    struct wal *w = c->srv->wal;
-    if (w && c->hold_seq > w->synced_seq) {
+    if (c->is_held) return 0;
+    if (!wal_reached(c->srv->wal, c->mark)) {
         /* durable replies: nothing goes out before its record is on disk */
-        if (!c->is_held) {
-            c->is_held = 1;
-            c->held_next = c->srv->held;
-            c->srv->held = c;
-        }
-        return 0;
+        c->is_held = 1;
+        wal_hold(c->srv->wal, &c->hold, c->mark, conn_durable);
+        if (c->is_held) return 0;
     }
     return net_write_out(c->fd, out, c->write_ev);
 }
@@ -135,14 +140,14 @@ static int conn_run(struct conn *c)
         size_t used = 0;
         int woke = 0;
         if (c->in.len && s->state != BG_WAITING && s->state != BG_CLOSING) {
-            struct wal *w = c->srv->wal;
-            uint64_t before = w ? w->appended_seq : 0;
-            used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, server_now());
+            uint64_t before = wal_mark(c->srv->wal);
+            used = bg_session_feed(s, bg_buf_head(&c->in), c->in.len, loop_now());
             bg_buf_consume(&c->in, used);
-            if (wal_durable(w) && w->appended_seq > before) c->hold_seq = w->appended_seq;
+            uint64_t mark = wal_mark(c->srv->wal);
+            if (mark > before) c->mark = mark;
         }
         if (c->peer_eof && s->state == BG_WAITING) {
-            bg_session_peer_eof(s, server_now()); /* TIMED_OUT; later commands still run */
+            bg_session_peer_eof(s, loop_now()); /* TIMED_OUT; later commands still run */
             woke = 1;
         }
         if (conn_flush(c) != 0) {
@@ -172,66 +177,26 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct conn *c = arg;
-    struct server *srv = c->srv;
     if (net_read_in(fd, &c->in, CONN_READ_CHUNK, &c->peer_eof) != 0) {
         conn_free(c);
-        server_arm_timer(srv);
+        loop_engine_changed();
         return;
     }
     conn_run(c);
-    server_arm_timer(srv);
+    loop_engine_changed();
 }
 
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct conn *c = arg;
-    struct server *srv = c->srv;
-    conn_run(c);
-    server_arm_timer(srv);
+    conn_run(arg);
+    loop_engine_changed();
 }
 
 void net_conn_wake(struct conn *c)
 {
-    if (c->is_woken) return;
-    c->is_woken = 1;
-    c->woken_next = c->srv->woken;
-    c->srv->woken = c;
-    event_active(c->srv->process_ev, EV_READ, 0);
-}
-
-void net_release_held(void *arg)
-{
-    struct server *srv = arg;
-    struct conn **p = &srv->held;
-    struct conn *ready = NULL;
-    while (*p) {
-        struct conn *c = *p;
-        if (c->hold_seq <= srv->wal->synced_seq) {
-            *p = c->held_next;
-            c->is_held = 0;
-            c->held_next = ready;
-            ready = c;
-        } else {
-            p = &c->held_next;
-        }
-    }
-    while (ready) {
-        struct conn *c = ready;
-        ready = c->held_next;
-        conn_run(c);
-    }
-}
-
-void net_process_woken(struct server *srv)
-{
-    struct conn *c;
-    while ((c = srv->woken)) {
-        srv->woken = c->woken_next;
-        c->is_woken = 0;
-        conn_run(c);
-    }
+    loop_defer(&c->woken);
 }
 
 static void accept_cb(evutil_socket_t lfd, short what, void *arg)
@@ -252,6 +217,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         }
         c->srv = srv;
         c->fd = fd;
+        c->woken.run = conn_woken;
         c->session.out_limit = CONN_OUT_HIGH_WATER;
         c->read_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
         c->write_ev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
@@ -369,7 +335,7 @@ void net_shutdown(struct server *srv)
      * close */
     if (srv->listen_ev) event_del(srv->listen_ev);
     for (struct conn *c = srv->conns; c; c = c->next) {
-        if (c->session.state == BG_WAITING) bg_session_peer_eof(&c->session, server_now());
+        if (c->session.state == BG_WAITING) bg_session_peer_eof(&c->session, loop_now());
         if (!c->is_held) conn_flush(c);
     }
     while (srv->conns) conn_free(srv->conns);

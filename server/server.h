@@ -80,8 +80,6 @@ struct gearman;
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
 /* Close every Gearman connection and the listener; NULL does nothing. */
 void gearman_stop(struct gearman *g);
-/* The log synced more: let replies held for it go (-f 0). */
-void gearman_release_held(struct gearman *g);
 /* The listening socket (for the startup block's address). */
 int gearman_listen_fd(const struct gearman *g);
 
@@ -92,17 +90,12 @@ struct conn;
 struct server {
     struct event_base *base;
     struct bg_engine engine;
-    struct event *timer;         /* armed from the engine's next deadline */
-    bg_time timer_at;
-    struct event *process_ev;    /* runs connections woken by the engine */
     struct event *sig_usr1, *sig_term, *sig_int;
     int listen_fd;
     struct event *listen_ev;
     char unix_path[108];
     char listen_desc[32];        /* "systemd-fd-3" when the socket was inherited */
     struct conn *conns;          /* every open connection */
-    struct conn *woken;          /* connections with async output */
-    struct conn *held;           /* connections waiting for the log */
     struct wal *wal;             /* NULL without -b */
     bg_time started_at;
     char instance_id[17];
@@ -114,17 +107,9 @@ struct server {
     struct gearman *gearman;     /* NULL unless --gearman-port/--gearman-listen */
 };
 
-/* Monotonic time in nanoseconds. */
-bg_time server_now(void);
-/* Re-arm the one timer if the engine's next deadline moved. */
-void server_arm_timer(struct server *srv);
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);
 /* Queue a connection for processing on the next loop turn. */
 void net_conn_wake(struct conn *c);
-/* The log synced more: let held replies go (wal on_synced callback). */
-void net_release_held(void *srv);
-/* Process every woken connection (the process_ev callback). */
-void net_process_woken(struct server *srv);
 
 #endif
