@@ -98,6 +98,31 @@ char *bg_buf_reserve(struct bg_buf *b, size_t n);
 void bg_buf_clear(struct bg_buf *b);
 void bg_buf_free(struct bg_buf *b);
 
+/* ---- the stream: a byte-stream session as its connection sees it -------- */
+
+/* Every session of a byte-stream protocol (beanstalk's bg_session,
+ * Gearman's gm_session) starts with one. The session appends replies to
+ * `out` and sets the flags; the connection layer (io/conn.c) writes `out`,
+ * feeds input while neither flag is set, and sets the limits and the hook. */
+struct bg_stream {
+    struct bg_buf out;          /* reply bytes waiting to be written */
+    size_t out_limit;           /* feeding stops while out holds this much; 0: none */
+    size_t out_max;             /* output others append past this overflows; 0: none */
+    uint8_t blocked;            /* waiting (a blocked reserve): input stays buffered */
+    uint8_t closing;            /* no more input: write out, then close */
+    uint8_t overflow;           /* out passed out_max: close without writing */
+    /* Output was appended outside the session's own feed (a wait ended,
+     * another session's result): the connection must run. NULL: none. */
+    void (*output_ready)(struct bg_stream *s);
+    void *owner;                /* the connection layer's object */
+};
+
+/* Tell s's connection that output came from outside its feed. */
+static inline void bg_stream_wake(struct bg_stream *s)
+{
+    if (s->output_ready) s->output_ready(s);
+}
+
 /* ---- heap.c: binary min-heap of pointers, each item knows its slot ------ */
 
 typedef int (*bg_heap_less_fn)(const void *a, const void *b);
@@ -275,6 +300,10 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
                         const struct bg_client_ops *ops, void *owner);
 /* Detach: stop waiting, return reserved jobs to ready, drop tube refs. */
 void bg_client_close(struct bg_client *c, bg_time now);
+/* A connection of any protocol opened / closed (current-connections,
+ * total-connections); HTTP requests are not connections. */
+void bg_engine_connection_opened(struct bg_engine *e);
+void bg_engine_connection_closed(struct bg_engine *e);
 /* Count c as a producer / worker in stats (once). */
 void bg_client_mark_producer(struct bg_client *c);
 void bg_client_mark_worker(struct bg_client *c);
@@ -556,46 +585,43 @@ extern const char *const bg_cmd_names[BG_CMD_COUNT];
 void bg_count_cmd(struct bg_engine *e, enum bg_cmd cmd, uint64_t n);
 
 enum bg_session_state {
-    BG_WANT_COMMAND,   /* reading a command line */
+    BG_WANT_COMMAND,   /* reading a command line (or blocked in reserve) */
     BG_WANT_BODY,      /* reading a put body into in_job */
     BG_SKIP_BYTES,     /* discarding a too-big body, then replying */
     BG_WANT_ENDLINE,   /* discarding the rest of an over-long line */
-    BG_WAITING,        /* blocked in reserve */
-    BG_CLOSING,        /* quit: flush output, then close */
 };
 
 struct bg_session;
 
-/* Hooks the I/O layer gives a session. */
+/* What the server gives a session besides its stream. */
 struct bg_session_io {
-    /* Output was appended outside bg_session_feed (a wait ended). */
-    void (*output_ready)(struct bg_session *s);
     /* Fill in process facts for `stats`. */
     void (*process_info)(struct bg_session *s, struct bg_process_info *out);
 };
 
-/* One beanstalk TCP connection as the codec sees it. */
+/* One beanstalk TCP connection as the codec sees it. A reserve that waits
+ * sets stream.blocked until its answer is in stream.out; quit (or a reply
+ * that cannot be appended) sets stream.closing. */
 struct bg_session {
+    struct bg_stream stream;    /* first: the connection layer's view */
     struct bg_client client;
     const struct bg_session_io *io;
     void *io_owner;
-    struct bg_buf out;          /* reply bytes waiting to be written */
     uint8_t state;              /* enum bg_session_state */
     struct bg_job *in_job;      /* put body being read */
     uint32_t in_job_read;
     uint64_t skip_left;         /* BG_SKIP_BYTES: bytes still to discard */
-    size_t out_limit;           /* feed pauses while out holds this much; 0: none */
     int skip_reply;             /* outcome to answer after skipping */
 };
 
-/* Attach a session to the engine. 0 or BG_OUT_OF_MEMORY. */
+/* Attach a session to the engine (its stream zeroed). 0 or BG_OUT_OF_MEMORY. */
 int bg_session_init(struct bg_engine *e, struct bg_session *s,
                     const struct bg_session_io *io, void *io_owner);
 /* Release everything the session holds (reservations go back to ready). */
 void bg_session_close(struct bg_session *s, bg_time now);
-/* Execute every complete command in in[0..len); replies go to s->out.
+/* Execute every complete command in in[0..len); replies go to stream.out.
  * Returns the number of bytes consumed; stops early when the session
- * blocks (BG_WAITING), closes (BG_CLOSING) or out reaches out_limit. */
+ * blocks, closes or its output reaches stream.out_limit. */
 size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now);
 /* The peer half-closed while the session waits: answer TIMED_OUT, or
  * whatever its wait's end was if that had passed by `now`. */

@@ -657,6 +657,14 @@ void bg_client_close(struct bg_client *c, bg_time now)
     e->clients--;
 }
 
+void bg_engine_connection_opened(struct bg_engine *e)
+{
+    e->connections++;
+    e->stat.total_connections++;
+}
+
+void bg_engine_connection_closed(struct bg_engine *e) { e->connections--; }
+
 void bg_client_mark_producer(struct bg_client *c)
 {
     if (!c->is_producer) {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "../io/listen.h"
 #include "../io/loop.h"
 #include "../io/wal.h"
 #include "../io/eventlog.h"
@@ -1223,7 +1224,7 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         free(g);
         return NULL;
     }
-    g->listen_fd = net_listen_tcp(cfg->gearman_listen, cfg->gearman_port);
+    g->listen_fd = listen_tcp(cfg->gearman_listen, cfg->gearman_port);
     if (g->listen_fd < 0) {
         gearman_stop(g);
         return NULL;

@@ -249,7 +249,7 @@ int main(int argc, char **argv)
         if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
         loop_set_changed_hook(hand_log_batch, srv.wal);
     }
-    if (net_listen(&srv, &cfg) != 0) return 111;
+    if (beanstalk_start(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
@@ -273,7 +273,7 @@ int main(int argc, char **argv)
 
     gateway_stop(srv.gateway);
     gearman_stop(srv.gearman);
-    net_shutdown(&srv);
+    beanstalk_stop(&srv);
     wal_close(srv.wal);
     bg_engine_destroy(&srv.engine);
     event_free(srv.sig_usr1);

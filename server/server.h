@@ -7,11 +7,9 @@
 #include <sys/utsname.h>
 
 #include "../core/core.h"
+#include "../io/conn.h"
 
 #define SERVER_USAGE_EXIT 5      /* beanstalkd's status for a usage error */
-#define CONN_READ_CHUNK 65536    /* bytes read per read() */
-#define CONN_OUT_HIGH_WATER (4u << 20) /* stop reading while more is unsent */
-#define CONN_IN_LIMIT (64u << 10)      /* buffered input while blocked */
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
@@ -54,21 +52,21 @@ struct server_config {
  * configuration (never a token's value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
 
-/* ---- net.c: listeners and connections ---------------------------------- */
+/* ---- beanstalk.c: the beanstalk listener ------------------------------ */
 
 struct server;
 
-/* Open the listener of cfg; 0 or -1 (errno set, message printed). */
-int net_listen(struct server *srv, const struct server_config *cfg);
-/* Close every connection and listener. */
-void net_shutdown(struct server *srv);
-/* Bind and listen on addr:port (TCP); the fd, or -1 after a log line. */
-int net_listen_tcp(const char *addr, const char *port);
-/* Write what the socket takes of out; arm write_ev if some is left, else
- * disarm it. 0, or -1 when the peer is gone. */
+/* Listen on cfg's address, a UNIX socket or the socket systemd passed, and
+ * serve beanstalk on srv's engine (sets srv->listen_fd, unix_path,
+ * listen_desc, beanstalk). 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after a
+ * log line. */
+int beanstalk_start(struct server *srv, const struct server_config *cfg);
+/* Close every beanstalk connection and the listener (and its socket file). */
+void beanstalk_stop(struct server *srv);
+
+/* ---- net.c: socket reads and writes (until Gearman uses io/conn.c) ------ */
+
 int net_write_out(int fd, struct bg_buf *out, struct event *write_ev);
-/* Read up to chunk bytes onto in; *eof = 1 at the end of the stream.
- * 0, or -1 on a read error or when memory runs out. */
 int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof);
 
 /* ---- gearman.c: the Gearman front-end ----------------------------------- */
@@ -85,17 +83,14 @@ int gearman_listen_fd(const struct gearman *g);
 
 /* ---- main.c: the process ----------------------------------------------- */
 
-struct conn;
-
 struct server {
     struct event_base *base;
     struct bg_engine engine;
     struct event *sig_usr1, *sig_term, *sig_int;
-    int listen_fd;
-    struct event *listen_ev;
+    int listen_fd;               /* the beanstalk listener's socket */
+    struct conn_server *beanstalk;
     char unix_path[108];
     char listen_desc[32];        /* "systemd-fd-3" when the socket was inherited */
-    struct conn *conns;          /* every open connection */
     struct wal *wal;             /* NULL without -b */
     bg_time started_at;
     char instance_id[17];
@@ -109,7 +104,5 @@ struct server {
 
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);
-/* Queue a connection for processing on the next loop turn. */
-void net_conn_wake(struct conn *c);
 
 #endif

@@ -1969,21 +1969,21 @@ static void rig_close(struct session_rig *r, bg_time now)
 /* Feed `in` whole to s at `now` (no tick) and check the replies it added. */
 static void feed_expect(struct bg_session *s, const char *in, bg_time now, const char *want)
 {
-    bg_buf_clear(&s->out);
+    bg_buf_clear(&s->stream.out);
     size_t n = strlen(in);
     assert_int_equal(bg_session_feed(s, in, n, now), n);
     size_t wn = strlen(want);
-    if (s->out.len != wn || (wn && memcmp(bg_buf_head(&s->out), want, wn) != 0))
-        fail_msg("after %s\ngot  %.*s\nwant %s", in, (int)s->out.len, s->out.len ? bg_buf_head(&s->out) : "", want);
+    if (s->stream.out.len != wn || (wn && memcmp(bg_buf_head(&s->stream.out), want, wn) != 0))
+        fail_msg("after %s\ngot  %.*s\nwant %s", in, (int)s->stream.out.len, s->stream.out.len ? bg_buf_head(&s->stream.out) : "", want);
 }
 
 /* Feed a stats command to s at `now`; its reply must contain `line`. */
 static void expect_stat_line(struct bg_session *s, const char *cmd, bg_time now, const char *line)
 {
-    bg_buf_clear(&s->out);
+    bg_buf_clear(&s->stream.out);
     assert_int_equal(bg_session_feed(s, cmd, strlen(cmd), now), strlen(cmd));
-    if (!memmem(bg_buf_head(&s->out), s->out.len, line, strlen(line)))
-        fail_msg("no \"%s\" in %.*s", line, (int)s->out.len, bg_buf_head(&s->out));
+    if (!memmem(bg_buf_head(&s->stream.out), s->stream.out.len, line, strlen(line)))
+        fail_msg("no \"%s\" in %.*s", line, (int)s->stream.out.len, bg_buf_head(&s->stream.out));
 }
 
 /* Both commands in one read, so one `now`: the job is handed out. */
@@ -2038,17 +2038,17 @@ static void test_session_peer_eof_after_wake_passed(void **state)
     rig_open(&r);
     feed_expect(&r.a, "put 0 0 2 1\r\nx\r\nreserve\r\n", T0, "INSERTED 1\r\nRESERVED 1 1\r\nx\r\n");
     feed_expect(&r.a, "reserve-with-timeout 10\r\n", T0 + MSEC(500), "");
-    assert_int_equal(r.a.state, BG_WAITING);
+    assert_int_equal(r.a.stream.blocked, 1);
     bg_session_peer_eof(&r.a, T0 + MSEC(1500));
-    assert_int_equal(r.a.state, BG_WANT_COMMAND);
-    assert_int_equal(r.a.out.len, strlen("DEADLINE_SOON\r\n"));
-    assert_memory_equal(bg_buf_head(&r.a.out), "DEADLINE_SOON\r\n", r.a.out.len);
+    assert_int_equal(r.a.stream.blocked, 0);
+    assert_int_equal(r.a.stream.out.len, strlen("DEADLINE_SOON\r\n"));
+    assert_memory_equal(bg_buf_head(&r.a.stream.out), "DEADLINE_SOON\r\n", r.a.stream.out.len);
     assert_int_equal(r.e.waiting, 0);
     /* a half-close before that: TIMED_OUT, as before */
     feed_expect(&r.b, "reserve-with-timeout 10\r\n", T0 + MSEC(1500), "");
     bg_session_peer_eof(&r.b, T0 + MSEC(1600));
-    assert_int_equal(r.b.out.len, strlen("TIMED_OUT\r\n"));
-    assert_memory_equal(bg_buf_head(&r.b.out), "TIMED_OUT\r\n", r.b.out.len);
+    assert_int_equal(r.b.stream.out.len, strlen("TIMED_OUT\r\n"));
+    assert_memory_equal(bg_buf_head(&r.b.stream.out), "TIMED_OUT\r\n", r.b.stream.out.len);
     rig_close(&r, T0 + SEC(2));
 }
 
