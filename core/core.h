@@ -233,6 +233,7 @@ struct bg_client {
     bg_time wait_deadline;      /* UINT64_MAX: no timeout */
     bg_time wake_at;            /* min(wait_deadline, soonest TTR - margin) */
     uint8_t waiting, is_producer, is_worker;
+    uint8_t sleeping;           /* bg_client_set_sleeping */
 };
 
 struct bg_server_counters {
@@ -300,6 +301,12 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
                         const struct bg_client_ops *ops, void *owner);
 /* Detach: stop waiting, return reserved jobs to ready, drop tube refs. */
 void bg_client_close(struct bg_client *c, bg_time now);
+/* A client that waits for work outside the engine's waiting sets (a
+ * Gearman worker after PRE_SLEEP) counts in current-waiting while
+ * `sleeping` is set, as a blocked reserve does; closing clears it. */
+void bg_client_set_sleeping(struct bg_client *c, int sleeping);
+/* Refuse new jobs from now on (SIGUSR1, Gearman's `shutdown graceful`). */
+void bg_engine_drain(struct bg_engine *e);
 /* A connection of any protocol opened / closed (current-connections,
  * total-connections); HTTP requests are not connections. */
 void bg_engine_connection_opened(struct bg_engine *e);
@@ -355,6 +362,9 @@ int bg_delete(struct bg_client *c, uint64_t id, bg_time now);
 int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now);
 int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now);
 int bg_touch(struct bg_client *c, uint64_t id, bg_time now);
+/* Give job `id`, reserved by c, a new TTR of ttr_s seconds (0 counts as
+ * 1) that runs from now, and log the change: 0 or BG_NOT_FOUND. */
+int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now);
 /* Kick up to n jobs of tube t (buried first, else delayed); returns count. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now);
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now);
@@ -387,12 +397,23 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id);
 
+/* ---- audit.c: the engine checked from scratch ---------------------------- */
+
+/* Walk every job, tube and timer heap and check that the counts, slots,
+ * heap orders, cached tops, the matching invariant and due_at agree.
+ * 0, or BG_INTERNAL_ERROR with *broken naming the first broken rule. For
+ * fuzzers and tests: it costs O(everything). */
+int bg_engine_audit(const struct bg_engine *e, const char **broken);
+
 /* ---- token.c: keyed hash; reservation tokens for connectionless clients - */
 
 /* SipHash-2-4 of data[0..len) under a 128-bit key. The keyed hash for every
  * table that clients fill: without the key (random, chosen at start by the
  * front-end) nobody can choose keys that share a bucket. */
 uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len);
+/* The hash of an id the server gave out (not chosen by clients, so it
+ * needs no key): Fibonacci hashing. */
+static inline uint64_t bg_hash_id(uint64_t id) { return id * 0x9E3779B97F4A7C15ull; }
 
 #define BG_TOKEN_MAX 64
 struct bg_token_key { uint64_t k[4]; };

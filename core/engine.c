@@ -652,10 +652,21 @@ void bg_client_close(struct bg_client *c, bg_time now)
         c->use = NULL;
     }
     bg_heap_free(&c->reserved);
+    bg_client_set_sleeping(c, 0);
     if (c->is_producer) e->producers--;
     if (c->is_worker) e->workers--;
     e->clients--;
 }
+
+void bg_client_set_sleeping(struct bg_client *c, int sleeping)
+{
+    if (!c->sleeping == !sleeping) return;
+    c->sleeping = sleeping != 0;
+    if (sleeping) c->engine->waiting++;
+    else c->engine->waiting--;
+}
+
+void bg_engine_drain(struct bg_engine *e) { e->draining = 1; }
 
 void bg_engine_connection_opened(struct bg_engine *e)
 {
@@ -942,6 +953,17 @@ int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
     bg_heap_push(&c->reserved, j);   /* slots just freed */
     job_timer_push(e, j);
     client_reschedule(c);
+    return 0;
+}
+
+int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now)
+{
+    bg_engine_catch_up(c->engine, now);
+    struct bg_job *j = reserved_by(c, id);
+    if (!j) return BG_NOT_FOUND;
+    j->ttr_s = ttr_s ? ttr_s : 1;
+    bg_touch(c, id, now);        /* its reservation runs from now */
+    journal_saved(c->engine, j, 0);
     return 0;
 }
 

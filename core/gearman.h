@@ -6,7 +6,8 @@
  * ("status\n") share the port: a first byte that is not NUL starts one.
  *
  * Results follow core.h: 0 or a positive count on success, a negative
- * GM_E* value on error. server/gearman.c does the I/O and the engine work.
+ * GM_E* value on error. gearman_session.c (below) runs the protocol on the
+ * engine; server/gearman.c plugs it into the connection layer.
  */
 #ifndef BEANGATE_GEARMAN_H
 #define BEANGATE_GEARMAN_H
@@ -176,5 +177,122 @@ int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 
  * fit (BG_TUBE_NAME_MAX + 1 bytes always do). A '$' not followed by two hex
  * digits (either case) is kept as is. */
 int gm_tube_to_function(const char *tube, char *out, size_t out_cap);
+
+/* ---- gearman_session.c: the protocol on the engine ---------------------- *
+ *
+ * A function is a tube (function names that are not tube names are encoded,
+ * above). A submitted job is a beanstalk job in that tube; a worker is an
+ * engine client that watches the tubes of its abilities. What gearmand keeps
+ * beside the queue (foreground listeners, unique ids, WORK_STATUS numbers)
+ * lives in a table of records by job id, only for the jobs that need one.
+ * Sessions append replies to their own stream, results to their
+ * listeners' streams (waking them), and change the engine only through its
+ * functions. Pure: the time and the process facts come in from outside. */
+
+#define GM_FUNCTIONS_MAX 65536         /* functions listed by `status` */
+#define GM_ABILITIES_MAX 4096          /* CAN_DO per worker */
+#define GM_SUBMIT_TTR 86400            /* a job's TTR unless CAN_DO_TIMEOUT says */
+#define GM_PEER_MAX 46                 /* an IPv6 address as text */
+
+struct gm_session;
+struct gm_record;
+struct gm_function;
+
+/* How the admin `shutdown` stops the server. */
+enum gm_stop {
+    GM_STOP_NOW,                   /* `shutdown`: stop at once */
+    GM_STOP_GRACEFUL,              /* `shutdown graceful`: take no new jobs or
+                                    * connections; gm_server_sweep says when
+                                    * no worker holds a job any more */
+};
+
+/* What only the process knows, and what only it can do. */
+struct gm_hooks {
+    void *ctx;                     /* every hook's first argument */
+    long pid;                      /* the admin `getpid` */
+    const char *hostname;          /* job handles are "H:<hostname>:<id>" */
+    /* The admin `verbose` answer: "DEBUG", "INFO" or "WARNING". */
+    const char *(*verbosity)(void *ctx);
+    /* Wall-clock seconds since the epoch (SUBMIT_JOB_EPOCH). */
+    uint64_t (*wall_s)(void *ctx);
+    /* The admin `shutdown` was accepted. */
+    void (*stop)(void *ctx, enum gm_stop how);
+    /* A malformed request was answered with ERROR `code` (for a log line;
+     * NULL: nothing). */
+    void (*bad_request)(void *ctx, const struct gm_session *s, const char *code);
+};
+
+/* A hash table of records, chained through one of their next pointers. */
+struct gm_table {
+    struct gm_record **slot;
+    size_t mask, count;
+};
+
+/* Every Gearman session of one engine, and what they share. */
+struct gm_server {
+    struct bg_engine *engine;
+    struct gm_hooks hooks;
+    uint64_t hash_key[2];          /* the keyed hash of the unique and function tables */
+    struct gm_session *sessions;   /* every session, newest first */
+    struct gm_session *sleepers;   /* workers after PRE_SLEEP, not yet woken */
+    struct bg_client holder;       /* deletes jobs whose clients all left */
+    struct gm_table by_id, by_unique;
+    struct gm_function **functions; /* hash of gm_function by tube */
+    size_t functions_mask, function_count;
+    struct gm_function *function_list; /* newest first */
+    uint32_t max_packet;           /* largest request size accepted */
+    size_t sweep_cursor;           /* next record bucket the sweep looks at */
+    uint8_t graceful;              /* `shutdown graceful` was accepted */
+    uint8_t admin_shutdown;        /* `shutdown` is a command (else unknown) */
+};
+
+/* A worker ability: the tube of a CAN_DO, and its CAN_DO_TIMEOUT. */
+struct gm_ability {
+    char tube[BG_TUBE_NAME_MAX + 1];
+    struct bg_tube *tube_ptr;      /* the tube, alive while the worker watches it */
+    uint32_t timeout_s;
+};
+
+/* One Gearman connection as the protocol sees it. */
+struct gm_session {
+    struct bg_stream stream;       /* first: the connection layer's view */
+    struct gm_server *g;
+    struct gm_session *prev, *next; /* g->sessions */
+    struct gm_session *sleep_prev, *sleep_next; /* g->sleepers, while sleeping */
+    struct bg_client client;       /* the engine's view: bare, watches abilities */
+    struct gm_ability *abilities;
+    uint32_t ability_count, ability_cap;
+    uint64_t *listening;           /* ids of the records this client listens to */
+    uint32_t listening_count, listening_cap;
+    int peer_fd;                   /* shown by `workers` */
+    char peer[GM_PEER_MAX];
+    char client_id[GM_CLIENT_ID_MAX + 1];
+    uint8_t sleeping, exceptions;
+};
+
+/* Set up g on engine e: requests up to max_packet bytes, `shutdown` a
+ * command if admin_shutdown, tables hashed under hash_key (random, chosen at
+ * start). Sets the engine's job_ready hook. 0 or BG_OUT_OF_MEMORY. */
+int gm_server_init(struct gm_server *g, struct bg_engine *e, const struct gm_hooks *hooks,
+                   uint32_t max_packet, int admin_shutdown, const uint64_t hash_key[2]);
+/* Free what g holds (every session must be closed), unset the hook. */
+void gm_server_destroy(struct gm_server *g, bg_time now);
+/* One bounded step of the sweep (call it every 100 ms or so): look at the
+ * next `budget` record buckets, fail foreground jobs that ended outside
+ * Gearman (a beanstalk or HTTP delete) and drop records of jobs that are
+ * gone. Returns 1 when a graceful shutdown is due (no session holds a
+ * job), else 0. */
+int gm_server_sweep(struct gm_server *g, size_t budget);
+
+/* Attach a new session (memory zeroed by the caller, or not: it is
+ * cleared) of the peer shown as fd / addr. 0 or BG_OUT_OF_MEMORY. */
+int gm_session_init(struct gm_server *g, struct gm_session *s, int peer_fd, const char *peer_addr);
+/* Execute every complete request or admin line in in[0..len) until the
+ * output reaches stream.out_limit or the session closes: the bytes
+ * consumed. */
+size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time now);
+/* Detach: stop listening (a foreground job nobody waits for goes unless a
+ * worker runs it), give reserved jobs back, free what s holds. */
+void gm_session_close(struct gm_session *s, bg_time now);
 
 #endif

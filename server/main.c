@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -57,7 +58,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct server *srv = arg;
-    srv->engine.draining = 1;
+    bg_engine_drain(&srv->engine);
     log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
@@ -88,14 +89,25 @@ static int become_user(const char *name, struct wal *wal)
     return 0;
 }
 
-/* Fill the stats facts that never change. */
-static void describe_host(struct server *srv)
+/* Fill out[0..n) (n <= 256) with random bytes from the kernel: 0, or
+ * BG_IO_ERROR with errno set. */
+static int random_bytes(void *out, size_t n)
 {
-    FILE *f = fopen("/dev/urandom", "r");
-    unsigned char raw[8] = {0};
-    if (f) {
-        if (fread(raw, 1, sizeof raw, f) != sizeof raw) memset(raw, 0, sizeof raw);
-        fclose(f);
+    ssize_t got;
+    do got = getrandom(out, n, 0); while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)n) return 0;
+    if (got >= 0) errno = EIO;
+    return BG_IO_ERROR;
+}
+
+/* Fill the stats facts that never change, and the process's hash key. 0,
+ * or BG_IO_ERROR when no random bytes could be read (said). */
+static int describe_host(struct server *srv)
+{
+    unsigned char raw[8];
+    if (random_bytes(raw, sizeof raw) != 0 || random_bytes(srv->hash_key, sizeof srv->hash_key) != 0) {
+        log_event(BG_LOG_ERROR, "no_randomness", "error=%s", log_str(strerror(errno)));
+        return BG_IO_ERROR;
     }
     for (int i = 0; i < 8; i++) snprintf(srv->instance_id + 2 * i, 3, "%02x", raw[i]);
     struct utsname u;
@@ -104,6 +116,7 @@ static void describe_host(struct server *srv)
         snprintf(srv->os, sizeof srv->os, "%s", u.version);
         snprintf(srv->platform, sizeof srv->platform, "%s", u.machine);
     }
+    return 0;
 }
 
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
@@ -227,7 +240,7 @@ int main(int argc, char **argv)
     srv.listen_fd = -1;
     srv.verbose = cfg.verbose;
     srv.started_at = loop_now();
-    describe_host(&srv);
+    if (describe_host(&srv) != 0) return 1;
     if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;

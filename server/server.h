@@ -64,11 +64,6 @@ int beanstalk_start(struct server *srv, const struct server_config *cfg);
 /* Close every beanstalk connection and the listener (and its socket file). */
 void beanstalk_stop(struct server *srv);
 
-/* ---- net.c: socket reads and writes (until Gearman uses io/conn.c) ------ */
-
-int net_write_out(int fd, struct bg_buf *out, struct event *write_ev);
-int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof);
-
 /* ---- gearman.c: the Gearman front-end ----------------------------------- */
 
 struct gearman;
@@ -94,6 +89,7 @@ struct server {
     struct wal *wal;             /* NULL without -b */
     bg_time started_at;
     char instance_id[17];
+    uint64_t hash_key[2];        /* the keyed hash of tables clients fill (random) */
     char hostname[256];
     char os[256];
     char platform[sizeof(((struct utsname *)0)->machine)];

@@ -47,6 +47,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -1994,6 +1995,50 @@ def test_binlog_stats():
 
 # ---- runner ---------------------------------------------------------------------------
 
+# ---- the Gearman front-end's changes reach the log -------------------------------------
+
+def gearman_packet(kind, *args):
+    body = b"\0".join(args)
+    return b"\0REQ" + struct.pack(">II", kind, len(body)) + body
+
+
+def gearman_read(c, what):
+    """One response packet: (type, [arguments])."""
+    head = c.read_exact(12, what=what)
+    check_eq(head[:4], b"\0RES", what + ": magic")
+    kind, size = struct.unpack(">II", head[4:])
+    return kind, c.read_exact(size, what=what).split(b"\0") if size else []
+
+
+def test_can_do_timeout_ttr_survives_restart():
+    """CAN_DO_TIMEOUT is the TTR of the job the worker grabs; the change is
+    logged (with -f 0, before JOB_ASSIGN is sent), so the job comes back
+    after a crash with that TTR."""
+    d = new_dir("can_do_timeout")
+    gport = free_port()
+    srv = Server(d, ["-f", "0", "--gearman-port", str(gport)]).start()
+    g = Conn(socket.create_connection(("127.0.0.1", gport), timeout=READ_TIMEOUT))
+    g.send(gearman_packet(18, b"resize", b"", b"image 1"))          # SUBMIT_JOB_BG
+    kind, args = gearman_read(g, "JOB_CREATED")
+    check_eq(kind, 8, "JOB_CREATED")
+    jid = int(args[0].rsplit(b":", 1)[1])
+    g.send(gearman_packet(23, b"resize", b"7") + gearman_packet(9))  # CAN_DO_TIMEOUT, GRAB_JOB
+    kind, args = gearman_read(g, "JOB_ASSIGN")
+    check_eq(kind, 11, "JOB_ASSIGN")
+    c = srv.connect()
+    check_eq(c.yaml(b"stats-job %d" % jid).get("ttr"), "7", "ttr of the grabbed job")
+    c.close()
+    g.close()
+    srv.restart(signal.SIGKILL)  # -f 0: JOB_ASSIGN came once its record was on disk
+    c = srv.connect()
+    st = c.yaml(b"stats-job %d" % jid)
+    check(st is not None, "job %d is gone after the restart" % jid)
+    check_eq(st.get("ttr"), "7", "ttr of job %d after the restart" % jid)
+    check_eq(st.get("state"), "ready", "state of job %d after the restart" % jid)
+    c.close()
+    srv.stop_checked()
+
+
 TESTS = [
     test_restart_full_state_sigterm,
     test_restart_full_state_sigkill,
@@ -2026,6 +2071,7 @@ TESTS = [
     test_sigterm_under_load_F,
     test_sigterm_under_load_f0,
     test_binlog_stats,
+    test_can_do_timeout_ttr_survives_restart,
 ]
 
 

@@ -295,6 +295,9 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
     struct tally *per_tube = calloc(e->tube_count ? e->tube_count : 1, sizeof *per_tube);
     struct tally all = {0};
     assert_non_null(per_tube);
+    const char *broken; /* core's own audit agrees (it also wants the matching invariant) */
+    if (dispatch_invariant && bg_engine_audit(e, &broken) != 0)
+        fail_msg("bg_engine_audit (step %ld): %s", audit_step, broken);
 
     /* tubes: list, hash table, indices */
     AUDIT(e->tube_count <= e->tube_list_cap || e->tube_count == 0);
@@ -2058,6 +2061,91 @@ static void test_session_peer_eof_after_wake_passed(void **state)
 
 /* While draining, put is refused with DRAINING and the job is freed (the
  * ASan build reports a leak otherwise); nothing is counted. */
+/* ---- entry points for front-ends that keep state beside the queue ------- */
+
+/* The log's view: the last update record of a job. */
+static struct {
+    int updates;
+    uint64_t id;
+    uint32_t ttr_s;
+} logged;
+
+static void log_saved(void *ctx, const struct bg_job *j, int with_body)
+{
+    (void)ctx;
+    if (with_body) return;
+    logged.updates++;
+    logged.id = j->id;
+    logged.ttr_s = j->ttr_s;
+}
+static void log_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
+static void log_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
+static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused};
+
+/* bg_set_ttr: the new TTR runs from now and reaches the log (a Gearman
+ * CAN_DO_TIMEOUT); only the reserver may set it. */
+static void test_set_ttr_is_logged(void **state)
+{
+    struct world *w = *state;
+    memset(&logged, 0, sizeof logged);
+    w->engine.journal = &test_log;
+    uint64_t id = put_job(&w->fc[0], "x", 0, 0, 60, T0);
+    assert_int_equal(reserve_now(&w->fc[1], T0), id);
+    assert_int_equal(bg_set_ttr(&w->fc[2].client, id, 5, T0), BG_NOT_FOUND);
+    assert_int_equal(logged.updates, 0);
+    assert_int_equal(bg_set_ttr(&w->fc[1].client, id, 5, T0 + SEC(1)), BG_OK);
+    assert_int_equal(find(w, id)->ttr_s, 5);
+    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(6));
+    assert_int_equal(logged.updates, 1);
+    assert_int_equal(logged.id, id);
+    assert_int_equal(logged.ttr_s, 5);
+    assert_int_equal(bg_set_ttr(&w->fc[1].client, id, 0, T0 + SEC(1)), BG_OK);
+    assert_int_equal(find(w, id)->ttr_s, 1); /* 0 counts as 1, as for put */
+    bg_engine_tick(&w->engine, T0 + SEC(2));
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    w->engine.journal = NULL;
+    check_engine(&w->engine, w->fc, WORLD_CLIENTS);
+}
+
+/* A sleeping client counts as waiting until it wakes or closes. */
+static void test_sleeping_counts_as_waiting(void **state)
+{
+    struct world *w = *state;
+    bg_client_set_sleeping(&w->fc[0].client, 1);
+    bg_client_set_sleeping(&w->fc[0].client, 1); /* once */
+    bg_client_set_sleeping(&w->fc[1].client, 1);
+    assert_int_equal(w->engine.waiting, 2);
+    bg_client_set_sleeping(&w->fc[0].client, 0);
+    assert_int_equal(w->engine.waiting, 1);
+    fake_close(&w->fc[1], T0);
+    assert_int_equal(w->engine.waiting, 0);
+    bg_engine_connection_opened(&w->engine);
+    bg_engine_connection_opened(&w->engine);
+    bg_engine_connection_closed(&w->engine);
+    assert_int_equal(w->engine.connections, 1);
+    assert_int_equal(w->engine.stat.total_connections, 2);
+}
+
+/* The audit in core sees what it is meant to see. */
+static void test_engine_audit_finds_breakage(void **state)
+{
+    struct world *w = *state;
+    const char *broken;
+    put_job(&w->fc[0], "a", 5, 0, 60, T0);
+    put_job(&w->fc[0], "b", 5, 10, 60, T0);
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_OK);
+    w->engine.ready_count++;
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_INTERNAL_ERROR);
+    assert_string_equal(broken, "ready_count is off");
+    w->engine.ready_count--;
+    bg_time due = w->engine.due_at;
+    w->engine.due_at = T0 + SEC(11);
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_INTERNAL_ERROR);
+    assert_string_equal(broken, "due_at is later than a deadline");
+    w->engine.due_at = due;
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_OK);
+}
+
 static void test_put_while_draining(void **state)
 {
     struct world *w = *state;
@@ -2692,6 +2780,9 @@ int main(void)
         ENGINE_TEST(test_catch_up_waiter_timed_out_before_put),
         ENGINE_TEST(test_catch_up_close_counts_expired_ttr),
         ENGINE_TEST(test_catch_up_due_at_bound),
+        ENGINE_TEST(test_set_ttr_is_logged),
+        ENGINE_TEST(test_sleeping_counts_as_waiting),
+        ENGINE_TEST(test_engine_audit_finds_breakage),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
