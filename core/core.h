@@ -43,7 +43,7 @@ enum bg_outcome {
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
     BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
-    BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write: no put is taken */
+    BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
     BG_IO_ERROR = -17,    /* a system call failed; errno is left set for the message */

@@ -3,14 +3,22 @@
  * the same engine as the TCP protocol. No thread other than the loop's
  * touches the queue.
  *
- * Files:
- *   http.c    the daemon, its wiring into libevent, request bodies, routing
- *   routes.c  one handler per route: engine calls, JSON or raw replies
- *   json.c    rendering of jobs, tubes, stats and problem+json errors
+ * Files, from the top layer down. A file uses only what files of a lower
+ * layer define, so there is no circle (tests/http/gateway_layers.py):
+ *   http.c      the daemon, its wiring into libevent, the request lifecycle:
+ *               match once, token and body limit, dispatch, counters, replies
+ *               held for the log. The only file that speaks MHD_Result.
+ *   router.c    the route table (path pattern, method, handler, body limit,
+ *               auth rule, command counter) and URL matching
+ *   routes.c    the handlers of the queue's resources: engine calls
+ *   metrics.c   /metrics (Prometheus text), /livez, /readyz, request counters
+ *   request.c   what a handler asks of its request: query numbers, Accept,
+ *               long-poll suspension, wake-up and the watch on its socket
+ *   reply.c     responses: JSON, problem+json (status titles; the table of
+ *               outcome -> status, code, detail), empty, raw job, bytes
+ *   json.c      rendering of jobs, tubes and stats
  *   idempotency.c  Idempotency-Key -> job, for a window
- *   router.c  the route table and URL matching (no libmicrohttpd)
- *   auth.c    optional bearer tokens, compared in constant time
- *   metrics.c /metrics (Prometheus text), /livez, /readyz, request counters
+ *   auth.c      optional bearer tokens, compared in constant time
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -22,7 +30,8 @@
 #include "../core/core.h"
 #include "../io/wal.h"
 
-#define GW_MAX_WAIT_S 30          /* long-poll cap */
+#define GW_MAX_WAIT_DEFAULT_S 30  /* long-poll cap (--http-max-wait) */
+#define GW_MAX_WAIT_LIMIT_S 3600  /* the largest cap one may set */
 #define GW_DEFAULT_PRIORITY 2147483648u /* 2^31, as common clients use */
 #define GW_DEFAULT_TTR 60
 #define GW_CONNECTION_LIMIT 1024
@@ -51,6 +60,7 @@ struct gateway_config {
     bg_time started_at;           /* the server's start, for uptime */
     /* process facts for GET /stats (binlog figures); arg is log_arg */
     void (*process_info)(void *arg, struct bg_process_info *pi);
+    uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
 };
 
 struct gateway;
@@ -67,14 +77,68 @@ void gateway_stop(struct gateway *gw);
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
 
-/* ---- internal: shared by http.c and routes.c --------------------------- */
+/* ---- internal: shared by the gateway's files ----------------------------- */
+
+struct gw_request;
+
+/* The methods of the route table; HEAD is GET without the body (it is
+ * served by the GET row); any other method is GW_OTHER. */
+enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+
+/* How much body a route reads. The limit is checked against Content-Length
+ * before any byte of the body is read (413 JOB_TOO_BIG). */
+enum gw_body_limit {
+    GW_BODY_NONE,   /* the route reads none: a body is dropped, not kept
+                     * (above the max job size it is refused, as for a job) */
+    GW_BODY_JOB,    /* one job: the max job size (-z) */
+    GW_BODY_BATCH,  /* a batch put's JSON: GW_BATCH_BODY_MAX */
+};
+
+/* Who may call a route when bearer tokens are configured (without tokens
+ * everyone may). A path that matches no route needs a token, so that an
+ * unknown path tells nothing. */
+enum gw_auth_rule {
+    GW_AUTH_TOKEN,    /* a valid bearer token */
+    GW_AUTH_OPEN,     /* anyone: the health checks */
+    GW_AUTH_METRICS,  /* a token with --metrics-auth, else anyone */
+};
+
+/* A handler: 0 when it queued a response (or suspended the request), a
+ * negative enum bg_outcome for the problem of the error table
+ * (gw_reply_outcome), or GW_NO_REPLY (the connection is closed). */
+typedef int (*gw_handler)(struct gw_request *r);
+
+/* One row of the route table. */
+struct gw_route {
+    const char *pattern;          /* the path; a segment "*" matches any one segment */
+    enum gw_method method;        /* a GW_GET row answers HEAD too */
+    gw_handler handler;
+    enum gw_body_limit body;
+    enum gw_auth_rule auth;
+    int command;                  /* the cmd-* counter (enum bg_cmd) it counts in; -1: none */
+};
+
+#define GW_MAX_SEGMENTS 4
+/* The route of a request, found once, on its first access-handler call. */
+struct gw_match {
+    int status;                   /* 0: route is the row; 404: no such path; 405: not this method */
+    const struct gw_route *route; /* status 0: the row; 405: the path's first row; 404: NULL */
+    int path;                     /* index of the path's first row (the metrics label); -1: 404 */
+    enum gw_method method;
+    char allow[48];               /* the path's methods, as the Allow header lists them */
+    char buf[1024];
+    char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf, %2F decoded */
+    int nseg;
+};
 
 /* One HTTP request as the gateway follows it across handler calls. */
 struct gw_request {
     struct gateway *gw;
     struct MHD_Connection *conn;
+    struct gw_match match;        /* the route, matched once */
     struct bg_buf body;
-    uint64_t body_limit;
+    uint64_t body_limit;          /* bytes of body accepted (from the row) */
+    int keep_body;                /* the handler reads the body (not GW_BODY_NONE) */
     int body_too_big;
     int responded;
     /* long-poll */
@@ -86,7 +150,6 @@ struct gw_request {
     uint32_t got;
     /* metrics: from the first access-handler call to the completion */
     bg_time started;
-    int route;                    /* route table index; -1: no route */
     int method;                   /* gw_metrics_method_index */
     unsigned status;              /* status queued; 0: none yet */
     int counted;                  /* in the cmd-* counters already */
@@ -125,76 +188,118 @@ struct gateway {
     struct gw_metrics *metrics;
 };
 
-/* Answer with a JSON value (taken over) and a status. */
-enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
-                              const char *location);
-/* The same with one more header (name may be NULL). */
-enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
-                                      const char *location, const char *name, const char *value);
-/* Answer with application/problem+json for an outcome or status. */
-enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
-                                 const char *detail);
-/* The same with one more header (name may be NULL). */
-enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
-                                        const char *code, const char *detail,
-                                        const char *name, const char *value);
-/* The same with an Allow header (405). */
-enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
-                                       const char *detail, const char *allow);
-/* Answer with no body. */
-enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status);
+/* ---- reply.c: responses (calls no other gateway file) ------------------ */
 
-/* router.c */
-enum gw_route_id {
-    R_STATS, R_TUBES, R_TUBE, R_TUBE_JOBS, R_TUBE_BATCH, R_TUBE_RESERVE, R_TUBE_KICK,
-    R_TUBE_PAUSE, R_TUBE_PEEK, R_RESERVE, R_JOB, R_JOB_BODY, R_JOB_ACTION, R_JOB_RESERVE,
-    R_OPENAPI, R_LIVEZ, R_READYZ, R_METRICS,
+/* What a reply function returns when no response could be queued (out of
+ * memory, or one was queued already): http.c then closes the connection.
+ * Distinct from every enum bg_outcome. */
+#define GW_NO_REPLY (-1000)
+
+/* An HTTP problem: the status, the `code` member and the `detail` text. */
+struct gw_problem {
+    int outcome;                  /* the enum bg_outcome it stands for */
+    unsigned status;
+    const char *code, *detail;
 };
-/* The methods the handlers tell apart; any other is GW_OTHER. */
-enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+/* The problem for an engine outcome: the one table of them (404 NOT_FOUND,
+ * 413 JOB_TOO_BIG, 503 DRAINING / OUT_OF_MEMORY / LOG_UNAVAILABLE, ...);
+ * an outcome not in it is 500 with its beanstalk word as the code. */
+struct gw_problem gw_outcome_problem(int outcome);
+/* The title of a status in a problem ("Not Found"). */
+const char *gw_status_title(unsigned status);
+
+/* Each returns 0 (queued) or GW_NO_REPLY. */
+/* A JSON value (taken over; NULL is out of memory), with a Location header
+ * unless location is NULL. */
+int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const char *location);
+/* The same with one more header (name may be NULL). */
+int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
+                         const char *location, const char *name, const char *value);
+/* application/problem+json; a 503 carries Retry-After: 5. */
+int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
+                     const char *detail);
+/* The same with one more header (name may be NULL). */
+int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
+                            const char *detail, const char *name, const char *value);
+/* The problem of gw_outcome_problem(outcome). */
+int gw_reply_outcome(struct MHD_Connection *c, int outcome);
+/* No body. */
+int gw_reply_empty(struct MHD_Connection *c, unsigned status);
+/* n bytes of a Content-Type, copied (copy nonzero) or living as long as the
+ * process, with one more header (name may be NULL). */
+int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                   int copy, const char *type, const char *name, const char *value);
+/* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
+ * (X-Reservation too unless token is NULL). */
+int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
+
+/* ---- router.c: the route table ------------------------------------------ */
+
 enum gw_method gw_method_of(const char *method);
-#define GW_MAX_SEGMENTS 4
-struct gw_match {
-    enum gw_route_id id;
-    int index;                    /* in the route table (gw_route_pattern) */
-    enum gw_method method;
-    const char *allow;            /* the methods the path allows (the Allow header) */
-    char buf[1024];
-    char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf */
-    int nseg;
-};
-/* Match method and url against the route table: 0 (m->id, m->method,
- * m->seg set), 404 (no such path) or 405 (m->allow lists the methods).
- * HEAD is allowed wherever GET is, and Allow then lists it too. */
+/* Match method and url against the route table into m; returns m->status:
+ * 0 (m->route, m->method, m->seg set), 404 or 405 (m->allow set). HEAD
+ * matches a GET row; the Allow header lists HEAD after GET. */
 int gw_match_route(const char *method, const char *url, struct gw_match *m);
-/* The route table: its size, and the path pattern of entry i, such as
- * "/tubes/{tube}/jobs" (the label of the HTTP metrics). */
+/* How many times gw_match_route ran in this process (a test counts that a
+ * request is matched once, however often libmicrohttpd calls back). */
+unsigned long gw_match_count(void);
+/* The table: its rows, row i (NULL out of range), and the label of row i:
+ * its pattern with each '*' named as in openapi.yaml ("/tubes/{tube}/jobs"),
+ * the route label of the HTTP metrics. */
 int gw_route_count(void);
+const struct gw_route *gw_route_at(int i);
 const char *gw_route_pattern(int i);
-/* The methods of entry i as the table writes them ("GET, DELETE"); HEAD is
- * implied by GET. NULL if i is out of range. */
-const char *gw_route_methods(int i);
+
+/* ---- routes.c: the handlers of the route table --------------------------- */
+
+int gw_handle_stats(struct gw_request *r);
+int gw_handle_tubes(struct gw_request *r);
+int gw_handle_tube(struct gw_request *r);
+int gw_handle_put(struct gw_request *r);
+int gw_handle_batch_put(struct gw_request *r);
+int gw_handle_tube_reserve(struct gw_request *r);
+int gw_handle_tube_kick(struct gw_request *r);
+int gw_handle_tube_pause(struct gw_request *r);
+int gw_handle_peek_ready(struct gw_request *r);
+int gw_handle_peek_delayed(struct gw_request *r);
+int gw_handle_peek_buried(struct gw_request *r);
+int gw_handle_reserve(struct gw_request *r);
+int gw_handle_job(struct gw_request *r);
+int gw_handle_job_delete(struct gw_request *r);
+int gw_handle_job_body(struct gw_request *r);
+int gw_handle_job_release(struct gw_request *r);
+int gw_handle_job_bury(struct gw_request *r);
+int gw_handle_job_touch(struct gw_request *r);
+int gw_handle_job_kick(struct gw_request *r);
+int gw_handle_job_reserve(struct gw_request *r);
+int gw_handle_openapi(struct gw_request *r);
+
+/* ---- request.c: what handlers ask of their request ---------------------- */
+
+/* The query parameter key (unescaped, %2F kept), or NULL. */
+const char *gw_query(struct gw_request *r, const char *key);
+/* The decimal query parameter key, at most max: 0 (*out set, or left as it
+ * is when the parameter is absent) or -1 when it is not such a number. */
+int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
+/* Nonzero if Accept asks for application/octet-stream and not JSON. */
+int gw_wants_raw(struct gw_request *r);
+/* The status of the response queued for r, 0 if none yet. */
+unsigned gw_queued_status(const struct gw_request *r);
 /* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
  * leaves them encoded so that a tube name may hold '/' in a path segment. */
 void gw_decode_slashes(char *s);
-
-/* routes.c: dispatch a complete request. */
-enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url);
-/* routes.c: a long-poll waiter got a job / ended. */
-extern const struct bg_client_ops gw_waiter_ops;
-/* http.c: queue r to be resumed on the next loop turn. */
-void gw_wake(struct gw_request *r);
-/* http.c: track / forget a suspended long-poll (resumed at shutdown).
- * While listed, its socket is watched: a client that closes or resets ends
- * the wait at once (wait_outcome BG_TIMED_OUT, woken). */
-void gw_list(struct gw_request *r);
+/* Suspend long-poll r: it is listed (resumed at shutdown) and its socket
+ * watched: a client that closes or resets ends the wait at once
+ * (wait_outcome BG_TIMED_OUT, woken). */
+void gw_suspend(struct gw_request *r);
+/* Take r off the list and stop watching its socket (no-op if not listed). */
 void gw_unlist(struct gw_request *r);
-/* http.c: nonzero unless r's client has closed or reset its connection
- * (a FIN counts as gone, even after pipelined bytes). */
+/* Queue r to be resumed on the next loop turn. */
+void gw_wake(struct gw_request *r);
+/* Nonzero unless r's client has closed or reset its connection (a FIN
+ * counts as gone, even after pipelined bytes). */
 int gw_peer_alive(struct gw_request *r);
-/* http.c: the status of the response queued for r, 0 if none yet. */
-unsigned gw_queued_status(const struct gw_request *r);
-/* http.c: release the jobs r reserved and did not deliver (r->got = 0). */
+/* Release the jobs r reserved and did not deliver (r->got = 0). */
 void gw_give_back(struct gw_request *r, bg_time now);
 
 /* auth.c: bearer tokens */
@@ -211,7 +316,9 @@ int gw_auth_check(const struct gw_auth *a, const char *authorization);
 
 /* metrics.c */
 struct gw_metrics;
-struct gw_metrics *gw_metrics_new(void);
+/* Counters for routes 0..n-1 labelled route_labels[i] (strings that outlive
+ * the counters), and one more for requests that matched no route. */
+struct gw_metrics *gw_metrics_new(const char *const *route_labels, int n);
 void gw_metrics_free(struct gw_metrics *m);
 /* Index of an HTTP method for the metrics (unknown methods share one). */
 int gw_metrics_method_index(const char *method);
@@ -223,9 +330,9 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
 /* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
 int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
 /* The handlers of /metrics, /livez and /readyz. */
-enum MHD_Result gw_reply_metrics(struct gw_request *r);
-enum MHD_Result gw_reply_livez(struct gw_request *r);
-enum MHD_Result gw_reply_readyz(struct gw_request *r);
+int gw_handle_metrics(struct gw_request *r);
+int gw_handle_livez(struct gw_request *r);
+int gw_handle_readyz(struct gw_request *r);
 
 /* idempotency.c */
 struct gw_idempotency;

@@ -1,11 +1,11 @@
 /* http.c - libmicrohttpd in external polling mode on the libevent loop:
  * the daemon's epoll fd is one libevent event, MHD_get_timeout arms one
- * timer, and MHD_run runs on the loop thread. Request bodies are collected
- * here, with the size limit checked before any byte is read. */
-#include <errno.h>
+ * timer, and MHD_run runs on the loop thread. The top of the gateway: the
+ * request lifecycle. A request's route is matched once, on the first
+ * access-handler call; its row gives the auth rule and the body limit
+ * (checked before any byte of the body is read), and, once the body is in,
+ * the handler. The only file that speaks MHD_Result. */
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,115 +42,6 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
     gw_run(gw);
 }
 
-/* ---- noticing a long-poll's client going away ---------------------------
- * libmicrohttpd does not poll a suspended connection, so while a long-poll
- * waits the gateway watches its socket itself, and asks once more right
- * before the engine hands it a job (gw_waiter_ops.alive). */
-
-int gw_peer_alive(struct gw_request *r)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 1;
-    int fd = ci->connect_fd;
-#ifdef TCP_INFO
-    /* TCP's state leaves ESTABLISHED when the peer's FIN (CLOSE_WAIT) or
-     * reset (CLOSE) arrives, even behind unread pipelined bytes */
-    struct tcp_info ti;
-    socklen_t n = sizeof ti;
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) == 0) return ti.tcpi_state == TCP_ESTABLISHED;
-#endif
-    char byte;
-    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (got >= 0) return got > 0; /* 0: the read end, a close */
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-}
-
-/* The socket of a waiting long-poll became readable or closed. A close or
- * reset ends the wait (204, and libmicrohttpd then finds the close); bytes
- * are a pipelined request, left for libmicrohttpd after the answer. */
-static void peer_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    struct gw_request *r = arg;
-    if (gw_peer_alive(r)) {
-        /* level-triggered (no edge-triggered backend): the bytes would
-         * wake us forever, so stop watching; the check before a hand-over
-         * still runs */
-        if ((what & EV_READ) && !(event_get_events(r->peer_ev) & EV_ET)) {
-            event_free(r->peer_ev);
-            r->peer_ev = NULL;
-        }
-        return;
-    }
-    log_event(BG_LOG_DEBUG, "http_longpoll_abandoned", "msg=\"the client left while it waited\"");
-    if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
-    r->wait_outcome = BG_TIMED_OUT;
-    gw_unlist(r); /* frees r->peer_ev */
-    gw_wake(r);
-}
-
-/* Watch the socket of long-poll r while it is suspended: edge-triggered
- * where the loop can (one wake-up per change: data, then a close), with
- * EV_CLOSED to see a close behind unread bytes. */
-static void peer_watch(struct gw_request *r)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return;
-    int features = event_base_get_features(r->gw->base);
-    short what = EV_READ | EV_PERSIST;
-    if (features & EV_FEATURE_ET) what |= EV_ET;
-    if (features & EV_FEATURE_EARLY_CLOSE) what |= EV_CLOSED;
-    r->peer_ev = event_new(r->gw->base, ci->connect_fd, what, peer_cb, r);
-    if (r->peer_ev && event_add(r->peer_ev, NULL) != 0) {
-        event_free(r->peer_ev);
-        r->peer_ev = NULL;
-    }
-}
-
-void gw_list(struct gw_request *r)
-{
-    struct gateway *gw = r->gw;
-    r->prev_waiting = NULL;
-    r->next_waiting = gw->waiting;
-    if (gw->waiting) gw->waiting->prev_waiting = r;
-    gw->waiting = r;
-    r->listed = 1;
-    peer_watch(r);
-}
-
-void gw_unlist(struct gw_request *r)
-{
-    if (!r->listed) return;
-    if (r->prev_waiting) r->prev_waiting->next_waiting = r->next_waiting;
-    else r->gw->waiting = r->next_waiting;
-    if (r->next_waiting) r->next_waiting->prev_waiting = r->prev_waiting;
-    r->listed = 0;
-    if (r->peer_ev) event_free(r->peer_ev); /* before libmicrohttpd may close the socket */
-    r->peer_ev = NULL;
-}
-
-void gw_give_back(struct gw_request *r, bg_time now)
-{
-    struct gateway *gw = r->gw;
-    for (uint32_t i = 0; i < r->got; i++) {
-        struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
-        if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
-            j->reserves == r->job_reserves[i]) {
-            bg_release(&gw->holder, j->id, j->pri, 0, now);
-        }
-    }
-    r->got = 0;
-}
-
-void gw_wake(struct gw_request *r)
-{
-    r->next_woken = r->gw->woken;
-    r->gw->woken = r;
-    event_active(r->gw->run_ev, EV_READ, 0);
-}
-
 /* Run the daemon, then re-arm its timer and the engine's. */
 static void gw_run(struct gateway *gw)
 {
@@ -165,95 +56,18 @@ static void gw_run(struct gateway *gw)
     if (gw->after_run) gw->after_run(gw->after_run_arg);
 }
 
-enum MHD_Result gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
-                              const char *location)
-{
-    return gw_reply_json_headers(c, status, v, location, NULL, NULL);
-}
-
-/* Queue len bytes of text (copied) with a Content-Type and up to two more
- * headers (a NULL name is skipped). */
-static enum MHD_Result queue_text(struct MHD_Connection *c, unsigned status, const char *text,
-                                  size_t len, const char *type, const char *name1,
-                                  const char *value1, const char *name2, const char *value2)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", type);
-    if (name1) MHD_add_response_header(resp, name1, value1);
-    if (name2) MHD_add_response_header(resp, name2, value2);
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
-enum MHD_Result gw_reply_json_headers(struct MHD_Connection *c, unsigned status, json_t *v,
-                                      const char *location, const char *name, const char *value)
-{
-    char *text = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!text) return MHD_NO;
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
-    enum MHD_Result ok = queue_text(c, status, text, n + 1, "application/json",
-                                    location ? "Location" : NULL, location, name, value);
-    free(text);
-    return ok;
-}
-
-enum MHD_Result gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
-                                 const char *detail)
-{
-    return gw_reply_problem_allow(c, status, code, detail, NULL);
-}
-
-enum MHD_Result gw_reply_problem_allow(struct MHD_Connection *c, unsigned status, const char *code,
-                                       const char *detail, const char *allow)
-{
-    return gw_reply_problem_header(c, status, code, detail, allow ? "Allow" : NULL, allow);
-}
-
-enum MHD_Result gw_reply_problem_header(struct MHD_Connection *c, unsigned status,
-                                        const char *code, const char *detail,
-                                        const char *name, const char *value)
-{
-    const char *title = status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
-                      : status == 404 ? "Not Found"
-                      : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
-                      : status == 413 ? "Content Too Large" : status == 422 ? "Unprocessable Content"
-                      : status == 503 ? "Service Unavailable"
-                      : "Internal Server Error";
-    json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title", title,
-                          "status", (int)status, "detail", detail, "code", code);
-    char *text = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!text) return MHD_NO;
-    enum MHD_Result ok = queue_text(c, status, text, strlen(text), "application/problem+json",
-                                    status == 503 ? "Retry-After" : NULL, "5", name, value);
-    free(text);
-    return ok;
-}
-
-enum MHD_Result gw_reply_empty(struct MHD_Connection *c, unsigned status)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
-    if (!resp) return MHD_NO;
-    enum MHD_Result ok = MHD_queue_response(c, status, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
 static int hex_digit(char ch)
 {
     return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
          : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
 }
 
-unsigned gw_queued_status(const struct gw_request *r)
+/* What libmicrohttpd is told after a handler or reply function returned
+ * rc: carry on, unless no response could be queued (then the connection
+ * closes). */
+static enum MHD_Result mhd_result(int rc)
 {
-    const union MHD_ConnectionInfo *info =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
-    return info ? info->http_status : 0;
+    return rc == GW_NO_REPLY ? MHD_NO : MHD_YES;
 }
 
 /* Remember the status of the response just queued, for the metrics. */
@@ -263,59 +77,110 @@ static void note_status(struct gw_request *r)
     if (status) r->status = status;
 }
 
-/* Nonzero if the request needs a bearer token: any configured, and the
- * route is not a health check (nor /metrics without --metrics-auth). An
- * unknown path needs one too, so that it tells nothing. */
-static int needs_token(const struct gateway *gw, int match_status, enum gw_route_id id)
+/* Nonzero if the request needs a bearer token: any configured, and its
+ * path's auth rule asks for one. An unknown path needs one too, so that it
+ * tells nothing. */
+static int needs_token(const struct gateway *gw, const struct gw_match *m)
 {
     if (!gw->auth) return 0;
-    if (match_status != 404) {
-        if (id == R_LIVEZ || id == R_READYZ) return 0;
-        if (id == R_METRICS) return gw->metrics_auth;
+    if (!m->route) return 1;
+    switch (m->route->auth) {
+    case GW_AUTH_OPEN: return 0;
+    case GW_AUTH_METRICS: return gw->metrics_auth;
+    case GW_AUTH_TOKEN: break;
     }
     return 1;
 }
 
-/* First call for a request: count it, check its token and body size. */
+/* The bytes of body the request's row reads at most (an unmatched request
+ * reads none). */
+static uint64_t body_limit(const struct gateway *gw, const struct gw_match *m)
+{
+    switch (m->status == 0 ? m->route->body : GW_BODY_NONE) {
+    case GW_BODY_BATCH: return GW_BATCH_BODY_MAX;
+    case GW_BODY_JOB:
+    case GW_BODY_NONE: break;
+    }
+    return gw->engine->max_job_size;
+}
+
+/* First call for a request: match its route (once: later calls, a resumed
+ * long-poll and a held response use r->match), check its token and its
+ * body size. */
 static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, const char *url,
                                      const char *method)
 {
     struct MHD_Connection *conn = r->conn;
-    struct gw_match m;
-    int match_status = gw_match_route(method, url, &m);
-    r->route = match_status == 404 ? -1 : m.index;
+    gw_match_route(method, url, &r->match);
     r->method = gw_metrics_method_index(method);
-    if (needs_token(gw, match_status, m.id)) {
+    if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!gw_auth_check(gw->auth, given)) {
             r->body_too_big = 1; /* the body, if any, is not kept */
             r->responded = 1;
             log_event(BG_LOG_DEBUG, "http_unauthorized", "method=%s path=%s token=%s",
                       log_str(method), log_str(url), given ? "wrong" : "missing");
-            enum MHD_Result ok = gw_reply_problem_header(
+            int rc = gw_reply_problem_header(
                 conn, 401, "UNAUTHORIZED", "a valid bearer token is required",
                 "WWW-Authenticate",
                 given ? "Bearer realm=\"beangate\", error=\"invalid_token\""
                       : "Bearer realm=\"beangate\"");
             note_status(r);
-            return ok;
+            return mhd_result(rc);
         }
     }
     /* the size limit is checked before any of the body is read */
-    uint64_t max = gw->engine->max_job_size;
-    r->body_limit = strstr(url, "/batch") ? GW_BATCH_BODY_MAX : max;
+    r->body_limit = body_limit(gw, &r->match);
+    r->keep_body = r->match.status == 0 && r->match.route->body != GW_BODY_NONE;
+    /* (libmicrohttpd has answered 400 to a Content-Length that is not a
+     * number; one past 2^64-1 cannot fit any limit) */
     const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    if (len && strtoull(len, NULL, 10) > r->body_limit) {
+    uint64_t declared = 0;
+    if (len && (bg_parse_u64(len, strlen(len), UINT64_MAX, &declared) != 0 || declared > r->body_limit)) {
         r->body_too_big = 1;
         r->responded = 1;
-        enum MHD_Result ok = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
+        int rc = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
         note_status(r);
-        return ok;
+        return mhd_result(rc);
     }
     return MHD_YES;
 }
 
 static void request_durable(struct wal_hold *h);
+
+/* Count a routed request in the cmd-* counters: once (a resumed long-poll
+ * is not counted again), as r->commands commands, unless it was malformed
+ * (400) or over a limit (413). */
+static void count_request(struct gw_request *r)
+{
+    if (r->counted) return;
+    r->counted = 1;
+    unsigned status = gw_queued_status(r);
+    int cmd = r->match.route->command;
+    if (cmd < 0 || status == 400 || status == 413) return;
+    bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
+}
+
+/* The body is in: answer 404 or 405, or run the row's handler and turn an
+ * outcome it returns into its problem. 0 or GW_NO_REPLY. */
+static int dispatch(struct gw_request *r)
+{
+    const struct gw_match *m = &r->match;
+    if (m->status == 404) return gw_reply_problem(r->conn, 404, "NOT_FOUND", "no such route");
+    if (m->status == 405) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "allowed: %s", m->allow);
+        return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", m->allow);
+    }
+    if (!r->counted) r->commands = 1;
+    /* the handler reads job states (reservation checks, GET): bring the
+     * engine up to now first, whether or not the loop's timer ran */
+    bg_engine_catch_up(r->gw->engine, r->gw->now());
+    int rc = m->route->handler(r);
+    if (rc < 0 && rc != GW_NO_REPLY) rc = gw_reply_outcome(r->conn, rc);
+    count_request(r);
+    return rc;
+}
 
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version,
@@ -335,7 +200,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return begin_request(gw, r, url, method);
     }
     if (*upload_size) {
-        if (!r->body_too_big) {
+        if (r->keep_body && !r->body_too_big) {
             if (r->body.len + *upload_size > r->body_limit ||
                 bg_buf_append(&r->body, upload_data, *upload_size) != 0) {
                 r->body_too_big = 1;
@@ -347,10 +212,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
     if (r->responded || r->held) return MHD_YES;
     uint64_t before = wal_mark(gw->cfg.wal);
-    enum MHD_Result ok = gw_route(r, method, url);
+    int rc = dispatch(r);
     note_status(r);
     uint64_t mark = wal_mark(gw->cfg.wal);
-    if (mark > before && ok == MHD_YES && !r->suspended) {
+    if (mark > before && rc == 0 && !r->suspended) {
         /* durable acknowledgement: the queued response leaves only once
          * the records it reports are on disk */
         r->held = 1;
@@ -361,7 +226,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         MHD_suspend_connection(conn);
         wal_hold(gw->cfg.wal, &r->hold, mark, request_durable);
     }
-    return ok;
+    return mhd_result(rc);
 }
 
 /* The log holds what a held response reports: let it go. */
@@ -389,10 +254,10 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
     bg_time now = gw->now();
     double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
-    gw_metrics_observe(gw->metrics, r->route, r->method, r->status, seconds);
+    gw_metrics_observe(gw->metrics, r->match.path, r->method, r->status, seconds);
     gw->in_flight--;
     if (log_enabled(BG_LOG_DEBUG)) {
-        const char *pattern = gw_route_pattern(r->route);
+        const char *pattern = gw_route_pattern(r->match.path);
         log_event(BG_LOG_DEBUG, "http_request", "method=%s route=%s status=%u seconds=%.6f completed=%s",
                   gw_metrics_method_name(r->method), log_str(pattern ? pattern : "unmatched"),
                   r->status, seconds,
@@ -454,6 +319,18 @@ void gateway_set_ready(struct gateway *gw, int ready)
     if (gw) gw->ready = ready != 0;
 }
 
+/* The request counters, labelled by the route table's patterns. */
+static struct gw_metrics *new_metrics(void)
+{
+    int n = gw_route_count();
+    const char **labels = calloc((size_t)n + 1, sizeof *labels);
+    if (!labels) return NULL;
+    for (int i = 0; i < n; i++) labels[i] = gw_route_pattern(i);
+    struct gw_metrics *m = gw_metrics_new(labels, n);
+    free(labels);
+    return m;
+}
+
 /* Free what gateway_start made before its daemon. */
 static void free_parts(struct gateway *gw)
 {
@@ -492,13 +369,14 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->engine = engine;
     gw->base = base;
     gw->cfg = *cfg;
+    if (!gw->cfg.max_wait_s) gw->cfg.max_wait_s = GW_MAX_WAIT_DEFAULT_S;
     gw->now = now;
     gw->after_run = after_run;
     gw->after_run_arg = after_run_arg;
     gw->started_at = cfg->started_at;
     gw->metrics_auth = cfg->metrics_auth;
     gw->idempotency = gw_idempotency_new(idempotency_key);
-    gw->metrics = gw_metrics_new();
+    gw->metrics = new_metrics();
     if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
     if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth)) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
@@ -529,9 +407,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
     gw_run(gw);
-    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s",
+    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
-              cfg->token_count, gw->metrics_auth ? "on" : "off");
+              cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s);
     return gw;
 }
 

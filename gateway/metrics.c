@@ -44,23 +44,27 @@ struct status_series {
 };
 
 struct gw_metrics {
-    int routes;                  /* gw_route_count() + 1: the last is "no route" */
+    int routes;                  /* route labels + 1: the last is "no route" */
+    const char **labels;         /* the route labels (not owned) */
     struct route_hist *hist;
     struct status_series *series;
     size_t series_len, series_cap;
     uint64_t dropped;
 };
 
-struct gw_metrics *gw_metrics_new(void)
+struct gw_metrics *gw_metrics_new(const char *const *route_labels, int n)
 {
     struct gw_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    m->routes = gw_route_count() + 1;
+    m->routes = n + 1;
     m->hist = calloc((size_t)m->routes, sizeof *m->hist);
-    if (!m->hist) {
-        free(m);
+    m->labels = calloc((size_t)m->routes, sizeof *m->labels);
+    if (!m->hist || !m->labels) {
+        gw_metrics_free(m);
         return NULL;
     }
+    for (int i = 0; i < n; i++) m->labels[i] = route_labels[i];
+    m->labels[n] = "unmatched";
     return m;
 }
 
@@ -68,6 +72,7 @@ void gw_metrics_free(struct gw_metrics *m)
 {
     if (!m) return;
     free(m->hist);
+    free(m->labels);
     free(m->series);
     free(m);
 }
@@ -126,7 +131,7 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
 
 static const char *route_label(const struct gw_metrics *m, int route)
 {
-    return route < m->routes - 1 ? gw_route_pattern(route) : "unmatched";
+    return m->labels[route];
 }
 
 /* The HELP and TYPE lines of a family. */
@@ -375,30 +380,25 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
 
 /* ---- the endpoints ----------------------------------------------------- */
 
-enum MHD_Result gw_reply_metrics(struct gw_request *r)
+int gw_handle_metrics(struct gw_request *r)
 {
     struct bg_buf b = {0};
     if (gw_metrics_render(r->gw, &b, r->gw->now()) != 0) {
         bg_buf_free(&b);
-        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
+        return BG_OUT_OF_MEMORY;
     }
-    struct MHD_Response *resp = MHD_create_response_from_buffer(b.len, bg_buf_head(&b),
-                                                                MHD_RESPMEM_MUST_COPY);
+    int rc = gw_reply_bytes(r->conn, 200, bg_buf_head(&b), b.len, 1,
+                            "text/plain; version=0.0.4; charset=utf-8", "Cache-Control", "no-store");
     bg_buf_free(&b);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    MHD_add_response_header(resp, "Cache-Control", "no-store");
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
+    return rc;
 }
 
-enum MHD_Result gw_reply_livez(struct gw_request *r)
+int gw_handle_livez(struct gw_request *r)
 {
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }
 
-enum MHD_Result gw_reply_readyz(struct gw_request *r)
+int gw_handle_readyz(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     if (gw->engine->draining)

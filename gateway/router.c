@@ -1,56 +1,51 @@
-/* router.c - the HTTP route table and URL matching, without libmicrohttpd
- * so that it can be unit-tested. */
+/* router.c - the HTTP route table and URL matching. One row per path and
+ * method: its handler, how much body it reads, who may call it, and the
+ * beanstalk command it counts as. HEAD is served by the GET row; the Allow
+ * header of a 405 lists the rows that share the path. A request is matched
+ * once (http.c keeps the match in the request). */
 #include <stdio.h>
 #include <string.h>
 
 #include "gateway.h"
 
-/* Path patterns: "*" matches one segment. `methods` lists what is allowed.
- * (tests/http/test_http.py reads this table to compare it with
- * openapi/openapi.yaml.) */
-static const struct route {
-    const char *pattern;
-    const char *methods;
-    enum gw_route_id id;
-} routes[] = {
-    {"/stats", "GET", R_STATS},
-    {"/tubes", "GET", R_TUBES},
-    {"/tubes/*", "GET", R_TUBE},
-    {"/tubes/*/jobs", "POST", R_TUBE_JOBS},
-    {"/tubes/*/jobs/batch", "POST", R_TUBE_BATCH},
-    {"/tubes/*/reservations", "POST", R_TUBE_RESERVE},
-    {"/tubes/*/kick", "POST", R_TUBE_KICK},
-    {"/tubes/*/pause", "POST", R_TUBE_PAUSE},
-    {"/tubes/*/ready", "GET", R_TUBE_PEEK},
-    {"/tubes/*/delayed", "GET", R_TUBE_PEEK},
-    {"/tubes/*/buried", "GET", R_TUBE_PEEK},
-    {"/reservations", "POST", R_RESERVE},
-    {"/jobs/*", "GET, DELETE", R_JOB},
-    {"/jobs/*/body", "GET", R_JOB_BODY},
-    {"/jobs/*/release", "POST", R_JOB_ACTION},
-    {"/jobs/*/bury", "POST", R_JOB_ACTION},
-    {"/jobs/*/touch", "POST", R_JOB_ACTION},
-    {"/jobs/*/kick", "POST", R_JOB_ACTION},
-    {"/jobs/*/reservations", "POST", R_JOB_RESERVE},
-    {"/openapi.yaml", "GET", R_OPENAPI},
-    {"/livez", "GET", R_LIVEZ},
-    {"/readyz", "GET", R_READYZ},
-    {"/metrics", "GET", R_METRICS},
+/* Path patterns: "*" matches one segment. Rows of one path stand together,
+ * in the order the Allow header lists their methods. (tests/http/test_http.py
+ * reads this table to compare it with openapi/openapi.yaml.) */
+static const struct gw_route routes[] = {
+    {"/stats", GW_GET, gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS},
+    {"/tubes", GW_GET, gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES},
+    {"/tubes/*", GW_GET, gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE},
+    {"/tubes/*/jobs", GW_POST, gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT},
+    {"/tubes/*/jobs/batch", GW_POST, gw_handle_batch_put, GW_BODY_BATCH, GW_AUTH_TOKEN, BG_CMD_PUT},
+    {"/tubes/*/reservations", GW_POST, gw_handle_tube_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_RESERVE_WITH_TIMEOUT},
+    {"/tubes/*/kick", GW_POST, gw_handle_tube_kick, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_KICK},
+    {"/tubes/*/pause", GW_POST, gw_handle_tube_pause, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PAUSE_TUBE},
+    {"/tubes/*/ready", GW_GET, gw_handle_peek_ready, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK_READY},
+    {"/tubes/*/delayed", GW_GET, gw_handle_peek_delayed, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_PEEK_DELAYED},
+    {"/tubes/*/buried", GW_GET, gw_handle_peek_buried, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK_BURIED},
+    {"/reservations", GW_POST, gw_handle_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_RESERVE_WITH_TIMEOUT},
+    {"/jobs/*", GW_GET, gw_handle_job, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_JOB},
+    {"/jobs/*", GW_DELETE, gw_handle_job_delete, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_DELETE},
+    {"/jobs/*/body", GW_GET, gw_handle_job_body, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK},
+    {"/jobs/*/release", GW_POST, gw_handle_job_release, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_RELEASE},
+    {"/jobs/*/bury", GW_POST, gw_handle_job_bury, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_BURY},
+    {"/jobs/*/touch", GW_POST, gw_handle_job_touch, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_TOUCH},
+    {"/jobs/*/kick", GW_POST, gw_handle_job_kick, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_KICK_JOB},
+    {"/jobs/*/reservations", GW_POST, gw_handle_job_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_RESERVE_JOB},
+    {"/openapi.yaml", GW_GET, gw_handle_openapi, GW_BODY_NONE, GW_AUTH_TOKEN, -1},
+    {"/livez", GW_GET, gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1},
+    {"/readyz", GW_GET, gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1},
+    {"/metrics", GW_GET, gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1},
 };
+#define ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
-void gw_decode_slashes(char *s)
-{
-    char *out = s;
-    for (const char *in = s; *in; in++) {
-        if (in[0] == '%' && in[1] == '2' && (in[2] == 'F' || in[2] == 'f')) {
-            *out++ = '/';
-            in += 2;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
+static const char *const method_names[] = {"GET", "HEAD", "POST", "DELETE"};
+
+static unsigned long match_count;
 
 /* Split url into at most GW_MAX_SEGMENTS segments in buf, each with its %2F
  * decoded; returns the count, or -1 if there are more, one is empty, or url
@@ -90,67 +85,56 @@ static int pattern_matches(const char *pattern, char *seg[], int n)
     return 1;
 }
 
-/* Nonzero if method is one of the comma-separated list, or HEAD where GET
- * is: HEAD is GET without the body, on every route that has GET. */
-static int method_allowed(const char *methods, const char *method)
-{
-    if (strcmp(method, "HEAD") == 0) method = "GET";
-    size_t n = strlen(method);
-    for (const char *p = methods; (p = strstr(p, method)); p += n)
-        if ((p == methods || p[-1] == ' ') && (p[n] == '\0' || p[n] == ',')) return 1;
-    return 0;
-}
-
 enum gw_method gw_method_of(const char *method)
 {
-    static const struct { const char *name; enum gw_method m; } known[] = {
-        {"GET", GW_GET}, {"HEAD", GW_HEAD}, {"POST", GW_POST}, {"DELETE", GW_DELETE},
-    };
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(method, known[i].name) == 0) return known[i].m;
+    for (int m = GW_GET; m < GW_OTHER; m++)
+        if (strcmp(method, method_names[m]) == 0) return (enum gw_method)m;
     return GW_OTHER;
 }
 
-/* The Allow header of route i: its methods, with HEAD after GET. */
-static const char *route_allow(size_t i)
+/* Append a method to an Allow list. */
+static void allow_add(char *allow, size_t size, enum gw_method m)
 {
-    static char allow[sizeof routes / sizeof routes[0]][32];
-    if (allow[i][0]) return allow[i];
-    size_t o = 0;
-    for (const char *p = routes[i].methods; *p;) {
-        size_t n = strcspn(p, ",");
-        int is_get = n == 3 && memcmp(p, "GET", 3) == 0;
-        o += (size_t)snprintf(allow[i] + o, sizeof allow[i] - o, "%s%.*s%s", o ? ", " : "", (int)n, p,
-                              is_get ? ", HEAD" : "");
-        p += n;
-        while (*p == ',' || *p == ' ') p++;
-    }
-    return allow[i];
+    size_t o = strlen(allow);
+    snprintf(allow + o, size - o, "%s%s", o ? ", " : "", method_names[m]);
 }
 
 int gw_match_route(const char *method, const char *url, struct gw_match *m)
 {
+    match_count++;
     memset(m, 0, sizeof *m);
+    m->path = -1;
+    m->method = gw_method_of(method);
+    m->status = 404;
     int n = split_path(url, m->buf, sizeof m->buf, m->seg);
-    if (n < 0) return 404;
+    if (n < 0) return m->status;
     m->nseg = n;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+    /* HEAD is served by the GET row */
+    enum gw_method wanted = m->method == GW_HEAD ? GW_GET : m->method;
+    for (int i = 0; i < ROUTES; i++) {
         if (!pattern_matches(routes[i].pattern, m->seg, n)) continue;
-        m->id = routes[i].id;
-        m->index = (int)i;
-        m->allow = route_allow(i);
-        m->method = gw_method_of(method);
-        return method_allowed(routes[i].methods, method) ? 0 : 405;
+        /* the rows of this path: the first, the one of the method, Allow */
+        m->path = i;
+        m->route = &routes[i];
+        m->status = 405;
+        for (int k = i; k < ROUTES && strcmp(routes[k].pattern, routes[i].pattern) == 0; k++) {
+            allow_add(m->allow, sizeof m->allow, routes[k].method);
+            if (routes[k].method == GW_GET) allow_add(m->allow, sizeof m->allow, GW_HEAD);
+            if (routes[k].method == wanted) {
+                m->route = &routes[k];
+                m->status = 0;
+            }
+        }
+        return m->status;
     }
-    return 404;
+    return m->status;
 }
 
-int gw_route_count(void) { return (int)(sizeof routes / sizeof routes[0]); }
+unsigned long gw_match_count(void) { return match_count; }
 
-const char *gw_route_methods(int i)
-{
-    return i >= 0 && i < gw_route_count() ? routes[i].methods : NULL;
-}
+int gw_route_count(void) { return ROUTES; }
+
+const struct gw_route *gw_route_at(int i) { return i >= 0 && i < ROUTES ? &routes[i] : NULL; }
 
 /* The pattern with each "*" named as in openapi.yaml: {tube} after
  * "tubes", {id} after "jobs". */
@@ -173,8 +157,8 @@ static void name_pattern(const char *pattern, char *out, size_t size)
 
 const char *gw_route_pattern(int i)
 {
-    static char names[sizeof routes / sizeof routes[0]][64];
-    if (i < 0 || i >= gw_route_count()) return NULL;
+    static char names[ROUTES][64];
+    if (i < 0 || i >= ROUTES) return NULL;
     if (!names[i][0]) name_pattern(routes[i].pattern, names[i], sizeof names[i]);
     return names[i];
 }

@@ -1,5 +1,7 @@
-/* routes.c - one handler per HTTP route. Handlers parse, call the engine,
- * and queue one response; http.c owns the daemon. Reservations made over
+/* routes.c - the handlers of the route table (router.c): one per path and
+ * method. A handler reads its path parameter from the request's match,
+ * calls the engine, and queues one response through reply.c (or returns an
+ * outcome for the error table); http.c owns the daemon. Reservations made over
  * HTTP belong to the gateway's holder client and are named by tokens
  * (core/token.c), so they outlive the request that made them. */
 #include <stdio.h>
@@ -8,92 +10,30 @@
 
 #include "gateway.h"
 
-/* ---- request helpers --------------------------------------------------- */
+/* ---- replies ---------------------------------------------------------- */
 
-static const char *query(struct gw_request *r, const char *key)
-{
-    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
-}
-
-/* A decimal query parameter <= max: 0 (absent leaves *out), or -1 if bad. */
-static int query_uint(struct gw_request *r, const char *key, uint64_t max, uint64_t *out)
-{
-    const char *s = query(r, key);
-    if (!s) return 0;
-    uint64_t v = 0;
-    if (!*s) return -1;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (max - d) / 10) return -1;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int wants_raw(struct gw_request *r)
-{
-    const char *accept = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Accept");
-    return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
-}
-
-static enum MHD_Result bad_param(struct gw_request *r, const char *name)
+static int bad_param(struct gw_request *r, const char *name)
 {
     char detail[128];
     snprintf(detail, sizeof detail, "query parameter '%s' must be a non-negative integer in range", name);
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
 }
 
-static enum MHD_Result bad_tube(struct gw_request *r)
+static int bad_tube(struct gw_request *r)
 {
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
                             "tube names are 1-200 bytes of A-Za-z0-9-+/;.$_() not starting with '-'");
 }
 
-static enum MHD_Result not_found(struct gw_request *r, const char *what)
+static int not_found(struct gw_request *r, const char *what)
 {
     return gw_reply_problem(r->conn, 404, "NOT_FOUND", what);
 }
 
-/* Reply for an engine outcome that is not success. */
-static enum MHD_Result outcome_problem(struct gw_request *r, int outcome)
-{
-    switch (outcome) {
-    case BG_NOT_FOUND: return not_found(r, "no such job in a state that allows this");
-    case BG_DRAINING: return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
-    case BG_OUT_OF_MEMORY: return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY", "the server is out of memory");
-    case BG_JOB_TOO_BIG: return gw_reply_problem(r->conn, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size");
-    default: return gw_reply_problem(r->conn, 500, bg_outcome_word(outcome), "internal error");
-    }
-}
-
-/* The job body as raw bytes with its metadata in headers. */
-static enum MHD_Result reply_raw_job(struct gw_request *r, const struct bg_job *j, const char *token)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(j->body_size - 2, (void *)j->body,
-                                                                MHD_RESPMEM_MUST_COPY);
-    if (!resp) return MHD_NO;
-    char num[32];
-    MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
-    snprintf(num, sizeof num, "%llu", (unsigned long long)j->id);
-    MHD_add_response_header(resp, "X-Job-Id", num);
-    MHD_add_response_header(resp, "X-Job-Tube", j->tube->name);
-    snprintf(num, sizeof num, "%u", j->pri);
-    MHD_add_response_header(resp, "X-Job-Priority", num);
-    snprintf(num, sizeof num, "%u", j->ttr_s);
-    MHD_add_response_header(resp, "X-Job-Ttr", num);
-    if (token) MHD_add_response_header(resp, "X-Reservation", token);
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
 /* A job with its body, as JSON or raw bytes per Accept. */
-static enum MHD_Result reply_job_with_body(struct gw_request *r, const struct bg_job *j,
-                                           const char *token)
+static int reply_job_with_body(struct gw_request *r, const struct bg_job *j, const char *token)
 {
-    if (wants_raw(r)) return reply_raw_job(r, j, token);
+    if (gw_wants_raw(r)) return gw_reply_raw_job(r->conn, j, token);
     return gw_reply_json(r->conn, 200, gw_json_job(r->gw->engine, j, r->gw->now(), token, 1), NULL);
 }
 
@@ -117,17 +57,17 @@ static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
 
 /* 201 with Location for a put; replayed_state is the first answer's state
  * when this is an idempotent replay, else NULL. */
-static enum MHD_Result reply_put(struct gw_request *r, uint64_t id, const char *tube,
-                                 const char *replayed_state)
+static int reply_put(struct gw_request *r, uint64_t id, const char *tube,
+                     const char *replayed_state)
 {
     char location[48];
     snprintf(location, sizeof location, "/jobs/%llu", (unsigned long long)id);
     if (!replayed_state) return gw_reply_json(r->conn, 201, put_result(r->gw, id, tube), location);
     json_t *v = json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", replayed_state);
-    return gw_reply_json_headers(r->conn, 201, v, location, "Idempotent-Replayed", "true");
+    return gw_reply_json_header(r->conn, 201, v, location, "Idempotent-Replayed", "true");
 }
 
-static enum MHD_Result bad_idempotency_key(struct gw_request *r)
+static int bad_idempotency_key(struct gw_request *r)
 {
     return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "Idempotency-Key must be 1-128 visible ASCII characters");
 }
@@ -173,15 +113,16 @@ static const char *key_mismatch_detail(enum gw_idempotency_match match)
                  "priority, delay or ttr; nothing was stored: a new job needs a new key";
 }
 
-static enum MHD_Result route_put(struct gw_request *r, const char *tube)
+int gw_handle_put(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
+    const char *tube = r->match.seg[1];
     uint64_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
-    if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-    if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
-    if (query_uint(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
-    if (r->body_too_big || r->body.len > gw->engine->max_job_size) return outcome_problem(r, BG_JOB_TOO_BIG);
+    if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+    if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+    if (gw_query_u64(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
+    if (r->body_too_big || r->body.len > gw->engine->max_job_size) return BG_JOB_TOO_BIG;
     const char *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (key && !gw_idempotency_valid_key(key)) return bad_idempotency_key(r);
     struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
@@ -196,8 +137,15 @@ static enum MHD_Result route_put(struct gw_request *r, const char *tube)
     case GW_IDEM_NEW:
         break;
     }
-    if (out.rc != 0) return outcome_problem(r, out.rc);
+    if (out.rc != 0) return out.rc;
     return reply_put(r, out.id, tube, NULL);
+}
+
+/* The result object of a batch entry that failed with an engine outcome. */
+static json_t *entry_problem(int outcome)
+{
+    struct gw_problem p = gw_outcome_problem(outcome);
+    return json_pack("{s:i, s:s, s:s}", "status", (int)p.status, "code", p.code, "detail", p.detail);
 }
 
 /* One entry of a batch put: the result object for it. key (or NULL) is
@@ -231,8 +179,7 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
     }
     json_t *result = NULL;
     if (n > gw->engine->max_job_size) {
-        result = json_pack("{s:i, s:s, s:s}", "status", 413, "code", "JOB_TOO_BIG", "detail",
-                           "the body is larger than the maximum job size");
+        result = entry_problem(BG_JOB_TOO_BIG);
     } else {
         struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr, text, n};
         struct put_outcome out;
@@ -251,8 +198,7 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
             result = out.rc == 0
                 ? json_pack("{s:i, s:I, s:s, s:s}", "status", 201, "id", (json_int_t)out.id, "tube",
                             tube, "state", out.state)
-                : json_pack("{s:i, s:s, s:s}", "status", 503, "code", bg_outcome_word(out.rc), "detail",
-                            out.rc == BG_DRAINING ? "the server is draining" : "out of memory");
+                : entry_problem(out.rc);
             break;
         }
     }
@@ -260,11 +206,12 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
     return result;
 }
 
-static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
+int gw_handle_batch_put(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
+    const char *tube = r->match.seg[1];
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
-    if (r->body_too_big) return outcome_problem(r, BG_JOB_TOO_BIG);
+    if (r->body_too_big) return BG_JOB_TOO_BIG;
     json_error_t err;
     json_t *doc = json_loadb(bg_buf_head(&r->body), r->body.len, 0, &err);
     json_t *jobs = json_object_get(doc, "jobs");
@@ -283,7 +230,7 @@ static enum MHD_Result route_batch_put(struct gw_request *r, const char *tube)
     if (gw->engine->draining && !key) {
         r->commands = (uint32_t)json_array_size(jobs); /* as many puts refused */
         json_decref(doc);
-        return outcome_problem(r, BG_DRAINING);
+        return BG_DRAINING;
     }
     bg_time now = gw->now();
     json_t *results = json_array();
@@ -334,10 +281,10 @@ static void waiter_wait_ended(struct bg_client *c, int outcome)
 /* Asked by the engine right before it hands the waiter a job. */
 static int waiter_alive(struct bg_client *c) { return gw_peer_alive(c->owner); }
 
-const struct bg_client_ops gw_waiter_ops = {waiter_job_reserved, waiter_wait_ended, waiter_alive};
+static const struct bg_client_ops waiter_ops = {waiter_job_reserved, waiter_wait_ended, waiter_alive};
 
 /* Reply with what the long-poll got: 204, one job, or a batch. */
-static enum MHD_Result reply_reserved(struct gw_request *r)
+static int reply_reserved(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     bg_time now = gw->now();
@@ -365,8 +312,9 @@ static enum MHD_Result reply_reserved(struct gw_request *r)
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "jobs", jobs), NULL);
 }
 
-/* Start a long-poll on a comma-separated list of tubes. */
-static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
+/* Start a long-poll on a comma-separated list of tubes, or answer the
+ * resumed one. */
+static int reserve(struct gw_request *r, const char *tubes)
 {
     struct gateway *gw = r->gw;
     if (r->waiter_active) { /* resumed */
@@ -379,10 +327,10 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
         return reply_reserved(r);
     }
     uint64_t timeout = 0, count = 0;
-    if (query_uint(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
-    if (query_uint(r, "count", GW_BATCH_MAX, &count) || (query(r, "count") && count == 0))
+    if (gw_query_u64(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
+    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0))
         return bad_param(r, "count");
-    if (timeout > GW_MAX_WAIT_S) timeout = GW_MAX_WAIT_S;
+    if (timeout > gw->cfg.max_wait_s) timeout = gw->cfg.max_wait_s;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
     /* validate every name (empty ones included) before touching the engine */
     char names[2048];
@@ -397,14 +345,13 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
     }
     n++;
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
-    if (bg_client_init_bare(gw->engine, &r->waiter, &gw_waiter_ops, r) != 0)
-        return outcome_problem(r, BG_OUT_OF_MEMORY);
+    if (bg_client_init_bare(gw->engine, &r->waiter, &waiter_ops, r) != 0) return BG_OUT_OF_MEMORY;
     r->waiter_active = 1;
     r->want = (uint32_t)count;
     strcpy(names, tubes);
     uint32_t watching;
     for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (bg_client_watch(&r->waiter, t, &watching) != 0) return outcome_problem(r, BG_OUT_OF_MEMORY);
+        if (bg_client_watch(&r->waiter, t, &watching) != 0) return BG_OUT_OF_MEMORY;
     struct bg_job *j = NULL;
     int rc = bg_reserve(&r->waiter, (int64_t)timeout, gw->now(), &j);
     if (rc == 0) {
@@ -412,24 +359,38 @@ static enum MHD_Result route_reserve(struct gw_request *r, const char *tubes)
         return reply_reserved(r);
     }
     if (rc == BG_WOULD_BLOCK) {
-        r->suspended = 1;
-        gw_list(r);
-        MHD_suspend_connection(r->conn);
-        return MHD_YES;
+        gw_suspend(r);
+        return 0;
     }
     if (rc == BG_TIMED_OUT) return reply_reserved(r);
-    return outcome_problem(r, rc);
+    return rc;
+}
+
+/* POST /tubes/{tube}/reservations */
+int gw_handle_tube_reserve(struct gw_request *r) { return reserve(r, r->match.seg[1]); }
+
+/* POST /reservations?tubes=a,b */
+int gw_handle_reserve(struct gw_request *r)
+{
+    /* the query too was unescaped with %2F left as is */
+    const char *tubes = gw_query(r, "tubes");
+    char decoded[2048];
+    if (tubes && strlen(tubes) < sizeof decoded) {
+        strcpy(decoded, tubes);
+        gw_decode_slashes(decoded);
+        tubes = decoded;
+    }
+    return reserve(r, tubes);
 }
 
 /* ---- jobs -------------------------------------------------------------- */
 
 /* Check the reservation token for an action on job j. 0 if the request may
  * act on j as the holder; otherwise a reply was queued into *reply. */
-static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
-                             enum MHD_Result *reply)
+static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved, int *reply)
 {
     struct gateway *gw = r->gw;
-    const char *token = query(r, "reservation");
+    const char *token = gw_query(r, "reservation");
     if (j->state != BG_JOB_RESERVED && !token && !need_reserved) return 0;
     if (!token) {
         *reply = gw_reply_problem(r->conn, 409, "RESERVATION_REQUIRED",
@@ -447,123 +408,218 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
     return 0;
 }
 
-/* 405 for a method the route does not have, with its Allow header. */
-static enum MHD_Result method_not_allowed(struct gw_request *r, const struct gw_match *m)
+/* The job of a /jobs/{id} path, or NULL after queuing 400 (not an id) or
+ * 404 (no such job) into *reply. */
+static struct bg_job *path_job(struct gw_request *r, int *reply)
 {
-    char detail[96];
-    snprintf(detail, sizeof detail, "allowed: %s", m->allow);
-    return gw_reply_problem_allow(r->conn, 405, "METHOD_NOT_ALLOWED", detail, m->allow);
+    const char *text = r->match.seg[1];
+    uint64_t id = 0;
+    if (bg_parse_u64(text, strlen(text), UINT64_MAX, &id) != 0) {
+        *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned 64-bit integers");
+        return NULL;
+    }
+    struct bg_job *j = bg_job_find(r->gw->engine, id);
+    if (!j) *reply = not_found(r, "no such job");
+    return j;
 }
 
-/* /jobs/{id} and /jobs/{id}/{action}. */
-static enum MHD_Result route_job(struct gw_request *r, const struct gw_match *m)
+/* 200 with the job's state after an action (no body). */
+static int reply_job(struct gw_request *r, uint64_t id)
 {
-    const char *id_text = m->seg[1];
-    const char *action = m->nseg > 2 ? m->seg[2] : NULL;
     struct gateway *gw = r->gw;
-    uint64_t id = 0;
-    for (const char *p = id_text; *p; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (*p < '0' || *p > '9' || id > (UINT64_MAX - d) / 10) {
-            id_text = "";
-            break;
-        }
-        id = id * 10 + d;
-    }
-    if (!*id_text)
-        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "job ids are unsigned 64-bit integers");
-    struct bg_job *j = bg_job_find(gw->engine, id);
-    if (!j) return not_found(r, "no such job");
-    bg_time now = gw->now();
-    enum MHD_Result reply;
+    return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, bg_job_find(gw->engine, id), gw->now(),
+                                                   NULL, 0), NULL);
+}
+
+/* GET (and HEAD) /jobs/{id}: the job's stats, no body. HEAD never deletes. */
+int gw_handle_job(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    return j ? reply_job(r, j->id) : reply;
+}
+
+/* DELETE /jobs/{id}: with its token when the job is reserved. */
+int gw_handle_job_delete(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    if (!j || check_reservation(r, j, 0, &reply)) return reply;
+    int rc = bg_delete(&r->gw->holder, j->id, r->gw->now());
+    return rc == 0 ? gw_reply_empty(r->conn, 204) : rc;
+}
+
+/* GET /jobs/{id}/body: the raw bytes (peek). */
+int gw_handle_job_body(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    return j ? gw_reply_raw_job(r->conn, j, NULL) : reply;
+}
+
+/* POST /jobs/{id}/kick: a buried or delayed job becomes ready. */
+int gw_handle_job_kick(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    if (!j) return reply;
+    if (bg_kick_job(r->gw->engine, j->id, r->gw->now()) != 0)
+        return gw_reply_problem(r->conn, 409, "NOT_FOUND", "only buried or delayed jobs can be kicked");
+    return reply_job(r, j->id);
+}
+
+/* POST /jobs/{id}/reservations: reserve this job, whatever its tube. */
+int gw_handle_job_reserve(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    if (!j) return reply;
+    if (bg_reserve_job(&gw->holder, j->id, gw->now(), &j) != 0)
+        return gw_reply_problem(r->conn, 409, "NOT_FOUND", "the job is already reserved");
+    char token[BG_TOKEN_MAX];
+    bg_token_make(&gw->key, j->id, j->reserves, token);
+    return reply_job_with_body(r, j, token);
+}
+
+/* The job of a release, bury or touch: the path's, reserved under the
+ * request's token; NULL after a reply was queued into *reply. */
+static struct bg_job *reserved_job(struct gw_request *r, int *reply)
+{
+    struct bg_job *j = path_job(r, reply);
+    return j && check_reservation(r, j, 1, reply) == 0 ? j : NULL;
+}
+
+/* The job's state after a release, bury or touch that returned rc. */
+static int reply_action(struct gw_request *r, uint64_t id, int rc)
+{
+    return rc != 0 && rc != BG_BURIED ? rc : reply_job(r, id);
+}
+
+/* POST /jobs/{id}/release?priority=&delay= */
+int gw_handle_job_release(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = reserved_job(r, &reply);
+    if (!j) return reply;
     uint64_t pri = j->pri, delay = 0;
-    if (!action) {
-        switch (m->method) {
-        case GW_GET:
-        case GW_HEAD: /* HEAD is GET without the body: it never deletes */
-            return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
-        case GW_DELETE: {
-            if (check_reservation(r, j, 0, &reply)) return reply;
-            int rc = bg_delete(&gw->holder, id, now);
-            return rc == 0 ? gw_reply_empty(r->conn, 204) : outcome_problem(r, rc);
-        }
-        case GW_POST:
-        case GW_OTHER:
-            break;
-        }
-        return method_not_allowed(r, m);
-    }
-    if (strcmp(action, "body") == 0) return reply_raw_job(r, j, NULL);
-    if (strcmp(action, "kick") == 0) {
-        int rc = bg_kick_job(gw->engine, id, now);
-        if (rc != 0) return gw_reply_problem(r->conn, 409, "NOT_FOUND", "only buried or delayed jobs can be kicked");
-        return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
-    }
-    if (strcmp(action, "reservations") == 0) {
-        int rc = bg_reserve_job(&gw->holder, id, now, &j);
-        if (rc != 0) return gw_reply_problem(r->conn, 409, "NOT_FOUND", "the job is already reserved");
-        char token[BG_TOKEN_MAX];
-        bg_token_make(&gw->key, j->id, j->reserves, token);
-        return reply_job_with_body(r, j, token);
-    }
-    if (check_reservation(r, j, 1, &reply)) return reply;
-    int rc;
-    if (strcmp(action, "release") == 0) {
-        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
-        rc = bg_release(&gw->holder, id, (uint32_t)pri, (uint32_t)delay, now);
-    } else if (strcmp(action, "bury") == 0) {
-        if (query_uint(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
-        rc = bg_bury(&gw->holder, id, (uint32_t)pri, now);
-    } else if (strcmp(action, "touch") == 0) {
-        rc = bg_touch(&gw->holder, id, now);
-    } else {
-        return not_found(r, "no such route");
-    }
-    if (rc != 0 && rc != BG_BURIED) return outcome_problem(r, rc);
-    j = bg_job_find(gw->engine, id);
-    return gw_reply_json(r->conn, 200, gw_json_job(gw->engine, j, now, NULL, 0), NULL);
+    if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+    if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+    return reply_action(r, j->id, bg_release(&r->gw->holder, j->id, (uint32_t)pri, (uint32_t)delay,
+                                             r->gw->now()));
+}
+
+/* POST /jobs/{id}/bury?priority= */
+int gw_handle_job_bury(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = reserved_job(r, &reply);
+    if (!j) return reply;
+    uint64_t pri = j->pri;
+    if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
+    return reply_action(r, j->id, bg_bury(&r->gw->holder, j->id, (uint32_t)pri, r->gw->now()));
+}
+
+/* POST /jobs/{id}/touch */
+int gw_handle_job_touch(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = reserved_job(r, &reply);
+    if (!j) return reply;
+    return reply_action(r, j->id, bg_touch(&r->gw->holder, j->id, r->gw->now()));
 }
 
 /* ---- tubes and stats --------------------------------------------------- */
 
-static enum MHD_Result route_tube(struct gw_request *r, const char *name, const char *action)
+/* The tube of a /tubes/{tube} path, or NULL after queuing 400 (bad name)
+ * or 404 (no such tube) into *reply. */
+static struct bg_tube *path_tube(struct gw_request *r, int *reply)
+{
+    const char *name = r->match.seg[1];
+    if (!bg_tube_name_valid(name, strlen(name))) {
+        *reply = bad_tube(r);
+        return NULL;
+    }
+    struct bg_tube *t = bg_tube_find(r->gw->engine, name);
+    if (!t) *reply = not_found(r, "no such tube");
+    return t;
+}
+
+/* 200 with tube t's stats. */
+static int reply_tube(struct gw_request *r, struct bg_tube *t)
+{
+    struct bg_stats_tube st;
+    bg_stats_tube(t, r->gw->now(), &st);
+    return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
+}
+
+/* GET /tubes/{tube} */
+int gw_handle_tube(struct gw_request *r)
+{
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    return t ? reply_tube(r, t) : reply;
+}
+
+/* POST /tubes/{tube}/kick?bound= */
+int gw_handle_tube_kick(struct gw_request *r)
+{
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    if (!t) return reply;
+    uint64_t bound = 1;
+    if (gw_query_u64(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
+    uint64_t n = bg_kick(r->gw->engine, t, bound, r->gw->now());
+    return gw_reply_json(r->conn, 200, json_pack("{s:I}", "kicked", (json_int_t)n), NULL);
+}
+
+/* POST /tubes/{tube}/pause?delay= */
+int gw_handle_tube_pause(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
-    if (!bg_tube_name_valid(name, strlen(name))) return bad_tube(r);
-    struct bg_tube *t = bg_tube_find(gw->engine, name);
-    if (!t) return not_found(r, "no such tube");
-    bg_time now = gw->now();
-    if (!action) {
-        struct bg_stats_tube st;
-        bg_stats_tube(t, now, &st);
-        return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
-    }
-    if (strcmp(action, "kick") == 0) {
-        uint64_t bound = 1;
-        if (query_uint(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
-        uint64_t n = bg_kick(gw->engine, t, bound, now);
-        return gw_reply_json(r->conn, 200, json_pack("{s:I}", "kicked", (json_int_t)n), NULL);
-    }
-    if (strcmp(action, "pause") == 0) {
-        uint64_t delay = 0;
-        if (query_uint(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
-        int rc = bg_pause_tube(gw->engine, name, (uint32_t)delay, now);
-        if (rc != 0) return outcome_problem(r, rc);
-        struct bg_stats_tube st;
-        bg_stats_tube(bg_tube_find(gw->engine, name), now, &st);
-        return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
-    }
-    struct bg_job *j;
-    if (strcmp(action, "ready") == 0) j = bg_heap_min(&t->ready);
-    else if (strcmp(action, "delayed") == 0) j = bg_heap_min(&t->delayed);
-    else if (strcmp(action, "buried") == 0) j = t->buried_head;
-    else return not_found(r, "no such route");
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    if (!t) return reply;
+    uint64_t delay = 0;
+    if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
+    int rc = bg_pause_tube(gw->engine, t->name, (uint32_t)delay, gw->now());
+    if (rc != 0) return rc;
+    return reply_tube(r, t);
+}
+
+/* Answer a peek: job j (NULL: 404) with its body. */
+static int reply_peek(struct gw_request *r, const struct bg_job *j)
+{
     if (!j) return not_found(r, "no job in that state in this tube");
     return reply_job_with_body(r, j, NULL);
 }
 
-static enum MHD_Result route_list_tubes(struct gw_request *r)
+/* GET /tubes/{tube}/ready */
+int gw_handle_peek_ready(struct gw_request *r)
+{
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    return t ? reply_peek(r, bg_heap_min(&t->ready)) : reply;
+}
+
+/* GET /tubes/{tube}/delayed */
+int gw_handle_peek_delayed(struct gw_request *r)
+{
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    return t ? reply_peek(r, bg_heap_min(&t->delayed)) : reply;
+}
+
+/* GET /tubes/{tube}/buried */
+int gw_handle_peek_buried(struct gw_request *r)
+{
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    return t ? reply_peek(r, t->buried_head) : reply;
+}
+
+/* GET /tubes */
+int gw_handle_tubes(struct gw_request *r)
 {
     struct bg_engine *e = r->gw->engine;
     json_t *names = json_array();
@@ -571,127 +627,18 @@ static enum MHD_Result route_list_tubes(struct gw_request *r)
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "tubes", names), NULL);
 }
 
-static enum MHD_Result reply_openapi(struct gw_request *r)
+/* GET /stats */
+int gw_handle_stats(struct gw_request *r)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        gw_openapi_yaml_len, (void *)gw_openapi_yaml, MHD_RESPMEM_PERSISTENT);
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/yaml");
-    enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ok;
+    struct gateway *gw = r->gw;
+    struct bg_process_info pi = {0};
+    if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
+    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi), NULL);
 }
 
-/* ---- the cmd-* counters ------------------------------------------------- */
-
-/* The beanstalk command a routed request performs (docs/operations.md,
- * "Command counters"), or -1 for none. */
-static int route_command(const struct gw_match *m)
+/* GET /openapi.yaml: the document compiled in. */
+int gw_handle_openapi(struct gw_request *r)
 {
-    const char *action = m->nseg > 2 ? m->seg[2] : "";
-    switch (m->id) {
-    case R_STATS: return BG_CMD_STATS;
-    case R_TUBES: return BG_CMD_LIST_TUBES;
-    case R_TUBE: return BG_CMD_STATS_TUBE;
-    case R_TUBE_JOBS:
-    case R_TUBE_BATCH: return BG_CMD_PUT;
-    case R_TUBE_RESERVE:
-    case R_RESERVE: return BG_CMD_RESERVE_WITH_TIMEOUT;
-    case R_TUBE_KICK: return BG_CMD_KICK;
-    case R_TUBE_PAUSE: return BG_CMD_PAUSE_TUBE;
-    case R_TUBE_PEEK:
-        return strcmp(action, "ready") == 0     ? BG_CMD_PEEK_READY
-             : strcmp(action, "delayed") == 0  ? BG_CMD_PEEK_DELAYED
-             : strcmp(action, "buried") == 0   ? BG_CMD_PEEK_BURIED : -1;
-    case R_JOB:
-        switch (m->method) {
-        case GW_GET:
-        case GW_HEAD: return BG_CMD_STATS_JOB;
-        case GW_DELETE: return BG_CMD_DELETE;
-        case GW_POST:
-        case GW_OTHER: return -1;
-        }
-        return -1;
-    case R_JOB_BODY: return BG_CMD_PEEK;
-    case R_JOB_ACTION:
-        return strcmp(action, "release") == 0 ? BG_CMD_RELEASE
-             : strcmp(action, "bury") == 0    ? BG_CMD_BURY
-             : strcmp(action, "touch") == 0   ? BG_CMD_TOUCH
-             : strcmp(action, "kick") == 0    ? BG_CMD_KICK_JOB : -1;
-    case R_JOB_RESERVE: return BG_CMD_RESERVE_JOB;
-    case R_OPENAPI:
-    case R_LIVEZ:
-    case R_READYZ:
-    case R_METRICS: return -1;
-    }
-    return -1;
-}
-
-/* Count a routed request in the cmd-* counters: once (a resumed long-poll
- * is not counted again), as r->commands commands, unless it was malformed
- * (400) or over a limit (413). */
-static void count_request(struct gw_request *r, const struct gw_match *m)
-{
-    if (r->counted) return;
-    r->counted = 1;
-    unsigned status = gw_queued_status(r);
-    int cmd = route_command(m);
-    if (cmd < 0 || status == 400 || status == 413) return;
-    bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
-}
-
-/* Run the handler of a routed request. */
-static enum MHD_Result dispatch(struct gw_request *r, const struct gw_match *m)
-{
-    char *const *seg = m->seg;
-    /* the route reads job states (reservation checks, GET): bring the
-     * engine up to now first, whether or not the loop's timer ran */
-    bg_engine_catch_up(r->gw->engine, r->gw->now());
-    switch (m->id) {
-    case R_STATS: {
-        struct bg_process_info pi = {0};
-        if (r->gw->cfg.process_info) r->gw->cfg.process_info(r->gw->cfg.log_arg, &pi);
-        return gw_reply_json(r->conn, 200, gw_json_server(r->gw->engine, &pi), NULL);
-    }
-    case R_TUBES: return route_list_tubes(r);
-    case R_TUBE: return route_tube(r, seg[1], NULL);
-    case R_TUBE_JOBS: return route_put(r, seg[1]);
-    case R_TUBE_BATCH: return route_batch_put(r, seg[1]);
-    case R_OPENAPI: return reply_openapi(r);
-    case R_LIVEZ: return gw_reply_livez(r);
-    case R_READYZ: return gw_reply_readyz(r);
-    case R_METRICS: return gw_reply_metrics(r);
-    case R_TUBE_RESERVE: return route_reserve(r, seg[1]);
-    case R_TUBE_KICK:
-    case R_TUBE_PAUSE:
-    case R_TUBE_PEEK: return route_tube(r, seg[1], seg[2]);
-    case R_RESERVE: {
-        /* the query too was unescaped with %2F left as is */
-        const char *tubes = query(r, "tubes");
-        char decoded[2048];
-        if (tubes && strlen(tubes) < sizeof decoded) {
-            strcpy(decoded, tubes);
-            gw_decode_slashes(decoded);
-            tubes = decoded;
-        }
-        return route_reserve(r, tubes);
-    }
-    case R_JOB:
-    case R_JOB_BODY:
-    case R_JOB_ACTION:
-    case R_JOB_RESERVE: return route_job(r, m);
-    }
-    return not_found(r, "no such route");
-}
-
-enum MHD_Result gw_route(struct gw_request *r, const char *method, const char *url)
-{
-    struct gw_match m;
-    int status = gw_match_route(method, url, &m);
-    if (status == 404) return not_found(r, "no such route");
-    if (status == 405) return method_not_allowed(r, &m);
-    if (!r->counted) r->commands = 1;
-    enum MHD_Result ok = dispatch(r, &m);
-    count_request(r, &m);
-    return ok;
+    return gw_reply_bytes(r->conn, 200, gw_openapi_yaml, gw_openapi_yaml_len, 0, "application/yaml",
+                          NULL, NULL);
 }

@@ -20,6 +20,7 @@ enum setting {
     S_BINLOG_DIR, S_FSYNC_MS, S_NO_FSYNC, S_BINLOG_SIZE,
     S_LOG_RECOVER_DAMAGED,
     S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
+    S_HTTP_MAX_WAIT,
     S_GEARMAN_LISTEN, S_GEARMAN_PORT, S_GEARMAN_ADMIN_SHUTDOWN,
     S_COUNT
 };
@@ -48,6 +49,7 @@ static const struct setting_def {
     [S_HTTP_TOKEN_FILE] = {"BEANGATE_HTTP_TOKEN_FILE", "--http-token-file", "http_token_file"},
     [S_HTTP_TOKENS] = {"BEANGATE_HTTP_TOKENS", NULL, "http_tokens"},
     [S_METRICS_AUTH] = {"BEANGATE_METRICS_AUTH", "--metrics-auth", "metrics_auth"},
+    [S_HTTP_MAX_WAIT] = {"BEANGATE_HTTP_MAX_WAIT", "--http-max-wait", "http_max_wait"},
     [S_GEARMAN_LISTEN] = {"BEANGATE_GEARMAN_LISTEN", "--gearman-listen", "gearman_listen"},
     [S_GEARMAN_PORT] = {"BEANGATE_GEARMAN_PORT", "--gearman-port", "gearman_port"},
     [S_GEARMAN_ADMIN_SHUTDOWN] = {"BEANGATE_GEARMAN_ADMIN_SHUTDOWN", "--gearman-admin-shutdown",
@@ -83,6 +85,8 @@ static void usage(FILE *f)
         " --http-token-file PATH  bearer tokens for the gateway, one per line\n"
         "                         (blank lines and # comments are ignored)\n"
         " --metrics-auth          /metrics needs a token too (default: open)\n"
+        " --http-max-wait SECONDS the longest a long-poll reserve waits, 1-3600\n"
+        "                         (default 30; a larger timeout is taken as this)\n"
         " --gearman-listen ADDR   serve the Gearman protocol on ADDR (default\n"
         "                         127.0.0.1 once --gearman-port is given)\n"
         " --gearman-port PORT     Gearman port (usually 4730); Gearman is off\n"
@@ -119,6 +123,7 @@ static void usage(FILE *f)
         " BEANGATE_HTTP_TOKENS=T1,T2     bearer tokens, comma-separated (in addition\n"
         "                                to those of the token file)\n"
         " BEANGATE_METRICS_AUTH=1        as --metrics-auth\n"
+        " BEANGATE_HTTP_MAX_WAIT=SECONDS as --http-max-wait\n"
         " BEANGATE_GEARMAN_LISTEN=ADDR   as --gearman-listen\n"
         " BEANGATE_GEARMAN_PORT=PORT     as --gearman-port\n"
         " BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1  as --gearman-admin-shutdown\n"
@@ -204,6 +209,15 @@ static int parse_segment_size(const char *s, uint64_t *out)
     return 0;
 }
 
+/* --http-max-wait: whole seconds, 1 to GW_MAX_WAIT_LIMIT_S. */
+static int parse_max_wait(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v < 1 || v > GW_MAX_WAIT_LIMIT_S) return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
 /* ---- the environment --------------------------------------------------- */
 
 /* The first bad variable, reported after the flags (so -h still works). */
@@ -279,6 +293,11 @@ static int apply_env(struct server_config *cfg, struct env_error *err)
         if (parse_bool(v, &b) != 0) ENV_FAIL(S_METRICS_AUTH, v, "not a boolean (1/0, true/false, yes/no, on/off)");
         cfg->metrics_auth = b, sources[S_METRICS_AUTH] = FROM_ENV;
     }
+    if ((v = env_value(S_HTTP_MAX_WAIT))) {
+        if (parse_max_wait(v, &cfg->http_max_wait) != 0)
+            ENV_FAIL(S_HTTP_MAX_WAIT, v, "not a number of seconds from 1 to 3600");
+        sources[S_HTTP_MAX_WAIT] = FROM_ENV;
+    }
     if ((v = env_value(S_GEARMAN_LISTEN)))
         cfg->gearman_listen = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_LISTEN] = FROM_ENV;
     if ((v = env_value(S_GEARMAN_PORT))) {
@@ -305,6 +324,7 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         {"--http-listen", S_HTTP_LISTEN},
         {"--http-port", S_HTTP_PORT},
         {"--http-token-file", S_HTTP_TOKEN_FILE},
+        {"--http-max-wait", S_HTTP_MAX_WAIT},
         {"--gearman-listen", S_GEARMAN_LISTEN},
         {"--gearman-port", S_GEARMAN_PORT},
     };
@@ -345,6 +365,10 @@ static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int
         switch (valued[k].s) {
         case S_HTTP_LISTEN: cfg->http_listen = value, cfg->http_explicit = 1; break;
         case S_HTTP_PORT: cfg->http_port = value, cfg->http_explicit = 1; break;
+        case S_HTTP_MAX_WAIT:
+            if (parse_max_wait(value, &cfg->http_max_wait) != 0)
+                return usage_error("not a number of seconds from 1 to 3600", valued[k].name, value);
+            break;
         case S_GEARMAN_LISTEN: cfg->gearman_listen = value, cfg->gearman_enabled = 1; break;
         case S_GEARMAN_PORT:
             if (parse_port(value) != 0) return usage_error("invalid port", valued[k].name, value);
@@ -551,14 +575,14 @@ static void log_config(const struct server_config *c)
     log_event(BG_LOG_INFO, "config",
               "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
               "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
-              "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s gearman=%s "
+              "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s http_max_wait=%u gearman=%s "
               "gearman_listen=%s gearman_port=%s log_recover_damaged=%s gearman_admin_shutdown=%s",
               log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
               c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
               (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
               log_str(c->http_listen), log_str(c->http_port), log_str(c->http_token_file),
               c->http_token_count, c->http_token_count ? "on" : "off",
-              c->metrics_auth ? "on" : "off", c->gearman_enabled ? "on" : "off",
+              c->metrics_auth ? "on" : "off", c->http_max_wait, c->gearman_enabled ? "on" : "off",
               log_str(c->gearman_listen), log_str(c->gearman_port),
               c->log_recover_damaged ? "on" : "off", c->gearman_admin_shutdown ? "on" : "off");
     for (int s = 0; s < S_COUNT; s++)
@@ -575,6 +599,7 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     cfg->http_listen = "127.0.0.1";
     cfg->http_port = "11301";
     cfg->http_enabled = 1;
+    cfg->http_max_wait = GW_MAX_WAIT_DEFAULT_S;
     cfg->gearman_listen = "127.0.0.1";
     cfg->gearman_port = "4730";
     cfg->fsync_ms = SERVER_FSYNC_MS_DEFAULT;

@@ -267,7 +267,7 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info};
+                                      srv.started_at, gateway_process_info, cfg.http_max_wait};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

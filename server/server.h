@@ -31,6 +31,7 @@ struct server_config {
     const char *const *http_tokens;
     size_t http_token_count;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
+    uint32_t http_max_wait;      /* --http-max-wait: long-poll cap in seconds, default 30 */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */

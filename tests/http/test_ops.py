@@ -804,6 +804,31 @@ def test_bad_env_exits_5():
     check_eq(rc, 5, "-z abc")
 
 
+def test_http_max_wait_setting():
+    """--http-max-wait SECONDS (BEANGATE_HTTP_MAX_WAIT) caps a long-poll's
+    wait: 1 to 3600, else exit status 5 naming the setting; the variable
+    sets it, the flag wins over the variable."""
+    bad = [(["--http-max-wait", v], {}, "--http-max-wait") for v in ("0", "3601", "1s", "-1", "")]
+    bad += [(["--http-max-wait=99999999999999999999"], {}, "--http-max-wait")]
+    bad += [([], {"BEANGATE_HTTP_MAX_WAIT": v}, "BEANGATE_HTTP_MAX_WAIT") for v in ("0", "3601", "x")]
+    for args, env, name in bad:
+        rc, _, err = run_binary(["-p", str(free_port()), "--http-port", str(free_port())] + args,
+                                env=env, timeout=5)
+        check(rc == 5, "%r %r: exit status %r, want 5; stderr %r" % (args, env, rc, err[-500:]))
+        check(name in err, "%r %r: the message does not name %s: %r" % (args, env, name, err[-500:]))
+    for args, env in (([], {"BEANGATE_HTTP_MAX_WAIT": "1"}),
+                      (["--http-max-wait", "1"], {"BEANGATE_HTTP_MAX_WAIT": "3600"}),
+                      (["--http-max-wait=1"], {})):
+        with Server(args, env=env) as srv:
+            t0 = time.monotonic()
+            status, _, _ = srv.request("POST", "/tubes/maxwait/reservations?timeout=60",
+                                       timeout=HTTP_TIMEOUT + 60)
+            took = time.monotonic() - t0
+        check_eq(status, 204, "%r %r: long-poll on an empty tube" % (args, env))
+        check(0.9 <= took <= 3.0, "%r %r: timeout=60 answered after %.2f s, want the 1 s cap"
+              % (args, env, took))
+
+
 def test_help_lists_env():
     rc, out, _ = run_binary(["--help"])
     check_eq(rc, 0, "--help exit status")
@@ -811,7 +836,8 @@ def test_help_lists_env():
                  "BEANGATE_USER", "BEANGATE_MAX_JOB_SIZE", "BEANGATE_VERBOSE", "BEANGATE_HTTP_LISTEN",
                  "BEANGATE_HTTP_PORT", "BEANGATE_NO_HTTP", "BEANGATE_HTTP_TOKEN_FILE",
                  "BEANGATE_HTTP_TOKENS", "BEANGATE_METRICS_AUTH", "BEANGATE_BINLOG_DIR",
-                 "BEANGATE_FSYNC_MS", "BEANGATE_NO_FSYNC", "BEANGATE_BINLOG_SIZE"):
+                 "BEANGATE_FSYNC_MS", "BEANGATE_NO_FSYNC", "BEANGATE_BINLOG_SIZE",
+                 "--http-max-wait", "BEANGATE_HTTP_MAX_WAIT"):
         check(word in out, "--help does not mention %s" % word)
     check("command line" in out and "environment" in out, "--help does not tell the precedence")
 
@@ -828,7 +854,7 @@ def test_verbose_logs_config_without_tokens():
         line = lines[0]
         for want in ("level=info", "port=%d" % srv.tcp_port, "http_port=%d" % srv.http_port,
                      "max_job_size=1234", "http_tokens=3", "http_token_file=%s" % path,
-                     "verbose=1", "metrics_auth=off"):
+                     "verbose=1", "metrics_auth=off", "http_max_wait=30"):
             check(want in line, "config line lacks %r: %r" % (want, line))
         for tok in (TOKEN_A, TOKEN_B, TOKEN_ENV):
             check(tok not in err, "a token value is on stderr: %r" % err[-2000:])
@@ -871,6 +897,7 @@ TESTS = [
     test_flag_overrides_env,
     test_env_no_http_and_listen,
     test_bad_env_exits_5,
+    test_http_max_wait_setting,
     test_help_lists_env,
     test_verbose_logs_config_without_tokens,
 ]

@@ -1,11 +1,24 @@
-/* test_gateway.c - unit tests of the gateway parts that need no socket:
- * routing, JSON rendering of jobs, base64, reservation tokens and the
- * idempotency table. Data-driven where the cases are a table. */
+/* test_gateway.c - unit tests of the gateway: the route table, the error
+ * table, JSON rendering of jobs, base64, reservation tokens and the
+ * idempotency table, data-driven where the cases are a table; and the
+ * gateway in this process on a loopback port, with the engine's time
+ * injected, to see that a request is matched once across the
+ * access-handler calls of its body, a long-poll's resumption and a
+ * response held for the log. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -13,53 +26,146 @@
 
 /* ---- routing ----------------------------------------------------------- */
 
-static const struct route_case {
+/* Every row of the route table, reached by a request: the row's method,
+ * handler, body limit, auth rule and command counter, its path parameter,
+ * and the Allow header of its path (the methods of the rows that share it). */
+static const struct row_case {
     const char *method, *url;
-    int status;              /* 0, 404 or 405 */
-    enum gw_route_id id;     /* when status is 0 or 405 */
-    const char *seg1;        /* second segment, if any */
-    const char *allow;       /* for 405 */
-} route_cases[] = {
-    {"GET", "/stats", 0, R_STATS, NULL, NULL},
-    {"POST", "/stats", 405, R_STATS, NULL, "GET, HEAD"},
-    {"HEAD", "/stats", 0, R_STATS, NULL, NULL},
-    {"HEAD", "/tubes/emails/jobs", 405, R_TUBE_JOBS, "emails", "POST"},
-    {"GET", "/tubes", 0, R_TUBES, NULL, NULL},
-    {"GET", "/tubes/", 0, R_TUBES, NULL, NULL},
-    {"GET", "/tubes/emails", 0, R_TUBE, "emails", NULL},
-    {"DELETE", "/tubes/emails", 405, R_TUBE, "emails", "GET, HEAD"},
-    {"POST", "/tubes/emails/jobs", 0, R_TUBE_JOBS, "emails", NULL},
-    {"GET", "/tubes/emails/jobs", 405, R_TUBE_JOBS, "emails", "POST"},
-    {"POST", "/tubes/emails/jobs/batch", 0, R_TUBE_BATCH, "emails", NULL},
-    {"POST", "/tubes/a/reservations", 0, R_TUBE_RESERVE, "a", NULL},
-    {"POST", "/tubes/a/kick", 0, R_TUBE_KICK, "a", NULL},
-    {"POST", "/tubes/a/pause", 0, R_TUBE_PAUSE, "a", NULL},
-    {"GET", "/tubes/a/ready", 0, R_TUBE_PEEK, "a", NULL},
-    {"GET", "/tubes/a/delayed", 0, R_TUBE_PEEK, "a", NULL},
-    {"GET", "/tubes/a/buried", 0, R_TUBE_PEEK, "a", NULL},
-    {"POST", "/reservations", 0, R_RESERVE, NULL, NULL},
-    {"GET", "/jobs/12", 0, R_JOB, "12", NULL},
-    {"DELETE", "/jobs/12", 0, R_JOB, "12", NULL},
-    {"HEAD", "/jobs/12", 0, R_JOB, "12", NULL},
-    {"PUT", "/jobs/12", 405, R_JOB, "12", "GET, HEAD, DELETE"},
-    {"GET", "/jobs/12/body", 0, R_JOB_BODY, "12", NULL},
-    {"POST", "/jobs/12/release", 0, R_JOB_ACTION, "12", NULL},
-    {"POST", "/jobs/12/bury", 0, R_JOB_ACTION, "12", NULL},
-    {"POST", "/jobs/12/touch", 0, R_JOB_ACTION, "12", NULL},
-    {"POST", "/jobs/12/kick", 0, R_JOB_ACTION, "12", NULL},
-    {"GET", "/jobs/12/kick", 405, R_JOB_ACTION, "12", "POST"},
-    {"POST", "/jobs/12/reservations", 0, R_JOB_RESERVE, "12", NULL},
-    {"GET", "/openapi.yaml", 0, R_OPENAPI, NULL, NULL},
-    {"GET", "/", 404, 0, NULL, NULL},
-    {"GET", "/nope", 404, 0, NULL, NULL},
-    {"GET", "/tubes/a/b/c/d", 404, 0, NULL, NULL},
-    {"GET", "/tubes//jobs", 404, 0, NULL, NULL},
-    {"GET", "tubes", 404, 0, NULL, NULL},
-    {"GET", "/jobs/1/2", 404, 0, NULL, NULL},
-    {"DE", "/jobs/12", 405, R_JOB, "12", "GET, HEAD, DELETE"}, /* method names match whole */
+    gw_handler handler;
+    enum gw_body_limit body;
+    enum gw_auth_rule auth;
+    int command;
+    const char *seg1;            /* the path parameter, if any */
+    const char *allow;           /* Allow of a 405 on this path */
+} row_cases[] = {
+    {"GET", "/stats", gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS, NULL, "GET, HEAD"},
+    {"GET", "/tubes", gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES, NULL, "GET, HEAD"},
+    {"GET", "/tubes/emails", gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE, "emails",
+     "GET, HEAD"},
+    {"POST", "/tubes/emails/jobs", gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT, "emails", "POST"},
+    {"POST", "/tubes/emails/jobs/batch", gw_handle_batch_put, GW_BODY_BATCH, GW_AUTH_TOKEN, BG_CMD_PUT,
+     "emails", "POST"},
+    {"POST", "/tubes/a/reservations", gw_handle_tube_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_RESERVE_WITH_TIMEOUT, "a", "POST"},
+    {"POST", "/tubes/a/kick", gw_handle_tube_kick, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_KICK, "a", "POST"},
+    {"POST", "/tubes/a/pause", gw_handle_tube_pause, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PAUSE_TUBE, "a",
+     "POST"},
+    {"GET", "/tubes/a/ready", gw_handle_peek_ready, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK_READY, "a",
+     "GET, HEAD"},
+    {"GET", "/tubes/a/delayed", gw_handle_peek_delayed, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK_DELAYED,
+     "a", "GET, HEAD"},
+    {"GET", "/tubes/a/buried", gw_handle_peek_buried, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK_BURIED, "a",
+     "GET, HEAD"},
+    {"POST", "/reservations", gw_handle_reserve, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_RESERVE_WITH_TIMEOUT,
+     NULL, "POST"},
+    {"GET", "/jobs/12", gw_handle_job, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_JOB, "12",
+     "GET, HEAD, DELETE"},
+    {"DELETE", "/jobs/12", gw_handle_job_delete, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_DELETE, "12",
+     "GET, HEAD, DELETE"},
+    {"GET", "/jobs/12/body", gw_handle_job_body, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_PEEK, "12", "GET, HEAD"},
+    {"POST", "/jobs/12/release", gw_handle_job_release, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_RELEASE, "12",
+     "POST"},
+    {"POST", "/jobs/12/bury", gw_handle_job_bury, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_BURY, "12", "POST"},
+    {"POST", "/jobs/12/touch", gw_handle_job_touch, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_TOUCH, "12", "POST"},
+    {"POST", "/jobs/12/kick", gw_handle_job_kick, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_KICK_JOB, "12",
+     "POST"},
+    {"POST", "/jobs/12/reservations", gw_handle_job_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
+     BG_CMD_RESERVE_JOB, "12", "POST"},
+    {"GET", "/openapi.yaml", gw_handle_openapi, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
+    {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
+    {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
+    {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
 };
 
-/* Every row of route_cases routes as the table says. */
+/* Each case reaches its row with the row's method, handler, body limit,
+ * auth rule and counter; every row of the table is reached by exactly one
+ * case (a new row needs a case here); any other method on the path is 405
+ * with the path's Allow list. */
+static void test_route_rows(void **state)
+{
+    (void)state;
+    size_t ncases = sizeof row_cases / sizeof row_cases[0];
+    int reached[64] = {0};
+    assert_true(gw_route_count() <= 64);
+    for (size_t i = 0; i < ncases; i++) {
+        const struct row_case *c = &row_cases[i];
+        struct gw_match m;
+        if (gw_match_route(c->method, c->url, &m) != 0)
+            fail_msg("%s %s: status %d, want 0", c->method, c->url, m.status);
+        const struct gw_route *row = m.route;
+        assert_int_equal(m.method, gw_method_of(c->method));
+        assert_int_equal(row->method, gw_method_of(c->method));
+        if (row->handler != c->handler) fail_msg("%s %s: another handler", c->method, c->url);
+        assert_int_equal(row->body, c->body);
+        assert_int_equal(row->auth, c->auth);
+        assert_int_equal(row->command, c->command);
+        if (c->seg1) assert_string_equal(m.seg[1], c->seg1);
+        assert_string_equal(m.allow, c->allow);
+        int index = (int)(row - gw_route_at(0));
+        assert_true(index >= 0 && index < gw_route_count());
+        reached[index]++;
+        /* the metrics label is the path's first row */
+        assert_string_equal(gw_route_pattern(m.path), gw_route_pattern(index));
+        assert_true(m.path <= index);
+        struct gw_match other;
+        assert_int_equal(gw_match_route("PATCH", c->url, &other), 405);
+        assert_string_equal(other.allow, c->allow);
+        assert_int_equal(other.path, m.path);
+    }
+    for (int i = 0; i < gw_route_count(); i++)
+        if (reached[i] != 1) fail_msg("row %d (%s) reached by %d cases", i, gw_route_pattern(i), reached[i]);
+    assert_int_equal(gw_route_count(), (int)ncases);
+}
+
+/* Rows of one path stand together (the Allow list is built from them) and
+ * share the auth rule (a 401 or a 405 is decided on the path, before the
+ * method's row is known). */
+static void test_route_paths(void **state)
+{
+    (void)state;
+    for (int i = 0; i < gw_route_count(); i++) {
+        for (int k = i + 1; k < gw_route_count(); k++) {
+            if (strcmp(gw_route_at(i)->pattern, gw_route_at(k)->pattern) != 0) continue;
+            if (k != i + 1 && strcmp(gw_route_at(k - 1)->pattern, gw_route_at(i)->pattern) != 0)
+                fail_msg("rows %d and %d share %s with another row between", i, k, gw_route_at(i)->pattern);
+            assert_int_equal(gw_route_at(i)->auth, gw_route_at(k)->auth);
+            if (gw_route_at(i)->method == gw_route_at(k)->method)
+                fail_msg("rows %d and %d: the same path and method", i, k);
+        }
+        assert_int_not_equal(gw_route_at(i)->method, GW_HEAD); /* HEAD comes from GET */
+        assert_int_not_equal(gw_route_at(i)->method, GW_OTHER);
+    }
+    assert_null(gw_route_at(gw_route_count()));
+    assert_null(gw_route_at(-1));
+}
+
+/* Paths that match no row, and methods that a path does not have. */
+static const struct route_case {
+    const char *method, *url;
+    int status;              /* 404 or 405 */
+    const char *allow;       /* for 405 */
+} route_cases[] = {
+    {"POST", "/stats", 405, "GET, HEAD"},
+    {"HEAD", "/tubes/emails/jobs", 405, "POST"},
+    {"DELETE", "/tubes/emails", 405, "GET, HEAD"},
+    {"GET", "/tubes/emails/jobs", 405, "POST"},
+    {"PUT", "/jobs/12", 405, "GET, HEAD, DELETE"},
+    {"POST", "/jobs/12", 405, "GET, HEAD, DELETE"},
+    {"GET", "/jobs/12/kick", 405, "POST"},
+    {"DE", "/jobs/12", 405, "GET, HEAD, DELETE"}, /* method names match whole */
+    {"get", "/stats", 405, "GET, HEAD"},          /* and with their case */
+    {"GET", "/", 404, NULL},
+    {"GET", "/nope", 404, NULL},
+    {"GET", "/tubes/a/b/c/d", 404, NULL},
+    {"GET", "/tubes//jobs", 404, NULL},
+    {"GET", "tubes", 404, NULL},
+    {"GET", "/jobs/1/2", 404, NULL},
+    {"POST", "/jobs/1/nudge", 404, NULL},
+    {"GET", "/tubes/a/peek", 404, NULL},
+};
+
+/* Every row of route_cases routes as the table says; trailing slashes and
+ * %2F in a segment are part of the path rules. */
 static void test_routes(void **state)
 {
     (void)state;
@@ -68,11 +174,21 @@ static void test_routes(void **state)
         struct gw_match m;
         int status = gw_match_route(c->method, c->url, &m);
         if (status != c->status) fail_msg("%s %s: status %d, want %d", c->method, c->url, status, c->status);
-        if (c->status == 404) continue;
-        assert_int_equal(m.id, c->id);
-        if (c->seg1) assert_string_equal(m.seg[1], c->seg1);
-        if (c->allow) assert_string_equal(m.allow, c->allow);
+        assert_int_equal(m.status, status);
+        if (c->status == 404) {
+            assert_null(m.route);
+            assert_int_equal(m.path, -1);
+            continue;
+        }
+        assert_non_null(m.route);
+        assert_string_equal(m.allow, c->allow);
     }
+    struct gw_match m;
+    assert_int_equal(gw_match_route("GET", "/tubes/", &m), 0);
+    assert_true(m.route->handler == gw_handle_tubes);
+    assert_int_equal(gw_match_route("GET", "/tubes/a%2Fb/ready", &m), 0);
+    assert_string_equal(m.seg[1], "a/b");
+    assert_true(m.route->handler == gw_handle_peek_ready);
 }
 
 /* A URL for route pattern p ("/jobs/{id}/body"): each {x} filled with "7". */
@@ -90,9 +206,9 @@ static void url_of_pattern(const char *p, char *out, size_t size)
     out[o] = '\0';
 }
 
-/* Over the whole route table: a route with GET takes HEAD too, routed to
- * the same handler and told apart as GW_HEAD; its Allow lists HEAD after
- * GET. A route without GET refuses HEAD. */
+/* Over the whole route table: a GET row takes HEAD too, as the same row
+ * and told apart as GW_HEAD; its path's Allow lists HEAD after GET. A path
+ * without a GET row refuses HEAD and does not list it. */
 static void test_head_wherever_get(void **state)
 {
     (void)state;
@@ -100,19 +216,20 @@ static void test_head_wherever_get(void **state)
     for (int i = 0; i < gw_route_count(); i++) {
         char url[128];
         url_of_pattern(gw_route_pattern(i), url, sizeof url);
-        const char *methods = gw_route_methods(i);
         struct gw_match get, head;
         int get_status = gw_match_route("GET", url, &get);
         int head_status = gw_match_route("HEAD", url, &head);
         assert_int_equal(head_status, get_status);
-        assert_int_equal(head.id, get.id);
-        if (strstr(methods, "GET")) {
+        assert_true(head.route == get.route);
+        assert_string_equal(head.allow, get.allow);
+        if (gw_route_at(i)->method == GW_GET) {
             with_get++;
             assert_int_equal(get_status, 0);
+            assert_true(get.route == gw_route_at(i));
             assert_int_equal(head.method, GW_HEAD);
             assert_int_equal(get.method, GW_GET);
             assert_non_null(strstr(head.allow, "GET, HEAD"));
-        } else {
+        } else if (!strstr(get.allow, "GET")) {
             assert_int_equal(head_status, 405);
             assert_null(strstr(head.allow, "HEAD"));
         }
@@ -121,8 +238,188 @@ static void test_head_wherever_get(void **state)
     struct gw_match m;
     assert_int_equal(gw_match_route("DELETE", "/jobs/7", &m), 0);
     assert_int_equal(m.method, GW_DELETE);
+    assert_true(m.route->handler == gw_handle_job_delete);
+    assert_int_equal(gw_match_route("HEAD", "/jobs/7", &m), 0);
+    assert_true(m.route->handler == gw_handle_job); /* HEAD never deletes */
     assert_int_equal(gw_match_route("PATCH", "/jobs/7", &m), 405);
     assert_int_equal(m.method, GW_OTHER);
+}
+
+/* ---- the gateway in this process: each request is matched once ---------- */
+
+static bg_time fake_now = 1000 * BG_SECOND;
+static bg_time fake_clock(void) { return fake_now; }
+
+/* A gateway on a loopback port of this process, and its loop, over an
+ * engine with a write-ahead log in a temporary directory, -f 0: every
+ * response that reports a change waits until the log has it on disk. The
+ * server hands the log each loop turn's records (wal_kick); live_turn does
+ * the same, unless `log_paused`: then nothing reaches the disk. */
+struct live {
+    struct event_base *base;
+    struct bg_engine engine;
+    struct gateway *gw;
+    unsigned short port;
+    char dir[32];
+    struct wal *wal;
+    int log_paused;
+};
+
+static void live_start(struct live *l)
+{
+    memset(l, 0, sizeof *l);
+    l->base = event_base_new();
+    assert_non_null(l->base);
+    assert_int_equal(bg_engine_init(&l->engine, 1000), 0);
+    snprintf(l->dir, sizeof l->dir, "/tmp/bg-gw-XXXXXX");
+    assert_non_null(mkdtemp(l->dir));
+    struct wal_config wcfg = {l->dir, 0, 0, 1 << 20, 0};
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    assert_int_equal(wal_open(&l->wal, &wcfg, &l->engine, l->base, fake_now,
+                              (uint64_t)wall.tv_sec * BG_SECOND), 0);
+    struct gateway_config cfg = {0};
+    cfg.listen_addr = "127.0.0.1";
+    cfg.port = "0";
+    cfg.wal = l->wal;
+    l->gw = gateway_start(l->base, &l->engine, &cfg, fake_clock, NULL, NULL);
+    assert_non_null(l->gw);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(l->gw->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    assert_non_null(info);
+    l->port = info->port;
+}
+
+static void live_stop(struct live *l)
+{
+    gateway_stop(l->gw);
+    wal_close(l->wal);
+    bg_engine_destroy(&l->engine);
+    event_base_free(l->base);
+    DIR *d = opendir(l->dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    rmdir(l->dir);
+}
+
+/* A non-blocking connection to the gateway, with text sent on it. */
+static int live_connect(struct live *l, const char *text)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(l->port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0); /* loopback: at once */
+    assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+    assert_int_equal(send(fd, text, strlen(text), 0), (ssize_t)strlen(text));
+    return fd;
+}
+
+/* One turn of the loop, and a millisecond's pause when nothing ran. */
+static void live_turn(struct live *l)
+{
+    if (!l->log_paused) wal_kick(l->wal);
+    event_base_loop(l->base, EVLOOP_NONBLOCK);
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+}
+
+/* Turn the loop until *flag is nonzero (5 s at most). */
+static void live_until(struct live *l, struct gw_request *const *flag)
+{
+    for (int i = 0; i < 5000 && !*flag; i++) live_turn(l);
+    assert_non_null(*flag);
+}
+
+/* Turn the loop until the server closes fd (Connection: close), then the
+ * status of the response read, 0 if none came. *got: the bytes, if asked. */
+static int live_finish(struct live *l, int fd, char *got, size_t size)
+{
+    char buf[4096];
+    size_t n = 0;
+    for (int i = 0; i < 5000; i++) {
+        live_turn(l);
+        ssize_t k = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        if (k == 0) break;
+        if (k > 0) n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = '\0';
+    if (got) snprintf(got, size, "%s", buf);
+    int status = 0;
+    return sscanf(buf, "HTTP/1.1 %d", &status) == 1 ? status : 0;
+}
+
+/* Nothing has come back on fd yet. */
+static void assert_no_answer(int fd)
+{
+    char byte;
+    assert_int_equal(recv(fd, &byte, 1, MSG_PEEK), -1);
+}
+
+#define CLOSE "Host: x\r\nConnection: close\r\n"
+
+/* However often libmicrohttpd calls the access handler for a request, its
+ * route is matched once: a body that arrives in two writes, a long-poll
+ * that is suspended and resumed when a job comes, a response held until the
+ * log says it is on disk, and 404/405/HEAD. */
+static void test_match_once(void **state)
+{
+    (void)state;
+    struct live l;
+    live_start(&l);
+    unsigned long before = gw_match_count();
+    char got[4096];
+
+    assert_int_equal(live_finish(&l, live_connect(&l, "GET /stats HTTP/1.1\r\n" CLOSE "\r\n"), NULL, 0), 200);
+    assert_int_equal(live_finish(&l, live_connect(&l, "HEAD /stats HTTP/1.1\r\n" CLOSE "\r\n"), got,
+                                 sizeof got), 200);
+    assert_null(strstr(got, "current_jobs_ready")); /* HEAD: no body */
+    assert_int_equal(live_finish(&l, live_connect(&l, "PUT /jobs/1 HTTP/1.1\r\n" CLOSE "\r\n"), got,
+                                 sizeof got), 405);
+    assert_non_null(strstr(got, "Allow: GET, HEAD, DELETE"));
+    assert_int_equal(live_finish(&l, live_connect(&l, "GET /nope HTTP/1.1\r\n" CLOSE "\r\n"), NULL, 0), 404);
+    assert_int_equal(gw_match_count() - before, 4);
+
+    /* a body in two writes: the handler sees all of it */
+    int fd = live_connect(&l, "POST /tubes/t/jobs HTTP/1.1\r\n" CLOSE "Content-Length: 10\r\n\r\nhello");
+    for (int i = 0; i < 20; i++) live_turn(&l);
+    assert_no_answer(fd);
+    assert_int_equal(send(fd, "world", 5, 0), 5);
+    assert_int_equal(live_finish(&l, fd, got, sizeof got), 201);
+    struct bg_job *j = bg_job_find(&l.engine, 1);
+    assert_non_null(j);
+    assert_memory_equal(j->body, "helloworld", 10);
+    assert_int_equal(gw_match_count() - before, 5);
+
+    /* a long-poll, suspended, then resumed by a put of another client */
+    fd = live_connect(&l, "POST /tubes/lp/reservations?timeout=5 HTTP/1.1\r\n" CLOSE "\r\n");
+    live_until(&l, &l.gw->waiting);
+    assert_no_answer(fd);
+    struct bg_client producer;
+    assert_int_equal(bg_client_init_bare(&l.engine, &producer, &bg_client_ops_never_wait, NULL), 0);
+    uint64_t id = 0;
+    assert_int_equal(bg_put_copy(&producer, "lp", 0, 0, 60, "job", 3, fake_now, &id), 0);
+    assert_int_equal(live_finish(&l, fd, got, sizeof got), 200);
+    assert_non_null(strstr(got, "\"reservation\""));
+    assert_int_equal(gw_match_count() - before, 6);
+
+    /* a put whose answer waits for the log: held while nothing reaches the
+     * disk, answered once its record is there */
+    l.log_paused = 1;
+    fd = live_connect(&l, "POST /tubes/h/jobs HTTP/1.1\r\n" CLOSE "Content-Length: 4\r\n\r\nheld");
+    live_until(&l, &l.gw->held);
+    for (int i = 0; i < 20; i++) live_turn(&l);
+    assert_no_answer(fd);
+    l.log_paused = 0;
+    assert_int_equal(live_finish(&l, fd, NULL, 0), 201);
+    assert_int_equal(gw_match_count() - before, 7);
+
+    bg_client_close(&producer, fake_now);
+    live_stop(&l);
 }
 
 /* A URL longer than the match buffer is refused, not truncated. */
@@ -135,6 +432,42 @@ static void test_route_long_url(void **state)
     url[sizeof url - 1] = '\0';
     struct gw_match m;
     assert_int_equal(gw_match_route("GET", url, &m), 404);
+}
+
+/* ---- the error table -------------------------------------------------- */
+
+/* Every engine outcome the handlers can meet is one row of the error table:
+ * its status, code and detail; an outcome not in it is a 500 named by its
+ * beanstalk word. Each status has its own title. */
+static void test_outcome_problems(void **state)
+{
+    (void)state;
+    static const struct gw_problem want[] = {
+        {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+        {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
+        {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
+        {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
+        {BG_OUT_OF_MEMORY, 503, "OUT_OF_MEMORY", "the server is out of memory"},
+        {BG_LOG_UNAVAILABLE, 503, "LOG_UNAVAILABLE", "the write-ahead log cannot write"},
+        {BG_INTERNAL_ERROR, 500, "INTERNAL_ERROR", "internal error"},
+        {BG_DEADLINE_SOON, 500, "DEADLINE_SOON", "internal error"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct gw_problem p = gw_outcome_problem(want[i].outcome);
+        if (p.status != want[i].status || strcmp(p.code, want[i].code) != 0 ||
+            strcmp(p.detail, want[i].detail) != 0)
+            fail_msg("outcome %d: %u %s \"%s\", want %u %s \"%s\"", want[i].outcome, p.status,
+                     p.code, p.detail, want[i].status, want[i].code, want[i].detail);
+    }
+    static const struct { unsigned status; const char *title; } titles[] = {
+        {400, "Bad Request"}, {401, "Unauthorized"}, {404, "Not Found"},
+        {405, "Method Not Allowed"}, {409, "Conflict"}, {413, "Content Too Large"},
+        {422, "Unprocessable Content"}, {500, "Internal Server Error"},
+        {503, "Service Unavailable"},
+    };
+    for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
+        assert_string_equal(gw_status_title(titles[i].status), titles[i].title);
+    assert_true(GW_NO_REPLY < BG_LOG_UNAVAILABLE - 100); /* no outcome is mistaken for it */
 }
 
 /* ---- JSON rendering ---------------------------------------------------- */
@@ -406,9 +739,13 @@ static void test_idempotency_hash_is_keyed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_route_rows),
+        cmocka_unit_test(test_route_paths),
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_route_long_url),
+        cmocka_unit_test(test_match_once),
         cmocka_unit_test(test_head_wherever_get),
+        cmocka_unit_test(test_outcome_problems),
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
         cmocka_unit_test(test_tokens),

@@ -1,0 +1,143 @@
+/* reply.c - the responses of the gateway, below every handler: JSON,
+ * application/problem+json (one table of status titles, one table of
+ * outcome -> status, code, detail), no body, a raw job, and bytes. It calls
+ * libmicrohttpd and jansson and no other file of the gateway. Each function
+ * returns 0 when the response was queued, GW_NO_REPLY when it could not be
+ * (out of memory, or a response was queued already). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway.h"
+
+/* The title of each status the gateway sends in a problem. */
+static const struct {
+    unsigned status;
+    const char *title;
+} titles[] = {
+    {400, "Bad Request"},           {401, "Unauthorized"},
+    {404, "Not Found"},             {405, "Method Not Allowed"},
+    {409, "Conflict"},              {413, "Content Too Large"},
+    {422, "Unprocessable Content"}, {500, "Internal Server Error"},
+    {503, "Service Unavailable"},
+};
+
+const char *gw_status_title(unsigned status)
+{
+    for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
+        if (titles[i].status == status) return titles[i].title;
+    return "Internal Server Error";
+}
+
+/* The engine's outcomes as HTTP problems. A handler with more to say about
+ * its request (which tube, which parameter) passes its own detail. */
+static const struct gw_problem outcome_problems[] = {
+    {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+    {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
+    {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
+    {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
+    {BG_OUT_OF_MEMORY, 503, "OUT_OF_MEMORY", "the server is out of memory"},
+    {BG_LOG_UNAVAILABLE, 503, "LOG_UNAVAILABLE", "the write-ahead log cannot write"},
+};
+
+struct gw_problem gw_outcome_problem(int outcome)
+{
+    for (size_t i = 0; i < sizeof outcome_problems / sizeof outcome_problems[0]; i++)
+        if (outcome_problems[i].outcome == outcome) return outcome_problems[i];
+    return (struct gw_problem){outcome, 500, bg_outcome_word(outcome), "internal error"};
+}
+
+/* Queue a response made of n bytes (copied unless copy is 0: then they live
+ * as long as the process), with a Content-Type unless type is NULL, and up
+ * to two more headers (a NULL name is skipped). */
+static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n, int copy,
+                 const char *type, const char *name1, const char *value1, const char *name2,
+                 const char *value2)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        n, (void *)bytes, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
+    if (!resp) return GW_NO_REPLY;
+    if (type) MHD_add_response_header(resp, "Content-Type", type);
+    if (name1) MHD_add_response_header(resp, name1, value1);
+    if (name2) MHD_add_response_header(resp, name2, value2);
+    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const char *location)
+{
+    return gw_reply_json_header(c, status, v, location, NULL, NULL);
+}
+
+int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
+                         const char *location, const char *name, const char *value)
+{
+    char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!text) return GW_NO_REPLY;
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
+    int rc = queue(c, status, text, n + 1, 1, "application/json", location ? "Location" : NULL,
+                   location, name, value);
+    free(text);
+    return rc;
+}
+
+int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
+                     const char *detail)
+{
+    return gw_reply_problem_header(c, status, code, detail, NULL, NULL);
+}
+
+int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
+                            const char *detail, const char *name, const char *value)
+{
+    json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title",
+                          gw_status_title(status), "status", (int)status, "detail", detail,
+                          "code", code);
+    char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!text) return GW_NO_REPLY;
+    int rc = queue(c, status, text, strlen(text), 1, "application/problem+json",
+                   status == 503 ? "Retry-After" : NULL, "5", name, value);
+    free(text);
+    return rc;
+}
+
+int gw_reply_outcome(struct MHD_Connection *c, int outcome)
+{
+    struct gw_problem p = gw_outcome_problem(outcome);
+    return gw_reply_problem(c, p.status, p.code, p.detail);
+}
+
+int gw_reply_empty(struct MHD_Connection *c, unsigned status)
+{
+    return queue(c, status, "", 0, 0, NULL, NULL, NULL, NULL, NULL);
+}
+
+int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                   int copy, const char *type, const char *name, const char *value)
+{
+    return queue(c, status, bytes, n, copy, type, name, value, NULL, NULL);
+}
+
+int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(j->body_size - 2, (void *)j->body,
+                                                                MHD_RESPMEM_MUST_COPY);
+    if (!resp) return GW_NO_REPLY;
+    char num[32];
+    MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
+    snprintf(num, sizeof num, "%llu", (unsigned long long)j->id);
+    MHD_add_response_header(resp, "X-Job-Id", num);
+    MHD_add_response_header(resp, "X-Job-Tube", j->tube->name);
+    snprintf(num, sizeof num, "%u", j->pri);
+    MHD_add_response_header(resp, "X-Job-Priority", num);
+    snprintf(num, sizeof num, "%u", j->ttr_s);
+    MHD_add_response_header(resp, "X-Job-Ttr", num);
+    if (token) MHD_add_response_header(resp, "X-Reservation", token);
+    int rc = MHD_queue_response(c, 200, resp) == MHD_YES ? 0 : GW_NO_REPLY;
+    MHD_destroy_response(resp);
+    return rc;
+}
