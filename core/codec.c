@@ -426,9 +426,8 @@ static void exec_peek_state(struct bg_session *s, const struct request *r, bg_ti
 {
     (void)now;
     struct bg_tube *t = s->client.use;
-    struct bg_job *j = r->cmd == BG_CMD_PEEK_READY ? bg_heap_min(&t->ready)
-                     : r->cmd == BG_CMD_PEEK_DELAYED ? bg_heap_min(&t->delayed)
-                     : t->buried_head;
+    struct bg_job *j = bg_peek(t, r->cmd == BG_CMD_PEEK_READY ? BG_JOB_READY
+                                : r->cmd == BG_CMD_PEEK_DELAYED ? BG_JOB_DELAYED : BG_JOB_BURIED);
     if (!j) reply_word(s, BG_NOT_FOUND);
     else reply_job(s, "FOUND", j);
 }

@@ -277,6 +277,13 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size);
 /* Free every job, tube and table. Clients must have been closed. */
 void bg_engine_destroy(struct bg_engine *e);
 
+/* Write the id of every job into ids (room for job_count); returns how
+ * many (job_count). The order is the job table's. */
+size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids);
+/* The job `peek-ready` / `-delayed` / `-buried` shows in tube t: the next
+ * ready job (by priority, then id), the next delayed job (by deadline), the
+ * oldest buried job; NULL if there is none (or for BG_JOB_RESERVED). */
+struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state);
 /* Find a job by id; NULL if there is none. */
 struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id);
 /* Find a tube by name (NUL-terminated); NULL if there is none. */
@@ -471,6 +478,13 @@ int bg_journal_encode_delete(struct bg_buf *out, uint64_t id);
 int bg_journal_encode_snapshot_end(struct bg_buf *out);
 int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
                             uint64_t unpause_wall);
+/* Bytes a JOB record (with its body of body_len bytes, CRLF included) of a
+ * job in a tube named by tube_len bytes takes, frame included. */
+size_t bg_journal_job_record_size(size_t tube_len, uint32_t body_len);
+/* Bytes of the record that starts at data[0..len) according to its length
+ * field (it is not checked), or 0 if not even that is there. For cutting a
+ * buffer of records this process encoded at a record boundary. */
+size_t bg_journal_record_span(const char *data, size_t len);
 /* Decode the record at data: 0 (*used bytes, rec points into data),
  * BG_JOURNAL_TORN or BG_JOURNAL_CORRUPT. */
 int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used);

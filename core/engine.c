@@ -91,6 +91,14 @@ struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id)
     return j;
 }
 
+size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids)
+{
+    size_t n = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++)
+        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+    return n;
+}
+
 /* Double the job table; on allocation failure keep the old one. */
 static void job_table_grow(struct bg_engine *e)
 {
@@ -240,6 +248,16 @@ static void tube_unref(struct bg_engine *e, struct bg_tube *t)
 }
 
 static inline int tube_paused(const struct bg_tube *t) { return t->pause_ns != 0; }
+
+struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state)
+{
+    switch (state) {
+    case BG_JOB_READY: return bg_heap_min(&t->ready);
+    case BG_JOB_DELAYED: return bg_heap_min(&t->delayed);
+    case BG_JOB_BURIED: return t->buried_head;
+    default: return NULL;
+    }
+}
 
 /* Refresh t's cached ready top key after its ready heap or pause changed. */
 static void tube_top_update(struct bg_tube *t)

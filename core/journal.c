@@ -106,12 +106,20 @@ int bg_journal_check_header(const char *data, size_t len)
     return 0;
 }
 
+/* The frame around a record's payload: length, checksum, type. */
+#define FRAME (4 + 4 + 1)
+
 /* Reserve room for a record of `payload` bytes; returns where the type byte
  * goes. The length and checksum are filled in by finish_record. */
 static unsigned char *start_record(struct bg_buf *out, size_t payload)
 {
-    unsigned char *p = (unsigned char *)bg_buf_reserve(out, 8 + 1 + payload);
+    unsigned char *p = (unsigned char *)bg_buf_reserve(out, FRAME + payload);
     return p ? p + 8 : NULL;
+}
+
+size_t bg_journal_record_span(const char *data, size_t len)
+{
+    return len < 4 ? 0 : FRAME + (size_t)get_u32((const unsigned char *)data);
 }
 
 static void finish_record(struct bg_buf *out, unsigned char *type_at, unsigned char *end)
@@ -143,10 +151,21 @@ static void put_job_fixed(unsigned char **p, const struct bg_journal_job *r)
     put_u32(p, r->kicks);
 }
 
+/* The payload of a job record: fixed fields, tube, and body if any. */
+static size_t job_payload(size_t tube_len, int with_body, uint32_t body_len)
+{
+    return JOB_FIXED + 1 + tube_len + (with_body ? 4 + (size_t)body_len : 0);
+}
+
+size_t bg_journal_job_record_size(size_t tube_len, uint32_t body_len)
+{
+    return FRAME + job_payload(tube_len, 1, body_len);
+}
+
 int bg_journal_encode_job(struct bg_buf *out, const struct bg_journal_job *r, int with_body)
 {
     size_t tube_len = strlen(r->tube);
-    size_t payload = JOB_FIXED + 1 + tube_len + (with_body ? 4 + r->body_len : 0);
+    size_t payload = job_payload(tube_len, with_body, r->body_len);
     unsigned char *type_at = start_record(out, payload);
     if (!type_at) return BG_OUT_OF_MEMORY;
     unsigned char *p = type_at;

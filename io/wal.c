@@ -93,7 +93,7 @@ struct wal {
 /* Bytes a job's full record takes on disk (for live-data accounting). */
 static uint64_t job_record_size(const struct bg_job *j)
 {
-    return 9 + 60 + 1 + strlen(j->tube->name) + 4 + j->body_size;
+    return bg_journal_job_record_size(strlen(j->tube->name), j->body_size);
 }
 
 /* ---- segments ---------------------------------------------------------- */
@@ -348,9 +348,7 @@ static int snapshot_begin(struct wal *w)
         note_failure(w, ENOMEM, "snapshot");
         return -1;
     }
-    size_t n = 0;
-    for (size_t b = 0; b <= e->jobs_mask; b++)
-        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+    size_t n = bg_engine_job_ids(e, ids);
     if (rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
@@ -426,11 +424,9 @@ void wal_kick(struct wal *w)
             /* at most about one segment per batch, cut at a record end */
             size_t take = 0;
             uint64_t records = 0;
-            const unsigned char *p = (const unsigned char *)bg_buf_head(&w->pending);
+            const char *p = bg_buf_head(&w->pending);
             while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
-                uint32_t payload = (uint32_t)p[take] | (uint32_t)p[take + 1] << 8 |
-                                   (uint32_t)p[take + 2] << 16 | (uint32_t)p[take + 3] << 24;
-                take += 9 + (size_t)payload;
+                take += bg_journal_record_span(p + take, w->pending.len - take);
                 records++;
             }
             if (bg_buf_append(&b->data, bg_buf_head(&w->pending), take) != 0) {
@@ -726,7 +722,7 @@ static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s
                       log_str("out of memory"));
             return -1;
         }
-        w->live_bytes += 9 + 60 + 1 + strlen(rec->tube) + 4 + rec->job.body_len;
+        w->live_bytes += bg_journal_job_record_size(strlen(rec->job.tube), rec->job.body_len);
         break;
     }
     case BG_REC_UPDATE:

@@ -2126,6 +2126,33 @@ static void test_sleeping_counts_as_waiting(void **state)
     assert_int_equal(w->engine.stat.total_connections, 2);
 }
 
+/* bg_peek shows what peek-ready, -delayed and -buried show; bg_engine_job_ids
+ * lists every job once. */
+static void test_peek_and_job_ids(void **state)
+{
+    struct world *w = *state;
+    struct bg_tube *t = w->engine.default_tube;
+    assert_null(bg_peek(t, BG_JOB_READY));
+    uint64_t late = put_job(&w->fc[0], "late", 10, 0, 60, T0);
+    uint64_t urgent = put_job(&w->fc[0], "urgent", 1, 0, 60, T0);
+    uint64_t d20 = put_job(&w->fc[0], "d20", 0, 20, 60, T0);
+    uint64_t d10 = put_job(&w->fc[0], "d10", 0, 10, 60, T0);
+    assert_int_equal(bg_peek(t, BG_JOB_READY)->id, urgent);
+    assert_int_equal(bg_peek(t, BG_JOB_DELAYED)->id, d10);
+    assert_null(bg_peek(t, BG_JOB_BURIED));
+    assert_int_equal(reserve_now(&w->fc[1], T0), urgent);
+    assert_int_equal(bg_bury(&w->fc[1].client, urgent, 5, T0), BG_OK);
+    assert_int_equal(reserve_now(&w->fc[1], T0), late);
+    assert_int_equal(bg_bury(&w->fc[1].client, late, 5, T0), BG_OK);
+    assert_int_equal(bg_peek(t, BG_JOB_BURIED)->id, urgent); /* the oldest buried */
+    assert_null(bg_peek(t, BG_JOB_RESERVED));
+    uint64_t ids[8] = {0};
+    assert_int_equal(bg_engine_job_ids(&w->engine, ids), 4);
+    uint64_t sum = 0;
+    for (int i = 0; i < 4; i++) sum += ids[i];
+    assert_int_equal(sum, late + urgent + d20 + d10);
+}
+
 /* The audit in core sees what it is meant to see. */
 static void test_engine_audit_finds_breakage(void **state)
 {
@@ -2783,6 +2810,7 @@ int main(void)
         ENGINE_TEST(test_set_ttr_is_logged),
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),
+        ENGINE_TEST(test_peek_and_job_ids),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
