@@ -105,19 +105,14 @@ static void reply_job(struct bg_session *s, const char *word, const struct bg_jo
 
 /* ---- number parsing (reference semantics) ------------------------------ */
 
-/* Decimal digits at p into *out; fails on no digit or overflow of u64. */
-static int parse_digits(const char *p, const char **end, uint64_t *out)
+/* The digits at p (a NUL-terminated line) as a number up to max, read by
+ * bg_parse_u64; *end is set after them. BG_BAD_FORMAT if there is no digit
+ * or the number is above max. */
+static int read_digits(const char *p, uint64_t max, const char **end, uint64_t *out)
 {
-    uint64_t v = 0;
-    const char *start = p;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (UINT64_MAX - d) / 10) return BG_BAD_FORMAT;
-        v = v * 10 + d;
-    }
-    if (p == start) return BG_BAD_FORMAT;
-    *end = p;
-    *out = v;
+    size_t n = bg_digits_span(p, strlen(p));
+    if (bg_parse_u64(p, n, max, out) != 0) return BG_BAD_FORMAT;
+    *end = p + n;
     return 0;
 }
 
@@ -127,11 +122,9 @@ static int read_uint(const char *p, const char **end, uint64_t max, uint64_t *ou
 {
     while (*p == ' ') p++;
     const char *stop;
-    uint64_t v;
-    if (parse_digits(p, &stop, &v) != 0 || v > max) return BG_BAD_FORMAT;
+    if (read_digits(p, max, &stop, out) != 0) return BG_BAD_FORMAT;
     if (!end && *stop != '\0') return BG_BAD_FORMAT;
     if (end) *end = stop;
-    *out = v;
     return 0;
 }
 
@@ -149,18 +142,14 @@ static int read_c_number(const char *p, const char **end, int is_signed, uint64_
     while (is_c_space(*p)) p++;
     int negative = 0;
     if (*p == '+' || *p == '-') negative = *p++ == '-';
-    const char *stop;
-    uint64_t v;
     if (!(*p >= '0' && *p <= '9')) {
         *end = start;
         *out = 0;
         return 0;
     }
-    if (parse_digits(p, &stop, &v) != 0) return BG_BAD_FORMAT;
-    if (is_signed) {
-        if (v > (uint64_t)INT64_MAX + (negative ? 1 : 0)) return BG_BAD_FORMAT;
-    }
-    *end = stop;
+    uint64_t max = is_signed ? (uint64_t)INT64_MAX + (negative ? 1 : 0) : UINT64_MAX;
+    uint64_t v;
+    if (read_digits(p, max, end, &v) != 0) return BG_BAD_FORMAT;
     *out = negative ? (uint64_t)0 - v : v;
     return 0;
 }
@@ -411,7 +400,9 @@ static void finish_put(struct bg_session *s, bg_time now)
         else reply_numbers(s, "BURIED", 6, id, 0, 0, NULL, 0);
         return;
     }
-    reply_word(s, r);
+    /* reference: a put its binlog cannot take (walresvput fails in prot.c's
+     * enqueue_incoming_job) is answered OUT_OF_MEMORY */
+    reply_word(s, r == BG_LOG_UNAVAILABLE ? BG_OUT_OF_MEMORY : r);
 }
 
 static void exec_peek(struct bg_session *s, const struct request *r, bg_time now)

@@ -49,7 +49,9 @@ enum bg_outcome {
     BG_IO_ERROR = -17,    /* a system call failed; errno is left set for the message */
 };
 
-/* The beanstalk word for an outcome, e.g. "NOT_FOUND". */
+/* The name of an outcome, e.g. "NOT_FOUND": the beanstalk word where
+ * beanstalk has one (a put the log cannot take is BG_LOG_UNAVAILABLE, which
+ * the beanstalk codec answers with the reference's OUT_OF_MEMORY). */
 const char *bg_outcome_word(int outcome);
 
 /* ---- alloc.c: the one allocation wrapper (tests can fail the Nth call) --- */
@@ -245,7 +247,8 @@ struct bg_engine {
     uint64_t next_id;
     struct bg_job **jobs;       /* hash table by id */
     size_t jobs_mask, job_count;
-    struct bg_tube **tubes;     /* hash table by name */
+    struct bg_tube **tubes;     /* hash table by name, keyed (bg_siphash) */
+    uint64_t hash_key[2];
     size_t tubes_mask;
     struct bg_tube **tube_list; /* list-tubes order */
     uint32_t tube_count, tube_list_cap;
@@ -272,8 +275,10 @@ struct bg_engine {
     struct bg_server_counters stat;
 };
 
-/* Set up an engine with the default tube. 0 or BG_OUT_OF_MEMORY. */
-int bg_engine_init(struct bg_engine *e, uint32_t max_job_size);
+/* Set up an engine with the default tube; its tube-name table is hashed
+ * under hash_key (random, chosen once at start; NULL: all zero, for tests
+ * and tools). 0 or BG_OUT_OF_MEMORY. */
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t hash_key[2]);
 /* Free every job, tube and table. Clients must have been closed. */
 void bg_engine_destroy(struct bg_engine *e);
 
@@ -337,8 +342,9 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new that never entered the engine. */
 void bg_job_discard(struct bg_job *j);
-/* Enter a new job into tube `t`: 0, BG_DRAINING or BG_OUT_OF_MEMORY (in
- * which case the job is freed). */
+/* Enter a new job into tube `t`: 0 (BG_BURIED if a heap could not grow),
+ * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
+ * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
 
 /* ---- Time. Every entry point below that takes `now` first does whatever
@@ -399,7 +405,7 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
 /* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
  * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
- * BG_DRAINING or BG_OUT_OF_MEMORY. For front-ends that have the body in
+ * BG_DRAINING, BG_LOG_UNAVAILABLE or BG_OUT_OF_MEMORY. For front-ends that have the body in
  * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id);
@@ -441,9 +447,6 @@ enum bg_record_type {
     BG_REC_SNAPSHOT_END = 5, /* the records before it in this segment are the
                               * whole state: older segments are superseded */
 };
-/* bg_journal_decode results besides 0 */
-#define BG_JOURNAL_TORN (-100)     /* the data ends inside a record */
-#define BG_JOURNAL_CORRUPT (-101)  /* checksum or structure is wrong */
 
 /* A job as the log keeps it. Times are wall-clock nanoseconds so that
  * delays survive a restart. body is NULL in an update record. */
@@ -486,7 +489,7 @@ size_t bg_journal_job_record_size(size_t tube_len, uint32_t body_len);
  * buffer of records this process encoded at a record boundary. */
 size_t bg_journal_record_span(const char *data, size_t len);
 /* Decode the record at data: 0 (*used bytes, rec points into data),
- * BG_JOURNAL_TORN or BG_JOURNAL_CORRUPT. */
+ * BG_TORN or BG_CORRUPT. */
 int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used);
 
 /* Where a segment stops being readable, and what is wrong there. */

@@ -144,14 +144,11 @@ static void job_table_remove(struct bg_engine *e, struct bg_job *j)
 
 /* ---- tubes ------------------------------------------------------------- */
 
+/* Tube names are chosen by clients: the table is hashed under the key the
+ * engine was given, so nobody can pick names that share a bucket. */
 static size_t name_bucket(const struct bg_engine *e, const char *name)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        h ^= *p;
-        h *= 1099511628211ull;
-    }
-    return (size_t)h & e->tubes_mask;
+    return (size_t)bg_siphash(e->hash_key, name, strlen(name)) & e->tubes_mask;
 }
 
 int bg_tube_name_char(char ch)
@@ -523,9 +520,10 @@ static void journal_saved(struct bg_engine *e, const struct bg_job *j, int with_
 
 /* ---- engine lifetime --------------------------------------------------- */
 
-int bg_engine_init(struct bg_engine *e, uint32_t max_job_size)
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t hash_key[2])
 {
     memset(e, 0, sizeof *e);
+    if (hash_key) e->hash_key[0] = hash_key[0], e->hash_key[1] = hash_key[1];
     e->next_id = 1;
     e->due_at = NEVER;
     e->max_job_size = max_job_size;
@@ -791,7 +789,7 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     bg_engine_catch_up(e, now); /* a waiter whose timeout passed must not get the job */
     if (e->draining || e->journal_broken) {
         job_mem_free(j);
-        return e->draining ? BG_DRAINING : BG_OUT_OF_MEMORY;
+        return e->draining ? BG_DRAINING : BG_LOG_UNAVAILABLE;
     }
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not

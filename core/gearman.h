@@ -5,8 +5,9 @@
  * argument (the data) runs to the end and may hold NULs. Text admin lines
  * ("status\n") share the port: a first byte that is not NUL starts one.
  *
- * Results follow core.h: 0 or a positive count on success, a negative
- * GM_E* value on error. gearman_session.c (below) runs the protocol on the
+ * Results follow core.h: 0 or a positive count on success, BG_BAD_FORMAT
+ * for malformed input, with what is wrong (enum gm_fault) in the packet or
+ * line. gearman_session.c (below) runs the protocol on the
  * engine; server/gearman.c plugs it into the connection layer.
  */
 #ifndef BEANGATE_GEARMAN_H
@@ -46,13 +47,17 @@ enum gm_type {
     GM_TYPE_LAST = 42
 };
 
-/* Codec errors (negative, distinct from enum bg_outcome's range). */
-enum gm_error {
-    GM_EMAGIC = -200,     /* first four bytes are not "\0REQ" */
-    GM_ETYPE = -201,      /* type is 0, unknown, or not a request */
-    GM_EARGS = -202,      /* fewer NUL separators than the type needs */
-    GM_ETOO_BIG = -203,   /* size over the limit given to the parser */
-    GM_EFIELD = -204,     /* an argument is over its own limit (function,
+/* What is wrong with malformed input: the detail of a BG_BAD_FORMAT, for
+ * the ERROR packet's code (gm_error_text). */
+enum gm_fault {
+    GM_FAULT_NONE = 0,
+    GM_FAULT_MAGIC,       /* first four bytes are not "\0REQ" */
+    GM_FAULT_TYPE,        /* type is 0, unknown, or not a request */
+    GM_FAULT_ARGS,        /* fewer NUL separators than the type needs; an
+                           * admin line with too many words */
+    GM_FAULT_TOO_BIG,     /* size over the limit given to the parser; an
+                           * admin line over GM_ADMIN_LINE_MAX */
+    GM_FAULT_FIELD,       /* an argument is over its own limit (function,
                            * unique, handle, client id, option) */
 };
 
@@ -64,6 +69,7 @@ struct gm_packet {
     uint32_t nargs;                /* arguments this type carries */
     const char *arg[GM_ARGS_MAX];
     uint32_t arg_len[GM_ARGS_MAX];
+    uint8_t fault;                 /* enum gm_fault, with BG_BAD_FORMAT */
 };
 
 /* The name of packet type t ("SUBMIT_JOB"), or NULL if there is none. */
@@ -77,26 +83,26 @@ int gm_request_command(uint32_t t);
 /* The same for an admin line's command: `cancel job` is a delete. */
 int gm_admin_command(int cmd);
 /* Number of arguments request type t carries (the data counts as one), or
- * a negative GM_ETYPE if t is not a request a server accepts.
+ * BG_BAD_FORMAT if t is not a request a server accepts.
  * SUBMIT_REDUCE_JOB and SUBMIT_REDUCE_JOB_BACKGROUND carry 5 (function,
  * unique, reducer, aggregator, data), as gearmand reads them: it waits for
  * a fourth NUL. */
 int gm_request_nargs(uint32_t t);
 
 /* Parse one request packet at data[0..len). Returns the bytes it used (> 0)
- * and fills *p; 0 when more bytes are needed; or a negative GM_E* error
- * (the connection is then answered ERROR and closed). max_size bounds the
- * packet's size field; GM_ETOO_BIG is reported from the header alone.
- * Nothing is reported before the 12-byte header is there; GM_EMAGIC,
- * GM_ETYPE and GM_ETOO_BIG come from the header alone, GM_EARGS and
- * GM_EFIELD once the whole packet is there. On every error p->type and
+ * and fills *p; 0 when more bytes are needed; or BG_BAD_FORMAT with
+ * p->fault saying why (the connection is then answered ERROR and closed).
+ * max_size bounds the packet's size field; GM_FAULT_TOO_BIG is reported
+ * from the header alone. Nothing is reported before the 12-byte header is
+ * there; GM_FAULT_MAGIC, _TYPE and _TOO_BIG come from the header alone,
+ * GM_FAULT_ARGS and _FIELD once the whole packet is there. On every error p->type and
  * p->size hold the header's fields as sent (gearmand answers ERROR and keeps
  * the connection for "\0RES" magic, a response type and a unique id that
  * is too long: a server that wants that can skip GM_HEADER_SIZE + size).
  * A type with n arguments needs n-1 NULs; the last argument is the rest of
  * the packet and may hold NULs (also for CAN_DO, GET_STATUS, ...). A type
  * without arguments ignores any body (gearmand does too). Sizes above
- * INT32_MAX - 12 are GM_ETOO_BIG whatever max_size says. */
+ * INT32_MAX - 12 are GM_FAULT_TOO_BIG whatever max_size says. */
 int gm_parse_request(const char *data, size_t len, uint32_t max_size,
                      struct gm_packet *p);
 
@@ -108,9 +114,9 @@ int gm_encode_response(struct bg_buf *out, uint32_t t, uint32_t n,
 int gm_encode_request(struct bg_buf *out, uint32_t t, uint32_t n,
                       const char *const *arg, const uint32_t *len);
 
-/* The ERROR packet's code and text for codec error err (gearmand's words
- * where it has them). */
-void gm_error_text(int err, const char **code, const char **text);
+/* The ERROR packet's code and text for fault f (gearmand's words where it
+ * has them). */
+void gm_error_text(int fault, const char **code, const char **text);
 
 /* ---- text admin protocol ------------------------------------------------ */
 
@@ -129,11 +135,13 @@ struct gm_admin_line {
     uint32_t arg_len[GM_ADMIN_ARGS_MAX];
     const char *word;              /* the first word, as sent */
     uint32_t word_len;
+    uint8_t fault;                 /* enum gm_fault, with BG_BAD_FORMAT */
 };
 
 /* Find one admin line at data[0..len): returns the bytes it used including
- * the "\n" (a "\r" before it is dropped), 0 if no "\n" yet, or GM_ETOO_BIG
- * once GM_ADMIN_LINE_MAX bytes hold no "\n". Fills *line: the command and
+ * the "\n" (a "\r" before it is dropped), 0 if no "\n" yet, or
+ * BG_BAD_FORMAT with line->fault GM_FAULT_TOO_BIG once GM_ADMIN_LINE_MAX
+ * bytes hold no "\n". Fills *line: the command and
  * its space-separated words (pointing into data).
  *
  * Words split as gearmand splits them: only ' ' separates, runs of spaces
@@ -141,7 +149,8 @@ struct gm_admin_line {
  * spaces an empty last word ("show jobs " is three words, "   " two empty
  * ones, "" one). A "\r" elsewhere or a tab is part of a word. Command words
  * match in any case ("SHOW Jobs"). More than 1 + GM_ADMIN_ARGS_MAX words:
- * GM_EARGS (gearmand closes the connection without a reply).
+ * BG_BAD_FORMAT, fault GM_FAULT_ARGS (gearmand closes the connection
+ * without a reply).
  *
  * arg[] holds the words after the command's words, whatever the command
  * (gearmand ignores them for status, workers, version, getpid, verbose).
@@ -168,12 +177,12 @@ int gm_admin_parse(const char *data, size_t len, struct gm_admin_line *line);
  * terminated). A name that is a valid tube name and holds no '$' is kept;
  * otherwise every byte that may not appear in a tube name, every '$', and
  * a leading '-' become "$XX" (two upper-case hex digits). Returns the tube
- * name's length, or GM_EFIELD if it would be longer than BG_TUBE_NAME_MAX
+ * name's length, or BG_BAD_FORMAT if it would be longer than BG_TUBE_NAME_MAX
  * or fn is empty. */
 int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 1]);
 /* The inverse: decode tube name `tube` (NUL terminated) into out (room for
  * out_cap bytes) and NUL-terminate it (the name itself may hold NULs).
- * Returns the function name's length, or GM_EFIELD if it and the NUL do not
+ * Returns the function name's length, or BG_BAD_FORMAT if it and the NUL do not
  * fit (BG_TUBE_NAME_MAX + 1 bytes always do). A '$' not followed by two hex
  * digits (either case) is kept as is. */
 int gm_tube_to_function(const char *tube, char *out, size_t out_cap);

@@ -927,7 +927,7 @@ size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time
             used = gm_admin_parse(data, avail, &line);
             if (used == 0) break;
             if (used < 0) {
-                admin_error(s, "BAD_LINE", used == GM_EARGS ? "too many words" : "line over 4096 bytes",
+                admin_error(s, "BAD_LINE", line.fault == GM_FAULT_ARGS ? "too many words" : "line over 4096 bytes",
                             NULL, 0);
                 st->closing = 1;
                 break;
@@ -940,10 +940,10 @@ size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time
             if (used == 0) break;
             if (used < 0) {
                 const char *code, *text;
-                gm_error_text(used, &code, &text);
+                gm_error_text(p.fault, &code, &text);
                 reply_error(s, code, text);
                 if (g->hooks.bad_request) g->hooks.bad_request(g->hooks.ctx, s, code);
-                if (used == GM_EFIELD) {
+                if (p.fault == GM_FAULT_FIELD) {
                     /* framing is intact (gearmand too answers and goes on):
                      * skip this packet */
                     off += GM_HEADER_SIZE + p.size;

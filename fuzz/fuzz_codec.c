@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct bg_engine e;
     struct bg_session a, b;
     bg_time now = 1000 * BG_SECOND;
-    if (bg_engine_init(&e, size && (data[0] & 1) ? 16 : BG_JOB_SIZE_DEFAULT) != 0) return 0;
+    if (bg_engine_init(&e, size && (data[0] & 1) ? 16 : BG_JOB_SIZE_DEFAULT, NULL) != 0) return 0;
     if (bg_session_init(&e, &a, NULL, NULL) != 0 || bg_session_init(&e, &b, NULL, NULL) != 0) abort();
     struct bg_buf pa = {0}, pb = {0};
     feed_chunks(&e, &a, &pa, data, size, &now);

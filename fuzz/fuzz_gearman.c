@@ -27,7 +27,7 @@
 
 #include "gearman.h"
 
-#define FUZZ_MAX_SIZE 256 /* small, so that GM_ETOO_BIG is reached often */
+#define FUZZ_MAX_SIZE 256 /* small, so that GM_FAULT_TOO_BIG is reached often */
 
 static const uint32_t limit_of_type_arg0[GM_TYPE_LAST + 1] = {
     [GM_CAN_DO] = GM_FUNCTION_MAX, [GM_CANT_DO] = GM_FUNCTION_MAX,
@@ -95,8 +95,9 @@ static void read_stream(const char *d, size_t len)
             struct gm_admin_line line;
             int r = gm_admin_parse(d + at, len - at, &line);
             if (r <= 0) {
-                assert(r == 0 || r == GM_ETOO_BIG || r == GM_EARGS);
-                if (r == GM_ETOO_BIG) assert(len - at >= GM_ADMIN_LINE_MAX);
+                assert(r == 0 || (r == BG_BAD_FORMAT && (line.fault == GM_FAULT_TOO_BIG ||
+                                                         line.fault == GM_FAULT_ARGS)));
+                if (r < 0 && line.fault == GM_FAULT_TOO_BIG) assert(len - at >= GM_ADMIN_LINE_MAX);
                 return;
             }
             check_admin(d + at, r, &line);
@@ -106,8 +107,9 @@ static void read_stream(const char *d, size_t len)
             int r = gm_parse_request(d + at, len - at, FUZZ_MAX_SIZE, &p);
             if (r <= 0) {
                 if (r < 0) {
+                    assert(r == BG_BAD_FORMAT);
                     const char *code = NULL, *text = NULL;
-                    gm_error_text(r, &code, &text);
+                    gm_error_text(p.fault, &code, &text);
                     assert(code && text && strcmp(code, "UNKNOWN_ERROR") != 0);
                     assert(len - at >= GM_HEADER_SIZE);
                 } else {
@@ -131,7 +133,7 @@ static void check_names(const char *d, size_t len)
         assert(gm_tube_to_function(tube, fn, sizeof fn) == (int)len);
         assert(memcmp(fn, d, len) == 0);
     } else {
-        assert(r == GM_EFIELD);
+        assert(r == BG_BAD_FORMAT);
     }
     /* the input as a tube name (up to its first NUL) */
     char *t = malloc(len + 1);
@@ -141,7 +143,7 @@ static void check_names(const char *d, size_t len)
     size_t tlen = strlen(t);
     char small[8];
     r = gm_tube_to_function(t, small, sizeof small);
-    assert(r == GM_EFIELD || (r >= 0 && (size_t)r <= tlen && r < (int)sizeof small));
+    assert(r == BG_BAD_FORMAT || (r >= 0 && (size_t)r <= tlen && r < (int)sizeof small));
     char *big = malloc(tlen + 1);
     assert(big);
     r = gm_tube_to_function(t, big, tlen + 1);
@@ -226,7 +228,7 @@ static void run_sessions(const uint8_t *data, size_t size)
     uint64_t wall_s = 1700000000;
     bg_time now = 1000 * BG_SECOND;
     static const uint64_t key[2] = {3, 4};
-    assert(bg_engine_init(&e, 64) == 0);
+    assert(bg_engine_init(&e, 64, NULL) == 0);
     struct gm_hooks hooks = {&wall_s, 1, "fuzz", fuzz_verbosity, fuzz_wall_s, fuzz_stop, NULL};
     assert(gm_server_init(&g, &e, &hooks, 64 + 4096, 1, key) == 0);
     for (int i = 0; i < SESSIONS; i++) {

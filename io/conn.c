@@ -45,7 +45,7 @@ struct conn {
 
 static struct bg_stream *stream_of(struct conn *c) { return (struct bg_stream *)c->session; }
 
-static int conn_run(struct conn *c);
+static void conn_run(struct conn *c);
 
 static void conn_free(struct conn *c)
 {
@@ -123,9 +123,8 @@ static int conn_flush(struct conn *c)
 }
 
 /* Let the session run on buffered input, write the replies, and decide
- * whether to keep reading. Frees c and returns -1 when the connection is
- * over. */
-static int conn_run(struct conn *c)
+ * whether to keep reading. Frees c when the connection is over. */
+static void conn_run(struct conn *c)
 {
     const struct conn_protocol *p = c->cs->proto;
     struct bg_stream *s = stream_of(c);
@@ -135,7 +134,7 @@ static int conn_run(struct conn *c)
         log_event(BG_LOG_WARN, event, "protocol=%s fd=%d peer=%s reason=output_limit", p->name, c->peer.fd,
                   c->peer.addr);
         conn_free(c);
-        return -1;
+        return;
     }
     for (;;) {
         size_t used = 0;
@@ -153,7 +152,7 @@ static int conn_run(struct conn *c)
         }
         if (conn_flush(c) != 0) {
             conn_free(c);
-            return -1;
+            return;
         }
         /* feeding paused at the output limit and the socket took it all:
          * go on with the input already buffered */
@@ -163,7 +162,7 @@ static int conn_run(struct conn *c)
     int done_reading = c->peer_eof && !s->blocked;
     if ((s->closing || done_reading) && s->out.len == 0) {
         conn_free(c);
-        return -1;
+        return;
     }
     /* back-pressure: a peer that does not read its replies is not served */
     int pause = s->closing || c->peer_eof || s->out.len >= p->limits.out_limit ||
@@ -171,7 +170,6 @@ static int conn_run(struct conn *c)
     if (pause && !c->read_paused) event_del(c->read_ev);
     if (!pause && c->read_paused) event_add(c->read_ev, NULL);
     c->read_paused = (uint8_t)pause;
-    return 0;
 }
 
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg)

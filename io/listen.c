@@ -101,7 +101,10 @@ int listen_tcp(const char *addr, const char *port)
 int listen_inherited(void)
 {
     const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
-    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() || strtol(fds, NULL, 10) < 1) return BG_IO_ERROR;
+    uint64_t pid_n, fds_n;
+    if (!pid || !fds || bg_parse_u64(pid, strlen(pid), UINT32_MAX, &pid_n) != 0 ||
+        bg_parse_u64(fds, strlen(fds), UINT32_MAX, &fds_n) != 0 || pid_n != (uint64_t)getpid() || fds_n < 1)
+        return BG_IO_ERROR;
     unsetenv("LISTEN_PID");
     unsetenv("LISTEN_FDS");
     unsetenv("LISTEN_FDNAMES");

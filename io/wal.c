@@ -103,6 +103,17 @@ static void segment_name(char *out, size_t n, uint64_t index)
     snprintf(out, n, "beangate.%llu.wal", (unsigned long long)index);
 }
 
+/* The index of a segment's file name "beangate.<digits>.wal" (leading
+ * zeros allowed: beangate.02.wal is segment 2). 0 or BG_BAD_FORMAT. */
+static int segment_index(const char *name, uint64_t *index)
+{
+    static const char prefix[] = "beangate.", suffix[] = ".wal";
+    size_t len = strlen(name), pre = sizeof prefix - 1, suf = sizeof suffix - 1;
+    if (len <= pre + suf || memcmp(name, prefix, pre) != 0 || strcmp(name + len - suf, suffix) != 0)
+        return BG_BAD_FORMAT;
+    return bg_parse_u64(name + pre, len - pre - suf, UINT64_MAX, index);
+}
+
 static uint64_t *segment_size_at(struct wal *w, uint64_t index)
 {
     size_t i = (size_t)(index - w->first_index);
@@ -118,13 +129,14 @@ static uint64_t *segment_size_at(struct wal *w, uint64_t index)
     return &w->segment_sizes[i];
 }
 
-/* Create segment `index` with its header. Returns the fd or -1. */
+/* Create segment `index` with its header. Returns the fd, or BG_IO_ERROR
+ * (errno set). */
 static int segment_create(struct wal *w, uint64_t index)
 {
     char name[64];
     segment_name(name, sizeof name, index);
     int fd = openat(w->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return -1;
+    if (fd < 0) return BG_IO_ERROR;
     char header[BG_JOURNAL_HEADER_SIZE];
     bg_journal_segment_header(header);
     if (write(fd, header, sizeof header) != (ssize_t)sizeof header) {
@@ -132,7 +144,7 @@ static int segment_create(struct wal *w, uint64_t index)
         close(fd);
         unlinkat(w->dir_fd, name, 0);
         errno = e;
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, index);
     if (size) *size = BG_JOURNAL_HEADER_SIZE;
@@ -339,20 +351,20 @@ static int snapshot_step(struct wal *w)
 }
 
 /* Begin a snapshot: note the ids of the live jobs, start a new segment.
- * 0, or -1 after noting the failure. */
+ * 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after noting the failure. */
 static int snapshot_begin(struct wal *w)
 {
     struct bg_engine *e = w->engine;
     uint64_t *ids = malloc((e->job_count ? e->job_count : 1) * sizeof *ids);
     if (!ids) {
         note_failure(w, ENOMEM, "snapshot");
-        return -1;
+        return BG_OUT_OF_MEMORY;
     }
     size_t n = bg_engine_job_ids(e, ids);
     if (rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
-        return -1;
+        return BG_IO_ERROR;
     }
     w->snap_ids = ids;
     w->snap_count = n;
@@ -370,11 +382,11 @@ static int snapshot_in_progress(const struct wal *w)
 }
 
 /* Start a new segment for the next batch; the old fd is closed by the
- * flusher after its last sync. 0 or -1. */
+ * flusher after its last sync. 0 or BG_IO_ERROR (errno set). */
 static int rotate(struct wal *w)
 {
     int fd = segment_create(w, w->cur_index + 1);
-    if (fd < 0) return -1;
+    if (fd < 0) return BG_IO_ERROR;
     w->batch.close_fd = w->cur_fd;
     w->batch.sync_close = !w->cfg.fsync_never;
     w->batch.sync_dir = 1;
@@ -701,7 +713,7 @@ struct recovery {
     struct seg_report torn_seg;  /* where; it is cut (and said) if the start goes on */
 };
 
-/* Apply one record to the engine. 0, or -1 out of memory (said). */
+/* Apply one record to the engine. 0, or BG_OUT_OF_MEMORY (said). */
 static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s,
                         const struct bg_journal_record *rec)
 {
@@ -720,7 +732,7 @@ static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s
         if (bg_engine_restore_job(e, &rec->job, deadline, created, now) != 0) {
             log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=restore error=%s", log_str(w->cfg.dir),
                       log_str("out of memory"));
-            return -1;
+            return BG_OUT_OF_MEMORY;
         }
         w->live_bytes += bg_journal_job_record_size(strlen(rec->job.tube), rec->job.body_len);
         break;
@@ -776,7 +788,7 @@ static int read_segment(struct wal *w, struct recovery *rc, struct seg_report *s
         for (at = BG_JOURNAL_HEADER_SIZE; at < len; at += used) {
             if (bg_journal_decode(data + at, len - at, &rec, &used) != 0) break;
             s->by_type[rec.type]++;
-            if (apply && apply_record(w, rc, s, &rec) != 0) return -1;
+            if (apply && apply_record(w, rc, s, &rec) != 0) return BG_OUT_OF_MEMORY;
         }
         if (at >= len) {
             s->status = SEG_OK;
@@ -970,7 +982,7 @@ static void report_summary(struct wal *w, struct recovery *rc)
 /* Say the newest segment's torn tail was dropped and, if the start goes on
  * (`cut`), cut it off the file so that it is never taken for damage once a
  * newer segment follows it; a segment with no header goes, and the next
- * segment takes its index. 0 or -1 (said). */
+ * segment takes its index. 0 or BG_IO_ERROR (said). */
 static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
 {
     const struct seg_report *s = &rc->torn_seg;
@@ -992,7 +1004,7 @@ static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
     if (!ok) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=cut_torn_tail file=%s error=%s",
                   log_str(w->cfg.dir), name, log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, s->index);
     if (size) {
@@ -1014,7 +1026,8 @@ static void note_damaged_index(struct wal *w, uint64_t index)
 }
 
 /* Replay every segment in index order; for --check-log (rc->check) only
- * read and report. 0, or -1 when the start must be refused (said). */
+ * read and report. 0, or when the start must be refused (said): BG_CORRUPT
+ * for damage, BG_IO_ERROR or BG_OUT_OF_MEMORY when it could not be read. */
 static int recover(struct wal *w, struct recovery *rc)
 {
     DIR *d = fdopendir(dup(w->dir_fd));
@@ -1022,15 +1035,14 @@ static int recover(struct wal *w, struct recovery *rc)
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
                   log_str(strerror(errno)));
         rc->failed = 1;
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *indexes = NULL;
     size_t n = 0, cap = 0;
     struct dirent *ent;
     while ((ent = readdir(d))) {
-        unsigned long long index;
-        char tail[8];
-        if (sscanf(ent->d_name, "beangate.%llu.%7s", &index, tail) != 2 || strcmp(tail, "wal") != 0) continue;
+        uint64_t index;
+        if (segment_index(ent->d_name, &index) != 0) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             uint64_t *a = realloc(indexes, cap * sizeof *a);
@@ -1040,7 +1052,7 @@ static int recover(struct wal *w, struct recovery *rc)
                 rc->failed = 1;
                 log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
                           log_str("out of memory"));
-                return -1;
+                return BG_OUT_OF_MEMORY;
             }
             indexes = a;
         }
@@ -1126,15 +1138,15 @@ static int recover(struct wal *w, struct recovery *rc)
     free(rc->dropped_deletes.ids);
     free(rc->orphans.ids);
     free(rc->deleted_unknown.ids);
-    if (refuse) return -1;
+    if (refuse) return rc->failed ? BG_IO_ERROR : BG_CORRUPT;
     if (!rc->check)
         log_event(BG_LOG_INFO, "wal_recovered_jobs", "jobs=%zu records=%llu segments=%zu torn=%llu",
                   w->engine->job_count, (unsigned long long)rc->records, n, (unsigned long long)w->torn_records);
     return 0;
 }
 
-/* wal_open's work on a zeroed w: 0, or -1 with a message (what is open
- * then is closed by open_failed). */
+/* wal_open's work on a zeroed w: 0, or an outcome after a message (what
+ * is open then is closed by open_failed). */
 static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
                      struct event_base *base, bg_time now, uint64_t wall)
 {
@@ -1145,25 +1157,26 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->cur_fd = w->lock_fd = w->notify_fd = -1;
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->dir_fd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (w->dir_fd < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->lock_fd = openat(w->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
-        return -1;
+        return BG_IO_ERROR;
     }
     struct recovery rc = {.accept_damage = cfg->recover_damaged, .now = now, .wall = wall};
-    if (recover(w, &rc) != 0) return -1;
+    int r = recover(w, &rc);
+    if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
     w->cur_fd = segment_create(w, w->cur_index + 1);
     if (w->cur_fd < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->cur_index++;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
@@ -1174,7 +1187,7 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->locks_made = 1;
     if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
     w->sync_timer = evtimer_new(base, timer_kick_cb, w);
@@ -1213,11 +1226,12 @@ int wal_open(struct wal **out, const struct wal_config *cfg, struct bg_engine *e
                   log_str("out of memory"));
         return BG_IO_ERROR;
     }
-    if (open_into(w, cfg, e, base, now, wall) != 0) {
+    int r = open_into(w, cfg, e, base, now, wall);
+    if (r != 0) {
         int err = errno;
         open_failed(w);
         errno = err;
-        return BG_IO_ERROR;
+        return r;
     }
     *out = w;
     return 0;
@@ -1234,7 +1248,7 @@ int wal_check(const char *dir)
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(errno)));
         return WAL_CHECK_FAILED;
     }
-    if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT) != 0) {
+    if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT, NULL) != 0) {
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str("out of memory"));
         close(w.dir_fd);
         return WAL_CHECK_FAILED;

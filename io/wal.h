@@ -30,9 +30,10 @@ struct wal_hold {
 };
 
 /* Open DIR (lock, recover every segment into the engine, start the
- * flusher) and set *out. 0, or BG_IO_ERROR with a message printed: also
- * when the log is damaged (docs/durability.md, "Log damage policy") unless
- * cfg->recover_damaged. now/wall: the clocks. */
+ * flusher) and set *out. 0, or after a message: BG_CORRUPT when the log is
+ * damaged (docs/durability.md, "Log damage policy") unless
+ * cfg->recover_damaged, BG_IO_ERROR (errno set) or BG_OUT_OF_MEMORY when it
+ * cannot be opened or read. now/wall: the clocks. */
 int wal_open(struct wal **out, const struct wal_config *cfg, struct bg_engine *e,
              struct event_base *base, bg_time now, uint64_t wall_now);
 /* beangate --check-log DIR: read every segment as a start would, without

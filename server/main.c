@@ -71,20 +71,20 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Become `name`'s user and group, handing the log's files over first.
- * 0 or -1 with a message. */
+ * 0, or BG_IO_ERROR / BG_NOT_FOUND with a message. */
 static int become_user(const char *name, struct wal *wal)
 {
     struct passwd *pw = getpwnam(name);
     if (!pw) {
         log_event(BG_LOG_ERROR, "no_such_user", "user=%s", log_str(name));
-        return -1;
+        return BG_NOT_FOUND;
     }
     /* the log was opened as root: its files must be the user's, or the
      * next segment could not be created */
-    if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return -1;
+    if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return BG_IO_ERROR;
     if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
         log_event(BG_LOG_ERROR, "become_user_failed", "user=%s error=%s", log_str(name), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     return 0;
 }
@@ -241,7 +241,7 @@ int main(int argc, char **argv)
     srv.verbose = cfg.verbose;
     srv.started_at = loop_now();
     if (describe_host(&srv) != 0) return 1;
-    if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
+    if (bg_engine_init(&srv.engine, cfg.max_job_size, srv.hash_key) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }

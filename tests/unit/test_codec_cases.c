@@ -67,7 +67,7 @@ static struct bg_buf run_case(const char *input, size_t len, uint32_t max_job_si
 {
     struct bg_engine e;
     struct bg_session s;
-    assert_int_equal(bg_engine_init(&e, max_job_size), 0);
+    assert_int_equal(bg_engine_init(&e, max_job_size, NULL), 0);
     assert_int_equal(bg_session_init(&e, &s, NULL, NULL), 0);
     struct bg_buf pending = {0};
     size_t sent = 0;

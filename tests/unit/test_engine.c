@@ -119,7 +119,7 @@ struct world {
 static int world_setup(void **state)
 {
     struct world *w = calloc(1, sizeof *w);
-    if (!w || bg_engine_init(&w->engine, MAX_JOB_SIZE) != 0) return -1;
+    if (!w || bg_engine_init(&w->engine, MAX_JOB_SIZE, NULL) != 0) return -1;
     for (int i = 0; i < WORLD_CLIENTS; i++)
         if (fake_open(&w->engine, &w->fc[i]) != 0) return -1;
     *state = w;
@@ -1957,7 +1957,7 @@ struct session_rig {
 
 static void rig_open(struct session_rig *r)
 {
-    assert_int_equal(bg_engine_init(&r->e, MAX_JOB_SIZE), BG_OK);
+    assert_int_equal(bg_engine_init(&r->e, MAX_JOB_SIZE, NULL), BG_OK);
     assert_int_equal(bg_session_init(&r->e, &r->a, NULL, NULL), BG_OK);
     assert_int_equal(bg_session_init(&r->e, &r->b, NULL, NULL), BG_OK);
 }
@@ -2061,6 +2061,30 @@ static void test_session_peer_eof_after_wake_passed(void **state)
 
 /* While draining, put is refused with DRAINING and the job is freed (the
  * ASan build reports a leak otherwise); nothing is counted. */
+/* A put while the log cannot write is refused with its own outcome (not
+ * OUT_OF_MEMORY: HTTP says 503 LOG_UNAVAILABLE); the beanstalk codec keeps
+ * the reference's OUT_OF_MEMORY. */
+static void test_put_while_log_unavailable(void **state)
+{
+    struct world *w = *state;
+    w->engine.journal_broken = 1;
+    struct bg_job *j = make_job(&w->engine, "x", 0, 0, 60, T0);
+    assert_non_null(j);
+    assert_int_equal(bg_put(&w->fc[0].client, w->fc[0].client.use, j, T0), BG_LOG_UNAVAILABLE);
+    uint64_t id;
+    assert_int_equal(bg_put_copy(&w->fc[0].client, "t", 0, 0, 60, "x", 1, T0, &id), BG_LOG_UNAVAILABLE);
+    assert_int_equal(w->engine.job_count, 0);
+    struct bg_session s;
+    assert_int_equal(bg_session_init(&w->engine, &s, NULL, NULL), BG_OK);
+    const char put[] = "put 0 0 60 1\r\nx\r\n";
+    assert_int_equal(bg_session_feed(&s, put, sizeof put - 1, T0), sizeof put - 1);
+    assert_int_equal(s.stream.out.len, strlen("OUT_OF_MEMORY\r\n"));
+    assert_memory_equal(bg_buf_head(&s.stream.out), "OUT_OF_MEMORY\r\n", s.stream.out.len);
+    bg_session_close(&s, T0);
+    w->engine.journal_broken = 0;
+    put_job(&w->fc[0], "y", 0, 0, 60, T0);
+}
+
 /* ---- entry points for front-ends that keep state beside the queue ------- */
 
 /* The log's view: the last update record of a job. */
@@ -2151,6 +2175,53 @@ static void test_peek_and_job_ids(void **state)
     uint64_t sum = 0;
     for (int i = 0; i < 4; i++) sum += ids[i];
     assert_int_equal(sum, late + urgent + d20 + d10);
+}
+
+/* The longest chain of e's tube-name table. */
+static size_t longest_tube_chain(const struct bg_engine *e)
+{
+    size_t longest = 0;
+    for (size_t b = 0; b <= e->tubes_mask; b++) {
+        size_t n = 0;
+        for (const struct bg_tube *t = e->tubes[b]; t; t = t->hash_next) n++;
+        if (n > longest) longest = n;
+    }
+    return longest;
+}
+
+/* The tube-name table is keyed: names that all share a bucket under one
+ * key (found by trying names, as an attacker who knew the key could) spread
+ * out under another key. */
+static void test_tube_table_is_keyed(void **state)
+{
+    (void)state;
+    enum { NAMES = 12 };
+    static const uint64_t key_a[2] = {0x0123456789abcdefull, 0xfedcba9876543210ull};
+    static const uint64_t key_b[2] = {0x1111111111111111ull, 0x2222222222222222ull};
+    char names[NAMES][16];
+    int found = 0;
+    for (unsigned i = 0; found < NAMES; i++) { /* the default table has 64 buckets */
+        char name[16];
+        snprintf(name, sizeof name, "t%u", i);
+        if ((bg_siphash(key_a, name, strlen(name)) & 63) == 5) snprintf(names[found++], sizeof names[0], "%s", name);
+    }
+    const uint64_t *keys[2] = {key_a, key_b};
+    size_t longest[2];
+    for (int k = 0; k < 2; k++) {
+        struct bg_engine e;
+        struct bg_client c;
+        assert_int_equal(bg_engine_init(&e, MAX_JOB_SIZE, keys[k]), BG_OK);
+        assert_int_equal(bg_client_init(&e, &c, &bg_client_ops_never_wait, NULL), BG_OK);
+        uint32_t count;
+        for (int i = 0; i < NAMES; i++) assert_int_equal(bg_client_watch(&c, names[i], &count), BG_OK);
+        assert_int_equal(e.tubes_mask, 63); /* 13 tubes: the table has not grown */
+        longest[k] = longest_tube_chain(&e);
+        for (int i = 0; i < NAMES; i++) assert_non_null(bg_tube_find(&e, names[i]));
+        bg_client_close(&c, T0);
+        bg_engine_destroy(&e);
+    }
+    assert_true(longest[0] >= NAMES); /* all in bucket 5 under key A */
+    assert_true(longest[1] < 4);      /* under key B they spread */
 }
 
 /* The audit in core sees what it is meant to see. */
@@ -2333,7 +2404,7 @@ static void oom_script(void)
     struct fake_client fc[NFC];
     memset(fc, 0, sizeof fc);
     bg_time now = T0;
-    if (bg_engine_init(&e, MAX_JOB_SIZE) != 0) return;
+    if (bg_engine_init(&e, MAX_JOB_SIZE, NULL) != 0) return;
 #define STEP() check_engine_ex(&e, fc, NFC, 0)
     for (int i = 0; i < NFC; i++) fake_open(&e, &fc[i]);
     STEP();
@@ -2717,7 +2788,7 @@ static void test_stress_random_operations(void **state)
         assert_non_null(s);
         prng_state = seeds[si];
         s->now = T0;
-        assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE), BG_OK);
+        assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE, NULL), BG_OK);
         for (int i = 0; i < SC; i++) assert_int_equal(fake_open(&s->engine, &s->fc[i]), BG_OK);
         for (audit_step = 0; audit_step < 10000; audit_step++) {
             stress_step(s);
@@ -2807,10 +2878,12 @@ int main(void)
         ENGINE_TEST(test_catch_up_waiter_timed_out_before_put),
         ENGINE_TEST(test_catch_up_close_counts_expired_ttr),
         ENGINE_TEST(test_catch_up_due_at_bound),
+        ENGINE_TEST(test_put_while_log_unavailable),
         ENGINE_TEST(test_set_ttr_is_logged),
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),
         ENGINE_TEST(test_peek_and_job_ids),
+        cmocka_unit_test(test_tube_table_is_keyed),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),

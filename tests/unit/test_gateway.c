@@ -270,7 +270,7 @@ static void live_start(struct live *l)
     memset(l, 0, sizeof *l);
     l->base = event_base_new();
     assert_non_null(l->base);
-    assert_int_equal(bg_engine_init(&l->engine, 1000), 0);
+    assert_int_equal(bg_engine_init(&l->engine, 1000, NULL), 0);
     snprintf(l->dir, sizeof l->dir, "/tmp/bg-gw-XXXXXX");
     assert_non_null(mkdtemp(l->dir));
     struct wal_config wcfg = {l->dir, 0, 0, 1 << 20, 0};
@@ -494,7 +494,7 @@ static void test_json_job_bodies(void **state)
     (void)state;
     struct bg_engine e;
     struct bg_client c;
-    assert_int_equal(bg_engine_init(&e, 1000), 0);
+    assert_int_equal(bg_engine_init(&e, 1000, NULL), 0);
     assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
     static const struct { const char *bytes; size_t n; int utf8; } bodies[] = {
         {"hello", 5, 1}, {"", 0, 1}, {"caf\xc3\xa9", 5, 1}, {"\x00\x01\x02\xff", 4, 0},

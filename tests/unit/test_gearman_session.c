@@ -110,7 +110,7 @@ static int setup(void **state)
     w->now = T0;
     w->wall_s = 1700000000;
     static const uint64_t key[2] = {1, 2};
-    if (bg_engine_init(&w->e, BG_JOB_SIZE_DEFAULT) != 0) return -1;
+    if (bg_engine_init(&w->e, BG_JOB_SIZE_DEFAULT, NULL) != 0) return -1;
     w->e.journal = &journal;
     w->e.journal_ctx = w;
     struct gm_hooks hooks = {w, 4242, "host", hook_verbosity, hook_wall_s, hook_stop, hook_bad_request};
@@ -619,6 +619,13 @@ static void test_refusals(void **state)
     send_req(w, 0, GM_SUBMIT_JOB_BG, 3, "f", "", big);
     free(big);
     assert_string_equal(take(w, 0, GM_ERROR, 2).arg[0], "JOB_TOO_BIG");
+    /* the log cannot write: an ERROR with a code of its own */
+    w->e.journal_broken = 1;
+    send_req(w, 0, GM_SUBMIT_JOB_BG, 3, "f", "", "x");
+    struct reply lu = take(w, 0, GM_ERROR, 2);
+    assert_string_equal(lu.arg[0], "LOG_UNAVAILABLE");
+    assert_non_null(strstr(lu.arg[1], "write-ahead log"));
+    w->e.journal_broken = 0;
     bg_engine_drain(&w->e);
     send_req(w, 0, GM_SUBMIT_JOB_BG, 3, "f", "", "x");
     assert_string_equal(take(w, 0, GM_ERROR, 2).arg[0], "DRAINING");

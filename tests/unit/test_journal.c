@@ -110,7 +110,7 @@ static void test_truncation_is_torn(void **state)
         for (size_t n = 0; n < one.len; n++) {
             struct bg_journal_record rec;
             size_t used;
-            assert_int_equal(bg_journal_decode(bg_buf_head(&one), n, &rec, &used), BG_JOURNAL_TORN);
+            assert_int_equal(bg_journal_decode(bg_buf_head(&one), n, &rec, &used), BG_TORN);
         }
         bg_buf_free(&one);
     }
@@ -133,7 +133,7 @@ static void test_flipped_byte_is_detected(void **state)
                 size_t used;
                 int r = bg_journal_decode(copy, one.len, &rec, &used);
                 if (r == 0) fail_msg("case %s: flipping bit %d of byte %zu went unnoticed", cases[i].name, bit, at);
-                assert_true(r == BG_JOURNAL_TORN || r == BG_JOURNAL_CORRUPT);
+                assert_true(r == BG_TORN || r == BG_CORRUPT);
                 free(copy);
             }
         }
@@ -204,12 +204,12 @@ static void test_structure_checked(void **state)
     assert_int_equal(bg_journal_encode_job(&b, &j, 1), 0);
     struct bg_journal_record rec;
     size_t used;
-    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_JOURNAL_CORRUPT);
+    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_CORRUPT);
     bg_buf_clear(&b);
     j = cases[0].job;
     j.tube = "-bad";
     assert_int_equal(bg_journal_encode_job(&b, &j, 1), 0);
-    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_JOURNAL_CORRUPT);
+    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_CORRUPT);
     bg_buf_free(&b);
 }
 
@@ -219,7 +219,7 @@ static void test_restore_into_engine(void **state)
 {
     (void)state;
     struct bg_engine e;
-    assert_int_equal(bg_engine_init(&e, 65535), 0);
+    assert_int_equal(bg_engine_init(&e, 65535, NULL), 0);
     bg_time now = 1000 * BG_SECOND;
     struct bg_journal_job j = cases[0].job;
     assert_int_equal(bg_engine_restore_job(&e, &j, now, now, now), 0);
