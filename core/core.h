@@ -1,12 +1,31 @@
-/* core.h - the beangate core: engine, stats model and beanstalk codec.
+/* core.h - the beangate core: engine, sessions, log records, shared
+ * utilities. Pure: no sockets, no libevent, no files, no clock reads. Every
+ * entry point that needs the time takes `now`, monotonic nanoseconds.
  *
- * This header is the table of contents of core/. Each section names the file
- * that implements it. core/ is pure: no sockets, no libevent, no clock reads.
- * Every entry point that needs the time takes `now`, monotonic nanoseconds.
+ * Result convention (the whole code base, core, io and front-ends): 0 is
+ * success; a negative value is an outcome from enum bg_outcome (below). A
+ * function that returns a count, a size or a descriptor returns it as a
+ * non-negative value instead. Where a caller needs more detail than the
+ * outcome (a Gearman packet's fault), it is a field beside it. Functions
+ * returning pointers return NULL for "none" and document why it may be none.
  *
- * Result convention (the whole codebase): 0 is success; a negative value is
- * an outcome from enum bg_outcome. Functions returning pointers return NULL
- * for "none" and document why it may be none.
+ * This header is the table of contents of core/; each section names the
+ * file that implements it:
+ *   outcomes            codec.c (bg_outcome_word)
+ *   alloc.c             the one allocation wrapper (fault injection)
+ *   parse.c             bg_parse_u64, the one decimal reader
+ *   buf.c               growable byte buffer
+ *   the stream          struct bg_stream: what every byte-stream session
+ *                       shares with its connection (io/conn.c)
+ *   heap.c              binary min-heap
+ *   engine.c            jobs, tubes, clients, time; peek, job ids
+ *   audit.c             the engine's structure checked from scratch
+ *   token.c             bg_siphash (the one keyed hash), reservation tokens
+ *   journal.c           the write-ahead log's record format; engine <-> log
+ *   stats.c             the one stats model
+ *   codec.c             the beanstalk session (bg_session)
+ *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman
+ *                       session (gearman_session.c): its own header
  */
 #ifndef BEANGATE_CORE_H
 #define BEANGATE_CORE_H
