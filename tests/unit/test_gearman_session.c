@@ -87,7 +87,7 @@ static void check_counts(const struct world *w)
 
 static void open_session(struct world *w, int i)
 {
-    char addr[16];
+    char addr[24];
     snprintf(addr, sizeof addr, "127.0.0.%d", i + 1);
     assert_int_equal(gm_session_init(&w->g, &w->s[i], 10 + i, addr), 0);
     w->s[i].stream.output_ready = output_ready;
