@@ -258,8 +258,11 @@ struct bg_client {
 };
 
 struct bg_server_counters {
-    uint64_t cmd[32];           /* indexed by enum bg_cmd */
+    uint64_t cmd[32];           /* requests of every front-end by the command they perform (enum bg_cmd) */
     uint64_t job_timeouts, total_jobs, total_connections;
+    /* what happened to jobs, whichever front-end asked: reservations made
+     * (a job reserved again counts again) and jobs deleted */
+    uint64_t total_jobs_reserved, total_jobs_deleted;
 };
 
 struct bg_engine {
@@ -609,6 +612,11 @@ struct bg_process_info {
     uint64_t binlog_oldest, binlog_current, binlog_migrated, binlog_written;
     uint64_t binlog_max_size;
     uint64_t binlog_torn;       /* torn or corrupt tails dropped at recovery */
+    /* for the HTTP /stats (the dashboard), not in beanstalk's stats */
+    uint64_t gearman_connections; /* open Gearman connections (in `connections` too) */
+    int binlog_enabled;         /* -b */
+    uint64_t binlog_bytes;      /* bytes in the log's segment files */
+    int64_t binlog_sync_age_ms; /* since the log last synced; -1: no log, or -F (never) */
 };
 
 void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,

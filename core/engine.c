@@ -494,6 +494,7 @@ static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
     j->state = BG_JOB_RESERVED;
     j->reserver = c;
     j->reserves++;
+    e->stat.total_jobs_reserved++;
     bg_heap_push(&c->reserved, j);   /* room reserved by callers */
     job_timer_push(e, j);            /* room reserved per job at creation */
     j->next = NULL;
@@ -924,6 +925,7 @@ int bg_delete(struct bg_client *c, uint64_t id, bg_time now)
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
     j->tube->stat.cmd_delete++;
+    e->stat.total_jobs_deleted++;
     job_unlink(e, j);
     if (e->journal) e->journal->job_deleted(e->journal_ctx, j->id);
     job_free(e, j);

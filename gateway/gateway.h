@@ -12,11 +12,13 @@
  *               auth rule, command counter) and URL matching
  *   routes.c    the handlers of the queue's resources: engine calls
  *   metrics.c   /metrics (Prometheus text), /livez, /readyz, request counters
- *   request.c   what a handler asks of its request: query numbers, Accept,
+ *   ui.c        the dashboard's files at /ui/ (ui.h; ui/ built in by CMake)
+ *   request.c   what a handler asks of its request: query numbers, headers,
  *               long-poll suspension, wake-up and the watch on its socket
  *   reply.c     responses: JSON, problem+json (status titles; the table of
  *               outcome -> status, code, detail), empty, raw job, bytes
  *   json.c      rendering of jobs, tubes and stats
+ *   tube_page.c one page of the tubes' statistics (GET /stats/tubes)
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
  */
@@ -29,6 +31,7 @@
 
 #include "../core/core.h"
 #include "../io/wal.h"
+#include "ui.h"
 
 #define GW_MAX_WAIT_DEFAULT_S 30  /* long-poll cap (--http-max-wait) */
 #define GW_MAX_WAIT_LIMIT_S 3600  /* the largest cap one may set */
@@ -46,6 +49,8 @@
 #define GW_AUTH_TOKEN_MAX 512         /* bytes in one bearer token */
 #define GW_AUTH_TOKENS_MAX 256        /* tokens configured at most */
 #define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
+#define GW_TUBE_PAGE_MAX 500          /* tubes in one page of GET /stats/tubes */
+#define GW_TUBE_PAGE_DEFAULT 100
 
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
@@ -100,6 +105,8 @@ enum gw_body_limit {
 enum gw_auth_rule {
     GW_AUTH_TOKEN,    /* a valid bearer token */
     GW_AUTH_OPEN,     /* anyone: the health checks */
+    GW_AUTH_PUBLIC,   /* anyone: public assets, the dashboard's files (they
+                       * hold no data; the page's API calls need a token) */
     GW_AUTH_METRICS,  /* a token with --metrics-auth, else anyone */
 };
 
@@ -195,6 +202,11 @@ struct gateway {
  * Distinct from every enum bg_outcome. */
 #define GW_NO_REPLY (-1000)
 
+/* One response header. */
+struct gw_header {
+    const char *name, *value;
+};
+
 /* An HTTP problem: the status, the `code` member and the `detail` text. */
 struct gw_problem {
     int outcome;                  /* the enum bg_outcome it stands for */
@@ -229,6 +241,11 @@ int gw_reply_empty(struct MHD_Connection *c, unsigned status);
  * process, with one more header (name may be NULL). */
 int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
                    int copy, const char *type, const char *name, const char *value);
+/* n bytes that live as long as the process (0 for a body-less status such
+ * as 304), with a Content-Type unless type is NULL, and the count headers
+ * of headers. */
+int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                    const char *type, const struct gw_header *headers, size_t count);
 /* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
  * (X-Reservation too unless token is NULL). */
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
@@ -254,6 +271,7 @@ const char *gw_route_pattern(int i);
 
 int gw_handle_stats(struct gw_request *r);
 int gw_handle_tubes(struct gw_request *r);
+int gw_handle_stats_tubes(struct gw_request *r);
 int gw_handle_tube(struct gw_request *r);
 int gw_handle_put(struct gw_request *r);
 int gw_handle_batch_put(struct gw_request *r);
@@ -274,6 +292,11 @@ int gw_handle_job_kick(struct gw_request *r);
 int gw_handle_job_reserve(struct gw_request *r);
 int gw_handle_openapi(struct gw_request *r);
 
+/* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
+
+int gw_handle_ui_redirect(struct gw_request *r);
+int gw_handle_ui_file(struct gw_request *r);
+
 /* ---- request.c: what handlers ask of their request ---------------------- */
 
 /* The query parameter key (unescaped, %2F kept), or NULL. */
@@ -281,8 +304,12 @@ const char *gw_query(struct gw_request *r, const char *key);
 /* The decimal query parameter key, at most max: 0 (*out set, or left as it
  * is when the parameter is absent) or -1 when it is not such a number. */
 int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
+/* The request header name (any case), or NULL. */
+const char *gw_request_header(struct gw_request *r, const char *name);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
+/* The HTTP connections open to the gateway now, r's included. */
+unsigned gw_open_connections(const struct gw_request *r);
 /* The status of the response queued for r, 0 if none yet. */
 unsigned gw_queued_status(const struct gw_request *r);
 /* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
@@ -370,6 +397,28 @@ int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
 /* The bucket of key: a keyed hash, so it depends on the table's key. */
 size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key);
 
+/* tube_page.c: a page of tubes, filtered by a substring of the name and
+ * sorted by a TubeStats field, or in list order. Calls no other gateway
+ * file. */
+struct gw_tube_page_query {
+    const char *filter;           /* NULL or "": every tube */
+    int sort;                     /* gw_tube_sort_key; -1: list order (GET /tubes) */
+    int descending;
+    uint64_t offset;
+    uint32_t limit;
+};
+/* The index of a sort key (a TubeStats field name), or -1. */
+int gw_tube_sort_key(const char *name);
+/* The name of sort key i; NULL past the last. */
+const char *gw_tube_sort_key_name(int i);
+/* Nonzero if filter is at most 200 tube-name characters. */
+int gw_tube_filter_valid(const char *filter);
+/* out[0..*n) = the page (at most q->limit tubes); *total = the tubes that
+ * match. O(limit) in list order without a filter; else O(T log k) for T
+ * tubes and k = offset + limit. 0 or BG_OUT_OF_MEMORY. */
+int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_page_query *q,
+                 const struct bg_tube **out, uint32_t *n, uint64_t *total);
+
 /* openapi.c (generated from openapi/openapi.yaml) */
 extern const char gw_openapi_yaml[];
 extern const size_t gw_openapi_yaml_len;
@@ -380,6 +429,8 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n);
 json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);
-/* Server stats; pi adds the write-ahead log's figures (may be NULL). */
-json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi);
+/* Server stats; pi adds the process's and the write-ahead log's figures
+ * (may be NULL); http_connections: the gateway's open connections. */
+json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi,
+                       unsigned http_connections);
 #endif

@@ -85,7 +85,8 @@ static int needs_token(const struct gateway *gw, const struct gw_match *m)
     if (!gw->auth) return 0;
     if (!m->route) return 1;
     switch (m->route->auth) {
-    case GW_AUTH_OPEN: return 0;
+    case GW_AUTH_OPEN:
+    case GW_AUTH_PUBLIC: return 0;
     case GW_AUTH_METRICS: return gw->metrics_auth;
     case GW_AUTH_TOKEN: break;
     }

@@ -94,7 +94,8 @@ json_t *gw_json_tube(const struct bg_stats_tube *st)
                      "pause_time_left", (json_int_t)st->pause_left_s);
 }
 
-json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi)
+json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *pi,
+                       unsigned http_connections)
 {
     json_t *v = json_pack("{s:I, s:I, s:I, s:I, s:I}",
                           "current_jobs_urgent", (json_int_t)e->urgent_count,
@@ -128,5 +129,20 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "binlog_records_written", json_integer((json_int_t)pi->binlog_written));
     json_object_set_new(v, "binlog_max_size", json_integer((json_int_t)pi->binlog_max_size));
     json_object_set_new(v, "binlog_torn_records", json_integer((json_int_t)pi->binlog_torn));
+    /* beyond beanstalk's stats keys: what the dashboard's overview shows */
+    json_object_set_new(v, "version", json_string(BEANGATE_VERSION));
+    json_object_set_new(v, "uptime", json_integer((json_int_t)pi->uptime_s));
+    uint64_t gearman = pi->gearman_connections <= e->connections ? pi->gearman_connections : e->connections;
+    json_object_set_new(v, "current_beanstalk_connections", json_integer((json_int_t)(e->connections - gearman)));
+    json_object_set_new(v, "current_gearman_connections", json_integer((json_int_t)gearman));
+    json_object_set_new(v, "current_http_connections", json_integer(http_connections));
+    /* what happened to jobs, whatever front-end asked (the cmd_* count requests) */
+    json_object_set_new(v, "total_jobs_reserved", json_integer((json_int_t)e->stat.total_jobs_reserved));
+    json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
+    json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
+    json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
+    json_object_set_new(v, "binlog_last_sync_age_ms", pi->binlog_enabled && pi->binlog_sync_age_ms >= 0
+                                                          ? json_integer(pi->binlog_sync_age_ms)
+                                                          : json_null());
     return v;
 }

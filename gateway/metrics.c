@@ -202,6 +202,15 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
         rc = counter(b, "beangate_jobs_total", "Jobs put since the start (total-jobs).",
                      e->stat.total_jobs);
     if (rc == 0)
+        rc = counter(b, "beangate_jobs_reserved_total",
+                     "Reservations made since the start, by every front-end; a job reserved "
+                     "again counts again (total_jobs_reserved of GET /stats).",
+                     e->stat.total_jobs_reserved);
+    if (rc == 0)
+        rc = counter(b, "beangate_jobs_deleted_total",
+                     "Jobs deleted since the start, by every front-end (total_jobs_deleted of "
+                     "GET /stats).", e->stat.total_jobs_deleted);
+    if (rc == 0)
         rc = counter(b, "beangate_job_timeouts_total",
                      "Reservations that ran out of time (job-timeouts).", e->stat.job_timeouts);
     if (rc == 0)

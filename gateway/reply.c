@@ -48,21 +48,25 @@ struct gw_problem gw_outcome_problem(int outcome)
 }
 
 /* Queue a response made of n bytes (copied unless copy is 0: then they live
- * as long as the process), with a Content-Type unless type is NULL, and up
- * to two more headers (a NULL name is skipped). */
+ * as long as the process), with a Content-Type unless type is NULL, and
+ * the count headers of h. */
 static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n, int copy,
-                 const char *type, const char *name1, const char *value1, const char *name2,
-                 const char *value2)
+                 const char *type, const struct gw_header *h, size_t count)
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         n, (void *)bytes, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
     if (!resp) return GW_NO_REPLY;
     if (type) MHD_add_response_header(resp, "Content-Type", type);
-    if (name1) MHD_add_response_header(resp, name1, value1);
-    if (name2) MHD_add_response_header(resp, name2, value2);
+    for (size_t i = 0; i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
     int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
     MHD_destroy_response(resp);
     return rc;
+}
+
+/* Append the header name: value to h[*count] unless name is NULL. */
+static void add_header(struct gw_header *h, size_t *count, const char *name, const char *value)
+{
+    if (name) h[(*count)++] = (struct gw_header){name, value};
 }
 
 int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const char *location)
@@ -78,8 +82,11 @@ int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
     if (!text) return GW_NO_REPLY;
     size_t n = strlen(text);
     text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
-    int rc = queue(c, status, text, n + 1, 1, "application/json", location ? "Location" : NULL,
-                   location, name, value);
+    struct gw_header h[2];
+    size_t count = 0;
+    add_header(h, &count, location ? "Location" : NULL, location);
+    add_header(h, &count, name, value);
+    int rc = queue(c, status, text, n + 1, 1, "application/json", h, count);
     free(text);
     return rc;
 }
@@ -99,8 +106,11 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
     char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
     if (!text) return GW_NO_REPLY;
-    int rc = queue(c, status, text, strlen(text), 1, "application/problem+json",
-                   status == 503 ? "Retry-After" : NULL, "5", name, value);
+    struct gw_header h[2];
+    size_t count = 0;
+    add_header(h, &count, status == 503 ? "Retry-After" : NULL, "5");
+    add_header(h, &count, name, value);
+    int rc = queue(c, status, text, strlen(text), 1, "application/problem+json", h, count);
     free(text);
     return rc;
 }
@@ -113,13 +123,22 @@ int gw_reply_outcome(struct MHD_Connection *c, int outcome)
 
 int gw_reply_empty(struct MHD_Connection *c, unsigned status)
 {
-    return queue(c, status, "", 0, 0, NULL, NULL, NULL, NULL, NULL);
+    return queue(c, status, "", 0, 0, NULL, NULL, 0);
 }
 
 int gw_reply_bytes(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
                    int copy, const char *type, const char *name, const char *value)
 {
-    return queue(c, status, bytes, n, copy, type, name, value, NULL, NULL);
+    struct gw_header h[1];
+    size_t count = 0;
+    add_header(h, &count, name, value);
+    return queue(c, status, bytes, n, copy, type, h, count);
+}
+
+int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n,
+                    const char *type, const struct gw_header *headers, size_t count)
+{
+    return queue(c, status, bytes, n, 0, type, headers, count);
 }
 
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token)

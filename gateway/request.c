@@ -1,5 +1,5 @@
 /* request.c - what the handlers ask of the request they serve: its query
- * parameters and Accept header, the status queued for it, and the
+ * parameters and headers, the status queued for it, and the
  * suspension of a long-poll: the list of waiting requests, the watch on
  * their sockets, the wake-up on the next loop turn. Below the handlers,
  * above reply.c; it calls no handler and nothing of http.c. */
@@ -26,10 +26,22 @@ int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *
     return bg_parse_u64(s, strlen(s), max, out) == 0 ? 0 : -1;
 }
 
+const char *gw_request_header(struct gw_request *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
 int gw_wants_raw(struct gw_request *r)
 {
-    const char *accept = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Accept");
+    const char *accept = gw_request_header(r, "Accept");
     return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
+}
+
+unsigned gw_open_connections(const struct gw_request *r)
+{
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(r->gw->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? info->num_connections : 0;
 }
 
 unsigned gw_queued_status(const struct gw_request *r)

@@ -8,11 +8,16 @@
 
 #include "gateway.h"
 
-/* Path patterns: "*" matches one segment. Rows of one path stand together,
- * in the order the Allow header lists their methods. (tests/http/test_http.py
- * reads this table to compare it with openapi/openapi.yaml.) */
+/* Path patterns: "*" matches one segment. A path may end with a '/' or
+ * not, except that a pattern ending with '/' ("/ui/", the dashboard's page,
+ * a folder address for its relative links) matches only a path that ends
+ * with one: it stands before its twin without. Rows of one path stand
+ * together, in the order the Allow header lists their methods.
+ * (tests/http/test_http.py reads this table to compare it with
+ * openapi/openapi.yaml.) */
 static const struct gw_route routes[] = {
     {"/stats", GW_GET, gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS},
+    {"/stats/tubes", GW_GET, gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1},
     {"/tubes", GW_GET, gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES},
     {"/tubes/*", GW_GET, gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE},
     {"/tubes/*/jobs", GW_POST, gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT},
@@ -40,6 +45,9 @@ static const struct gw_route routes[] = {
     {"/livez", GW_GET, gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1},
     {"/readyz", GW_GET, gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1},
     {"/metrics", GW_GET, gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1},
+    {"/ui/", GW_GET, gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},
+    {"/ui", GW_GET, gw_handle_ui_redirect, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},
+    {"/ui/*", GW_GET, gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1},
 };
 #define ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
@@ -49,10 +57,13 @@ static unsigned long match_count;
 
 /* Split url into at most GW_MAX_SEGMENTS segments in buf, each with its %2F
  * decoded; returns the count, or -1 if there are more, one is empty, or url
- * does not start with '/'. */
-static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_SEGMENTS])
+ * does not start with '/'. *slash_end: url ends with a '/' after a segment. */
+static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_SEGMENTS],
+                      int *slash_end)
 {
-    if (strlen(url) >= size || url[0] != '/') return -1;
+    size_t len = strlen(url);
+    *slash_end = len > 1 && url[len - 1] == '/';
+    if (len >= size || url[0] != '/') return -1;
     strcpy(buf, url);
     int n = 0;
     char *p = buf + 1;
@@ -73,13 +84,15 @@ static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_
     return n;
 }
 
-/* Nonzero if the segments match the pattern. */
-static int pattern_matches(const char *pattern, char *seg[], int n)
+/* Nonzero if the segments of a path (slash_end: it ends with '/') match
+ * the pattern. */
+static int pattern_matches(const char *pattern, char *seg[], int n, int slash_end)
 {
     char buf[64];
     char *pseg[GW_MAX_SEGMENTS];
-    int pn = split_path(pattern, buf, sizeof buf, pseg);
-    if (pn != n) return 0;
+    int pattern_slash_end;
+    int pn = split_path(pattern, buf, sizeof buf, pseg, &pattern_slash_end);
+    if (pn != n || (pattern_slash_end && !slash_end)) return 0;
     for (int i = 0; i < n; i++)
         if (strcmp(pseg[i], "*") != 0 && strcmp(pseg[i], seg[i]) != 0) return 0;
     return 1;
@@ -106,13 +119,14 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m)
     m->path = -1;
     m->method = gw_method_of(method);
     m->status = 404;
-    int n = split_path(url, m->buf, sizeof m->buf, m->seg);
+    int slash_end;
+    int n = split_path(url, m->buf, sizeof m->buf, m->seg, &slash_end);
     if (n < 0) return m->status;
     m->nseg = n;
     /* HEAD is served by the GET row */
     enum gw_method wanted = m->method == GW_HEAD ? GW_GET : m->method;
     for (int i = 0; i < ROUTES; i++) {
-        if (!pattern_matches(routes[i].pattern, m->seg, n)) continue;
+        if (!pattern_matches(routes[i].pattern, m->seg, n, slash_end)) continue;
         /* the rows of this path: the first, the one of the method, Allow */
         m->path = i;
         m->route = &routes[i];
@@ -137,21 +151,24 @@ int gw_route_count(void) { return ROUTES; }
 const struct gw_route *gw_route_at(int i) { return i >= 0 && i < ROUTES ? &routes[i] : NULL; }
 
 /* The pattern with each "*" named as in openapi.yaml: {tube} after
- * "tubes", {id} after "jobs". */
+ * "tubes", {id} after "jobs", {asset} after "ui"; a trailing '/' kept. */
 static void name_pattern(const char *pattern, char *out, size_t size)
 {
     char buf[64];
     char *seg[GW_MAX_SEGMENTS];
-    int n = split_path(pattern, buf, sizeof buf, seg);
+    int slash_end;
+    int n = split_path(pattern, buf, sizeof buf, seg, &slash_end);
     size_t o = 0;
     out[0] = '\0';
     for (int i = 0; i < n && o < size; i++) {
         const char *name = seg[i];
         if (strcmp(name, "*") == 0)
             name = i > 0 && strcmp(seg[i - 1], "tubes") == 0 ? "{tube}"
-                 : i > 0 && strcmp(seg[i - 1], "jobs") == 0 ? "{id}" : "{x}";
+                 : i > 0 && strcmp(seg[i - 1], "jobs") == 0 ? "{id}"
+                 : i > 0 && strcmp(seg[i - 1], "ui") == 0 ? "{asset}" : "{x}";
         o += (size_t)snprintf(out + o, size - o, "/%s", name);
     }
+    if (n > 0 && slash_end && o < size) snprintf(out + o, size - o, "/");
     if (n <= 0) snprintf(out, size, "%s", pattern);
 }
 

@@ -627,13 +627,85 @@ int gw_handle_tubes(struct gw_request *r)
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "tubes", names), NULL);
 }
 
+/* The query of GET /stats/tubes into q: 0, or a 400 BAD_FORMAT that names
+ * the parameter was queued into *reply. filter is decoded into
+ * filter_buf (it was unescaped with %2F left as is). */
+static int tube_page_query(struct gw_request *r, struct gw_tube_page_query *q,
+                           char *filter_buf, size_t filter_size, int *reply)
+{
+    uint64_t limit = GW_TUBE_PAGE_DEFAULT;
+    *q = (struct gw_tube_page_query){NULL, -1, 0, 0, GW_TUBE_PAGE_DEFAULT};
+    const char *detail = NULL;
+    char sort_detail[400];
+    const char *sort = gw_query(r, "sort"), *order = gw_query(r, "order"), *filter = gw_query(r, "filter");
+    if (gw_query_u64(r, "offset", UINT32_MAX, &q->offset)) {
+        *reply = bad_param(r, "offset");
+        return -1;
+    }
+    if (gw_query_u64(r, "limit", GW_TUBE_PAGE_MAX, &limit) || limit == 0) {
+        detail = "query parameter 'limit' must be 1 to 500";
+    } else if (sort && (q->sort = gw_tube_sort_key(sort)) < 0) {
+        size_t o = (size_t)snprintf(sort_detail, sizeof sort_detail, "query parameter 'sort' must be one of:");
+        for (int i = 0; gw_tube_sort_key_name(i) && o < sizeof sort_detail; i++)
+            o += (size_t)snprintf(sort_detail + o, sizeof sort_detail - o, "%s %s", i ? "," : "",
+                                  gw_tube_sort_key_name(i));
+        detail = sort_detail;
+    } else if (order && strcmp(order, "asc") != 0 && strcmp(order, "desc") != 0) {
+        detail = "query parameter 'order' must be asc or desc";
+    } else if (order && !sort) {
+        detail = "query parameter 'order' needs 'sort'";
+    } else if (filter) {
+        if (strlen(filter) < filter_size) {
+            strcpy(filter_buf, filter);
+            gw_decode_slashes(filter_buf);
+            q->filter = filter_buf;
+        }
+        if (!q->filter || !gw_tube_filter_valid(q->filter))
+            detail = "query parameter 'filter' must be at most 200 characters of A-Za-z0-9-+/;.$_()";
+    }
+    if (detail) {
+        *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+        return -1;
+    }
+    q->limit = (uint32_t)limit;
+    q->descending = order && strcmp(order, "desc") == 0;
+    return 0;
+}
+
+/* GET /stats/tubes: one page of the tubes' statistics (tube_page.c). */
+int gw_handle_stats_tubes(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    struct gw_tube_page_query q;
+    char filter[BG_TUBE_NAME_MAX * 3 + 1]; /* room for a name all of "%2F" */
+    int reply;
+    if (tube_page_query(r, &q, filter, sizeof filter, &reply) != 0) return reply;
+    const struct bg_tube *page[GW_TUBE_PAGE_MAX];
+    uint32_t n;
+    uint64_t total;
+    bg_time now = gw->now();
+    int rc = gw_tube_page(gw->engine, now, &q, page, &n, &total);
+    if (rc != 0) return rc;
+    json_t *tubes = json_array();
+    struct bg_stats_tube st;
+    for (uint32_t i = 0; i < n; i++) {
+        bg_stats_tube(page[i], now, &st);
+        json_array_append_new(tubes, gw_json_tube(&st));
+    }
+    return gw_reply_json(r->conn, 200,
+                         json_pack("{s:I, s:I, s:I, s:o}", "total", (json_int_t)total, "offset",
+                                   (json_int_t)q.offset, "limit", (json_int_t)q.limit, "tubes", tubes),
+                         NULL);
+}
+
 /* GET /stats */
 int gw_handle_stats(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     struct bg_process_info pi = {0};
+    pi.binlog_sync_age_ms = -1;
     if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
-    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi), NULL);
+    return gw_reply_json(r->conn, 200, gw_json_server(gw->engine, &pi, gw_open_connections(r)), NULL);
 }
 
 /* GET /openapi.yaml: the document compiled in. */

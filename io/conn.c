@@ -28,6 +28,7 @@ struct conn_server {
     int fd;
     struct event *accept_ev;
     struct conn *conns;          /* every open connection */
+    uint64_t count;              /* how many */
 };
 
 struct conn {
@@ -57,6 +58,7 @@ static void conn_free(struct conn *c)
     wal_unhold(cs->wal, &c->hold);
     if (c->prev) c->prev->next = c->next; else cs->conns = c->next;
     if (c->next) c->next->prev = c->prev;
+    cs->count--;
     bg_engine_connection_closed(cs->engine);
     event_free(c->read_ev);
     event_free(c->write_ev);
@@ -235,6 +237,7 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     c->next = cs->conns;
     if (cs->conns) cs->conns->prev = c;
     cs->conns = c;
+    cs->count++;
     bg_engine_connection_opened(cs->engine);
     event_add(c->read_ev, NULL);
     if (log_enabled(BG_LOG_DEBUG)) {
@@ -279,6 +282,8 @@ int conn_server_start(struct conn_server **out, const struct conn_protocol *p, i
 void conn_server_pause(struct conn_server *cs) { event_del(cs->accept_ev); }
 
 int conn_server_fd(const struct conn_server *cs) { return cs->fd; }
+
+uint64_t conn_server_count(const struct conn_server *cs) { return cs->count; }
 
 void conn_server_stop(struct conn_server *cs)
 {

@@ -71,6 +71,8 @@ int conn_server_start(struct conn_server **out, const struct conn_protocol *p, i
 void conn_server_pause(struct conn_server *cs);
 /* The listening socket. */
 int conn_server_fd(const struct conn_server *cs);
+/* How many connections are open. */
+uint64_t conn_server_count(const struct conn_server *cs);
 /* Stop: no more accepts; answer every blocked session as at the peer's
  * end of stream; write what goes out without waiting (not replies held
  * for the log); close every connection and the listening socket; free cs.

@@ -590,6 +590,9 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_written = w->written_seq;
     pi->binlog_max_size = w->cfg.segment_size;
     pi->binlog_torn = w->torn_records;
+    pi->binlog_enabled = 1;
+    pi->binlog_bytes = w->total_bytes;
+    pi->binlog_sync_age_ms = w->cfg.fsync_never ? -1 : (int64_t)((loop_now() - w->last_sync) / 1000000);
 }
 
 /* ---- recovery ---------------------------------------------------------- */

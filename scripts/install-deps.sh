@@ -4,14 +4,16 @@
 #   build: compiler, CMake, libevent, libmicrohttpd, jansson
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
 #          reference), python3, node/npm (client library suites),
-#          gearmand + the gearman/gearadmin tools (the Gearman reference)
+#          gearmand + the gearman/gearadmin tools (the Gearman reference),
+#          chromium + chromium-driver + python3-selenium (the dashboard's
+#          browser tests)
 set -euo pipefail
 mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
-           gearman-job-server gearman-tools)
+           gearman-job-server gearman-tools chromium chromium-driver python3-selenium)
 fi
 
 missing=()

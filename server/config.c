@@ -1,8 +1,13 @@
-/* config.c - the settings: beanstalkd's flags, the gateway's long flags, and
- * an environment variable BEANGATE_<NAME> for each. Precedence: command line
- * > environment > default. Also reads the HTTP bearer tokens (a file and
- * BEANGATE_HTTP_TOKENS) and logs the effective configuration with -V. */
+/* config.c - the settings, each declared once in one table (settings[]):
+ * its flags, its environment variable BEANGATE_<NAME>, its kind of value,
+ * range, default, help text and the field of struct server_config it sets.
+ * The usage (-h), the defaults, the environment, the command line, the -V
+ * config log line and the -VV source lines are loops over that table, so a
+ * flag and its variable go through the same parser and the same range.
+ * Precedence: command line > environment > default. Also reads the HTTP
+ * bearer tokens (a file and BEANGATE_HTTP_TOKENS), never logging one. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,127 +18,226 @@
 #include "../io/eventlog.h"
 #include "../gateway/gateway.h"
 
-/* ---- the settings ------------------------------------------------------ */
+/* ---- the table ----------------------------------------------------------- */
 
-enum setting {
-    S_LISTEN, S_PORT, S_USER, S_MAX_JOB_SIZE, S_VERBOSE,
-    S_BINLOG_DIR, S_FSYNC_MS, S_NO_FSYNC, S_BINLOG_SIZE,
-    S_LOG_RECOVER_DAMAGED,
-    S_HTTP_LISTEN, S_HTTP_PORT, S_NO_HTTP, S_HTTP_TOKEN_FILE, S_HTTP_TOKENS, S_METRICS_AUTH,
-    S_HTTP_MAX_WAIT,
-    S_GEARMAN_LISTEN, S_GEARMAN_PORT, S_GEARMAN_ADMIN_SHUTDOWN,
-    S_COUNT
+enum kind {
+    K_STRING,   /* any non-empty text */
+    K_PORT,     /* a TCP port: digits, 0-65535, kept as text */
+    K_NUMBER,   /* digits, min..max (clamped above max, or rounded up) */
+    K_BOOL,     /* a flag without a value; the variable takes 1/0, true/false... */
+    K_COUNT,    /* -V: each flag adds one, the variable gives the count */
+    K_TOKENS,   /* BEANGATE_HTTP_TOKENS: read with the token file, never logged */
+    K_STATE,    /* no flag, no variable: a field other rows set, in the log only */
+    K_HELP,     /* print the usage, exit 0 */
+    K_VERSION,  /* print the version, exit 0 */
+    K_COMMAND,  /* a command instead of a server: only as the first argument */
 };
+
+/* The C type of a field, found by the compiler (FIELD below). */
+enum field_type { T_NONE, T_INT, T_U32, T_U64, T_STR };
+
+#define FIELD(f)                                                                    \
+    .offset = offsetof(struct server_config, f),                                    \
+    .type = _Generic(((struct server_config *)0)->f, int: T_INT, uint32_t: T_U32,   \
+                     uint64_t: T_U64, const char *: T_STR)
+
+/* Given by flag or variable (not by default), a setting may also set another
+ * int field: "--http-port" makes the HTTP address explicit, "-f" undoes "-F". */
+#define ALSO(f, v) .also_offset = offsetof(struct server_config, f) + 1, .also_value = (v)
+
+struct setting {
+    char short_flag;            /* 'p', or 0 */
+    const char *long_flag;      /* "--http-port", or NULL */
+    const char *env;            /* "BEANGATE_HTTP_PORT", or NULL */
+    const char *arg;            /* "PORT": the value's name; NULL: no value */
+    enum kind kind;
+    uint64_t min, max;          /* K_NUMBER, K_COUNT */
+    int clamp;                  /* K_NUMBER: above max is lowered to max, with a warning */
+    uint64_t round;             /* K_NUMBER: rounded up to a multiple of this */
+    int invert;                 /* K_BOOL: the field is the opposite (--no-http) */
+    int arg_optional;           /* K_COMMAND: the value only as --flag=VALUE */
+    enum server_command command; /* K_COMMAND */
+    const char *reads;          /* K_COMMAND: the key of a setting it uses (default, variable) */
+    const char *def;            /* the default, parsed as a variable would be; NULL: none */
+    const char *key;            /* key in the config log line */
+    size_t offset;
+    enum field_type type;
+    size_t also_offset;         /* 1 + offset of an int field set with it; 0: none */
+    int also_value;
+    const char *help;           /* lines of the usage ('\n' between them) */
+};
+
+static const struct setting settings[] = {
+    {'l', NULL, "BEANGATE_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1", .key = "listen",
+     FIELD(listen_addr), .help = "beanstalk address; unix:/path for a UNIX socket"},
+    {'p', NULL, "BEANGATE_PORT", "PORT", K_PORT, .def = "11300", .key = "port", FIELD(port),
+     .help = "beanstalk TCP port"},
+    {'u', NULL, "BEANGATE_USER", "USER", K_STRING, .key = "user", FIELD(user),
+     .help = "become USER and its group once the sockets are open"},
+    {'z', NULL, "BEANGATE_MAX_JOB_SIZE", "BYTES", K_NUMBER, .max = BG_JOB_SIZE_LIMIT, .clamp = 1,
+     .def = "65535", .key = "max_job_size", FIELD(max_job_size),
+     .help = "maximum job size in bytes"},
+    {'V', NULL, "BEANGATE_VERBOSE", "N", K_COUNT, .max = 100, .def = "0", .key = "verbose",
+     FIELD(verbose),
+     .help = "more messages, may be repeated: none, warnings and errors; -V, info\n"
+             "(the configuration, connections); -VV, debug. The variable gives the\n"
+             "count; -V on the command line replaces it"},
+    {'b', NULL, "BEANGATE_BINLOG_DIR", "DIR", K_STRING, .key = "binlog_dir", FIELD(log_dir),
+     .help = "write-ahead log directory (default: none, jobs in memory only)"},
+    {'f', NULL, "BEANGATE_FSYNC_MS", "MS", K_NUMBER, .max = 1000000000, .def = "50",
+     .key = "fsync_ms", FIELD(fsync_ms), ALSO(fsync_never, 0),
+     .help = "sync the log at most once every MS milliseconds; -f0: replies wait\n"
+             "for the disk. The later of -f and -F wins"},
+    {'F', NULL, "BEANGATE_NO_FSYNC", NULL, K_BOOL, .def = "0", .key = "fsync_never",
+     FIELD(fsync_never), .help = "never sync the log"},
+    {'s', NULL, "BEANGATE_BINLOG_SIZE", "BYTES", K_NUMBER, .min = 1, .max = UINT64_MAX - 4095,
+     .round = 4096, .def = "10485760", .key = "binlog_size", FIELD(segment_size),
+     .help = "size of each log segment in bytes"},
+    {0, "--log-recover-damaged", "BEANGATE_LOG_RECOVER_DAMAGED", NULL, K_BOOL, .def = "0",
+     .key = "log_recover_damaged", FIELD(log_recover_damaged),
+     .help = "start even if the log is damaged, with what is readable (logs each\n"
+             "part dropped); without it a damaged log stops the start (status 111)"},
+    {0, "--no-http", "BEANGATE_NO_HTTP", NULL, K_BOOL, .invert = 1, .def = "0", .key = "http",
+     FIELD(http_enabled), .help = "do not start the HTTP/JSON gateway"},
+    {0, "--http-listen", "BEANGATE_HTTP_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1",
+     .key = "http_listen", FIELD(http_listen), ALSO(http_explicit, 1),
+     .help = "HTTP/JSON gateway address"},
+    {0, "--http-port", "BEANGATE_HTTP_PORT", "PORT", K_PORT, .def = "11301", .key = "http_port",
+     FIELD(http_port), ALSO(http_explicit, 1),
+     .help = "HTTP/JSON gateway port. If the gateway cannot listen, the server\n"
+             "starts without it, unless its address or port was given (status 111)"},
+    {0, "--http-max-wait", "BEANGATE_HTTP_MAX_WAIT", "SECONDS", K_NUMBER, .min = 1, .max = 3600,
+     .def = "30", .key = "http_max_wait", FIELD(max_wait_s),
+     .help = "longest wait of an HTTP long-poll reserve; a longer timeout is cut"},
+    {0, "--http-token-file", "BEANGATE_HTTP_TOKEN_FILE", "PATH", K_STRING,
+     .key = "http_token_file", FIELD(http_token_file),
+     .help = "bearer tokens for the gateway, one per line (blank lines and\n"
+             "# comments are ignored)"},
+    {0, NULL, "BEANGATE_HTTP_TOKENS", "T1,T2", K_TOKENS, .key = "http_tokens",
+     .help = "more bearer tokens, comma-separated. With any token, every HTTP route\n"
+             "but /livez and /readyz (and /metrics) needs \"Authorization: Bearer T\""},
+    {0, "--metrics-auth", "BEANGATE_METRICS_AUTH", NULL, K_BOOL, .def = "0",
+     .key = "metrics_auth", FIELD(metrics_auth), .help = "/metrics needs a token too"},
+    {0, NULL, NULL, NULL, K_STATE, .key = "gearman", FIELD(gearman_enabled)},
+    {0, "--gearman-listen", "BEANGATE_GEARMAN_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1",
+     .key = "gearman_listen", FIELD(gearman_listen), ALSO(gearman_enabled, 1),
+     .help = "serve the Gearman protocol on ADDR; Gearman is off unless this or\n"
+             "--gearman-port is given"},
+    {0, "--gearman-port", "BEANGATE_GEARMAN_PORT", "PORT", K_PORT, .def = "4730",
+     .key = "gearman_port", FIELD(gearman_port), ALSO(gearman_enabled, 1),
+     .help = "Gearman port; giving it turns Gearman on"},
+    {0, "--gearman-admin-shutdown", "BEANGATE_GEARMAN_ADMIN_SHUTDOWN", NULL, K_BOOL, .def = "0",
+     .key = "gearman_admin_shutdown", FIELD(gearman_admin_shutdown),
+     .help = "let the Gearman admin commands `shutdown` and `shutdown graceful` stop\n"
+             "the server (off: unknown commands, as in gearmand 1.1.20); the Gearman\n"
+             "port has no authentication"},
+    {'v', "--version", NULL, NULL, K_VERSION, .help = "print the version and exit"},
+    {'h', "--help", NULL, NULL, K_HELP, .help = "print this help and exit"},
+    {0, "--healthcheck", NULL, "HOST:PORT", K_COMMAND, .arg_optional = 1,
+     .command = SERVER_HEALTHCHECK, .reads = "http_port",
+     .help = "ask a running server's GET /readyz (default 127.0.0.1, port\n"
+             "BEANGATE_HTTP_PORT or 11301); exit 0 if it answers 200, else 1"},
+    {0, "--check-log", NULL, "DIR", K_COMMAND, .command = SERVER_CHECK_LOG,
+     .help = "report each log segment's records and damage and exit (0 clean,\n"
+             "1 damaged, 2 check failed); starts no server"},
+};
+
+#define SETTING_COUNT (sizeof settings / sizeof settings[0])
 
 enum source { FROM_DEFAULT, FROM_ENV, FROM_FLAG };
 static const char *const source_names[] = {"default", "env", "flag"};
 
-static const struct setting_def {
-    const char *env;            /* environment variable */
-    const char *flag;           /* its flag, for messages */
-    const char *key;            /* key in the config log line */
-} defs[S_COUNT] = {
-    [S_LISTEN] = {"BEANGATE_LISTEN", "-l", "listen"},
-    [S_PORT] = {"BEANGATE_PORT", "-p", "port"},
-    [S_USER] = {"BEANGATE_USER", "-u", "user"},
-    [S_MAX_JOB_SIZE] = {"BEANGATE_MAX_JOB_SIZE", "-z", "max_job_size"},
-    [S_VERBOSE] = {"BEANGATE_VERBOSE", "-V", "verbose"},
-    [S_BINLOG_DIR] = {"BEANGATE_BINLOG_DIR", "-b", "binlog_dir"},
-    [S_FSYNC_MS] = {"BEANGATE_FSYNC_MS", "-f", "fsync_ms"},
-    [S_NO_FSYNC] = {"BEANGATE_NO_FSYNC", "-F", "fsync_never"},
-    [S_BINLOG_SIZE] = {"BEANGATE_BINLOG_SIZE", "-s", "binlog_size"},
-    [S_LOG_RECOVER_DAMAGED] = {"BEANGATE_LOG_RECOVER_DAMAGED", "--log-recover-damaged", "log_recover_damaged"},
-    [S_HTTP_LISTEN] = {"BEANGATE_HTTP_LISTEN", "--http-listen", "http_listen"},
-    [S_HTTP_PORT] = {"BEANGATE_HTTP_PORT", "--http-port", "http_port"},
-    [S_NO_HTTP] = {"BEANGATE_NO_HTTP", "--no-http", "http"},
-    [S_HTTP_TOKEN_FILE] = {"BEANGATE_HTTP_TOKEN_FILE", "--http-token-file", "http_token_file"},
-    [S_HTTP_TOKENS] = {"BEANGATE_HTTP_TOKENS", NULL, "http_tokens"},
-    [S_METRICS_AUTH] = {"BEANGATE_METRICS_AUTH", "--metrics-auth", "metrics_auth"},
-    [S_HTTP_MAX_WAIT] = {"BEANGATE_HTTP_MAX_WAIT", "--http-max-wait", "http_max_wait"},
-    [S_GEARMAN_LISTEN] = {"BEANGATE_GEARMAN_LISTEN", "--gearman-listen", "gearman_listen"},
-    [S_GEARMAN_PORT] = {"BEANGATE_GEARMAN_PORT", "--gearman-port", "gearman_port"},
-    [S_GEARMAN_ADMIN_SHUTDOWN] = {"BEANGATE_GEARMAN_ADMIN_SHUTDOWN", "--gearman-admin-shutdown",
-                                  "gearman_admin_shutdown"},
-};
-
 /* Where each setting came from (for the -VV log). */
-static enum source sources[S_COUNT];
+static enum source sources[SETTING_COUNT];
+
+static const char *const bool_words[2][4] = {{"0", "false", "no", "off"}, {"1", "true", "yes", "on"}};
+
+/* ---- the usage ------------------------------------------------------------- */
+
+/* The flag is followed by a value (-p PORT); -V and switches are not. */
+static int takes_value(const struct setting *s)
+{
+    return s->arg && s->kind != K_COUNT && s->kind != K_TOKENS;
+}
+
+/* "-p PORT", "-v, --version", "--healthcheck[=HOST:PORT]" or "" into out. */
+static void flag_text(const struct setting *s, char *out, size_t size)
+{
+    int n = 0;
+    out[0] = '\0';
+    if (s->short_flag) n = snprintf(out, size, "-%c", s->short_flag);
+    if (s->long_flag) n += snprintf(out + n, size - n, "%s%s", n ? ", " : "", s->long_flag);
+    if (takes_value(s)) snprintf(out + n, size - n, s->arg_optional ? "[=%s]" : " %s", s->arg);
+}
+
+/* " (0-65535, default 11300)", or "": what the usage adds to the help. */
+static void facts_text(const struct setting *s, char *out, size_t size)
+{
+    char range[80] = "";
+    const char *def = s->kind == K_BOOL ? NULL : s->def;
+    unsigned long long min = s->min, max = s->max;
+    if (s->kind == K_COMMAND)
+        snprintf(range, sizeof range, "first argument only");
+    else if (s->kind == K_PORT)
+        snprintf(range, sizeof range, "0-65535");
+    else if (s->kind == K_NUMBER && s->clamp)
+        snprintf(range, sizeof range, "above %llu: %llu, with a warning", max, max);
+    else if (s->kind == K_NUMBER && s->round)
+        snprintf(range, sizeof range, "at least %llu, rounded up to a multiple of %llu", min,
+                 (unsigned long long)s->round);
+    else if (s->kind == K_NUMBER || s->kind == K_COUNT)
+        snprintf(range, sizeof range, "%llu-%llu", min, max);
+    if (*range || def)
+        snprintf(out, size, " (%s%s%s%s)", range, *range && def ? "; " : "", def ? "default " : "",
+                 def ? def : "");
+    else
+        out[0] = '\0';
+}
 
 static void usage(FILE *f)
 {
+    char flags[64], facts[96];
+    fprintf(f, "Use: beangate [OPTIONS]\n");
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        if (settings[i].kind != K_COMMAND) continue;
+        flag_text(&settings[i], flags, sizeof flags);
+        fprintf(f, "     beangate %s\n", flags);
+    }
     fprintf(f,
-        "Use: beangate [OPTIONS]\n"
         "\n"
-        "Options:\n"
-        " -b DIR   write-ahead log directory\n"
-        " -f MS    fsync at most once every MS milliseconds (default is 50ms);\n"
-        "          use -f0 for \"always fsync\" (replies wait for the disk)\n"
-        " -F       never fsync\n"
-        " -l ADDR  listen on address (default is 127.0.0.1; unix:/path for a UNIX socket)\n"
-        " -p PORT  listen on port (default is 11300)\n"
-        " -u USER  become user and group\n"
-        " -z BYTES set the maximum job size in bytes (default is 65535);\n"
-        "          max allowed is %d bytes\n"
-        " -s BYTES set the size of each write-ahead log file (default is 10485760);\n"
-        "          will be rounded up to a multiple of 4096 bytes\n"
-        " -v       show version information\n"
-        " -V       increase verbosity (default: warnings and errors; -V: info; -VV: debug)\n"
-        " -h       show this help\n"
-        " --http-listen ADDR      HTTP/JSON gateway address (default is 127.0.0.1)\n"
-        " --http-port PORT        HTTP/JSON gateway port (default is 11301)\n"
-        " --no-http               do not start the HTTP/JSON gateway\n"
-        " --http-token-file PATH  bearer tokens for the gateway, one per line\n"
-        "                         (blank lines and # comments are ignored)\n"
-        " --metrics-auth          /metrics needs a token too (default: open)\n"
-        " --http-max-wait SECONDS the longest a long-poll reserve waits, 1-3600\n"
-        "                         (default 30; a larger timeout is taken as this)\n"
-        " --gearman-listen ADDR   serve the Gearman protocol on ADDR (default\n"
-        "                         127.0.0.1 once --gearman-port is given)\n"
-        " --gearman-port PORT     Gearman port (usually 4730); Gearman is off\n"
-        "                         unless one of these two is given\n"
-        " --gearman-admin-shutdown  let the Gearman admin commands `shutdown` and\n"
-        "                         `shutdown graceful` stop the server (default: off,\n"
-        "                         they answer ERR UNKNOWN_COMMAND as gearmand 1.1.20;\n"
-        "                         anyone who reaches the Gearman port could use them)\n"
-        " --log-recover-damaged   start even if the log is damaged, with what is\n"
-        "                         readable (logs each part dropped); by default a\n"
-        "                         damaged log stops the start with status 111\n"
-        " --check-log DIR         report each log segment's records and damage and\n"
-        "                         exit (0 clean, 1 damaged, 2 check failed); must be\n"
-        "                         the first argument; starts no server\n"
-        " --help, --version       as -h, -v\n"
+        "Each option can also be set by the variable shown beside it. The command\n"
+        "line wins over the environment, and the environment over the defaults.\n"
+        "An empty variable counts as unset; a bad value exits with status 5, as a\n"
+        "bad option does. Booleans take 1/0, true/false, yes/no or on/off.\n"
+        "Short options may be grouped (-Vz 100) and take their value attached\n"
+        "(-p11300); long ones take it as the next argument or after '='.\n"
+        "\n");
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const struct setting *s = &settings[i];
+        if (s->kind == K_STATE) continue;
+        flag_text(s, flags, sizeof flags);
+        if (s->env)
+            fprintf(f, " %-27s %s=%s\n", flags, s->env, s->arg ? s->arg : "1"); /* a switch */
+        else
+            fprintf(f, " %s\n", flags);
+        size_t last = 0;        /* the length of the help's last line */
+        for (const char *h = s->help;; h++) {
+            last = strcspn(h, "\n");
+            fprintf(f, "      %.*s", (int)last, h);
+            h += last;
+            if (!*h) break;
+            fputc('\n', f);
+        }
+        facts_text(s, facts, sizeof facts);
+        if (*facts && 6 + last + strlen(facts) > 78)
+            fprintf(f, "\n      %s\n", facts + 1); /* on a line of their own */
+        else
+            fprintf(f, "%s\n", facts);
+    }
+    fprintf(f,
         "\n"
-        "Environment: every option can also be set by a variable. The command line\n"
-        "wins over the environment, and the environment over the defaults. An\n"
-        "empty variable counts as unset; a bad value exits with status 5.\n"
-        " BEANGATE_LISTEN=ADDR           as -l\n"
-        " BEANGATE_PORT=PORT             as -p\n"
-        " BEANGATE_USER=USER             as -u\n"
-        " BEANGATE_MAX_JOB_SIZE=BYTES    as -z\n"
-        " BEANGATE_VERBOSE=N             as -V given N times\n"
-        " BEANGATE_BINLOG_DIR=DIR        as -b\n"
-        " BEANGATE_FSYNC_MS=MS           as -f\n"
-        " BEANGATE_NO_FSYNC=1            as -F\n"
-        " BEANGATE_BINLOG_SIZE=BYTES     as -s\n"
-        " BEANGATE_LOG_RECOVER_DAMAGED=1 as --log-recover-damaged\n"
-        " BEANGATE_HTTP_LISTEN=ADDR      as --http-listen\n"
-        " BEANGATE_HTTP_PORT=PORT        as --http-port\n"
-        " BEANGATE_NO_HTTP=1             as --no-http\n"
-        " BEANGATE_HTTP_TOKEN_FILE=PATH  as --http-token-file\n"
-        " BEANGATE_HTTP_TOKENS=T1,T2     bearer tokens, comma-separated (in addition\n"
-        "                                to those of the token file)\n"
-        " BEANGATE_METRICS_AUTH=1        as --metrics-auth\n"
-        " BEANGATE_HTTP_MAX_WAIT=SECONDS as --http-max-wait\n"
-        " BEANGATE_GEARMAN_LISTEN=ADDR   as --gearman-listen\n"
-        " BEANGATE_GEARMAN_PORT=PORT     as --gearman-port\n"
-        " BEANGATE_GEARMAN_ADMIN_SHUTDOWN=1  as --gearman-admin-shutdown\n"
-        "Booleans take 1/0, true/false, yes/no or on/off.\n"
-        "\n"
-        "When any token is configured, every HTTP route except /livez and /readyz\n"
-        "(and /metrics unless --metrics-auth) needs \"Authorization: Bearer TOKEN\".\n"
         "The beanstalk TCP protocol has no authentication: keep it on loopback or a\n"
-        "private network.\n",
-        BG_JOB_SIZE_LIMIT);
+        "private network.\n");
 }
 
 /* Print a usage error and return the usage exit status. */
@@ -148,74 +252,104 @@ static int usage_error(const char *what, const char *flag, const char *value)
     return SERVER_USAGE_EXIT;
 }
 
-/* ---- value parsers: 0, or -1 with *why set ----------------------------- */
+/* ---- one value: from a flag, a variable or the default ------------------- */
 
-/* A size: digits only. */
-static int parse_size(const char *s, uint64_t *out)
+static void *field(const struct setting *s, struct server_config *cfg)
 {
-    char *end;
-    if (!*s || *s < '0' || *s > '9') return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end) return -1;
-    *out = v;
-    return 0;
+    return (char *)cfg + s->offset;
 }
 
-/* A TCP port given in the environment: 0-65535. */
-static int parse_port(const char *s)
+static void store(const struct setting *s, struct server_config *cfg, uint64_t v, const char *text)
 {
-    uint64_t v;
-    return parse_size(s, &v) == 0 && v <= 65535 && strlen(s) <= 5 ? 0 : -1;
-}
-
-/* 1/0, true/false, yes/no, on/off (any case). */
-static int parse_bool(const char *s, int *out)
-{
-    static const char *const yes[] = {"1", "true", "yes", "on"};
-    static const char *const no[] = {"0", "false", "no", "off"};
-    for (size_t i = 0; i < 4; i++) {
-        if (strcasecmp(s, yes[i]) == 0 || strcasecmp(s, no[i]) == 0) {
-            *out = strcasecmp(s, yes[i]) == 0;
-            return 0;
-        }
+    switch (s->type) {
+    case T_INT: *(int *)field(s, cfg) = (int)v; break;
+    case T_U32: *(uint32_t *)field(s, cfg) = (uint32_t)v; break;
+    case T_U64: *(uint64_t *)field(s, cfg) = v; break;
+    case T_STR: *(const char **)field(s, cfg) = text; break;
+    case T_NONE: break;
     }
+}
+
+static uint64_t load_number(const struct setting *s, const struct server_config *cfg)
+{
+    const void *p = (const char *)cfg + s->offset;
+    switch (s->type) {
+    case T_INT: return (uint64_t)*(const int *)p;
+    case T_U32: return *(const uint32_t *)p;
+    case T_U64: return *(const uint64_t *)p;
+    default: return 0;
+    }
+}
+
+/* 1/0, true/false, yes/no, on/off (any case): 1 or 0, or -1. */
+static int parse_bool(const char *s)
+{
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < 4; i++)
+            if (strcasecmp(s, bool_words[b][i]) == 0) return b;
     return -1;
 }
 
-/* -z: clamp to the limit with a warning, as beanstalkd does. */
-static uint32_t clamp_job_size(uint64_t size, const char *from)
+/* Why a number is refused (the message lives until the next call). */
+static const char *number_why(const struct setting *s)
 {
-    if (size <= BG_JOB_SIZE_LIMIT) return (uint32_t)size;
-    log_event(BG_LOG_WARN, "max_job_size_clamped", "from=%s max_job_size=%d", from,
-              BG_JOB_SIZE_LIMIT);
-    return BG_JOB_SIZE_LIMIT;
+    static char why[80];
+    if (s->clamp) return "not a number";
+    snprintf(why, sizeof why, "not a number from %llu to %llu", (unsigned long long)s->min,
+             (unsigned long long)s->max);
+    return why;
 }
 
-/* -f: milliseconds, at most 1000000000. */
-static int parse_fsync_ms(const char *s, int *out)
+/* Parse text as s's value and store it in cfg: NULL, or why it is refused
+ * (the message lives until the next call). from names the flag or variable,
+ * for the warning of a clamped value. */
+static const char *set_value(const struct setting *s, struct server_config *cfg, const char *text,
+                             const char *from)
 {
-    uint64_t v;
-    if (parse_size(s, &v) != 0 || v > 1000000000) return -1;
-    *out = (int)v;
-    return 0;
+    size_t len = strlen(text);
+    uint64_t v = 0;
+    int b;
+    switch (s->kind) {
+    case K_PORT:
+        if (len > 5 || bg_parse_u64(text, len, 65535, &v) != 0) return "not a port number (0-65535)";
+        break;
+    case K_NUMBER:
+    case K_COUNT:
+        if (bg_parse_u64(text, len, s->clamp ? UINT64_MAX : s->max, &v) != 0) {
+            if (!s->clamp || !len || bg_digits_span(text, len) != len) return number_why(s);
+            v = UINT64_MAX; /* more digits than 64 bits hold: above the maximum too */
+        }
+        if (v < s->min) return number_why(s);
+        if (v > s->max) { /* only a clamped setting gets here (-z, as beanstalkd) */
+            char event[48];
+            snprintf(event, sizeof event, "%s_clamped", s->key);
+            log_event(BG_LOG_WARN, event, "from=%s %s=%llu", from, s->key,
+                      (unsigned long long)s->max);
+            v = s->max;
+        }
+        if (s->round) v = (v + s->round - 1) / s->round * s->round;
+        break;
+    case K_BOOL:
+        if ((b = parse_bool(text)) < 0) return "not a boolean (1/0, true/false, yes/no, on/off)";
+        v = (uint64_t)(b ^ s->invert);
+        break;
+    default:
+        break;
+    }
+    store(s, cfg, v, text);
+    return NULL;
 }
 
-/* -s: bytes, not 0, rounded up to a multiple of 4096. */
-static int parse_segment_size(const char *s, uint64_t *out)
+/* Set setting i from a flag or a variable: NULL, or why the value is refused. */
+static const char *apply(size_t i, struct server_config *cfg, const char *text, enum source from,
+                         const char *name)
 {
-    uint64_t v;
-    if (parse_size(s, &v) != 0 || v == 0 || v > UINT64_MAX - 4095) return -1;
-    *out = (v + 4095) / 4096 * 4096;
-    return 0;
-}
-
-/* --http-max-wait: whole seconds, 1 to GW_MAX_WAIT_LIMIT_S. */
-static int parse_max_wait(const char *s, uint32_t *out)
-{
-    uint64_t v;
-    if (parse_size(s, &v) != 0 || v < 1 || v > GW_MAX_WAIT_LIMIT_S) return -1;
-    *out = (uint32_t)v;
-    return 0;
+    const struct setting *s = &settings[i];
+    const char *why = set_value(s, cfg, text, name);
+    if (why) return why;
+    if (s->also_offset) *(int *)((char *)cfg + s->also_offset - 1) = s->also_value;
+    sources[i] = from;
+    return NULL;
 }
 
 /* ---- the environment --------------------------------------------------- */
@@ -223,222 +357,142 @@ static int parse_max_wait(const char *s, uint32_t *out)
 /* The first bad variable, reported after the flags (so -h still works). */
 struct env_error {
     const char *var;
-    const char *value;          /* NULL: not to be printed (tokens) */
+    const char *value;
     const char *why;
 };
 
 /* The variable's value, or NULL when it is unset or empty. */
-static const char *env_value(enum setting s)
+static const char *env_value(const struct setting *s)
 {
-    const char *v = getenv(defs[s].env);
+    const char *v = s->env ? getenv(s->env) : NULL;
     return v && *v ? v : NULL;
 }
 
-/* Apply every BEANGATE_* variable to cfg. 0, or -1 with *err set. */
-static int apply_env(struct server_config *cfg, struct env_error *err)
+/* Apply the BEANGATE_* variables to cfg up to the first bad one (*err).
+ * BEANGATE_HTTP_TOKENS is read with the token file (load_tokens). */
+static void apply_env(struct server_config *cfg, struct env_error *err)
 {
-    const char *v;
-    uint64_t size;
-    int b;
-#define ENV_FAIL(s, shown, msg) \
-    do { err->var = defs[s].env; err->value = (shown); err->why = (msg); return -1; } while (0)
-    if ((v = env_value(S_LISTEN))) cfg->listen_addr = v, sources[S_LISTEN] = FROM_ENV;
-    if ((v = env_value(S_PORT))) {
-        if (parse_port(v) != 0) ENV_FAIL(S_PORT, v, "not a port number (0-65535)");
-        cfg->port = v, sources[S_PORT] = FROM_ENV;
+    for (size_t i = 0; i < SETTING_COUNT && !err->var; i++) {
+        const char *v = settings[i].kind == K_TOKENS ? NULL : env_value(&settings[i]);
+        const char *why = v ? apply(i, cfg, v, FROM_ENV, settings[i].env) : NULL;
+        if (why) *err = (struct env_error){settings[i].env, v, why};
     }
-    if ((v = env_value(S_USER))) cfg->user = v, sources[S_USER] = FROM_ENV;
-    if ((v = env_value(S_MAX_JOB_SIZE))) {
-        if (parse_size(v, &size) != 0) ENV_FAIL(S_MAX_JOB_SIZE, v, "invalid size");
-        cfg->max_job_size = clamp_job_size(size, defs[S_MAX_JOB_SIZE].env);
-        sources[S_MAX_JOB_SIZE] = FROM_ENV;
-    }
-    if ((v = env_value(S_VERBOSE))) {
-        if (parse_size(v, &size) != 0 || size > 100) ENV_FAIL(S_VERBOSE, v, "not a number from 0 to 100");
-        cfg->verbose = (int)size, sources[S_VERBOSE] = FROM_ENV;
-    }
-    if ((v = env_value(S_BINLOG_DIR))) cfg->log_dir = v, sources[S_BINLOG_DIR] = FROM_ENV;
-    if ((v = env_value(S_FSYNC_MS))) {
-        if (parse_fsync_ms(v, &cfg->fsync_ms) != 0) ENV_FAIL(S_FSYNC_MS, v, "invalid time");
-        cfg->fsync_never = 0;
-        sources[S_FSYNC_MS] = FROM_ENV;
-    }
-    if ((v = env_value(S_NO_FSYNC))) {
-        if (parse_bool(v, &b) != 0) ENV_FAIL(S_NO_FSYNC, v, "not a boolean (1/0, true/false, yes/no, on/off)");
-        cfg->fsync_never = b, sources[S_NO_FSYNC] = FROM_ENV;
-    }
-    if ((v = env_value(S_BINLOG_SIZE))) {
-        if (parse_segment_size(v, &cfg->segment_size) != 0) ENV_FAIL(S_BINLOG_SIZE, v, "invalid size");
-        sources[S_BINLOG_SIZE] = FROM_ENV;
-    }
-    if ((v = env_value(S_LOG_RECOVER_DAMAGED))) {
-        if (parse_bool(v, &b) != 0)
-            ENV_FAIL(S_LOG_RECOVER_DAMAGED, v, "not a boolean (1/0, true/false, yes/no, on/off)");
-        cfg->log_recover_damaged = b, sources[S_LOG_RECOVER_DAMAGED] = FROM_ENV;
-    }
-    if ((v = env_value(S_HTTP_LISTEN))) {
-        cfg->http_listen = v, cfg->http_explicit = 1, sources[S_HTTP_LISTEN] = FROM_ENV;
-    }
-    if ((v = env_value(S_HTTP_PORT))) {
-        if (parse_port(v) != 0) ENV_FAIL(S_HTTP_PORT, v, "not a port number (0-65535)");
-        cfg->http_port = v, cfg->http_explicit = 1, sources[S_HTTP_PORT] = FROM_ENV;
-    }
-    if ((v = env_value(S_NO_HTTP))) {
-        if (parse_bool(v, &b) != 0) ENV_FAIL(S_NO_HTTP, v, "not a boolean (1/0, true/false, yes/no, on/off)");
-        cfg->http_enabled = !b, sources[S_NO_HTTP] = FROM_ENV;
-    }
-    if ((v = env_value(S_HTTP_TOKEN_FILE)))
-        cfg->http_token_file = v, sources[S_HTTP_TOKEN_FILE] = FROM_ENV;
-    if ((v = env_value(S_METRICS_AUTH))) {
-        if (parse_bool(v, &b) != 0) ENV_FAIL(S_METRICS_AUTH, v, "not a boolean (1/0, true/false, yes/no, on/off)");
-        cfg->metrics_auth = b, sources[S_METRICS_AUTH] = FROM_ENV;
-    }
-    if ((v = env_value(S_HTTP_MAX_WAIT))) {
-        if (parse_max_wait(v, &cfg->http_max_wait) != 0)
-            ENV_FAIL(S_HTTP_MAX_WAIT, v, "not a number of seconds from 1 to 3600");
-        sources[S_HTTP_MAX_WAIT] = FROM_ENV;
-    }
-    if ((v = env_value(S_GEARMAN_LISTEN)))
-        cfg->gearman_listen = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_LISTEN] = FROM_ENV;
-    if ((v = env_value(S_GEARMAN_PORT))) {
-        if (parse_port(v) != 0) ENV_FAIL(S_GEARMAN_PORT, v, "not a port number (0-65535)");
-        cfg->gearman_port = v, cfg->gearman_enabled = 1, sources[S_GEARMAN_PORT] = FROM_ENV;
-    }
-    if ((v = env_value(S_GEARMAN_ADMIN_SHUTDOWN))) {
-        if (parse_bool(v, &b) != 0)
-            ENV_FAIL(S_GEARMAN_ADMIN_SHUTDOWN, v, "not a boolean (1/0, true/false, yes/no, on/off)");
-        cfg->gearman_admin_shutdown = b, sources[S_GEARMAN_ADMIN_SHUTDOWN] = FROM_ENV;
-    }
-    /* BEANGATE_HTTP_TOKENS is read with the token file (load_tokens) */
-#undef ENV_FAIL
-    return 0;
 }
 
 /* ---- the command line -------------------------------------------------- */
 
-/* One --name [value] flag at argv[*i]; 0, 1 (exit 0) or the usage exit status. */
-static int parse_long_flag(struct server_config *cfg, int argc, char **argv, int *i)
+/* The row of short flag c or of long flag a[0..n), or -1. */
+static int find_flag(char c, const char *a, size_t n)
 {
-    const char *a = argv[*i];
-    static const struct { const char *name; enum setting s; } valued[] = {
-        {"--http-listen", S_HTTP_LISTEN},
-        {"--http-port", S_HTTP_PORT},
-        {"--http-token-file", S_HTTP_TOKEN_FILE},
-        {"--http-max-wait", S_HTTP_MAX_WAIT},
-        {"--gearman-listen", S_GEARMAN_LISTEN},
-        {"--gearman-port", S_GEARMAN_PORT},
-    };
-    if (strcmp(a, "--no-http") == 0) {
-        cfg->http_enabled = 0;
-        sources[S_NO_HTTP] = FROM_FLAG;
-        return 0;
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const struct setting *s = &settings[i];
+        if (c ? s->short_flag == c
+              : s->long_flag && strlen(s->long_flag) == n && strncmp(s->long_flag, a, n) == 0)
+            return (int)i;
     }
-    if (strcmp(a, "--log-recover-damaged") == 0) {
-        cfg->log_recover_damaged = 1;
-        sources[S_LOG_RECOVER_DAMAGED] = FROM_FLAG;
-        return 0;
-    }
-    if (strcmp(a, "--metrics-auth") == 0) {
-        cfg->metrics_auth = 1;
-        sources[S_METRICS_AUTH] = FROM_FLAG;
-        return 0;
-    }
-    if (strcmp(a, "--gearman-admin-shutdown") == 0) {
-        cfg->gearman_admin_shutdown = 1;
-        sources[S_GEARMAN_ADMIN_SHUTDOWN] = FROM_FLAG;
-        return 0;
-    }
-    if (strcmp(a, "--help") == 0) {
-        usage(stdout);
-        return 1;
-    }
-    if (strcmp(a, "--version") == 0) {
-        printf("beangate %s (beanstalkd %s protocol)\n", BEANGATE_VERSION, BG_VERSION);
-        return 1;
-    }
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) {
-        size_t n = strlen(valued[k].name);
-        if (strncmp(a, valued[k].name, n) != 0 || (a[n] != '\0' && a[n] != '=')) continue;
-        const char *value = a[n] == '=' ? a + n + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
-        if (!value || !*value) return usage_error("flag requires an argument", valued[k].name, NULL);
-        sources[valued[k].s] = FROM_FLAG;
-        switch (valued[k].s) {
-        case S_HTTP_LISTEN: cfg->http_listen = value, cfg->http_explicit = 1; break;
-        case S_HTTP_PORT: cfg->http_port = value, cfg->http_explicit = 1; break;
-        case S_HTTP_MAX_WAIT:
-            if (parse_max_wait(value, &cfg->http_max_wait) != 0)
-                return usage_error("not a number of seconds from 1 to 3600", valued[k].name, value);
-            break;
-        case S_GEARMAN_LISTEN: cfg->gearman_listen = value, cfg->gearman_enabled = 1; break;
-        case S_GEARMAN_PORT:
-            if (parse_port(value) != 0) return usage_error("invalid port", valued[k].name, value);
-            cfg->gearman_port = value, cfg->gearman_enabled = 1;
-            break;
-        default: cfg->http_token_file = value; break;
-        }
-        return 0;
-    }
-    return usage_error("unknown flag", a, NULL);
+    return -1;
 }
 
-/* beanstalkd's short flags, bundled or not (-Vp 11300, -p11300). */
+/* Flag `name` of row i with its value (NULL for a switch):
+ * 0, 1 (exit 0: -h, -v) or the usage exit status. */
+static int apply_flag(size_t i, struct server_config *cfg, const char *name, const char *value)
+{
+    const struct setting *s = &settings[i];
+    const char *why;
+    switch (s->kind) {
+    case K_HELP:
+        usage(stdout);
+        return 1;
+    case K_VERSION:
+        printf("beangate %s (beanstalkd %s protocol)\n", BEANGATE_VERSION, BG_VERSION);
+        return 1;
+    case K_COMMAND:
+        return usage_error("must be the first argument", name, NULL);
+    case K_COUNT: { /* -V: the command line's count replaces the environment's */
+        int *count = field(s, cfg);
+        if (sources[i] != FROM_FLAG) *count = 0, sources[i] = FROM_FLAG;
+        if ((uint64_t)*count >= s->max) return usage_error("given too many times", name, NULL);
+        (*count)++;
+        return 0;
+    }
+    default:
+        break;
+    }
+    if (takes_value(s) && (!value || !*value))
+        return usage_error("flag requires an argument", name, NULL);
+    /* a switch is its variable set to 1 */
+    why = apply(i, cfg, value ? value : "1", FROM_FLAG, name);
+    return why ? usage_error(why, name, value) : 0;
+}
+
+/* beanstalkd's short flags, grouped or not (-Vp 11300, -p11300), and long
+ * flags (--http-port 8080, --http-port=8080). 0, 1 (exit 0) or the usage
+ * exit status. */
 static int parse_args(struct server_config *cfg, int argc, char **argv)
 {
-    int verbose = 0;            /* -V on the command line replaces the environment's */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    for (int k = 1; k < argc; k++) {
+        const char *a = argv[k];
+        int i, rc;
         if (strncmp(a, "--", 2) == 0) {
-            int r = parse_long_flag(cfg, argc, argv, &i);
-            if (r != 0) return r;
+            size_t n = strcspn(a, "=");
+            if ((i = find_flag(0, a, n)) < 0) return usage_error("unknown flag", a, NULL);
+            const char *value = NULL;
+            if (a[n] == '=') {
+                if (!takes_value(&settings[i]))
+                    return usage_error("takes no value", settings[i].long_flag, a + n + 1);
+                value = a + n + 1;
+            } else if (takes_value(&settings[i]) && settings[i].kind != K_COMMAND) {
+                value = k + 1 < argc ? argv[++k] : NULL;
+            }
+            if ((rc = apply_flag((size_t)i, cfg, settings[i].long_flag, value)) != 0) return rc;
             continue;
         }
         if (a[0] != '-' || a[1] == '\0') return usage_error("unknown argument", a, NULL);
         for (const char *f = a + 1; *f; f++) {
-            char flag = *f;
-            char name[3] = {'-', flag, 0};
+            char name[3] = {'-', *f, 0};
+            if ((i = find_flag(*f, NULL, 0)) < 0) return usage_error("unknown flag", name, NULL);
             const char *value = NULL;
-            if (strchr("lpuzbfs", flag)) {
+            int attached = 0;
+            if (takes_value(&settings[i])) {
                 /* the value is the rest of this word, or the next word */
-                if (f[1]) value = f + 1;
-                else if (i + 1 < argc) value = argv[++i];
-                else return usage_error("flag requires an argument", name, NULL);
+                if (f[1]) value = f + 1, attached = 1;
+                else if (k + 1 < argc) value = argv[++k];
             }
-            uint64_t size;
-            switch (flag) {
-            case 'l': cfg->listen_addr = value, sources[S_LISTEN] = FROM_FLAG; break;
-            case 'p': cfg->port = value, sources[S_PORT] = FROM_FLAG; break;
-            case 'u': cfg->user = value, sources[S_USER] = FROM_FLAG; break;
-            case 'z':
-                if (parse_size(value, &size) != 0) return usage_error("invalid size", name, value);
-                cfg->max_job_size = clamp_job_size(size, "-z");
-                sources[S_MAX_JOB_SIZE] = FROM_FLAG;
-                break;
-            case 'b': cfg->log_dir = value, sources[S_BINLOG_DIR] = FROM_FLAG; break;
-            case 'f':
-                if (parse_fsync_ms(value, &cfg->fsync_ms) != 0) return usage_error("invalid time", name, value);
-                cfg->fsync_never = 0; /* as beanstalkd: the later of -f and -F wins */
-                sources[S_FSYNC_MS] = FROM_FLAG;
-                break;
-            case 'F': cfg->fsync_never = 1, sources[S_NO_FSYNC] = FROM_FLAG; break;
-            case 's':
-                if (parse_segment_size(value, &cfg->segment_size) != 0)
-                    return usage_error("invalid size", name, value);
-                sources[S_BINLOG_SIZE] = FROM_FLAG;
-                break;
-            case 'V': verbose++; break;
-            case 'v':
-                printf("beangate %s (beanstalkd %s protocol)\n", BEANGATE_VERSION, BG_VERSION);
-                return 1;
-            case 'h':
-                usage(stdout);
-                return 1;
-            default:
-                return usage_error("unknown flag", name, NULL);
-            }
-            if (value) break; /* the value used up the rest of the word */
+            if ((rc = apply_flag((size_t)i, cfg, name, value)) != 0) return rc;
+            if (attached) break;
         }
     }
-    if (verbose) cfg->verbose = verbose, sources[S_VERBOSE] = FROM_FLAG;
+    return 0;
+}
+
+/* A command instead of a server (--healthcheck, --check-log DIR): only as
+ * the first argument, with nothing after it; of the settings it reads only
+ * the one it uses (so a bad variable of another does not matter). -1 if
+ * argv[1] is none, else 0 (cfg->command set) or the usage exit status. */
+static int parse_command(struct server_config *cfg, int argc, char **argv)
+{
+    if (argc < 2 || strncmp(argv[1], "--", 2) != 0) return -1;
+    const char *a = argv[1];
+    size_t n = strcspn(a, "=");
+    int i = find_flag(0, a, n);
+    if (i < 0 || settings[i].kind != K_COMMAND) return -1;
+    const struct setting *s = &settings[i];
+    const char *value = a[n] == '=' ? a + n + 1 : !s->arg_optional && argc > 2 ? argv[2] : NULL;
+    int used = 1 + (a[n] != '=' && value != NULL);
+    if (!s->arg_optional && (!value || !*value))
+        return usage_error("flag requires an argument", s->long_flag, NULL);
+    if (argc > 1 + used) return usage_error("nothing may follow", s->long_flag, argv[1 + used]);
+    cfg->command = s->command;
+    cfg->command_arg = value && *value ? value : NULL;
+    for (size_t k = 0; k < SETTING_COUNT; k++) {
+        const struct setting *r = &settings[k];
+        const char *v = r->key && s->reads && strcmp(r->key, s->reads) == 0 ? env_value(r) : NULL;
+        const char *why = v ? apply(k, cfg, v, FROM_ENV, r->env) : NULL;
+        if (why) {
+            log_event(BG_LOG_ERROR, "bad_env", "var=%s value=%s msg=%s", r->env, log_str(v), log_str(why));
+            return SERVER_USAGE_EXIT;
+        }
+    }
     return 0;
 }
 
@@ -522,8 +576,8 @@ static int load_token_file(const char *path)
     return rc;
 }
 
-/* BEANGATE_HTTP_TOKENS: comma-separated. 0, or SERVER_USAGE_EXIT. */
-static int load_token_env(const char *value)
+/* BEANGATE_HTTP_TOKENS (var): comma-separated. 0, or SERVER_USAGE_EXIT. */
+static int load_token_env(const char *var, const char *value)
 {
     char *copy = strdup(value);
     if (!copy) return SERVER_USAGE_EXIT;
@@ -538,29 +592,29 @@ static int load_token_env(const char *value)
         if (n == 0) continue;
         const char *why = add_token(t, n);
         if (why) {
-            log_event(BG_LOG_ERROR, "bad_env", "var=%s item=%u msg=%s", defs[S_HTTP_TOKENS].env,
-                      item, log_str(why));
+            log_event(BG_LOG_ERROR, "bad_env", "var=%s item=%u msg=%s", var, item, log_str(why));
             rc = SERVER_USAGE_EXIT;
             break;
         }
     }
     free(copy);
     if (rc == 0 && token_count == before) {
-        log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=\"no token in the value\"",
-                  defs[S_HTTP_TOKENS].env);
+        log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=\"no token in the value\"", var);
         rc = SERVER_USAGE_EXIT;
     }
     return rc;
 }
 
+/* The token file, then the variable of the K_TOKENS row. 0, or SERVER_USAGE_EXIT. */
 static int load_tokens(struct server_config *cfg)
 {
     int rc;
     if (cfg->http_token_file && (rc = load_token_file(cfg->http_token_file)) != 0) return rc;
-    const char *v = env_value(S_HTTP_TOKENS);
-    if (v) {
-        if ((rc = load_token_env(v)) != 0) return rc;
-        sources[S_HTTP_TOKENS] = FROM_ENV;
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const char *v = settings[i].kind == K_TOKENS ? env_value(&settings[i]) : NULL;
+        if (!v) continue;
+        if ((rc = load_token_env(settings[i].env, v)) != 0) return rc;
+        sources[i] = FROM_ENV;
     }
     cfg->http_tokens = (const char *const *)tokens;
     cfg->http_token_count = token_count;
@@ -569,53 +623,67 @@ static int load_tokens(struct server_config *cfg)
 
 /* ---- the effective configuration --------------------------------------- */
 
+/* -V: one line of every setting (the number of tokens, never a token);
+ * -VV: where each came from. */
 static void log_config(const struct server_config *c)
 {
     if (!log_enabled(BG_LOG_INFO)) return;
-    log_event(BG_LOG_INFO, "config",
-              "listen=%s port=%s user=%s max_job_size=%u verbose=%d binlog_dir=%s fsync_ms=%d "
-              "fsync_never=%d binlog_size=%llu http=%s http_listen=%s http_port=%s "
-              "http_token_file=%s http_tokens=%zu http_auth=%s metrics_auth=%s http_max_wait=%u gearman=%s "
-              "gearman_listen=%s gearman_port=%s log_recover_damaged=%s gearman_admin_shutdown=%s",
-              log_str(c->listen_addr), log_str(c->port), log_str(c->user), c->max_job_size,
-              c->verbose, log_str(c->log_dir), c->fsync_ms, c->fsync_never,
-              (unsigned long long)c->segment_size, c->http_enabled ? "on" : "off",
-              log_str(c->http_listen), log_str(c->http_port), log_str(c->http_token_file),
-              c->http_token_count, c->http_token_count ? "on" : "off",
-              c->metrics_auth ? "on" : "off", c->http_max_wait, c->gearman_enabled ? "on" : "off",
-              log_str(c->gearman_listen), log_str(c->gearman_port),
-              c->log_recover_damaged ? "on" : "off", c->gearman_admin_shutdown ? "on" : "off");
-    for (int s = 0; s < S_COUNT; s++)
-        log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", defs[s].key,
-                  source_names[sources[s]], defs[s].env);
+    char *line = NULL;
+    size_t size = 0;
+    FILE *m = open_memstream(&line, &size);
+    if (!m) return;
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const struct setting *s = &settings[i];
+        const void *p = (const char *)c + s->offset;
+        const char *sep = ftell(m) ? " " : "";
+        switch (s->kind) {
+        case K_STRING:
+        case K_PORT:
+            fprintf(m, "%s%s=%s", sep, s->key, log_str(*(const char *const *)p));
+            break;
+        case K_NUMBER:
+        case K_COUNT:
+            fprintf(m, "%s%s=%llu", sep, s->key, (unsigned long long)load_number(s, c));
+            break;
+        case K_BOOL:
+        case K_STATE:
+            fprintf(m, "%s%s=%s", sep, s->key, *(const int *)p ? "on" : "off");
+            break;
+        case K_TOKENS:
+            fprintf(m, "%s%s=%zu http_auth=%s", sep, s->key, c->http_token_count,
+                    c->http_token_count ? "on" : "off");
+            break;
+        default:
+            break;
+        }
+    }
+    if (fclose(m) == 0) log_event(BG_LOG_INFO, "config", "%s", line);
+    free(line);
+    for (size_t i = 0; i < SETTING_COUNT; i++)
+        if (settings[i].env)
+            log_event(BG_LOG_DEBUG, "config_source", "setting=%s source=%s var=%s", settings[i].key,
+                      source_names[sources[i]], settings[i].env);
 }
 
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->listen_addr = "127.0.0.1";
-    cfg->port = "11300";
-    cfg->max_job_size = BG_JOB_SIZE_DEFAULT;
-    cfg->http_listen = "127.0.0.1";
-    cfg->http_port = "11301";
-    cfg->http_enabled = 1;
-    cfg->http_max_wait = GW_MAX_WAIT_DEFAULT_S;
-    cfg->gearman_listen = "127.0.0.1";
-    cfg->gearman_port = "4730";
-    cfg->fsync_ms = SERVER_FSYNC_MS_DEFAULT;
-    cfg->segment_size = SERVER_SEGMENT_SIZE_DEFAULT;
-    for (int s = 0; s < S_COUNT; s++) sources[s] = FROM_DEFAULT;
-
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        sources[i] = FROM_DEFAULT;
+        const char *why = settings[i].def ? set_value(&settings[i], cfg, settings[i].def, "default") : NULL;
+        if (why) { /* a mistake in the table above */
+            log_event(BG_LOG_ERROR, "bad_default", "setting=%s msg=%s", settings[i].key, log_str(why));
+            return SERVER_USAGE_EXIT;
+        }
+    }
+    int rc = parse_command(cfg, argc, argv);
+    if (rc >= 0) return rc;
     struct env_error err = {0};
-    int env_rc = apply_env(cfg, &err);
-    int rc = parse_args(cfg, argc, argv);
-    if (rc != 0) return rc;
-    if (env_rc != 0) {
-        if (err.value)
-            log_event(BG_LOG_ERROR, "bad_env", "var=%s value=%s msg=%s", err.var, log_str(err.value),
-                      log_str(err.why));
-        else
-            log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=%s", err.var, log_str(err.why));
+    apply_env(cfg, &err);
+    if ((rc = parse_args(cfg, argc, argv)) != 0) return rc;
+    if (err.var) {
+        log_event(BG_LOG_ERROR, "bad_env", "var=%s value=%s msg=%s", err.var, log_str(err.value),
+                  log_str(err.why));
         return SERVER_USAGE_EXIT;
     }
     log_set_verbosity(cfg->verbose);

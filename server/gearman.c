@@ -84,6 +84,8 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 
 int gearman_listen_fd(const struct gearman *g) { return conn_server_fd(g->conns); }
 
+uint64_t gearman_connections(const struct gearman *g) { return g ? conn_server_count(g->conns) : 0; }
+
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg)
 {
     struct gearman *g = calloc(1, sizeof *g);

@@ -34,6 +34,8 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->os = srv->os;
     pi->platform = srv->platform;
     pi->binlog_max_size = 10485760; /* the reference's default without -b */
+    pi->binlog_sync_age_ms = -1;
+    pi->gearman_connections = gearman_connections(srv->gearman);
     wal_stats(srv->wal, pi);
 }
 
@@ -120,14 +122,13 @@ static int describe_host(struct server *srv)
 }
 
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
- * (default 127.0.0.1:11301) and exit 0 if it answers 200, else 1. Docker's
- * HEALTHCHECK uses this: a slim image has no curl. */
-static int healthcheck(const char *arg)
+ * (default 127.0.0.1 and the HTTP port of the settings, http_port) and exit
+ * 0 if it answers 200, else 1. Docker's HEALTHCHECK uses this: a slim image
+ * has no curl. */
+static int healthcheck(const char *arg, const char *http_port)
 {
     char host[256] = "127.0.0.1";
-    const char *port = "11301";
-    const char *env_port = getenv("BEANGATE_HTTP_PORT");
-    if (env_port && *env_port) port = env_port;
+    const char *port = http_port;
     if (arg && *arg) {
         const char *colon = strrchr(arg, ':');
         if (!colon || (size_t)(colon - arg) >= sizeof host) return 1;
@@ -218,21 +219,12 @@ static void print_startup_block(const struct server *srv, const struct server_co
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strncmp(argv[1], "--healthcheck", 13) == 0 &&
-        (argv[1][13] == '\0' || argv[1][13] == '='))
-        return healthcheck(argv[1][13] == '=' ? argv[1] + 14 : NULL);
-    if (argc >= 2 && strncmp(argv[1], "--check-log", 11) == 0 && (argv[1][11] == '\0' || argv[1][11] == '=')) {
-        const char *dir = argv[1][11] == '=' ? argv[1] + 12 : argc == 3 ? argv[2] : NULL;
-        if (!dir || !*dir || argc != (argv[1][11] == '=' ? 2 : 3)) {
-            log_event(BG_LOG_ERROR, "bad_flag", "flag=--check-log msg=%s", log_str("use: beangate --check-log DIR"));
-            return SERVER_USAGE_EXIT;
-        }
-        return wal_check(dir);
-    }
     struct server_config cfg;
     int r = server_config_parse(&cfg, argc, argv);
     if (r == 1) return 0;
     if (r != 0) return r;
+    if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg, cfg.http_port);
+    if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
@@ -267,7 +259,7 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info, cfg.http_max_wait};
+                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

@@ -13,9 +13,18 @@
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
-/* Every setting is a flag and an environment variable BEANGATE_<NAME>
- * (config.c); command line > environment > default. */
+/* What the process does: serve, or run one command and exit. */
+enum server_command {
+    SERVER_RUN = 0,
+    SERVER_HEALTHCHECK,          /* --healthcheck[=HOST:PORT] */
+    SERVER_CHECK_LOG,            /* --check-log DIR */
+};
+
+/* Every setting is a flag and an environment variable BEANGATE_<NAME>,
+ * declared once in config.c's table; command line > environment > default. */
 struct server_config {
+    enum server_command command; /* SERVER_RUN unless the first argument is a command */
+    const char *command_arg;     /* its HOST:PORT or DIR, or NULL */
     const char *listen_addr;     /* "127.0.0.1", or "unix:/path" */
     const char *port;            /* "11300" */
     const char *user;            /* -u, or NULL */
@@ -25,13 +34,13 @@ struct server_config {
     const char *http_port;       /* --http-port, default 11301 */
     int http_enabled;            /* 0 with --no-http */
     int http_explicit;           /* HTTP address or port given (flag or env) */
+    int max_wait_s;              /* --http-max-wait: longest long-poll, default 30 */
     const char *http_token_file; /* --http-token-file, or NULL */
     /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
      * gateway is open. They live as long as the process. */
     const char *const *http_tokens;
     size_t http_token_count;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
-    uint32_t http_max_wait;      /* --http-max-wait: long-poll cap in seconds, default 30 */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
@@ -43,14 +52,14 @@ struct server_config {
     int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
 };
 
-#define SERVER_FSYNC_MS_DEFAULT 50
-#define SERVER_SEGMENT_SIZE_DEFAULT 10485760
-
-/* Read the environment, then argv like beanstalkd, then the bearer tokens.
- * Returns 0 to run, 1 when the process should exit 0 (-h, -v), or
- * SERVER_USAGE_EXIT after printing why (and the usage for a bad flag).
- * Sets the log level (log.h) and, with -V, logs the effective
- * configuration (never a token's value). */
+/* A command given as the first argument (cfg->command) reads only the
+ * setting it uses (--healthcheck: the HTTP port's default and variable).
+ * Otherwise: the defaults, the environment, argv like beanstalkd, then the
+ * bearer tokens. Returns 0 to run cfg->command (SERVER_RUN: the
+ * server), 1 when the process should exit 0 (-h, -v), or SERVER_USAGE_EXIT
+ * after printing why (and the usage for a bad flag). Sets the log level
+ * (log.h) and, with -V, logs the effective configuration (never a token's
+ * value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
 
 /* ---- beanstalk.c: the beanstalk listener ------------------------------ */
@@ -74,6 +83,8 @@ struct gearman;
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
 /* Close every Gearman connection and the listener; NULL does nothing. */
 void gearman_stop(struct gearman *g);
+/* Open Gearman connections; 0 for NULL. */
+uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */
 int gearman_listen_fd(const struct gearman *g);
 

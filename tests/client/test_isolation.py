@@ -22,7 +22,8 @@ followed the README still has `scripts/run.sh` running. This test:
 
 Exit status 0 if every check passed, 1 if one failed, 77 (skipped) where no
 network namespace can be made (unshare --net needs root, unshare -rn needs
-user namespaces). The last line is `client-isolation: N passed, M failed`.
+user namespaces). The runner is tests/lib/testlib.py's; the last line is
+`client-isolation: N passed, M failed, K skipped`.
 """
 
 import os
@@ -31,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -55,7 +55,7 @@ def ways_to_isolate():
 
 def enter_namespace(argv):
     """Re-run this test in a private network namespace; never returns
-    (exits with SKIP if none can be made)."""
+    (raises testlib.Skip if none can be made)."""
     why = []
     for way in ways_to_isolate():
         probe = subprocess.run(["unshare"] + way + ["true"], capture_output=True, text=True)
@@ -63,8 +63,7 @@ def enter_namespace(argv):
             env = dict(os.environ, **{INSIDE: "1"})
             os.execvpe("unshare", ["unshare"] + way + ["--", sys.executable] + argv, env)
         why.append("unshare %s: %s" % (" ".join(way), probe.stderr.strip() or "failed"))
-    print("SKIP client-isolation: no private network namespace here (%s)" % "; ".join(why))
-    sys.exit(SKIP)
+    raise testlib.Skip("no private network namespace here (%s)" % "; ".join(why))
 
 
 class Beanstalk:
@@ -102,15 +101,11 @@ class Beanstalk:
         return dict(ln.split(": ", 1) for ln in body.splitlines() if ": " in ln)
 
 
-def wait_listening(proc, deadline):
-    while time.monotonic() < deadline:
-        check(proc.poll() is None, "the outside server exited with %r" % proc.returncode)
-        try:
-            socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError("the outside server does not listen on 127.0.0.1:%d" % PORT)
+def wait_listening(proc, timeout):
+    status = testlib.wait_ready(proc, lambda: socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
+                                or True, timeout, step=0.05)
+    check(status != "exited", "the outside server exited with %r" % proc.returncode)
+    check(status == "ok", "the outside server does not listen on 127.0.0.1:%d" % PORT)
 
 
 def run_runner(binary, env):
@@ -119,72 +114,100 @@ def run_runner(binary, env):
     return r.returncode, r.stdout + r.stderr
 
 
-def main(argv):
-    binary = testlib.binary_arg(argv)
-    if binary is None:
-        return 2
-    binary = os.path.abspath(binary)
-    if not os.environ.get(INSIDE):
-        r = subprocess.run([RUNNER, "--install-only", binary], stdin=subprocess.DEVNULL, timeout=RUNNER_TIMEOUT)
-        if r.returncode != 0:
-            print("FAIL install: run_client_suite.sh --install-only exited with %d" % r.returncode)
-            print("client-isolation: 0 passed, 1 failed")
-            return 1
-        enter_namespace([os.path.abspath(__file__), binary])
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+OUTSIDE = {}             # the outside server: proc, its stderr file, a connection to it
 
-    passed = failed = 0
-    errf = tempfile.TemporaryFile()
-    outside = subprocess.Popen([binary, "-l", "127.0.0.1", "-p", str(PORT), "--no-http"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf)
-    try:
-        wait_listening(outside, time.monotonic() + 10)
-        c = Beanstalk()
-        check_eq(c.cmd(b"use outside\r\n"), b"USING outside\r\n", "use on the outside server")
-        check_eq(c.cmd(b"put 0 0 60 7\r\noutside\r\n"), b"INSERTED 1\r\n", "put on the outside server")
-        for name, env in (("the client suites pass beside a server on 127.0.0.1:11300", {}),
-                          ("without a namespace, the runner names what holds the port",
-                           {"CLIENT_SUITE_NETNS": "off"})):
-            try:
-                before = c.stats()
-                rc, out = run_runner(binary, env)
-                if not env:
-                    last = out.strip().splitlines()[-1] if out.strip() else ""
-                    check(rc == 0 and re.match(r"^client-suite: [1-9]\d* passed, 0 failed", last),
-                          "run_client_suite.sh: exit %d, last line %r; output:\n%s" % (rc, last, out[-3000:]))
-                    check("in a private network namespace" in out, "the runner did not isolate itself:\n%s"
-                          % out[-2000:])
-                else:
-                    check_eq(rc, 2, "exit status without a namespace, port taken")
-                    want = "beangate (pid %d) holds it" % outside.pid
-                    check(want in out and "kill %d" % outside.pid in out,
-                          "the message does not say %r and how to stop it:\n%s" % (want, out[-2000:]))
-                after = c.stats()
-                for key in ("total-jobs", "cmd-put", "current-jobs-ready", "current-connections", "cmd-reserve"):
-                    check_eq(after.get(key), before.get(key), "outside server's %s after: %s" % (key, name))
-                # in a namespace nothing reaches it; without one, the
-                # runner's probe connects once and closes
-                check_eq(int(after["total-connections"]) - int(before["total-connections"]), 1 if env else 0,
-                         "new connections to the outside server during: %s" % name)
-                check_eq(c.cmd(b"peek-ready\r\n") + c.line(), b"FOUND 1 7\r\noutside\r\n",
-                         "the outside server's job")
-                passed += 1
-                print("PASS %s" % name, flush=True)
-            except (AssertionError, subprocess.TimeoutExpired) as e:
-                failed += 1
-                print("FAIL %s: %s" % (name, e), flush=True)
-    except AssertionError as e:
-        failed += 1
-        print("FAIL the outside server: %s" % e, flush=True)
-    finally:
-        status = testlib.signal_and_wait(outside, 15, 5)
-        errf.seek(0)
-        err = errf.read().decode("utf-8", "replace")
-        if status != 0 or any(m in err for m in testlib.SANITIZER_MARKERS):
-            failed += 1
-            print("FAIL the outside server's exit: status %r, stderr %s" % (status, err[-1500:]), flush=True)
-    print("client-isolation: %d passed, %d failed" % (passed, failed), flush=True)
-    return 1 if failed else 0
+
+def install_and_enter_namespace(names):
+    """Outside the namespace: install the suites' packages, then run again
+    inside a namespace of this test's own."""
+    r = subprocess.run([RUNNER, "--install-only", BINARY], stdin=subprocess.DEVNULL, timeout=RUNNER_TIMEOUT)
+    check(r.returncode == 0, "install: run_client_suite.sh --install-only exited with %d" % r.returncode)
+    sys.stdout.flush()
+    enter_namespace([os.path.abspath(__file__)] + sys.argv[1:] + ["--seed", str(SEED)])
+
+
+def start_outside_server(names):
+    """Inside: the outside server on 127.0.0.1:11300, with one job in it."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    OUTSIDE["errf"] = tempfile.TemporaryFile()
+    OUTSIDE["proc"] = outside = subprocess.Popen(
+        [BINARY, "-l", "127.0.0.1", "-p", str(PORT), "--no-http"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=OUTSIDE["errf"])
+    wait_listening(outside, 10)
+    OUTSIDE["conn"] = c = Beanstalk()
+    check_eq(c.cmd(b"use outside\r\n"), b"USING outside\r\n", "use on the outside server")
+    check_eq(c.cmd(b"put 0 0 60 7\r\noutside\r\n"), b"INSERTED 1\r\n", "put on the outside server")
+
+
+def check_outside_untouched(before, env, name):
+    """The outside server's counters and job after the runner ran with env."""
+    c = OUTSIDE["conn"]
+    after = c.stats()
+    for key in ("total-jobs", "cmd-put", "current-jobs-ready", "current-connections", "cmd-reserve"):
+        check_eq(after.get(key), before.get(key), "outside server's %s after: %s" % (key, name))
+    # in a namespace nothing reaches it; without one, the
+    # runner's probe connects once and closes
+    check_eq(int(after["total-connections"]) - int(before["total-connections"]), 1 if env else 0,
+             "new connections to the outside server during: %s" % name)
+    check_eq(c.cmd(b"peek-ready\r\n") + c.line(), b"FOUND 1 7\r\noutside\r\n",
+             "the outside server's job")
+
+
+def test_client_suites_pass_beside_a_server():
+    """the client suites pass beside a server on 127.0.0.1:11300"""
+    before = OUTSIDE["conn"].stats()
+    rc, out = run_runner(BINARY, {})
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    check(rc == 0 and re.match(r"^client-suite: [1-9]\d* passed, 0 failed", last),
+          "run_client_suite.sh: exit %d, last line %r; output:\n%s" % (rc, last, out[-3000:]))
+    check("in a private network namespace" in out, "the runner did not isolate itself:\n%s"
+          % out[-2000:])
+    check_outside_untouched(before, {}, test_client_suites_pass_beside_a_server.__doc__)
+
+
+def test_without_a_namespace_the_runner_names_the_port_holder():
+    """without a namespace, the runner names what holds the port"""
+    env = {"CLIENT_SUITE_NETNS": "off"}
+    outside = OUTSIDE["proc"]
+    before = OUTSIDE["conn"].stats()
+    rc, out = run_runner(BINARY, env)
+    check_eq(rc, 2, "exit status without a namespace, port taken")
+    want = "beangate (pid %d) holds it" % outside.pid
+    check(want in out and "kill %d" % outside.pid in out,
+          "the message does not say %r and how to stop it:\n%s" % (want, out[-2000:]))
+    check_outside_untouched(before, env, test_without_a_namespace_the_runner_names_the_port_holder.__doc__)
+
+
+def the_outside_server_exits_cleanly():
+    """After the tests: SIGTERM stops the outside server with status 0 and no
+    sanitizer report."""
+    if "proc" not in OUTSIDE:
+        raise testlib.Skip("it was not started")
+    status = testlib.signal_and_wait(OUTSIDE["proc"], 15, 5)
+    OUTSIDE["errf"].seek(0)
+    err = OUTSIDE["errf"].read().decode("utf-8", "replace")
+    check(status == 0 and testlib.sanitizer_report(err) is None,
+          "status %r, stderr %s" % (status, err[-1500:]))
+
+
+TESTS = [
+    test_client_suites_pass_beside_a_server,
+    test_without_a_namespace_the_runner_names_the_port_holder,
+]
+
+BINARY = None
+SEED = None              # the inside run repeats the outside run's seed
+
+
+def main(argv):
+    global BINARY, SEED
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
+    BINARY, SEED = args.binary, args.seed
+    if not os.environ.get(INSIDE):
+        return testlib.run("client-isolation", TESTS, args, setup=install_and_enter_namespace,
+                           all_skipped=SKIP)
+    return testlib.run("client-isolation", TESTS, args, namespace=globals(), setup=start_outside_server,
+                       last=(the_outside_server_exits_cleanly,), all_skipped=SKIP)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from testlib import free_port  # noqa: E402
+from testlib import free_port, wait_ready  # noqa: E402
 
 REFERENCE_DEFAULT = "/usr/bin/beanstalkd"
 DEFAULT_MAX_JOB = 65535
@@ -137,13 +137,8 @@ class Server:
             # wait until it listens (probe with a bare TCP connect that is
             # refused until the listener exists; a refused connect is never
             # seen by the server, so it does not disturb the counters)
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                if self._port_listening():
-                    return
-                time.sleep(0.002)
+            if wait_ready(self.proc, self._port_listening, 5.0, step=0.002) == "ok":
+                return
             last = self.stderr_text()
             self.stop()
         raise SetupError("%s (%s) did not start: %s" % (self.label, self.binary, last))
@@ -170,17 +165,17 @@ class Server:
             return ""
 
     def connect(self):
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.setblocking(False)
-                return s
-            except ConnectionRefusedError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SetupError("cannot connect to %s: %s" % (self.label, self.stderr_text()))
-                time.sleep(0.002)
+        got = []
+
+        def connect_once():
+            got.append(socket.create_connection(("127.0.0.1", self.port), timeout=5))
+            return True
+        if wait_ready(self.proc, connect_once, 5.0, step=0.002, not_yet=(ConnectionRefusedError,)) != "ok":
+            raise SetupError("cannot connect to %s: %s" % (self.label, self.stderr_text()))
+        s = got[0]
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        return s
 
     def stop(self):
         if self.proc is not None:

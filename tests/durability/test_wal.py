@@ -37,10 +37,10 @@ What is checked:
   fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
   binlog_stats           the binlog-* fields of `stats`
 
-Python 3 standard library only. Prints PASS/FAIL per test and ends with one
-line `durability: N passed, M failed`; exits 1 on failure. Environment:
-BEANGATE_DUR_ONLY="name ..." runs only those tests; BEANGATE_DUR_SEED fixes
-the random seed (printed at the start).
+Python 3 standard library only. The runner is tests/lib/testlib.py's: -k NAME
+runs one test (crash_cycles is test_crash_cycles), --seed N repeats a run's
+random choices (the seed is printed first), PASS/FAIL per test, the last line
+is `durability: N passed, M failed, K skipped`; exits 1 on failure.
 """
 
 import os
@@ -363,25 +363,16 @@ class Server:
         raise AssertionError("server %r did not start: %s" % (self.argv(), last.strip()))
 
     def _wait_ready(self):
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return "exited"
-            try:
-                s = socket.create_connection(("127.0.0.1", self.port), timeout=2.0)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            c = Conn(s, 2.0)
+        def round_trip():
+            c = Conn(socket.create_connection(("127.0.0.1", self.port), timeout=2.0), 2.0)
             try:
                 c.send(b"list-tube-used\r\n")
-                if c.read_line() == b"USING default\r\n":
-                    return "ok"
-            except AssertionError:
-                pass
+                return c.read_line() == b"USING default\r\n"
             finally:
                 c.close()
-            time.sleep(0.02)
+        status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
+        if status != "timeout":
+            return status
         self.proc.kill()
         self.proc.wait(5)
         return "no answer within %.0f s (killed)" % START_TIMEOUT
@@ -697,7 +688,7 @@ def test_restart_delay_runs_while_down():
     long_ = put(c, b"delay 30", delay=30)
     c.close()
     srv.stop_checked()
-    time.sleep(3.0)
+    time.sleep(3.0)  # the point: 3 s of the wall clock pass while the server is down
     srv.start()
     c = srv.connect()
     st = c.yaml(b"stats-job %d" % short)
@@ -848,7 +839,7 @@ def check_crash_cycles(extra_args, name, churn=0.0, min_migrated=0):
             workers.append(CrashWorker(srv, k, pool, rng.randrange(1 << 30), max_known, stop, churn))
         for w in workers:
             w.start()
-        time.sleep(rng.uniform(0.2, 1.5))
+        time.sleep(rng.uniform(0.2, 1.5))  # the point: the kill comes at a random moment of the load
         try:  # how much compaction this run did, just before its kill
             sc = srv.connect(timeout=2.0)
             totals["migrated"] += int(sc.yaml(b"stats").get("binlog-records-migrated", 0))
@@ -950,7 +941,7 @@ class DirSampler(threading.Thread):
         t_end = time.monotonic() + 120
         while not self.stop_ev.is_set() and time.monotonic() < t_end:
             self.sample()
-            time.sleep(0.002)
+            time.sleep(0.002)  # the sampling period: the directory's size is read every 2 ms
 
     def finish(self):
         self.stop_ev.set()
@@ -1004,7 +995,7 @@ def test_compaction_release_churn():
                   % (start + chunk, size, bound, SEG, live, sorted(segments(d).items())))
     finally:
         max_seen = sampler.finish()
-    time.sleep(0.2)  # -f 50: the last batch is synced by then
+    # -f 0: the last reply came once its batch was on disk
     st = c.yaml(b"stats")
     end_size = dir_size(d)
     log("compaction (release churn): %d iterations, ~%d bytes logged (record sizes), binlog-records-written %s, "
@@ -1291,7 +1282,7 @@ def test_disk_full_refuses_puts_then_recovers():
             acked[inserted] = body
             break
         check_eq(line, b"OUT_OF_MEMORY\r\n", "put after the limit was lifted")
-        time.sleep(0.1)
+        time.sleep(0.1)  # the step of this poll (its deadline is 3.5 s above): each try is a put
     took = time.monotonic() - t_lift
     check(inserted is not None, "puts still refused %.1f s after the limit was lifted; stderr: %s"
           % (took, srv.stderr()[-600:]))
@@ -1360,13 +1351,8 @@ def test_disk_full_http_says_log_unavailable():
         c.close()
     finally:
         set_fsize(srv.proc.pid, None)
-    deadline = time.monotonic() + 5.0
-    while True:
-        status, doc = http_put(srv.http_port, "t", b"after")
-        if status == 201:
-            break
-        check(time.monotonic() < deadline, "HTTP puts still refused 5 s after the limit was lifted: %r" % (doc,))
-        time.sleep(0.1)
+    testlib.wait_until(lambda: http_put(srv.http_port, "t", b"after"), "an HTTP put accepted after the limit was lifted",
+                       ok=lambda got: got[0] == 201)
     srv.stop_checked()
 
 
@@ -1685,11 +1671,9 @@ def check_recovered(d, jobs, dropped, file, what, via_env=False):
           % (new_id, max(set(jobs) | set(dropped))))
     jobs[new_id] = b"after the damaged start"
     # the snapshot of what was recovered supersedes the damaged segments
-    deadline = time.monotonic() + 20
     damaged_index = int(file.split(".")[1])
-    while int(c.yaml(b"stats")["binlog-oldest-index"]) <= damaged_index:
-        check(time.monotonic() < deadline, "%s: no snapshot superseded %s within 20 s" % (what, file))
-        time.sleep(0.05)
+    testlib.wait_until(lambda: int(c.yaml(b"stats")["binlog-oldest-index"]) > damaged_index,
+                       "%s: a snapshot to supersede %s" % (what, file), timeout=20)
     c.close()
     srv.stop_checked()
     check(os.path.exists(os.path.join(d, file + ".damaged")) or not os.path.exists(os.path.join(d, file)),
@@ -1984,7 +1968,7 @@ def check_sigterm_under_load(mode_args, name, rounds=5):
         streams = [PutStream(srv, rng.randrange(1 << 30)) for _ in range(2)]
         for s in streams:
             s.start()
-        time.sleep(rng.uniform(0.2, 0.6))
+        time.sleep(rng.uniform(0.2, 0.6))  # the point: SIGTERM comes at a random moment of the load
         for s in streams:
             s.stopping = True
         srv.stop_checked()
@@ -2140,46 +2124,27 @@ TESTS = [
 ]
 
 
+def after_test(error):
+    """Kill what a test left running: the sanitizer reports of its servers,
+    unless its failure already shows one."""
+    reports = stop_all()
+    if reports and not any(m in (error or "") for m in SANITIZER_MARKERS):
+        return ["sanitizer report: " + " | ".join(reports)[:3000]]
+    return []
+
+
 def main(argv):
     global BINARY, NO_HTTP, WORK, SEED
-    BINARY = testlib.binary_arg(argv)
-    if BINARY is None:
-        return 2
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
+    BINARY = args.binary
     NO_HTTP = ["--no-http"] if b"--no-http" in testlib.binary_usage(BINARY) else []
-    SEED = int(os.environ.get("BEANGATE_DUR_SEED") or random.randrange(1 << 30))
-    print("seed %d (BEANGATE_DUR_SEED to repeat)" % SEED, flush=True)
-    only = set(os.environ.get("BEANGATE_DUR_ONLY", "").split()) or None
+    SEED = args.seed
     WORK = tempfile.mkdtemp(prefix="beangate-durability-")
-    passed = failed = 0
-    t_all = time.monotonic()
     try:
-        for fn in TESTS:
-            name = fn.__name__
-            if only and name not in only and name[5:] not in only:
-                continue
-            t0 = time.monotonic()
-            error = None
-            try:
-                fn()
-            except AssertionError as e:
-                error = str(e)
-            except Exception as e:  # a broken test or an unexpected error
-                error = "%s: %s" % (type(e).__name__, e)
-            reports = stop_all()
-            if reports and not any(m in (error or "") for m in SANITIZER_MARKERS):
-                error = ((error + "; and ") if error else "") + "sanitizer report: " + " | ".join(reports)[:3000]
-            if error is not None:
-                failed += 1
-                print("FAIL %s: %s" % (name, error), flush=True)
-                continue
-            passed += 1
-            print("PASS %s (%.1f s)" % (name, time.monotonic() - t0), flush=True)
+        return testlib.run("durability", TESTS, args, namespace=globals(), after=after_test)
     finally:
         stop_all()
         shutil.rmtree(WORK, ignore_errors=True)
-    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
-    print("durability: %d passed, %d failed" % (passed, failed), flush=True)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ Usage:
 Each test gets a fresh server on free loopback ports (bind to port 0); every
 socket read and every subprocess has a timeout, and each test has a SIGALRM
 watchdog. Uses the real `gearman` / `gearadmin` tools (Debian gearman-tools)
-unchanged. Prints PASS/FAIL/SKIP per test and a last line
-`gearman: N passed, M failed, K skipped (reasons)`; exit status 1 on failure.
-GEARMAN_TEST_ONLY="test_a test_b" runs only those tests. On a failure the
+unchanged. The runner is tests/lib/testlib.py's: -k NAME runs one test (so
+does GEARMAN_TEST_ONLY="test_a test_b"), PASS/FAIL/SKIP per test, the last
+line is `gearman: N passed, M failed, K skipped`; exit status 1 on failure.
+On a failure the
 stderr of every server the test started is printed (sanitizer reports
 verbatim, from their first line); a sanitizer report fails the test.
 See tests/gearman/FACTS.md for the observed gearmand behaviour the
@@ -35,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -63,10 +63,6 @@ NAMES = {v: k for k, v in T.items()}
 
 
 class Fail(Exception):
-    pass
-
-
-class Skip(Exception):
     pass
 
 
@@ -303,21 +299,15 @@ class Server:
                                      stderr=self.errf, env=env)
 
     def _ready(self):
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
+        def echo():
+            g = Gear(self.port)
             try:
-                g = Gear(self.port)
-                try:
-                    g.send("ECHO_REQ", "ready")
-                    g.expect("ECHO_RES", ["ready"], timeout=1)
-                    return True
-                finally:
-                    g.close()
-            except (OSError, Fail):
-                time.sleep(0.05)
-        return False
+                g.send("ECHO_REQ", "ready")
+                g.expect("ECHO_RES", ["ready"], timeout=1)
+                return True
+            finally:
+                g.close()
+        return testlib.wait_ready(self.proc, echo, START_TIMEOUT, step=0.05, not_yet=(OSError, Fail)) == "ok"
 
     def start(self):
         for _ in range(5):
@@ -511,11 +501,7 @@ def beangate_only(fn=None, why=CROSS):
 def sanitizer_report(err):
     """A server's stderr from its first sanitizer line on (verbatim), or
     its tail."""
-    starts = [err.find(m) for m in SANITIZER_MARKERS if m in err]
-    if not starts:
-        return err[-2000:]
-    start = err.rfind("\n", 0, min(starts)) + 1
-    return err[start:start + 20000]
+    return testlib.sanitizer_report(err) or err[-2000:]
 
 
 def spawn(argv, **kw):
@@ -527,6 +513,13 @@ def spawn(argv, **kw):
 
 def tool_worker(srv, args):
     return spawn([GEARMAN, "-h", "127.0.0.1", "-p", str(srv.port), "-w"] + args)
+
+
+def wait_connections(srv, n, what):
+    """Wait until `workers` lists n connections besides the admin one that
+    asks (the server has seen the others close)."""
+    wait_until(lambda: len(normalise_workers(srv.admin(b"workers\n"))) == n + 1,
+               "%d connection(s) in workers after %s" % (n, what))
 
 
 def wait_workers(srv, func, n=1):
@@ -969,7 +962,7 @@ def test_client_disconnect(srv):
     c = srv.conn()
     c.submit("d", "orphan")
     c.close()
-    time.sleep(0.2)
+    wait_connections(srv, 0, "the client that left")
     w = srv.conn()
     w.send("CAN_DO", "d")
     w.send("GRAB_JOB")
@@ -982,7 +975,7 @@ def test_client_disconnect(srv):
     w.send("GRAB_JOB")
     w.expect("JOB_ASSIGN", [h, "d", "y"])
     c.close()
-    time.sleep(0.2)
+    wait_connections(srv, 1, "the client that left, beside the worker")
     check_eq(srv.status().get("d"), (1, 1, 1), "still running without its client")
     w.send("WORK_DATA", h, "z")
     w.send("WORK_COMPLETE", h, "done")
@@ -1093,7 +1086,7 @@ def test_admin_text(srv):
     a.raw(b"getpid\ngetpid\n")
     check_eq(a.text(b"", multi=False) + a.text(b"", multi=False), b"OK %d\n" % srv.proc.pid * 2, "pipelined")
     a.raw(b"get")
-    time.sleep(0.1)
+    time.sleep(0.1)  # the point: the two halves of the line come in two reads
     check_eq(a.text(b"pid\n"), b"OK %d\n" % srv.proc.pid, "split command")
     # binary and text on one connection
     a.send("ECHO_REQ", "x")
@@ -1396,7 +1389,7 @@ def test_sleeping_worker_closes_after_a_deadline_passed(srv):
         # the delay is whole seconds from the server's time(NULL), so the
         # job is due by due_at + 1 at the latest; the condition is the clock
         while time.time() < due_at + 1.3:
-            time.sleep(0.05)
+            time.sleep(0.05)  # the point: the clock passes while the server is stopped
     finally:
         os.kill(srv.proc.pid, signal.SIGCONT)
     w2 = srv.conn()
@@ -1518,7 +1511,7 @@ def test_admin_shutdown_graceful(srv):
     c.send("SUBMIT_JOB_BG", "f", "", "late")
     name, args, _ = c.recv()
     check_eq((name, args[:1]), ("ERROR", [b"DRAINING"]), "a submit while shutting down gracefully")
-    time.sleep(0.5)
+    time.sleep(0.5)  # the point: a quiet half second in which the server must not stop
     check_eq(srv.proc.poll(), None, "still running while a worker holds a job")
     w.send("WORK_COMPLETE", h, "done")
     c.expect("WORK_COMPLETE", [h, "done"])
@@ -1752,7 +1745,7 @@ def test_slow_reader_backpressure(srv):
         check(time.monotonic() - since < 20, "sender never stalled")
         if state["sent"] != last:
             last, since = state["sent"], time.monotonic()
-        time.sleep(0.05)
+        time.sleep(0.05)  # the condition is no progress for 0.5 s: look every 50 ms
     check(state["sent"] < n, "the server took all %d packets without being read (sent %d)" % (n, state["sent"]))
     grown = proc_rss_kib(srv.proc.pid) - rss0
     check(grown < 64 * 1024, "server RSS grew by %d KiB for an unread client (sent %d packets)"
@@ -1837,67 +1830,43 @@ def cleanup():
 
 def main(argv):
     global TARGET
-    args = argv[1:]
-    if "--gearmand" in args:
-        i = args.index("--gearmand")
-        Gearmand.binary = args[i + 1]
-        del args[i:i + 2]
-    else:
-        Gearmand.binary = GEARMAND_BIN
-    if args[:2] == ["--target", "gearmand"]:
-        TARGET = Gearmand
-    elif len(args) == 1 and not args[0].startswith("-"):
-        TARGET = Beangate
-        Beangate.binary = os.path.abspath(args[0])
-    else:
-        print(__doc__)
-        return 2
-    only = os.environ.get("GEARMAN_TEST_ONLY", "").split()
+    parser = testlib.arg_parser(__doc__, binary="optional")
+    parser.add_argument("--target", choices=["gearmand"], help="run the tests against gearmand")
+    parser.add_argument("--gearmand", default=GEARMAND_BIN, metavar="PATH", help="gearmand's path")
+    args = testlib.parse_args(parser, argv, only_env=("GEARMAN_TEST_ONLY",))
+    if bool(args.binary) == bool(args.target):
+        parser.error("give the beangate binary or --target gearmand")
+    Gearmand.binary = args.gearmand
+    TARGET = Gearmand if args.target else Beangate
+    Beangate.binary = args.binary
     missing = [p for p in (GEARMAN, GEARADMIN, Gearmand.binary) if not os.access(p, os.X_OK)]
-    passed, failed, skipped = 0, 0, {}
-    signal.signal(signal.SIGALRM, alarm)
-    for fn in TESTS:
-        name = fn.__name__
-        if only and name not in only:
-            continue
-        why = None
+
+    def skip(fn):
         if getattr(fn, "beangate_only", False) and not is_beangate():
-            why = fn.beangate_only
-        elif missing:
-            why = "not installed: %s (apt-get install gearman-job-server gearman-tools)" % " ".join(missing)
-        if why:
-            print("SKIP %s: %s" % (name, why))
-            skipped[why] = skipped.get(why, 0) + 1
-            continue
-        err = None
+            return fn.beangate_only
+        if missing:
+            return "not installed: %s (apt-get install gearman-job-server gearman-tools)" % " ".join(missing)
+        return None
+
+    def call(fn):
         signal.alarm(TEST_TIMEOUT)
         try:
-            srv = new_server()
-            fn(srv)
-        except (Fail, AssertionError, subprocess.TimeoutExpired) as e:
-            err = str(e)
-        except Exception:
-            err = traceback.format_exc()
+            fn(new_server())
         finally:
             signal.alarm(0)
+
+    def after(error):
         servers = [x for x in CLEANUP if isinstance(x, Server)]
-        for problem in cleanup():
-            err = "%s\n  and %s" % (err, problem) if err else problem
-        if err:
-            failed += 1
-            print("FAIL %s: %s" % (name, err))
-            for s in servers:   # every server's stderr, after it stopped
-                if s.last_stderr.strip():
-                    print("---- %s stderr (%s) ----\n%s\n---- end of stderr ----"
-                          % (s.kind, s.binary, sanitizer_report(s.last_stderr)))
-        else:
-            passed += 1
-            print("PASS %s" % name)
-        sys.stdout.flush()
-    reasons = ", ".join("%d %s" % (n, w) for w, n in skipped.items())
-    print("gearman: %d passed, %d failed, %d skipped%s" % (passed, failed, sum(skipped.values()),
-                                                          " (%s)" % reasons if reasons else ""))
-    return 1 if failed or (passed == 0 and not skipped) else 0
+        problems = list(cleanup())
+        if error or problems:   # every server's stderr, after it stopped
+            problems += ["---- %s stderr (%s) ----\n%s\n---- end of stderr ----"
+                         % (s.kind, s.binary, sanitizer_report(s.last_stderr))
+                         for s in servers if s.last_stderr.strip()]
+        return problems
+
+    signal.signal(signal.SIGALRM, alarm)
+    return testlib.run("gearman", TESTS, args, namespace=globals(), skip=skip, call=call, after=after,
+                       failures=(Fail, AssertionError, subprocess.TimeoutExpired))
 
 
 if __name__ == "__main__":

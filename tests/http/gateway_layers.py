@@ -22,9 +22,10 @@ GATEWAY = os.path.join(HERE, "..", "..", "gateway")
 LAYERS = [
     ["http.c"],                                     # daemon, libevent, request lifecycle
     ["router.c"],                                   # the route table and matching
-    ["routes.c", "metrics.c"],                      # handlers
+    ["routes.c", "metrics.c", "ui.c"],              # handlers
     ["request.c"],                                  # what handlers ask of a request
-    ["reply.c", "json.c", "idempotency.c", "auth.c"],  # responses, rendering, tables
+    ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
+     "tube_page.c"],                                 # pages of tubes
 ]
 
 DECIMAL_PARSERS = r"\b(strtoul|strtoull|strtol|strtoll|atoi|atol|atoll|sscanf)\s*\("

@@ -27,10 +27,10 @@ Usage:
       (a `https://stoplight.io/prism/errors#...` problem).
 
 The binary (argv[1]) is also used for tests that need a server of their own
-(`--no-http`). Python 3 standard library only. Prints PASS/FAIL/SKIP per test
-and ends with one line `http: N passed, M failed[, K skipped]`; exits 1 on
-failure. BEANGATE_HTTP_ONLY="test_a test_b" runs only those tests. The long-poll
-cap is checked on a server of its own started with --http-max-wait 1.
+(`--no-http`). Python 3 standard library only. The runner is
+tests/lib/testlib.py's: -k NAME runs one test, PASS/FAIL/SKIP per test, the
+last line is `http: N passed, M failed, K skipped`; exits 1 on failure. The
+long-poll cap is checked on a server of its own started with --http-max-wait 1.
 """
 
 import base64
@@ -80,12 +80,16 @@ SERVER_KEYS = {
     "total_jobs", "max_job_size", "current_tubes", "current_connections", "current_producers",
     "current_workers", "current_waiting", "total_connections", "draining",
     "binlog_failed", "binlog_oldest_index", "binlog_current_index", "binlog_records_migrated",
-    "binlog_records_written", "binlog_max_size", "binlog_torn_records"}
+    "binlog_records_written", "binlog_max_size", "binlog_torn_records",
+    # beyond beanstalk's keys, for the dashboard
+    "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
+    "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "binlog_enabled", "binlog_size",
+    "binlog_last_sync_age_ms"}
+SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 
 
-class Skip(Exception):
-    """Raised by a test that cannot run in this mode; the message says why."""
+Skip = testlib.Skip  # raised by a test that cannot run in this mode; the message says why
 
 
 class Target:
@@ -1286,12 +1290,13 @@ def test_method_not_allowed_405():
 
 def concrete_path(pattern, tube, jid):
     """A route pattern of routes_from_source() with {x} filled in: the tube
-    after "tubes", the job id after "jobs"."""
+    after "tubes", the job id after "jobs", a dashboard file after "ui"."""
     parts = pattern.split("/")
+    fill = {"tubes": tube, "jobs": str(jid), "ui": "index.html"}
     for i, p in enumerate(parts):
         if p == "{x}":
-            check(i > 0 and parts[i - 1] in ("tubes", "jobs"), "cannot fill in %s" % pattern)
-            parts[i] = tube if parts[i - 1] == "tubes" else str(jid)
+            check(i > 0 and parts[i - 1] in fill, "cannot fill in %s" % pattern)
+            parts[i] = fill[parts[i - 1]]
     return "/".join(parts)
 
 
@@ -1324,13 +1329,15 @@ def test_head_on_every_get_route():
         jids = sorted(states) if "/jobs/" in pattern else [ready]
         for jid in jids:
             path = concrete_path(pattern, tube, jid)
-            g = get(path)
+            # prism follows the redirect of /ui and reports the 200 it got
+            g = get(path, via="direct" if path == "/ui" else "base")
             hd = request("HEAD", path, via="direct")
             what = "HEAD %s" % path
             check_eq(hd.status, g.status, "%s: status vs GET" % what)
-            check(g.status == 200, "GET %s: %s" % (path, g.describe()))
+            check(g.status == (301 if path == "/ui" else 200), "GET %s: %s" % (path, g.describe()))
             check_eq(hd.body, b"", "%s: body" % what)
-            check_eq(hd.header("Content-Type"), g.header("Content-Type"), "%s: Content-Type" % what)
+            for name in ("Content-Type", "Location", "ETag"):
+                check_eq(hd.header(name), g.header(name), "%s: %s" % (what, name))
             check(hd.header("Content-Length") is not None, "%s: no Content-Length" % what)
     # HEAD on a reserved job with its token, as a link checker that follows
     # a URL with its query would
@@ -1452,7 +1459,10 @@ def test_stats():
     st = server_stats()
     check_eq(st["draining"], False, "draining")
     check_eq(st["binlog_failed"], False, "binlog_failed without -b")
-    for k in SERVER_KEYS - {"draining", "binlog_failed"}:
+    check_eq(st["binlog_enabled"], False, "binlog_enabled without -b")
+    check_eq(st["binlog_last_sync_age_ms"], None, "binlog_last_sync_age_ms without -b")
+    check_eq(st["binlog_size"], 0, "binlog_size without -b")
+    for k in SERVER_KEYS - SERVER_KEYS_NOT_COUNTS:
         check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
     before = st["total_jobs"]
     put(uniq("st"), b"x")
@@ -1496,6 +1506,228 @@ def test_command_counters_count_http_requests():
     for x in results:
         if x["status"] == 201:
             expect_status(delete("/jobs/%d" % x["id"]), 204, "delete a batch job")
+def test_stats_jobs_reserved_and_deleted():
+    """total_jobs_reserved and total_jobs_deleted count what happened to
+    jobs, over HTTP and beanstalk alike, where the cmd_* counters count the
+    requests (docs/operations.md, "Command counters"): a reserve with
+    count=3 is one request and three reservations, a delete of no job is a
+    request and no delete."""
+    keys = ("total_jobs_reserved", "total_jobs_deleted", "cmd_reserve_with_timeout", "cmd_delete")
+
+    def moved(before, after):
+        return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
+
+    tube = uniq("jobcount")
+    for body in (b"a", b"b", b"c"):
+        put(tube, body)
+    before = server_stats()
+    jobs = expect_json(reserve(tube, count=3), 200, "reserve count=3")["jobs"]
+    check_eq(len(jobs), 3, "jobs reserved at once")
+    for job in jobs:
+        expect_status(delete("/jobs/%d%s" % (job["id"], q(reservation=job["reservation"]))), 204, "HTTP delete")
+    expect_problem(delete("/jobs/%d" % (jobs[-1]["id"])), 404, "NOT_FOUND", "delete of a deleted job")
+    expect_status(reserve(tube), 204, "a reserve that gets nothing")
+    mid = server_stats()
+    check_eq(moved(before, mid), {"total_jobs_reserved": 3, "total_jobs_deleted": 3,
+                                  "cmd_reserve_with_timeout": 2, "cmd_delete": 4}, "over HTTP")
+    with Beanstalk(T.tcp_port) as b:
+        b.cmd("use %s\r\n" % tube)
+        jid = b.put(b"t")
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        check_eq(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED %d 1\r\n" % jid, "TCP reserve")
+        check_eq(b.line(), b"t\r\n", "the reserved body")
+        check_eq(b.cmd("delete %d\r\n" % jid), b"DELETED\r\n", "TCP delete")
+    check_eq(moved(mid, server_stats()), {"total_jobs_reserved": 1, "total_jobs_deleted": 1,
+                                          "cmd_reserve_with_timeout": 1, "cmd_delete": 1}, "over beanstalk")
+
+
+def test_stats_version_uptime_connections():
+    """version is the binary's (-v), uptime counts seconds, and the open
+    connections are counted by protocol: a beanstalk connection opened
+    here shows up in current_beanstalk_connections (and in
+    current_connections), this very request in current_http_connections."""
+    status, out, _ = testlib.run_binary(T.binary, ["-v"], timeout=10)
+    st = server_stats()
+    check(st["version"] and st["version"] in out, "version %r not in `beangate -v`: %r" % (st["version"], out))
+    check(st["uptime"] >= 0, "uptime %r" % st["uptime"])
+    check(st["current_http_connections"] >= 1, "this request's connection is not counted: %r"
+          % st["current_http_connections"])
+    check_eq(st["current_gearman_connections"], 0, "Gearman connections without --gearman-port")
+    before = st["current_beanstalk_connections"]
+    with Beanstalk(T.tcp_port) as b:
+        check_eq(b.cmd("list-tube-used\r\n"), b"USING default\r\n", "beanstalk connection")
+        during = server_stats()
+        check_eq(during["current_beanstalk_connections"], before + 1, "beanstalk connections with one more open")
+        check_eq(during["current_connections"], during["current_beanstalk_connections"]
+                 + during["current_gearman_connections"], "current_connections = beanstalk + Gearman")
+
+
+def tube_page(what="GET /stats/tubes", **params):
+    """GET /stats/tubes with params: the page, its shape checked."""
+    doc = expect_json(get("/stats/tubes" + q(**params)), 200, what)
+    check_eq(set(doc), {"total", "offset", "limit", "tubes"}, "%s: keys" % what)
+    check(len(doc["tubes"]) <= doc["limit"], "%s: %d tubes, limit %d" % (what, len(doc["tubes"]), doc["limit"]))
+    for t in doc["tubes"]:
+        check_eq(set(t), TUBE_KEYS, "%s: tube keys" % what)
+    return doc
+
+
+def test_tube_stats_pages():
+    """Pages of GET /stats/tubes: a filter on the name, sort by a stats
+    field either way (ties by name), offset and limit walk the matches, and
+    each tube's stats are those of GET /tubes/{tube}."""
+    prefix = uniq("page")
+    ready = [3, 1, 4, 1, 5, 0, 2, 6]          # ready jobs of tube i
+    names = ["%s-%d" % (prefix, i) for i in range(len(ready))]
+    for name, n in zip(names, ready):
+        put(name, b"x", delay=100)            # every tube exists, even with 0 ready
+        for _ in range(n):
+            put(name, b"x")
+    doc = tube_page(filter=prefix)
+    check_eq(doc["total"], len(names), "total with the filter")
+    check_eq(sorted(t["name"] for t in doc["tubes"]), sorted(names), "the filter finds every tube")
+    by_name = {t["name"]: t for t in doc["tubes"]}
+    for name in names[:2]:
+        check_eq(by_name[name], tube_stats(name), "a page's stats of %s vs GET /tubes/%s" % (name, name))
+
+    doc = tube_page(filter=prefix, sort="current_jobs_ready", order="desc")
+    want = sorted(names, key=lambda n: (-ready[names.index(n)], n))
+    check_eq([t["name"] for t in doc["tubes"]], want, "sorted by ready, most first, ties by name")
+    doc = tube_page(filter=prefix, sort="current_jobs_ready")
+    want_asc = sorted(names, key=lambda n: (ready[names.index(n)], n))
+    check_eq([t["name"] for t in doc["tubes"]], want_asc, "sorted by ready, fewest first, ties by name")
+    doc = tube_page(filter=prefix, sort="name", order="desc", offset=2, limit=3)
+    check_eq([t["name"] for t in doc["tubes"]], sorted(names, reverse=True)[2:5], "name desc, offset 2, limit 3")
+    check_eq((doc["total"], doc["offset"], doc["limit"]), (len(names), 2, 3), "total, offset, limit echoed")
+    walked = []
+    for offset in range(0, len(names), 3):
+        walked += [t["name"] for t in tube_page(filter=prefix, sort="name", offset=offset, limit=3)["tubes"]]
+    check_eq(walked, sorted(names), "pages of 3 walk every tube once")
+    check_eq(tube_page(filter=prefix, offset=len(names))["tubes"], [], "an offset past the end: empty page")
+    check_eq(tube_page(filter=uniq("nomatch"))["total"], 0, "a filter that matches nothing")
+
+    # without filter and sort: the order of GET /tubes, a slice of it
+    listed = expect_json(get("/tubes"), 200, "GET /tubes")["tubes"]
+    doc = tube_page(limit=500)
+    check_eq(doc["total"], len(listed), "total = every tube")
+    check_eq([t["name"] for t in doc["tubes"]], listed[:500], "list order without sort")
+    check_eq(tube_page()["limit"], 100, "default limit")
+
+    # no beanstalk command reads many tubes' stats at once: a page counts in
+    # no cmd-* counter (docs/operations.md, "Command counters")
+    before = server_stats()
+    tube_page(filter=prefix, sort="name")
+    after = server_stats()
+    check_eq({k: after[k] - before[k] for k in after if k.startswith("cmd_") and after[k] != before[k]},
+             {"cmd_stats": 1}, "the counters a page moved (cmd_stats: the second GET /stats)")
+
+
+def test_tube_stats_pages_filter_with_slash_and_plus():
+    """%2F and %2B in the filter are '/' and '+' of tube names."""
+    tube = uniq("a/b+c")
+    enc = tube.replace("/", "%2F").replace("+", "%2B")
+    doc = expect_json(post("/tubes/%s/jobs" % enc, body=b"x", via="direct"), 201, "put into %s" % enc)
+    check_eq(doc["tube"], tube, "tube of the put")
+    for encoded in (enc, tube.replace("+", "%2B")):
+        doc = expect_json(get("/stats/tubes?filter=" + encoded, via="direct"), 200, "filter=%s" % encoded)
+        check_eq([t["name"] for t in doc["tubes"]], [tube], "filter=%s" % encoded)
+
+
+def test_tube_stats_pages_bad_parameters_400():
+    for query in ("limit=0", "limit=501", "limit=abc", "limit=-1", "offset=-1", "offset=x",
+                  "offset=4294967296", "sort=nope", "sort=", "order=up", "order=asc",
+                  "sort=name&order=DESC", "filter=a%20b", "filter=%3Cscript%3E", "filter=" + "a" * 201):
+        expect_problem(get("/stats/tubes?" + query, via="direct"), 400, "BAD_FORMAT", "GET /stats/tubes?%s"
+                       % query[:40])
+
+
+def ui_files():
+    """{name: bytes} of the ui/ folder, as built into the server."""
+    folder = os.path.join(REPO, "ui")
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith(".") and not name.endswith("~"):
+            with open(os.path.join(folder, name), "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+UI_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+            ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+
+
+def check_ui_headers(r, what):
+    """The headers every file of the dashboard carries."""
+    csp = r.header("Content-Security-Policy") or ""
+    directives = {d.strip().split(" ")[0]: d.strip() for d in csp.split(";") if d.strip()}
+    check_eq(directives.get("default-src"), "default-src 'none'", "%s: CSP default-src" % what)
+    check_eq(directives.get("script-src"), "script-src 'self'", "%s: CSP script-src (no inline script)" % what)
+    check_eq(directives.get("style-src"), "style-src 'self'", "%s: CSP style-src (no inline style)" % what)
+    check_eq(directives.get("frame-ancestors"), "frame-ancestors 'none'", "%s: CSP frame-ancestors" % what)
+    check_eq(directives.get("require-trusted-types-for"), "require-trusted-types-for 'script'",
+             "%s: CSP Trusted Types" % what)
+    check("unsafe" not in csp, "%s: CSP allows something unsafe: %s" % (what, csp))
+    for name, want in (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
+                       ("X-Frame-Options", "DENY"), ("Cache-Control", "no-cache")):
+        check_eq(r.header(name), want, "%s: %s" % (what, name))
+    etag = r.header("ETag") or ""
+    check(len(etag) == 34 and etag[0] == etag[-1] == '"' and not etag.startswith("W/"),
+          "%s: ETag %r is not a strong quoted tag" % (what, etag))
+    return etag
+
+
+def test_ui_files_served():
+    """Every file of ui/ is served at /ui/{name}, byte for byte, with its
+    Content-Type and the dashboard's headers; /ui/ is index.html."""
+    files = ui_files()
+    check("index.html" in files and len(files) >= 2, "ui/ has index.html and more: %r" % sorted(files))
+    for name, data in files.items():
+        r = get("/ui/" + name)
+        expect_status(r, 200, "GET /ui/%s" % name)
+        check_eq(r.header("Content-Type"), UI_TYPES[os.path.splitext(name)[1]], "Content-Type of %s" % name)
+        check_eq(r.body, data, "GET /ui/%s vs ui/%s (rebuild if it changed)" % (name, name))
+        check_ui_headers(r, "GET /ui/%s" % name)
+    r = get("/ui/")
+    expect_status(r, 200, "GET /ui/")
+    check_eq(r.body, files["index.html"], "GET /ui/ is index.html")
+    check_eq(check_ui_headers(r, "GET /ui/"), get("/ui/index.html").header("ETag"), "ETag of /ui/ and /ui/index.html")
+
+
+def test_ui_etag_304():
+    """A browser's copy is revalidated: If-None-Match with the file's ETag
+    (strong or W/, alone or in a list) gets 304 without a body; another
+    tag gets the file."""
+    r = get("/ui/")
+    etag = r.header("ETag")
+    for inm in (etag, "W/" + etag, '"other", ' + etag, "*"):
+        r2 = get("/ui/", headers={"If-None-Match": inm})
+        expect_status(r2, 304, "GET /ui/ with If-None-Match: %s" % inm)
+        check_eq(r2.body, b"", "304 body")
+        check_eq(r2.header("ETag"), etag, "304 ETag")
+        check_eq(r2.header("Cache-Control"), "no-cache", "304 Cache-Control")
+    r3 = get("/ui/", headers={"If-None-Match": '"0123456789abcdef0123456789abcdef"'})
+    expect_status(r3, 200, "GET /ui/ with another ETag")
+    check_eq(r3.body, r.body, "the file again")
+    other = [n for n in ui_files() if n != "index.html"][0]
+    expect_status(get("/ui/" + other, headers={"If-None-Match": etag}), 200, "index.html's ETag on %s" % other)
+
+
+def test_ui_redirect_and_unknown_files():
+    r = get("/ui", via="direct")
+    expect_status(r, 301, "GET /ui")
+    check_eq(r.header("Location"), "ui/", "Location of /ui (relative: /ui/)")
+    for path in ("/ui/nope.js", "/ui/INDEX.HTML", "/ui/..%2Fopenapi.yaml", "/ui/.hidden"):
+        expect_problem(get(path, via="direct"), 404, "NOT_FOUND", "GET %s" % path)
+    expect_problem(get("/ui/a/b", via="direct"), 404, "NOT_FOUND", "GET /ui/a/b (the folder is flat)")
+    for method, path in (("POST", "/ui/"), ("DELETE", "/ui/index.html"), ("PUT", "/ui")):
+        r = request(method, path, via="direct")
+        expect_problem(r, 405, "METHOD_NOT_ALLOWED", "%s %s" % (method, path))
+        check_eq(r.header("Allow"), "GET, HEAD", "Allow of %s %s" % (method, path))
+    r = request("HEAD", "/ui/index.html", via="direct")
+    expect_status(r, 200, "HEAD /ui/index.html")
+    check_eq(r.body, b"", "HEAD has no body")
+    check_eq(r.header("ETag"), get("/ui/index.html").header("ETag"), "HEAD's ETag")
 
 
 def routes_from_source():
@@ -2038,7 +2270,15 @@ TESTS = [
     test_tube_pause,
     test_peek_ready_delayed_buried,
     test_stats,
+    test_stats_jobs_reserved_and_deleted,
+    test_stats_version_uptime_connections,
     test_command_counters_count_http_requests,
+    test_tube_stats_pages,
+    test_tube_stats_pages_filter_with_slash_and_plus,
+    test_tube_stats_pages_bad_parameters_400,
+    test_ui_files_served,
+    test_ui_etag_304,
+    test_ui_redirect_and_unknown_files,
     test_openapi_served,
     test_document_matches_route_table,
     test_http_put_tcp_reserve,
@@ -2072,99 +2312,56 @@ def parse_url(url):
     return (u.hostname, u.port or 80)
 
 
-def main(argv):
-    args = argv[1:]
-    usage = ("usage: %s PATH/TO/beangate [--base-url URL --direct-url URL --tcp-port N [--server-pid PID]]"
-             % argv[0])
-    if not args or args[0].startswith("--"):
-        print(usage, file=sys.stderr)
-        return 2
-    T.binary = os.path.abspath(args[0])
-    opts = {}
-    rest = args[1:]
-    while rest:
-        if rest[0] not in ("--base-url", "--direct-url", "--tcp-port", "--server-pid") or len(rest) < 2:
-            print(usage, file=sys.stderr)
-            return 2
-        opts[rest[0]] = rest[1]
-        rest = rest[2:]
-    if not os.access(T.binary, os.X_OK):
-        print("not an executable: %s" % T.binary, file=sys.stderr)
-        return 2
-    server = None
-    try:
-        if "--base-url" in opts:
-            if "--tcp-port" not in opts or "--direct-url" not in opts:
-                print("--base-url needs --direct-url and --tcp-port\n" + usage, file=sys.stderr)
-                return 2
-            T.base = parse_url(opts["--base-url"])
-            T.direct = parse_url(opts["--direct-url"])
-            T.tcp_port = int(opts["--tcp-port"])
-            T.server_pid = int(opts["--server-pid"]) if "--server-pid" in opts else None
-            T.proxied = T.base != T.direct
-            print("using %s (server HTTP %s, TCP port %d)" % (opts["--base-url"], opts["--direct-url"],
-                                                            T.tcp_port), flush=True)
-        else:
-            server = Server().start()
-            T.base = T.direct = ("127.0.0.1", server.http_port)
-            T.tcp_port = server.tcp_port
-            T.server_pid = server.proc.pid
-            print("started %s" % " ".join(server.argv()), flush=True)
-    except (AssertionError, ValueError) as e:
-        print("FAIL setup: %s" % e, flush=True)
-        print("http: 0 passed, 1 failed", flush=True)
-        return 1
+RUN = {}                 # the server this run started, if it started one
 
-    passed = failed = skipped = 0
-    t_all = time.monotonic()
-    listed = {fn.__name__ for fn in TESTS}
-    unlisted = sorted(n for n in globals() if n.startswith("test_") and n not in listed)
-    if unlisted:  # a test written and never run is worse than none
-        print("FAIL setup: test functions missing from TESTS: %s" % " ".join(unlisted), flush=True)
-        failed += 1
-    only = set(os.environ.get("BEANGATE_HTTP_ONLY", "").split()) or None
-    try:
-        for fn in TESTS:
-            name = fn.__name__
-            if only and name not in only:
-                continue
-            t0 = time.monotonic()
-            try:
-                fn()
-            except Skip as e:
-                skipped += 1
-                print("SKIP %s: %s" % (name, e), flush=True)
-                continue
-            except AssertionError as e:
-                failed += 1
-                print("FAIL %s: %s" % (name, e), flush=True)
-                continue
-            except Exception as e:  # a broken test or an unexpected error
-                failed += 1
-                print("FAIL %s: %s: %s" % (name, type(e).__name__, e), flush=True)
-                continue
-            passed += 1
-            print("PASS %s (%.2f s)" % (name, time.monotonic() - t0), flush=True)
-    finally:
-        if server is not None:
-            status, err = server.stop()
-            try:
-                check_stopped(status, err, "the test server")
-                passed += 1
-                print("PASS server_stops_cleanly", flush=True)
-            except AssertionError as e:
-                failed += 1
-                print("FAIL server_stops_cleanly: %s" % e, flush=True)
+
+def setup(names):
+    """Start a server of this run's own, or use the one given by the options."""
+    opts = RUN["args"]
+    if opts.base_url:
+        T.base = parse_url(opts.base_url)
+        T.direct = parse_url(opts.direct_url)
+        T.tcp_port = opts.tcp_port
+        T.server_pid = opts.server_pid
+        T.proxied = T.base != T.direct
+        print("using %s (server HTTP %s, TCP port %d)" % (opts.base_url, opts.direct_url, T.tcp_port),
+              flush=True)
+    else:
+        RUN["server"] = server = Server().start()
+        T.base = T.direct = ("127.0.0.1", server.http_port)
+        T.tcp_port = server.tcp_port
+        T.server_pid = server.proc.pid
+        print("started %s" % " ".join(server.argv()), flush=True)
+
+
+def server_stops_cleanly():
+    """After the tests, the server this run started stops on SIGTERM with
+    status 0 and no sanitizer report."""
+    if "server" not in RUN:
+        raise Skip("no server was started")
+    status, err = RUN["server"].stop()
+    check_stopped(status, err, "the test server")
+
+
+def print_violations():
     if VIOLATIONS:
         print("contract violations seen: %d" % len(VIOLATIONS), flush=True)
         for v in sorted(set(VIOLATIONS)):
             print("  " + v[:2000], flush=True)
-    summary = "http: %d passed, %d failed" % (passed, failed)
-    if skipped:
-        summary += ", %d skipped" % skipped
-    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
-    print(summary, flush=True)
-    return 1 if failed else 0
+
+
+def main(argv):
+    parser = testlib.arg_parser(__doc__)
+    parser.add_argument("--base-url", metavar="URL", help="reach a running server's HTTP here")
+    parser.add_argument("--direct-url", metavar="URL", help="that server's own HTTP address")
+    parser.add_argument("--tcp-port", type=int, metavar="N", help="that server's beanstalk port")
+    parser.add_argument("--server-pid", type=int, metavar="PID", help="that server's pid (for SIGUSR1)")
+    args = RUN["args"] = testlib.parse_args(parser, argv)
+    if args.base_url and (args.tcp_port is None or not args.direct_url):
+        parser.error("--base-url needs --direct-url and --tcp-port")
+    T.binary = args.binary
+    return testlib.run("http", TESTS, args, namespace=globals(), setup=setup,
+                       last=() if args.base_url else (server_stops_cleanly,), finish=print_violations)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ Every test starts its own server(s) on free loopback ports and stops them
 0 and leave no sanitizer report on stderr. Python 3 standard library only.
 `promtool` comes from Debian's package `prometheus`: when it is missing the
 script installs it with apt-get (as root); if that is not possible the
-promtool test FAILS and says so. Prints PASS/FAIL per test and ends with one
-line `ops: N passed, M failed`; exits 1 on failure. BEANGATE_OPS_ONLY="test_a
-test_b" runs only those tests.
+promtool test FAILS and says so. The runner is tests/lib/testlib.py's: -k NAME
+runs one test, PASS/FAIL per test, the last line is
+`ops: N passed, M failed, K skipped`; exits 1 on failure.
 """
 
 import http.client
@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -97,14 +96,14 @@ class Server:
         self.proc = subprocess.Popen([BINARY] + args, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.err_file,
                                      env=clean_env(self.env))
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("server exited with status %r at start; stderr: %s"
-                                     % (self.proc.returncode, self.read_stderr()[-2000:]))
-            if port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)):
-                return self
-            time.sleep(0.05)
+        status = testlib.wait_ready(
+            self.proc, lambda: port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)),
+            START_TIMEOUT, step=0.05)
+        if status == "exited":
+            raise AssertionError("server exited with status %r at start; stderr: %s"
+                                 % (self.proc.returncode, self.read_stderr()[-2000:]))
+        if status == "ok":
+            return self
         self.kill()
         raise AssertionError("server did not listen within %.0f s; stderr: %s"
                              % (START_TIMEOUT, self.read_stderr()[-2000:]))
@@ -298,12 +297,8 @@ def test_livez_readyz():
         check_eq(value(parse_metrics(srv.metrics())[0], "beangate_ready"), 1.0, "beangate_ready")
 
         srv.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 5
-        while True:
-            status, headers, body = srv.get("/readyz")
-            if status == 503 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        status, headers, body = testlib.wait_until(lambda: srv.get("/readyz"), "GET /readyz to answer 503",
+                                                   ok=lambda r: r[0] == 503)
         check_eq(status, 503, "GET /readyz after SIGUSR1")
         check(headers.get("content-type") == "application/problem+json",
               "/readyz 503 content type %r" % headers.get("content-type"))
@@ -497,13 +492,10 @@ def test_metrics_binlog_and_gearman():
                 # the flusher thread writes the records after the replies:
                 # wait (up to 5 s) until the three puts are counted and the
                 # closed beanstalk connections are gone
-                deadline = time.monotonic() + 5.0
-                while True:
-                    samples, _ = parse_metrics(srv.metrics())
-                    if (value(samples, "beangate_binlog_records_written_total") or 0) >= 3 and \
-                            value(samples, "beangate_current_connections") == 1 or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.02)
+                samples, _ = testlib.wait_until(
+                    lambda: parse_metrics(srv.metrics()), "3 log records and 1 connection in /metrics",
+                    step=0.02, ok=lambda m: (value(m[0], "beangate_binlog_records_written_total") or 0) >= 3
+                    and value(m[0], "beangate_current_connections") == 1)
                 check(value(samples, "beangate_binlog_records_written_total") >= 3,
                       "3 puts are at least 3 log records: %r" % series(samples, "beangate_binlog_records_written_total"))
                 check_eq(value(samples, "beangate_binlog_torn_records"), 0, "torn records of a fresh log")
@@ -568,6 +560,9 @@ def command_counters(srv, bs):
         "yaml": {c: int(yaml["cmd-" + c]) for c in SHOWN_COMMANDS},
         "json": {c: js["cmd_" + c.replace("-", "_")] for c in SHOWN_COMMANDS},
         "metrics": {c: value(samples, "beangate_commands_total", command=c) for c in SHOWN_COMMANDS},
+        # what happened to jobs (not in `stats`: its keys are beanstalkd's)
+        "jobs_json": {k: js["total_jobs_" + k] for k in ("reserved", "deleted")},
+        "jobs_metrics": {k: value(samples, "beangate_jobs_%s_total" % k) for k in ("reserved", "deleted")},
     }
 
 
@@ -576,7 +571,10 @@ def test_command_counters_agree_across_protocols():
     counts a well-formed request once, in the counter of the beanstalk
     command it performs. A put, reserve and delete over beanstalk, HTTP and
     Gearman each move the same counters in `stats` (YAML), GET /stats (JSON)
-    and /metrics. `stats` itself is left out: reading the counters counts."""
+    and /metrics. `stats` itself is left out: reading the counters counts.
+    Each also reserves and deletes one job: total_jobs_reserved and
+    total_jobs_deleted (JSON) and beangate_jobs_*_total (/metrics) move by
+    one, whichever protocol, and agree."""
     gport = free_port()
     with Server(args=["--gearman-port", str(gport)]) as srv:
         bs = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
@@ -630,10 +628,74 @@ def test_command_counters_agree_across_protocols():
                     check_eq({c: v for c, v in after[rendering].items() if c != "stats"},
                              {c: v for c, v in after["yaml"].items() if c != "stats"},
                              "%s vs yaml after %s" % (rendering, protocol))
+                for rendering in ("jobs_json", "jobs_metrics"):
+                    check_eq({k: after[rendering][k] - before[rendering][k] for k in ("reserved", "deleted")},
+                             {"reserved": 1, "deleted": 1},
+                             "%s: the jobs one reserve and one delete over %s moved" % (rendering, protocol))
+                check_eq(after["jobs_metrics"], after["jobs_json"], "jobs: metrics vs json after %s" % protocol)
                 before = after
         finally:
             bs.close()
             gm.close()
+
+
+def stats_json(srv, token=None):
+    status, _, body = srv.get("/stats", token=token)
+    check_eq(status, 200, "GET /stats")
+    return json.loads(body)
+
+
+def wait_stats(srv, cond, what, limit=5.0):
+    """GET /stats once cond(stats) holds (polled, at most limit seconds)."""
+    def ready():
+        st = stats_json(srv)
+        return st if cond(st) else None
+    return testlib.wait_until(ready, what, timeout=limit)
+
+
+def test_stats_connections_and_log_state():
+    """GET /stats tells the dashboard the open connections by protocol and
+    the log's state: with -b it is enabled, its size grows with the records
+    written, and its last sync is recent; with -F it never syncs (null);
+    without -b it is off."""
+    logdir = tempfile.mkdtemp(prefix="beangate-ops-")
+    gport = free_port()
+    try:
+        with Server(args=["-b", logdir, "--gearman-port", str(gport)]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_failed"]), (True, False), "log enabled and healthy")
+            check(isinstance(st["binlog_last_sync_age_ms"], int) and st["binlog_last_sync_age_ms"] >= 0,
+                  "last sync age %r" % st["binlog_last_sync_age_ms"])
+            size0 = st["binlog_size"]
+            check(size0 > 0, "a fresh log has its segment header: %r" % size0)
+            srv.beanstalk(b"put 0 0 60 100\r\n" + b"x" * 100 + b"\r\n", 1)
+            st = wait_stats(srv, lambda s: s["binlog_size"] >= size0 + 100, "the log grows by the put's body")
+            g = socket.create_connection(("127.0.0.1", gport), timeout=HTTP_TIMEOUT)
+            b = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=HTTP_TIMEOUT)
+            try:
+                g.sendall(b"version\n")
+                check(g.recv(100).startswith(b"OK "), "the Gearman port answers")
+                b.sendall(b"list-tube-used\r\n")
+                check(b.recv(100).startswith(b"USING "), "the beanstalk port answers")
+                st = wait_stats(srv, lambda s: s["current_beanstalk_connections"] == 1,
+                                "the put's closed connection gone")
+                check_eq((st["current_gearman_connections"], st["current_connections"]), (1, 2),
+                         "one Gearman and one beanstalk connection open (current_connections: both)")
+                check(st["current_http_connections"] >= 1, "HTTP connections %r" % st["current_http_connections"])
+            finally:
+                g.close()
+                b.close()
+            wait_stats(srv, lambda s: (s["current_gearman_connections"], s["current_beanstalk_connections"]) == (0, 0),
+                       "both closed")
+        with Server(args=["-b", logdir, "-F"]) as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_last_sync_age_ms"]), (True, None), "-F: enabled, never syncs")
+        with Server() as srv:
+            st = stats_json(srv)
+            check_eq((st["binlog_enabled"], st["binlog_size"], st["binlog_last_sync_age_ms"]), (False, 0, None),
+                     "without -b")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 # ---- tests: auth ----------------------------------------------------------------
@@ -724,6 +786,29 @@ def test_metrics_auth():
         os.unlink(path)
 
 
+def test_auth_dashboard_files_are_open():
+    """With tokens on, the dashboard's files need none (they hold no data)
+    and an unknown one is 404 without a token; the API they call, the page
+    of tube stats included, still needs one."""
+    path = token_file(TOKEN_A)
+    try:
+        with Server(["--http-token-file", path]) as srv:
+            for p in ("/ui/", "/ui/index.html", "/ui/favicon.svg"):
+                status, h, body = srv.get(p)
+                check_eq(status, 200, "GET %s without a token" % p)
+                check(body, "GET %s: a body" % p)
+            status, h, _ = srv.get("/ui")
+            check_eq((status, h.get("location")), (301, "ui/"), "GET /ui without a token")
+            status, _, _ = srv.get("/ui/nope.js")
+            check_eq(status, 404, "GET /ui/nope.js without a token")
+            for p in ("/stats/tubes", "/stats", "/tubes"):
+                check_401(srv, p)
+            status, _, _ = srv.get("/stats/tubes", token=TOKEN_A)
+            check_eq(status, 200, "GET /stats/tubes with the token")
+    finally:
+        os.unlink(path)
+
+
 def test_no_tokens_means_open():
     with Server() as srv:
         for p in ("/stats", "/tubes", "/openapi.yaml", "/metrics"):
@@ -780,8 +865,9 @@ def test_env_no_http_and_listen():
     http_port = free_port()
     with Server(["-p", str(tcp), "--http-port", str(http_port)],
                 env={"BEANGATE_NO_HTTP": "true", "BEANGATE_LISTEN": "127.0.0.1"}, ports=False,
-                tcp_port=tcp):
-        time.sleep(0.2)
+                tcp_port=tcp) as srv:
+        # a round trip: the loop runs, so every listener the server opens is open
+        check(srv.beanstalk(b"list-tube-used\r\n", 1) == b"USING default\r\n", "beanstalk round trip")
         check(not port_open(http_port), "HTTP listens although BEANGATE_NO_HTTP=true")
 
 
@@ -827,6 +913,208 @@ def test_http_max_wait_setting():
         check_eq(status, 204, "%r %r: long-poll on an empty tube" % (args, env))
         check(0.9 <= took <= 3.0, "%r %r: timeout=60 answered after %.2f s, want the 1 s cap"
               % (args, env, took))
+
+
+# A start that reads every setting and then fails at its first listener (a
+# UNIX socket in a directory that does not exist): status 111 and the -V
+# config line if the settings were accepted, 5 if one was refused. No port
+# is bound, so any port number can be tried.
+UNREACHABLE = "unix:/nonexistent-beangate-dir/sock"
+
+
+def settings_of(args, env=None):
+    """(exit status, the config line's key=value pairs or None, stderr) of a
+    start with args (and -V) that reads its settings, then cannot listen."""
+    rc, _, err = run_binary(["-l", UNREACHABLE, "-V"] + list(args), env=env, timeout=10)
+    lines = [l for l in err.splitlines() if " event=config " in l]
+    config = dict(kv.split("=", 1) for kv in lines[0].split()[3:]) if lines else None
+    return rc, config, err
+
+
+# (flags, variables, the config line's values, or None: refused with status 5
+# naming the flag or variable, and a log event that must be on stderr)
+SETTING_LIMITS = [
+    (["-p", "65535"], {}, {"port": "65535"}, None),
+    (["-p", "65536"], {}, None, "-p"),
+    (["-p", "0"], {}, {"port": "0"}, None),
+    ([], {"BEANGATE_PORT": "65535"}, {"port": "65535"}, None),
+    ([], {"BEANGATE_PORT": "65536"}, None, "BEANGATE_PORT"),
+    (["--http-port", "65535"], {}, {"http_port": "65535"}, None),
+    (["--http-port", "65536"], {}, None, "--http-port"),
+    (["--http-port=65536"], {}, None, "--http-port"),
+    (["--http-port", "http"], {}, None, "--http-port"),
+    ([], {"BEANGATE_HTTP_PORT": "65535"}, {"http_port": "65535"}, None),
+    ([], {"BEANGATE_HTTP_PORT": "65536"}, None, "BEANGATE_HTTP_PORT"),
+    (["--gearman-port", "65535"], {}, {"gearman_port": "65535", "gearman": "on"}, None),
+    (["--gearman-port", "65536"], {}, None, "--gearman-port"),
+    ([], {"BEANGATE_GEARMAN_PORT": "65536"}, None, "BEANGATE_GEARMAN_PORT"),
+    # -z: up to 1 GiB as given, above it lowered with a warning (beanstalkd)
+    (["-z", "1073741824"], {}, {"max_job_size": "1073741824"}, None),
+    (["-z", "1073741825"], {}, {"max_job_size": "1073741824"}, "event=max_job_size_clamped from=-z"),
+    (["-z", "9" * 30], {}, {"max_job_size": "1073741824"}, "event=max_job_size_clamped from=-z"),
+    ([], {"BEANGATE_MAX_JOB_SIZE": "1073741825"}, {"max_job_size": "1073741824"},
+     "event=max_job_size_clamped from=BEANGATE_MAX_JOB_SIZE"),
+    (["-z", "0"], {}, {"max_job_size": "0"}, None),
+    (["-z", "12k"], {}, None, "-z"),
+    # -f: 0 to 10^9 ms, in both of beanstalkd's forms
+    (["-f", "0"], {}, {"fsync_ms": "0"}, None),
+    (["-f0"], {}, {"fsync_ms": "0"}, None),
+    (["-f", "1000000000"], {}, {"fsync_ms": "1000000000"}, None),
+    (["-f1000000001"], {}, None, "-f"),
+    ([], {"BEANGATE_FSYNC_MS": "1000000000"}, {"fsync_ms": "1000000000"}, None),
+    ([], {"BEANGATE_FSYNC_MS": "1000000001"}, None, "BEANGATE_FSYNC_MS"),
+    (["-F", "-f", "10"], {}, {"fsync_ms": "10", "fsync_never": "off"}, None),
+    (["-f", "10", "-F"], {}, {"fsync_ms": "10", "fsync_never": "on"}, None),
+    # -s: at least 1, rounded up to 4096
+    (["-s", "1"], {}, {"binlog_size": "4096"}, None),
+    (["-s4097"], {}, {"binlog_size": "8192"}, None),
+    (["-s", "0"], {}, None, "-s"),
+    # -V and its count
+    ([], {"BEANGATE_VERBOSE": "100"}, {"verbose": "1"}, None),   # -V replaces it
+    ([], {"BEANGATE_VERBOSE": "101"}, None, "BEANGATE_VERBOSE"),
+    # --http-max-wait: 1 to 3600 seconds
+    (["--http-max-wait", "1"], {}, {"http_max_wait": "1"}, None),
+    (["--http-max-wait=3600"], {}, {"http_max_wait": "3600"}, None),
+    (["--http-max-wait", "0"], {}, None, "--http-max-wait"),
+    (["--http-max-wait", "3601"], {}, None, "--http-max-wait"),
+    ([], {"BEANGATE_HTTP_MAX_WAIT": "3600"}, {"http_max_wait": "3600"}, None),
+    ([], {"BEANGATE_HTTP_MAX_WAIT": "0"}, None, "BEANGATE_HTTP_MAX_WAIT"),
+    # booleans: the words, any case; anything else is refused
+    ([], {"BEANGATE_NO_HTTP": "TRUE"}, {"http": "off"}, None),
+    ([], {"BEANGATE_NO_HTTP": "off"}, {"http": "on"}, None),
+    ([], {"BEANGATE_NO_HTTP": "2"}, None, "BEANGATE_NO_HTTP"),
+    ([], {"BEANGATE_NO_FSYNC": "Yes"}, {"fsync_never": "on"}, None),
+    ([], {"BEANGATE_NO_FSYNC": "y"}, None, "BEANGATE_NO_FSYNC"),
+    ([], {"BEANGATE_METRICS_AUTH": "on"}, {"metrics_auth": "on"}, None),
+    ([], {"BEANGATE_GEARMAN_ADMIN_SHUTDOWN": "nope"}, None, "BEANGATE_GEARMAN_ADMIN_SHUTDOWN"),
+    (["--no-http=1"], {}, None, "--no-http"),
+    # an empty variable counts as unset
+    ([], {"BEANGATE_PORT": "", "BEANGATE_HTTP_PORT": "", "BEANGATE_NO_HTTP": "",
+          "BEANGATE_MAX_JOB_SIZE": "", "BEANGATE_HTTP_MAX_WAIT": ""},
+     {"port": "11300", "http_port": "11301", "http": "on", "max_job_size": "65535",
+      "http_max_wait": "30"}, None),
+    # the command line wins over the environment, which wins over the default
+    (["-p", "2345", "--http-port", "2346", "-z", "200", "--http-max-wait", "5"],
+     {"BEANGATE_PORT": "1234", "BEANGATE_HTTP_PORT": "1235", "BEANGATE_MAX_JOB_SIZE": "100",
+      "BEANGATE_HTTP_MAX_WAIT": "9", "BEANGATE_GEARMAN_LISTEN": "127.0.0.2"},
+     {"port": "2345", "http_port": "2346", "max_job_size": "200", "http_max_wait": "5",
+      "gearman": "on", "gearman_listen": "127.0.0.2", "gearman_port": "4730"}, None),
+    # ... and an empty value on the command line is refused, as a missing one
+    (["--http-listen="], {}, None, "--http-listen"),
+    (["-u", ""], {}, None, "-u"),
+]
+
+
+def test_settings_at_their_limits():
+    """Each setting's flag and variable go through the same parser and range:
+    the values at the limits are taken, one past them refused with status 5
+    (ports by flag were not checked at all: -p 65536 listened on a random
+    port), -z above 1 GiB is clamped with a warning, empty variables are
+    unset, and the command line wins."""
+    for args, env, want, event in SETTING_LIMITS:
+        rc, config, err = settings_of(args, env)
+        what = "%r %r" % (args, env)
+        if want is None:
+            check(rc == 5, "%s: exit status %r, want 5 (refused); stderr %r" % (what, rc, err[-600:]))
+            check(re.search(r"event=bad_(flag|env) (flag|var)=%s " % re.escape(event), err),
+                  "%s: no bad_flag/bad_env line naming %s: %r" % (what, event, err[-600:]))
+            continue
+        check(rc == 111 and config is not None,
+              "%s: exit status %r and config line %r, want 111 after the settings were taken; "
+              "stderr %r" % (what, rc, config, err[-600:]))
+        got = {k: config.get(k) for k in want}
+        check_eq(got, want, "%s: the config line's values" % what)
+        if event:
+            check(event in err, "%s: no %r on stderr: %r" % (what, event, err[-600:]))
+        else:
+            check("_clamped" not in err, "%s: a clamp warning: %r" % (what, err[-600:]))
+
+
+def test_first_argument_commands():
+    """--healthcheck and --check-log are commands, read only as the first
+    argument: they ignore the other settings' variables (even bad ones),
+    refuse anything after them, and are refused elsewhere (status 5)."""
+    with Server() as srv:
+        for args, env in ((["--healthcheck=127.0.0.1:%d" % srv.http_port], {"BEANGATE_PORT": "abc"}),
+                          (["--healthcheck"], {"BEANGATE_HTTP_PORT": str(srv.http_port)})):
+            rc, out, err = run_binary(args, env=env)
+            check_eq((rc, out), (0, "healthy\n"), "%r %r (stderr %r)" % (args, env, err[-300:]))
+        closed = free_port()
+        rc, out, _ = run_binary(["--healthcheck=127.0.0.1:%d" % closed])
+        check_eq((rc, out), (1, "unhealthy\n"), "--healthcheck of a closed port")
+        # the port it uses goes through the same parser as for a server
+        rc, _, err = run_binary(["--healthcheck"], env={"BEANGATE_HTTP_PORT": "65536"})
+        check(rc == 5 and "event=bad_env var=BEANGATE_HTTP_PORT" in err,
+              "--healthcheck with BEANGATE_HTTP_PORT=65536: status %r, stderr %r" % (rc, err[-300:]))
+    with tempfile.TemporaryDirectory(prefix="beangate-check-log-") as empty:
+        rc, out, err = run_binary(["--check-log=" + empty])
+        check_eq(rc, 0, "--check-log=DIR of an empty directory (stdout %r, stderr %r)" % (out, err[-300:]))
+        for args in (["-V", "--healthcheck"], ["-V", "--check-log", empty], ["--healthcheck", "x"],
+                     ["--healthcheck=127.0.0.1:1", "-V"], ["--check-log"], ["--check-log="],
+                     ["--check-log", empty, "-V"], ["--check-log=" + empty, "x"]):
+            rc, _, err = run_binary(args)
+            check(rc == 5 and "event=bad_flag" in err, "%r: exit status %r, want 5 with a bad_flag line; "
+                  "stderr %r" % (args, rc, err[-300:]))
+
+
+def usage_settings():
+    """Every setting of `beangate -h` (which prints config.c's table):
+    [(flags, variable or None, default or None)]."""
+    rc, out, _ = run_binary(["-h"])
+    check_eq(rc, 0, "-h exit status")
+    entries = []
+    for line in out.splitlines():
+        m = re.match(r"^ (-\S.*?)?\s*(BEANGATE_[A-Z_]+)=\S+$", line) or re.match(r"^ (-\S.*)()$", line)
+        if m:
+            flags = [re.split(r"[ \[]", f)[0] for f in (m.group(1) or "").split(", ") if f]
+            entries.append([flags, m.group(2) or None, None])
+        elif entries and line.startswith("      "):
+            d = re.search(r"default ([^,)\s]+)\)", line)
+            if d and entries[-1][2] is None:
+                entries[-1][2] = d.group(1)
+    check(len(entries) >= 20, "only %d settings found in -h: %r" % (len(entries), out[:3000]))
+    return entries
+
+
+def man_entries(man):
+    """The .TP entries of the man page: (tag line, text)."""
+    blocks = man.split("\n.TP\n")[1:]
+    return [(b.split("\n", 1)[0], b) for b in blocks]
+
+
+def test_docs_list_every_setting():
+    """docs/beangate.1 and the settings tables of docs/operations.md and
+    docs/user-guide.md name every flag, variable and default that config.c's
+    table has (through -h), so the documents cannot drift from the code."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "docs", "beangate.1"), encoding="utf-8") as f:
+        man = f.read()
+    tables = {}
+    for doc in ("operations.md", "user-guide.md"):
+        with open(os.path.join(repo, "docs", doc), encoding="utf-8") as f:
+            tables[doc] = [l for l in f.read().splitlines() if l.startswith("| ")]
+    entries = man_entries(man)
+    for flags, var, default in usage_settings():
+        what = " ".join(flags) or var
+        for flag in flags:
+            roff = flag.replace("-", "\\-")
+            tagged = [text for tag, text in entries if re.search(re.escape(roff) + r"(?![\w\\])", tag)]
+            check(tagged, "beangate.1 has no entry for %s" % flag)
+            if default:
+                check(any(default in t for t in tagged),
+                      "beangate.1's entry for %s does not give its default %s" % (flag, default))
+        if var:
+            check(any(re.search(r"\b%s\b" % var, tag) for tag, _ in entries),
+                  "beangate.1 has no entry for %s" % var)
+        for doc, lines in tables.items():
+            rows = [l for l in lines if all("`%s" % f in l.split("|")[1] for f in flags)
+                    and (flags or not l.split("|")[1].strip())
+                    and (not var or "`%s" % var in l.split("|")[2])]
+            check(len(rows) == 1, "%s: want one settings row with %s %s, found %r"
+                  % (doc, " ".join(flags), var or "", rows))
+            if default:
+                check("`%s`" % default in rows[0], "%s's row for %s lacks the default `%s`: %r"
+                      % (doc, what, default, rows[0]))
 
 
 def test_help_lists_env():
@@ -886,11 +1174,13 @@ TESTS = [
     test_metrics_tube_cap,
     test_promtool_check_metrics,
     test_metrics_binlog_and_gearman,
+    test_stats_connections_and_log_state,
     test_command_counters_agree_across_protocols,
     test_auth_token_file,
     test_auth_env_tokens,
     test_auth_file_and_env_together,
     test_metrics_auth,
+    test_auth_dashboard_files_are_open,
     test_no_tokens_means_open,
     test_bad_token_sources_exit_5,
     test_env_sets_ports,
@@ -899,32 +1189,18 @@ TESTS = [
     test_bad_env_exits_5,
     test_http_max_wait_setting,
     test_help_lists_env,
+    test_settings_at_their_limits,
+    test_first_argument_commands,
+    test_docs_list_every_setting,
     test_verbose_logs_config_without_tokens,
 ]
 
 
 def main(argv):
     global BINARY
-    BINARY = testlib.binary_arg(argv)
-    if BINARY is None:
-        return 2
-    only = os.environ.get("BEANGATE_OPS_ONLY", "").split()
-    passed = failed = 0
-    for test in TESTS:
-        if only and test.__name__ not in only:
-            continue
-        t0 = time.monotonic()
-        try:
-            test()
-        except Exception as e:  # AssertionError and anything unexpected
-            failed += 1
-            detail = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
-            print("FAIL %s (%.1f s): %s" % (test.__name__, time.monotonic() - t0, detail), flush=True)
-        else:
-            passed += 1
-            print("PASS %s (%.1f s)" % (test.__name__, time.monotonic() - t0), flush=True)
-    print("ops: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
+    BINARY = args.binary
+    return testlib.run("ops", TESTS, args, namespace=globals())
 
 
 if __name__ == "__main__":

@@ -15,10 +15,14 @@ Checks, with the files of this checkout:
   is skipped with its reason, and passes, where `docker info` and
   `podman info` fail; a forced engine that fails is a failure; a working
   docker (or podman) is used;
-- nothing but .ci/run names the CI machines' podman wrapper.
+- nothing but .ci/run names the CI machines' podman wrapper;
+- every test suite (tests/unit/test_*.c, tests/*/test_*.py, tests/*/run_*.sh)
+  is registered in tests/CMakeLists.txt, with no `if(EXISTS ...)` that would
+  let one vanish when its file is missing.
 
-Python 3 standard library only. Prints PASS/FAIL per test and a last line
-`first-run: N passed, M failed`; exit status 1 if any failed.
+Python 3 standard library only. The runner is tests/lib/testlib.py's (-k NAME
+runs one test); the last line is `first-run: N passed, M failed, K skipped`;
+exit status 1 if any failed.
 """
 
 import os
@@ -28,6 +32,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 README = os.path.join(REPO, "README.md")
@@ -256,6 +263,23 @@ def test_only_ci_names_the_ci_wrapper():
     check(naming == [".ci/run"], "files that name %s: %r (want only .ci/run)" % (needle, naming))
 
 
+def test_every_suite_is_registered_with_ctest():
+    """A suite that ctest does not run is a suite that silently passes."""
+    with open(os.path.join(REPO, "tests", "CMakeLists.txt"), encoding="utf-8") as f:
+        cmake = f.read()
+    check("if(EXISTS" not in cmake.replace(" ", ""),
+          "tests/CMakeLists.txt registers a suite only if its file exists: a missing file must fail")
+    suites = []
+    for sub, names in sorted((os.path.relpath(dp, os.path.join(REPO, "tests")), fs)
+                             for dp, _, fs in os.walk(os.path.join(REPO, "tests"))):
+        for name in names:
+            if re.match(r"^(test_\w+\.(c|py)|run_\w+\.sh)$", name) and os.sep not in sub:
+                suites.append(os.path.join(sub, name))
+    check(len(suites) >= 10, "only %d suite files found under tests/: %r" % (len(suites), suites))
+    missing = [s for s in suites if s not in cmake]
+    check(not missing, "suites not registered in tests/CMakeLists.txt: %s" % ", ".join(missing))
+
+
 TESTS = [
     test_readme_starts_with_the_two_commands,
     test_readme_links_every_document,
@@ -265,23 +289,14 @@ TESTS = [
     test_container_stage_forced_engine_fails,
     test_container_stage_uses_a_working_engine,
     test_only_ci_names_the_ci_wrapper,
+    test_every_suite_is_registered_with_ctest,
 ]
 
 
-def main():
-    passed = failed = 0
-    for fn in TESTS:
-        try:
-            fn()
-        except (AssertionError, subprocess.TimeoutExpired) as e:
-            failed += 1
-            print("FAIL %s: %s" % (fn.__name__, e), flush=True)
-            continue
-        passed += 1
-        print("PASS %s" % fn.__name__, flush=True)
-    print("first-run: %d passed, %d failed" % (passed, failed), flush=True)
-    return 1 if failed else 0
+def main(argv):
+    args = testlib.parse_args(testlib.arg_parser(__doc__, binary=False), argv)
+    return testlib.run("first-run", TESTS, args, namespace=globals())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

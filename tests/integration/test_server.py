@@ -9,8 +9,9 @@ bytes. Every server is stopped with SIGTERM at the end of its test and must
 exit with status 0 and no sanitizer report on stderr (so the same file
 checks an ASan+UBSan build for leaks and errors at exit).
 
-Python 3 standard library only. Prints PASS/FAIL/SKIP per test and ends with
-one line `integration: N passed, M failed[, K skipped]`; exits 1 on failure.
+Python 3 standard library only. The runner is tests/lib/testlib.py's: -k NAME
+runs one test, PASS/FAIL/SKIP per test, the last line is
+`integration: N passed, M failed, K skipped`; exits 1 on failure.
 """
 
 import os
@@ -37,8 +38,7 @@ START_TIMEOUT = 10.0      # a server must answer a command within this
 STOP_TIMEOUT = 5.0        # a server must exit this long after SIGTERM
 
 
-class Skip(Exception):
-    """Raised by a test that cannot run here; the message says why."""
+Skip = testlib.Skip  # raised by a test that cannot run here; the message says why
 
 
 # ---- formatting ---------------------------------------------------------------
@@ -139,27 +139,18 @@ class Server:
     def _wait_ready(self):
         """Wait until a command round trip works (so the loop and the signal
         handlers are installed, not just the listening socket)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return "exited"
-            try:
-                c = self.connect(timeout=2.0)
-            except OSError:
-                time.sleep(0.02)
-                continue
+        def round_trip():
+            c = self.connect(timeout=2.0)
             try:
                 c.send(b"list-tube-used\r\n")
-                if c.read_line() == b"USING default\r\n":
-                    return "ok"
-            except (OSError, AssertionError):
-                pass
+                return c.read_line() == b"USING default\r\n"
             finally:
                 c.close()
-            time.sleep(0.02)
-        self.proc.kill()
-        self.proc.wait(5)
-        return "timeout"
+        status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
+        if status == "timeout":
+            self.proc.kill()
+            self.proc.wait(5)
+        return status
 
     def _read_stderr(self):
         return self._read(self.err_file)
@@ -377,14 +368,8 @@ def put_cmd(body, pri=0, delay=0, ttr=60):
 
 def wait_stat(conn, key, want, timeout=3.0, command=b"stats"):
     """Poll stats until stats[key] == want (a string)."""
-    deadline = time.monotonic() + timeout
-    st = {}
-    while time.monotonic() < deadline:
-        st = conn.stats(command)
-        if st.get(key) == want:
-            return st
-        time.sleep(0.01)
-    raise AssertionError("%s: %s stayed %r, want %r" % (command.decode(), key, st.get(key), want))
+    return testlib.wait_until(lambda: conn.stats(command), "%s: %s to be %r" % (command.decode(), key, want),
+                              timeout, step=0.01, ok=lambda st: st.get(key) == want)
 
 
 def check_rss(srv, limit_kb, what):
@@ -680,7 +665,7 @@ def _pass_clock(deadline):
     """Let the monotonic clock pass `deadline` (the server is stopped, so
     there is nothing to poll: the condition is the time itself)."""
     while time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the point: the clock passes while the server is stopped
 
 
 def _frozen_send(srv, conn, data, deadline):
@@ -1000,7 +985,9 @@ def test_sigterm_answers_blocked_reserve():
     try:
         c = srv.connect()
         c.sock.sendall(b"reserve\r\n")
-        time.sleep(0.2)
+        other = srv.connect()
+        wait_stat(other, "current-waiting", "1")  # the reserve is blocked
+        other.close()
         srv.stop_checked()
         c.sock.settimeout(READ_TIMEOUT)
         got = b""
@@ -1051,7 +1038,7 @@ def test_slow_reader_does_not_stall_loop():
         for i in range(30):
             round_trip(b, b"b-%d" % i, "B round trip %d while A does not read" % i)
             check_rss(srv, RSS_LIMIT_KB, "while A does not read")
-            time.sleep(0.01)
+            time.sleep(0.01)  # the point: time passes while A does not read
         wait_stat(b, "current-connections", "2", timeout=1.0)  # A and B
         a.close()
         wait_stat(b, "current-connections", "1", timeout=3.0)
@@ -1258,41 +1245,11 @@ TESTS = [
 
 
 def main(argv):
-    global BINARY
-    BINARY = testlib.binary_arg(argv)
-    if BINARY is None:
-        return 2
-    global HAS_HTTP
+    global BINARY, HAS_HTTP
+    args = testlib.parse_args(testlib.arg_parser(__doc__), argv, only_env=("BEANGATE_IT_ONLY",))
+    BINARY = args.binary
     HAS_HTTP = b"--http-port" in testlib.binary_usage(BINARY)
-    passed = failed = skipped = 0
-    t_all = time.monotonic()
-    only = set(os.environ.get("BEANGATE_IT_ONLY", "").split()) or None
-    for fn in TESTS:
-        name = fn.__name__
-        if only and name not in only:
-            continue
-        try:
-            fn()
-        except Skip as e:
-            skipped += 1
-            print("SKIP %s: %s" % (name, e), flush=True)
-            continue
-        except AssertionError as e:
-            failed += 1
-            print("FAIL %s: %s" % (name, e), flush=True)
-            continue
-        except Exception as e:  # a broken test or an unexpected socket error
-            failed += 1
-            print("FAIL %s: %s: %s" % (name, type(e).__name__, e), flush=True)
-            continue
-        passed += 1
-        print("PASS %s" % name, flush=True)
-    summary = "integration: %d passed, %d failed" % (passed, failed)
-    if skipped:
-        summary += ", %d skipped" % skipped
-    print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
-    print(summary, flush=True)
-    return 1 if failed else 0
+    return testlib.run("integration", TESTS, args, namespace=globals())
 
 
 if __name__ == "__main__":

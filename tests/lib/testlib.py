@@ -1,4 +1,5 @@
-"""Small helpers shared by the Python test suites under tests/.
+"""Small helpers shared by the Python test suites under tests/, and the one
+runner every suite uses (arg_parser, parse_args, run).
 
 Python 3 standard library only. A suite finds this module with
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -7,13 +8,30 @@ so every suite stays runnable on its own (`python3 tests/X/Y.py build/beangate`)
 Only helpers whose behaviour is the same in every suite live here; where
 suites differ (the exception raised, how two byte strings are described) the
 difference is a parameter, given explicitly by the suite.
+
+Every suite's command line (arg_parser):
+    python3 tests/X/Y.py [BINARY] [-k NAME]... [--seed N] [--list]
+-k NAME runs only that test (the leading test_ may be left out), and may be
+repeated; BEANGATE_TEST_ONLY="NAME ..." does the same from the environment
+(for ctest). --seed N (or BEANGATE_TEST_SEED=N) repeats a run's random
+choices; the seed is printed first. Each test prints one line:
+    PASS name (1.2 s)
+    FAIL name: why
+    SKIP name: why
+and the last line is `<suite>: N passed, M failed, K skipped`. The exit
+status is 0 if nothing failed, 1 if a test failed (or none ran), 2 for a bad
+command line, and a suite's own status (77 for ctest) when every test was
+skipped.
 """
 
+import argparse
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
+import traceback
 
 # Substrings of stderr that mean an ASan/UBSan/LSan report (suites may add more, e.g. TSan).
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
@@ -44,17 +62,38 @@ def check_eq(got, want, what, exc=AssertionError, bytes_diff=None):
         raise exc("%s: got %r, want %r" % (what, got, want))
 
 
-# Poll fn() every `step` seconds until it returns a true value, which is
-# returned; raise exc("timed out waiting for WHAT (last: ...)") after timeout.
-def wait_until(fn, what, timeout=5.0, exc=AssertionError, step=0.05):
+# Poll fn() every `step` seconds until ok(value) (default: a true value),
+# and return that value; raise exc("timed out waiting for WHAT (last: ...)")
+# after timeout. The one place where a test waits for something.
+def wait_until(fn, what, timeout=5.0, exc=AssertionError, step=0.05, ok=bool):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         last = fn()
-        if last:
+        if ok(last):
             return last
         time.sleep(step)
-    raise exc("timed out after %.1f s waiting for %s (last: %r)" % (timeout, what, last))
+    raise exc("timed out after %.1f s waiting for %s (last: %s)" % (timeout, what, repr(last)[:600]))
+
+
+class _NotReady(Exception):
+    pass
+
+
+# A server process started: poll ready() (an exception of not_yet counts as
+# "not yet") until it is true: "ok"; "exited" if proc ended first; "timeout".
+def wait_ready(proc, ready, timeout, step=0.02, not_yet=(OSError, AssertionError)):
+    def probe():
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            return "ok" if ready() else None
+        except not_yet:
+            return None
+    try:
+        return wait_until(probe, "the server to be ready", timeout, exc=_NotReady, step=step)
+    except _NotReady:
+        return "timeout"
 
 
 # Index of the first byte where got and want differ (the shorter length if one is a prefix of the other).
@@ -88,18 +127,6 @@ def signal_and_wait(proc, sig, timeout):
         return None
 
 
-# main()'s check of `prog PATH/TO/beangate`: the absolute path, or None after a message on stderr.
-def binary_arg(argv):
-    if len(argv) != 2:
-        print("usage: %s PATH/TO/beangate" % argv[0], file=sys.stderr)
-        return None
-    binary = os.path.abspath(argv[1])
-    if not os.access(binary, os.X_OK):
-        print("not an executable: %s" % binary, file=sys.stderr)
-        return None
-    return binary
-
-
 # The output (stdout and stderr) of `binary -h`, b"" if it takes over 10 s: which flags it has.
 def binary_usage(binary):
     try:
@@ -117,6 +144,169 @@ def run_binary(binary, args, timeout, env=None, err_limit=1500):
     except subprocess.TimeoutExpired:
         raise AssertionError("%r did not exit within %d s (killed)" % (args, timeout)) from None
     err = p.stderr.decode("utf-8", "replace")
-    bad = [m for m in SANITIZER_MARKERS if m in err]
-    check(not bad, "%r: sanitizer report on stderr: %s" % (args, err[:err_limit]))
+    check(sanitizer_report(err) is None, "%r: sanitizer report on stderr: %s" % (args, err[:err_limit]))
     return p.returncode, p.stdout.decode("utf-8", "replace"), err
+
+
+# The sanitizer report in a process's stderr (from the line of its first
+# marker on, at most limit characters), or None if there is none.
+def sanitizer_report(err, markers=SANITIZER_MARKERS, limit=20000):
+    starts = [err.find(m) for m in markers if m in err]
+    if not starts:
+        return None
+    start = err.rfind("\n", 0, min(starts)) + 1
+    return err[start:start + limit]
+
+
+# ---- the runner -------------------------------------------------------------------
+
+class Skip(Exception):
+    """Raised by a test that cannot run here; the message says why."""
+
+
+# The command line of a suite: BINARY (binary=True; "optional": may be left
+# out; False: none), -k NAME..., --seed N, --list. The suite may add options.
+def arg_parser(doc, binary=True):
+    p = argparse.ArgumentParser(description=(doc or "").strip().split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if binary:
+        p.add_argument("binary", nargs="?" if binary == "optional" else None,
+                       help="the beangate binary under test")
+    p.add_argument("-k", dest="only", action="append", default=[], metavar="NAME",
+                   help="run only this test (test_ may be left out); may be repeated; "
+                        "BEANGATE_TEST_ONLY=\"NAME ...\" does the same")
+    p.add_argument("--seed", type=int, help="seed of the random choices (default: a random one, "
+                                            "printed; BEANGATE_TEST_SEED=N does the same)")
+    p.add_argument("--list", action="store_true", help="print the names of the tests and exit")
+    return p
+
+
+# Parse argv[1:] with parser: the binary made absolute (exit 2 if it is not an
+# executable), the names of -k and of BEANGATE_TEST_ONLY (and of the suite's
+# older variables, only_env) in args.only, and args.seed chosen.
+def parse_args(parser, argv, only_env=()):
+    args = parser.parse_args(argv[1:])
+    if getattr(args, "binary", None):
+        args.binary = os.path.abspath(args.binary)
+        if not os.access(args.binary, os.X_OK):
+            parser.error("not an executable: %s" % args.binary)
+    for var in ("BEANGATE_TEST_ONLY",) + tuple(only_env):
+        args.only += os.environ.get(var, "").split()
+    if args.seed is None:
+        env_seed = os.environ.get("BEANGATE_TEST_SEED", "")
+        args.seed = int(env_seed) if env_seed.isdigit() else random.randrange(1 << 30)
+    return args
+
+
+# Why the list of tests is not every test_* function of the module
+# (namespace: its globals()): a test written and never run is worse than none.
+def registry_problems(tests, namespace):
+    if namespace is None:
+        return []
+    names = [fn.__name__ for fn in tests]
+    defined = {n for n, v in namespace.items() if n.startswith("test_") and callable(v)
+               and getattr(v, "__module__", None) == namespace.get("__name__")}
+    problems = []
+    missing = sorted(defined - set(names))
+    if missing:
+        problems.append("test functions missing from the list of tests: %s" % " ".join(missing))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        problems.append("tests listed twice: %s" % " ".join(twice))
+    return problems
+
+
+# Run a suite's tests and print one line each and the summary; the exit status.
+#   suite: the summary's name; tests: the test functions, in order; args: of parse_args.
+#   namespace: the module's globals(), checked by registry_problems.
+#   setup(names): before the tests (names: those selected); an exception fails the
+#     run, Skip skips it (see all_skipped).
+#   call(fn): runs one test (default fn()); skip(fn): a reason not to run it, or None.
+#   after(error): after each test (error: its failure, or None), e.g. stops its
+#     servers; returns problems (sanitizer reports...) that make it fail.
+#   last: checks run after the tests whatever happened (a server's clean stop),
+#     reported like tests; finish(): prints what the suite adds before the summary.
+#   failures: exceptions that are a failed check (their message is enough);
+#     any other exception is a broken test and gets its traceback.
+#   all_skipped: the exit status when every test run was skipped.
+def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, after=None,
+        last=(), finish=None, failures=(AssertionError, subprocess.TimeoutExpired), all_skipped=0):
+    tests = list(tests)
+    if getattr(args, "list", False):
+        for fn in tests:
+            print(fn.__name__)
+        return 0
+    known = {fn.__name__ for fn in tests}
+    wanted = {n if n in known else "test_" + n for n in args.only}
+    unknown = sorted(n for n in args.only if n not in known and "test_" + n not in known)
+    if unknown:
+        print("%s: no test named %s (--list shows them)" % (suite, " ".join(unknown)), file=sys.stderr)
+        return 2
+    selected = [fn for fn in tests if not wanted or fn.__name__ in wanted]
+    random.seed(args.seed)
+    print("seed %d (--seed %d repeats this run's random choices)" % (args.seed, args.seed), flush=True)
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+
+    def report(name, error, t0):
+        if error is None:
+            counts["passed"] += 1
+            print("PASS %s (%.1f s)" % (name, time.monotonic() - t0), flush=True)
+        else:
+            counts["failed"] += 1
+            print("FAIL %s: %s" % (name, error), flush=True)
+
+    def one(fn, name, plain=False):   # plain: a `last` check, neither skipped nor run by call
+        why = skip(fn) if skip and not plain else None
+        if why:
+            counts["skipped"] += 1
+            print("SKIP %s: %s" % (name, why), flush=True)
+            return
+        t0 = time.monotonic()
+        error = skipped = None
+        try:
+            fn() if plain or not call else call(fn)
+        except Skip as e:
+            skipped = str(e)
+        except failures as e:
+            error = str(e) or type(e).__name__
+        except Exception as e:  # a broken test or an unexpected error
+            error = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc().rstrip())
+        try:
+            problems = after(error) if after else []
+        except Exception as e:  # a broken hook fails the test it ran after
+            problems = ["after the test: %s: %s\n%s" % (type(e).__name__, e, traceback.format_exc().rstrip())]
+        if problems:
+            error = "\n  and ".join(([error] if error else []) + list(problems))
+        if skipped is not None and error is None:
+            counts["skipped"] += 1
+            print("SKIP %s: %s" % (name, skipped), flush=True)
+        else:
+            report(name, error, t0)
+
+    t_all = time.monotonic()
+    for problem in registry_problems(tests, namespace):
+        report("registry", problem, t_all)
+    try:
+        if setup:
+            try:
+                setup([fn.__name__ for fn in selected])
+            except Skip as e:  # the whole suite cannot run here
+                counts["skipped"] += 1
+                print("SKIP setup: %s" % e, flush=True)
+                selected = []
+            except Exception as e:
+                report("setup", "%s: %s" % (type(e).__name__, e), t_all)
+                selected = []
+        for fn in selected:
+            one(fn, fn.__name__)
+    finally:
+        for check_fn in last:
+            one(check_fn, check_fn.__name__, plain=True)
+        if finish:
+            finish()
+        print("total time %.1f s" % (time.monotonic() - t_all), flush=True)
+        print("%s: %d passed, %d failed, %d skipped" % (suite, counts["passed"], counts["failed"],
+                                                        counts["skipped"]), flush=True)
+    if counts["failed"] or not any(counts.values()):
+        return 1
+    return all_skipped if not counts["passed"] else 0

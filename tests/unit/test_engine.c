@@ -2057,6 +2057,46 @@ static void test_session_peer_eof_after_wake_passed(void **state)
 
 /* ======================================================================= */
 /* draining and allocation failure                                         */
+/* total_jobs_reserved and total_jobs_deleted count every reservation
+ * (reserve, reserve-job, a waiter served by a put, a job reserved again
+ * after its TTR) and every delete, whoever does it; a refused delete, and
+ * a reservation handed to another client (the HTTP long-poll's), count
+ * nothing. */
+static void test_jobs_reserved_and_deleted(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *a = &w->fc[0], *b = &w->fc[1];
+    assert_int_equal(e->stat.total_jobs_reserved, 0);
+    assert_int_equal(e->stat.total_jobs_deleted, 0);
+    uint64_t j1 = put_job(a, "one", 1, 0, 1, T0);
+    uint64_t j2 = put_job(a, "two", 2, 0, 60, T0);
+    assert_int_equal(reserve_now(b, T0), j1);
+    struct bg_job *got = NULL;
+    assert_int_equal(bg_reserve_job(&a->client, j2, T0, &got), BG_OK);
+    assert_int_equal(e->stat.total_jobs_reserved, 2);
+    assert_int_equal(bg_delete(&a->client, j1, T0), BG_NOT_FOUND); /* b's reservation */
+    assert_int_equal(e->stat.total_jobs_deleted, 0);
+    bg_engine_tick(e, T0 + SEC(2)); /* j1's TTR ends */
+    assert_int_equal(reserve_now(a, T0 + SEC(2)), j1);
+    assert_int_equal(e->stat.total_jobs_reserved, 3);
+    assert_int_equal(reserve(b, -1, T0 + SEC(2), NULL), BG_WOULD_BLOCK);
+    uint64_t j3 = put_job(a, "three", 1, 0, 60, T0 + SEC(2)); /* b's wait takes it */
+    assert_int_equal(find(w, j3)->reserver, &b->client);
+    assert_int_equal(e->stat.total_jobs_reserved, 4);
+    assert_int_equal(bg_heap_reserve(&a->client.reserved, a->client.reserved.len + 1), 0);
+    bg_reservation_transfer(find(w, j3), &a->client);
+    assert_int_equal(find(w, j3)->reserver, &a->client);
+    assert_int_equal(e->stat.total_jobs_reserved, 4);
+    assert_int_equal(bg_delete(&a->client, j1, T0 + SEC(2)), BG_OK);
+    assert_int_equal(bg_delete(&a->client, j2, T0 + SEC(2)), BG_OK);
+    assert_int_equal(bg_delete(&a->client, j3, T0 + SEC(2)), BG_OK);
+    assert_int_equal(e->stat.total_jobs_deleted, 3);
+    /* the engine's entry points count no request: each front-end does that */
+    assert_int_equal(e->stat.cmd[BG_CMD_RESERVE] + e->stat.cmd[BG_CMD_RESERVE_JOB] + e->stat.cmd[BG_CMD_DELETE], 0);
+    check_world(w);
+}
+
 /* ======================================================================= */
 
 /* While draining, put is refused with DRAINING and the job is freed (the
@@ -2888,6 +2928,7 @@ int main(void)
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
         cmocka_unit_test(test_session_peer_eof_after_wake_passed),
+        ENGINE_TEST(test_jobs_reserved_and_deleted),
         ENGINE_TEST(test_put_while_draining),
         ENGINE_TEST(test_job_new_out_of_memory),
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),

@@ -1,8 +1,8 @@
 /* test_gateway.c - unit tests of the gateway: the route table, the error
- * table, JSON rendering of jobs, base64, reservation tokens and the
- * idempotency table, data-driven where the cases are a table; and the
- * gateway in this process on a loopback port, with the engine's time
- * injected, to see that a request is matched once across the
+ * table, JSON rendering of jobs, base64, reservation tokens, the
+ * idempotency table and pages of tubes, data-driven where the cases are a
+ * table; and the gateway in this process on a loopback port, with the
+ * engine's time injected, to see that a request is matched once across the
  * access-handler calls of its body, a long-poll's resumption and a
  * response held for the log. */
 #include <setjmp.h>
@@ -39,6 +39,7 @@ static const struct row_case {
     const char *allow;           /* Allow of a 405 on this path */
 } row_cases[] = {
     {"GET", "/stats", gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS, NULL, "GET, HEAD"},
+    {"GET", "/stats/tubes", gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1, "tubes", "GET, HEAD"},
     {"GET", "/tubes", gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES, NULL, "GET, HEAD"},
     {"GET", "/tubes/emails", gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE, "emails",
      "GET, HEAD"},
@@ -75,6 +76,9 @@ static const struct row_case {
     {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui/", gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui", gw_handle_ui_redirect, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
+    {"GET", "/ui/app.js", gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, "app.js", "GET, HEAD"},
 };
 
 /* Each case reaches its row with the row's method, handler, body limit,
@@ -162,6 +166,13 @@ static const struct route_case {
     {"GET", "/jobs/1/2", 404, NULL},
     {"POST", "/jobs/1/nudge", 404, NULL},
     {"GET", "/tubes/a/peek", 404, NULL},
+    {"POST", "/stats/tubes", 405, "GET, HEAD"},
+    {"GET", "/stats/other", 404, NULL},
+    {"POST", "/ui/app.js", 405, "GET, HEAD"},
+    {"PUT", "/ui", 405, "GET, HEAD"},
+    {"DELETE", "/ui/", 405, "GET, HEAD"},
+    {"GET", "/ui/a/b", 404, NULL},           /* the dashboard's folder is flat */
+    {"GET", "/ui//", 404, NULL},
 };
 
 /* Every row of route_cases routes as the table says; trailing slashes and
@@ -189,6 +200,19 @@ static void test_routes(void **state)
     assert_int_equal(gw_match_route("GET", "/tubes/a%2Fb/ready", &m), 0);
     assert_string_equal(m.seg[1], "a/b");
     assert_true(m.route->handler == gw_handle_peek_ready);
+    /* a pattern that ends with '/' wants the '/': "/ui/" is the page, "/ui"
+     * the redirect to it; other paths take a trailing '/' or not */
+    assert_int_equal(gw_match_route("GET", "/ui/", &m), 0);
+    assert_true(m.route->handler == gw_handle_ui_file);
+    assert_string_equal(gw_route_pattern(m.path), "/ui/");
+    assert_int_equal(gw_match_route("GET", "/ui", &m), 0);
+    assert_true(m.route->handler == gw_handle_ui_redirect);
+    assert_string_equal(gw_route_pattern(m.path), "/ui");
+    assert_int_equal(gw_match_route("GET", "/ui/app.js/", &m), 0);
+    assert_string_equal(m.seg[1], "app.js");
+    assert_string_equal(gw_route_pattern(m.path), "/ui/{asset}");
+    assert_int_equal(gw_match_route("GET", "/stats/", &m), 0);
+    assert_true(m.route->handler == gw_handle_stats);
 }
 
 /* A URL for route pattern p ("/jobs/{id}/body"): each {x} filled with "7". */
@@ -736,6 +760,212 @@ static void test_idempotency_hash_is_keyed(void **state)
     gw_idempotency_free(b);
 }
 
+/* ---- the dashboard's files -------------------------------------------- */
+
+/* The table built from ui/: index.html is there (and is what "" finds),
+ * names are sorted and unique, each file has bytes, a known Content-Type
+ * and a strong quoted ETag of 32 hex digits, distinct per content. */
+static void test_ui_assets(void **state)
+{
+    (void)state;
+    assert_true(gw_ui_assets_count >= 1);
+    const struct gw_asset *index = gw_ui_find("index.html");
+    assert_non_null(index);
+    assert_ptr_equal(gw_ui_find(""), index);
+    assert_string_equal(index->content_type, "text/html; charset=utf-8");
+    static const char *const types[] = {"text/html; charset=utf-8", "text/css; charset=utf-8",
+                                        "text/javascript; charset=utf-8", "image/svg+xml",
+                                        "image/png", "text/plain; charset=utf-8"};
+    for (size_t i = 0; i < gw_ui_assets_count; i++) {
+        const struct gw_asset *a = &gw_ui_assets[i];
+        assert_ptr_equal(gw_ui_find(a->name), a);
+        if (i) assert_true(strcmp(gw_ui_assets[i - 1].name, a->name) < 0);
+        assert_true(a->len > 0);
+        assert_int_equal(a->bytes[a->len], 0); /* a NUL after the bytes */
+        int known = 0;
+        for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) known |= strcmp(a->content_type, types[k]) == 0;
+        assert_true(known);
+        assert_int_equal(strlen(a->etag), 34);
+        assert_true(a->etag[0] == '"' && a->etag[33] == '"');
+        assert_int_equal(strspn(a->etag + 1, "0123456789abcdef"), 32);
+        for (size_t k = 0; k < i; k++)
+            if (gw_ui_assets[k].len != a->len || memcmp(gw_ui_assets[k].bytes, a->bytes, a->len) != 0)
+                assert_string_not_equal(gw_ui_assets[k].etag, a->etag);
+    }
+    static const char *const missing[] = {"nope.js", "INDEX.HTML", "index.html/", "../index.html", "/index.html"};
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) assert_null(gw_ui_find(missing[i]));
+}
+
+/* If-None-Match: "*", the tag itself, W/ of it, or one entry of a list. */
+static void test_ui_etag_matches(void **state)
+{
+    (void)state;
+    static const struct { const char *header; int match; } cases[] = {
+        {"\"abc\"", 1}, {"W/\"abc\"", 1}, {"*", 1}, {" \"abc\" ", 1},
+        {"\"x\", \"abc\"", 1}, {"\"x\",W/\"abc\"", 1}, {"\"x\" ,\t\"abc\"\t", 1},
+        {NULL, 0}, {"", 0}, {"\"abd\"", 0}, {"abc", 0}, {"\"abc", 0}, {"\"abc\"x", 0},
+        {"w/\"abc\"", 0}, {"\"x\", \"y\"", 0}, {"**", 0}, {",", 0}, {"\"ab\"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (gw_ui_etag_matches(cases[i].header, "\"abc\"") != cases[i].match)
+            fail_msg("If-None-Match %s: want %d", cases[i].header ? cases[i].header : "(none)", cases[i].match);
+}
+
+/* ---- pages of tubes ----------------------------------------------------- */
+
+/* Names of the page out[0..n), comma-separated, into buf. */
+static const char *page_names(const struct bg_tube **out, uint32_t n, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", i ? "," : "", out[i]->name);
+    return buf;
+}
+
+/* List order without filter and sort, a filter on a substring, a sort by a
+ * stats field (ties by name) either way, by name either way, offset and
+ * limit past the end. */
+static void test_tube_page(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct bg_client c;
+    assert_int_equal(bg_engine_init(&e, 1000, NULL), 0);
+    assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
+    static const struct { const char *name; int ready; } tubes[] = {
+        {"mail", 2}, {"sms", 5}, {"mail-eu", 0}, {"push", 5}, {"a/mail", 1},
+    };
+    uint64_t id;
+    for (size_t i = 0; i < sizeof tubes / sizeof tubes[0]; i++) {
+        assert_int_equal(bg_put_copy(&c, tubes[i].name, 0, 100, 60, "d", 1, 0, &id), 0); /* delayed */
+        for (int k = 0; k < tubes[i].ready; k++)
+            assert_int_equal(bg_put_copy(&c, tubes[i].name, 0, 0, 60, "r", 1, 0, &id), 0);
+    }
+    static const struct {
+        const char *filter, *sort;
+        int descending;
+        uint64_t offset;
+        uint32_t limit;
+        uint64_t total;
+        const char *want;
+    } cases[] = {
+        {NULL, NULL, 0, 0, 100, 6, "default,mail,sms,mail-eu,push,a/mail"},
+        {NULL, NULL, 0, 2, 3, 6, "sms,mail-eu,push"},
+        {"", NULL, 0, 5, 3, 6, "a/mail"},
+        {NULL, NULL, 0, 6, 3, 6, ""},
+        {NULL, NULL, 0, 1000, 3, 6, ""},
+        {"mail", NULL, 0, 0, 100, 3, "mail,mail-eu,a/mail"},
+        {"/", NULL, 0, 0, 100, 1, "a/mail"},
+        {"nothing", NULL, 0, 0, 100, 0, ""},
+        {NULL, "name", 0, 0, 100, 6, "a/mail,default,mail,mail-eu,push,sms"},
+        {NULL, "name", 1, 0, 2, 6, "sms,push"},
+        {NULL, "current_jobs_ready", 1, 0, 4, 6, "push,sms,mail,a/mail"},
+        {NULL, "current_jobs_ready", 0, 0, 3, 6, "default,mail-eu,a/mail"},
+        {"mail", "current_jobs_ready", 1, 1, 100, 3, "a/mail,mail-eu"},
+        {"mail", NULL, 0, 1, 1, 3, "mail-eu"},
+        {NULL, "current_jobs_delayed", 0, 0, 2, 6, "default,a/mail"},
+    };
+    const struct bg_tube *out[100];
+    char names[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct gw_tube_page_query q = {cases[i].filter, cases[i].sort ? gw_tube_sort_key(cases[i].sort) : -1,
+                                       cases[i].descending, cases[i].offset, cases[i].limit};
+        uint32_t n = 99;
+        uint64_t total = 99;
+        assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
+        if (total != cases[i].total || strcmp(page_names(out, n, names, sizeof names), cases[i].want) != 0)
+            fail_msg("case %zu: total %llu, page %s; want %llu, %s", i, (unsigned long long)total, names,
+                     (unsigned long long)cases[i].total, cases[i].want);
+    }
+    assert_int_equal(gw_tube_sort_key("name"), 0);
+    assert_int_equal(gw_tube_sort_key("nope"), -1);
+    assert_int_equal(gw_tube_sort_key(""), -1);
+    for (int i = 0; gw_tube_sort_key_name(i); i++) assert_int_equal(gw_tube_sort_key(gw_tube_sort_key_name(i)), i);
+    assert_true(gw_tube_filter_valid(""));
+    assert_true(gw_tube_filter_valid("-a/b+c;d.e$f_(g)"));
+    assert_false(gw_tube_filter_valid("a b"));
+    assert_false(gw_tube_filter_valid("<script>"));
+    char long_filter[BG_TUBE_NAME_MAX + 2];
+    memset(long_filter, 'a', sizeof long_filter - 1);
+    long_filter[sizeof long_filter - 1] = '\0';
+    assert_false(gw_tube_filter_valid(long_filter));
+    long_filter[BG_TUBE_NAME_MAX] = '\0';
+    assert_true(gw_tube_filter_valid(long_filter));
+    bg_client_close(&c, 0);
+    bg_engine_destroy(&e);
+}
+
+static int by_name_ref(const void *a, const void *b)
+{
+    return strcmp((*(const struct bg_tube *const *)a)->name, (*(const struct bg_tube *const *)b)->name);
+}
+
+static int by_name_desc_ref(const void *a, const void *b) { return by_name_ref(b, a); }
+
+/* Reference order for test_tube_page_matches_a_full_sort: ready count,
+ * then name, either way. */
+static int ref_descending;
+static int ref_order(const void *a, const void *b)
+{
+    const struct bg_tube *x = *(const struct bg_tube *const *)a, *y = *(const struct bg_tube *const *)b;
+    if (x->ready.len != y->ready.len)
+        return (x->ready.len < y->ready.len) == !ref_descending ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* With 300 tubes of random ready counts, every page (sort by ready or by
+ * name, either way, offsets and limits across the whole range, with and
+ * without a filter) equals the same slice of a full sort. */
+static void test_tube_page_matches_a_full_sort(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct bg_client c;
+    assert_int_equal(bg_engine_init(&e, 1000, NULL), 0);
+    assert_int_equal(bg_client_init(&e, &c, &noop_ops, NULL), 0);
+    srand(7);
+    char name[32];
+    uint64_t id;
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t%03d-%c", (i * 37) % 300, i % 3 ? 'x' : 'y');
+        int ready = rand() % 5;
+        assert_int_equal(bg_put_copy(&c, name, 0, 100, 60, "d", 1, 0, &id), 0);
+        for (int k = 0; k < ready; k++) assert_int_equal(bg_put_copy(&c, name, 0, 0, 60, "r", 1, 0, &id), 0);
+    }
+    const struct bg_tube *all[301], *out[GW_TUBE_PAGE_MAX];
+    for (int by_ready = 0; by_ready < 2; by_ready++)
+        for (int desc = 0; desc < 2; desc++)
+            for (int filtered = 0; filtered < 2; filtered++) {
+                size_t m = 0;
+                for (uint32_t i = 0; i < e.tube_count; i++)
+                    if (!filtered || strstr(e.tube_list[i]->name, "-y")) all[m++] = e.tube_list[i];
+                ref_descending = desc;
+                if (by_ready) qsort(all, m, sizeof all[0], ref_order);
+                else qsort(all, m, sizeof all[0], desc ? by_name_desc_ref : by_name_ref);
+                static const uint64_t offsets[] = {0, 1, 7, 99, 100, 250, 299, 300, 301};
+                static const uint32_t limits[] = {1, 2, 10, 100, 500};
+                for (size_t oi = 0; oi < sizeof offsets / sizeof offsets[0]; oi++)
+                    for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+                        struct gw_tube_page_query q = {filtered ? "-y" : NULL,
+                                                       gw_tube_sort_key(by_ready ? "current_jobs_ready" : "name"),
+                                                       desc, offsets[oi], limits[li]};
+                        uint32_t n;
+                        uint64_t total;
+                        assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
+                        assert_int_equal(total, m);
+                        size_t want = offsets[oi] >= m ? 0 : m - offsets[oi] < limits[li] ? m - offsets[oi] : limits[li];
+                        assert_int_equal(n, want);
+                        for (uint32_t i = 0; i < n; i++)
+                            if (out[i] != all[offsets[oi] + i])
+                                fail_msg("ready %d desc %d filter %d offset %llu limit %u: [%u] %s, want %s", by_ready,
+                                         desc, filtered, (unsigned long long)offsets[oi], limits[li], i, out[i]->name,
+                                         all[offsets[oi] + i]->name);
+                    }
+            }
+    bg_client_close(&c, 0);
+    bg_engine_destroy(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -754,6 +984,10 @@ int main(void)
         cmocka_unit_test(test_idempotency_fingerprint),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_idempotency_hash_is_keyed),
+        cmocka_unit_test(test_ui_assets),
+        cmocka_unit_test(test_ui_etag_matches),
+        cmocka_unit_test(test_tube_page),
+        cmocka_unit_test(test_tube_page_matches_a_full_sort),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }

@@ -1,0 +1,69 @@
+// api.js - the gateway's HTTP API, as the page uses it.
+//
+// The page is served at /ui/, so the API is one level up ("../stats"):
+// relative URLs keep working behind a proxy that adds a prefix. With bearer
+// tokens on, the token lives in sessionStorage (this tab only, gone when it
+// closes) and goes out as an Authorization header, never in a URL.
+
+const TOKEN_KEY = "beangate-token";
+const root = new URL("../", document.baseURI);
+
+// A problem+json answer (or a failure to reach the server: status 0).
+export class ApiError extends Error {
+  constructor(status, code, detail) {
+    super(status ? `${status} ${code}: ${detail}` : detail);
+    this.status = status;
+    this.code = code;
+    this.detail = detail;
+  }
+}
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(value) {
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+// A tube name as one path segment ('/' becomes %2F, as the gateway wants).
+export function tubePath(name) {
+  return "tubes/" + encodeURIComponent(name);
+}
+
+// Call the API: method, a path relative to the root ("stats",
+// "tubes/x/kick"), query parameters (undefined ones left out), a body, and
+// `raw` to get the bytes. Resolves to the JSON (null for 204) or a
+// Uint8Array; rejects with an ApiError.
+export async function call(method, path, {query, body, raw} = {}) {
+  const url = new URL(path, root);
+  for (const [k, v] of Object.entries(query || {})) {
+    if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, String(v));
+  }
+  const headers = {Accept: raw ? "application/octet-stream" : "application/json"};
+  const t = token();
+  if (t) headers.Authorization = "Bearer " + t;
+  let resp;
+  try {
+    resp = await fetch(url, {method, headers, body, cache: "no-store", credentials: "omit"});
+  } catch (e) {
+    throw new ApiError(0, "UNREACHABLE", "the server does not answer");
+  }
+  if (!resp.ok) {
+    let code = "HTTP_" + resp.status, detail = resp.statusText;
+    try {
+      const doc = await resp.json();
+      code = doc.code || code;
+      detail = doc.detail || detail;
+    } catch (e) { /* not problem+json */ }
+    throw new ApiError(resp.status, code, detail);
+  }
+  if (raw) return new Uint8Array(await resp.arrayBuffer());
+  if (resp.status === 204) return null;
+  return resp.json();
+}
+
+export const get = (path, query) => call("GET", path, {query});
+export const post = (path, query, body) => call("POST", path, {query, body});
+export const del = (path, query) => call("DELETE", path, {query});

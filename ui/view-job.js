@@ -1,0 +1,97 @@
+// view-job.js - one job: every field of stats-job, its body (raw bytes,
+// shown as text, hex or JSON), and kick and delete. The stats are polled;
+// the body is fetched once (a job's body never changes).
+// (With push delivery, the job's last delivery error will be shown here.)
+
+import {h, setText, setCounts, definitionList} from "./dom.js";
+import * as api from "./api.js";
+import {count, duration} from "./format.js";
+import {bodyViewer, confirmAction, notify} from "./widgets.js";
+
+export function jobView(main, {id}, app) {
+  const facts = definitionList([
+    ["id", "Id"], ["tube", "Tube"], ["state", "State"], ["priority", "Priority"], ["age", "Age"],
+    ["delay", "Delay"], ["ttr", "Time to run"], ["time_left", "Time left"], ["reserves", "Reserves"],
+    ["timeouts", "Timeouts"], ["releases", "Releases"], ["buries", "Buries"], ["kicks", "Kicks"],
+  ], "facts");
+  const tubeLink = h("a", {href: "#/tubes"});
+  facts.values.tube.replaceChildren(tubeLink);
+  const viewer = bodyViewer(`Body of job ${id}`);
+  const kick = h("button", {type: "button", disabled: true}, "Kick");
+  const del = h("button", {type: "button", class: "danger", disabled: true}, "Delete");
+  const why = h("p", {class: "muted", hidden: true},
+    "A reserved job belongs to its worker: it can be deleted only with its reservation.");
+  const gone = h("p", {class: "notice-inline", hidden: true}, `There is no job ${id}: it was deleted, or never existed.`);
+  const content = h("div", {class: "cards"},
+    h("section", {class: "card", "aria-label": "Statistics"}, h("h2", {}, "Statistics"), facts.dl,
+      h("div", {class: "buttons"}, kick, del), why),
+    h("section", {class: "card", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
+  const crumbTube = h("a", {href: "#/tubes"});
+  const crumbStep = h("span", {hidden: true}, " › ", crumbTube);   // once the tube is known
+  main.append(
+    h("nav", {class: "crumbs", "aria-label": "Breadcrumb"}, h("a", {href: "#/tubes"}, "Tubes"), crumbStep,
+      " › ", h("span", {}, `Job ${id}`)),
+    h("h1", {}, `Job ${id}`),
+    gone, content);
+  let job = null, haveBody = false, ended = false;
+
+  kick.addEventListener("click", async () => {
+    try {
+      await api.post(`jobs/${id}/kick`);
+      notify(`Job ${id} kicked: it is ready.`, "ok");
+    } catch (e) {
+      notify(e.message, "error");
+    }
+    app.refreshNow();
+  });
+  del.addEventListener("click", async () => {
+    if (!(await confirmAction(`Delete job ${id} of tube ${job.tube}? This cannot be undone.`, "Delete job"))) return;
+    try {
+      await api.del(`jobs/${id}`);
+      notify(`Job ${id} deleted.`, "ok");
+    } catch (e) {
+      notify(e.message, "error");
+    }
+    app.refreshNow();
+  });
+
+  function end() {
+    ended = true;
+    gone.hidden = false;
+    content.hidden = true;
+  }
+
+  return {
+    title: `Job ${id}`,
+    async refresh() {
+      if (ended) return;   // a deleted job does not come back: ask no more
+      try {
+        job = await api.get(`jobs/${id}`);
+        if (!haveBody) {
+          viewer.show(await api.call("GET", `jobs/${id}/body`, {raw: true}), id);
+          haveBody = true;
+        }
+      } catch (e) {
+        if (e.status === 404) return end();
+        throw e;
+      }
+      const v = facts.values;
+      setText(v.id, String(job.id));
+      for (const link of [tubeLink, crumbTube]) {
+        link.setAttribute("href", "#/" + api.tubePath(job.tube));
+        setText(link, job.tube);
+      }
+      crumbStep.hidden = false;
+      setText(v.state, job.state);
+      setText(v.priority, count(job.priority));
+      setText(v.age, duration(job.age));
+      setText(v.delay, duration(job.delay));
+      setText(v.ttr, duration(job.ttr));
+      setText(v.time_left, job.state === "reserved" || job.state === "delayed" ? duration(job.time_left) : "–");
+      setCounts(v, job, {reserves: "reserves", timeouts: "timeouts", releases: "releases", buries: "buries", kicks: "kicks"});
+      kick.disabled = job.state !== "buried" && job.state !== "delayed";
+      del.disabled = job.state === "reserved";
+      why.hidden = job.state !== "reserved";
+    },
+  };
+}
