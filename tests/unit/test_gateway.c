@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -23,6 +22,7 @@
 #include <cmocka.h>
 
 #include "../../gateway/gateway.h"
+#include "tempdir.h"
 
 /* ---- routing ----------------------------------------------------------- */
 
@@ -284,7 +284,7 @@ struct live {
     struct bg_engine engine;
     struct gateway *gw;
     unsigned short port;
-    char dir[32];
+    char dir[40];
     struct wal *wal;
     int log_paused;
 };
@@ -295,8 +295,7 @@ static void live_start(struct live *l)
     l->base = event_base_new();
     assert_non_null(l->base);
     assert_int_equal(bg_engine_init(&l->engine, 1000, NULL), 0);
-    snprintf(l->dir, sizeof l->dir, "/tmp/bg-gw-XXXXXX");
-    assert_non_null(mkdtemp(l->dir));
+    tempdir_make(l->dir, sizeof l->dir, "gw");
     struct wal_config wcfg = {l->dir, 0, 0, 1 << 20, 0};
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
@@ -319,12 +318,7 @@ static void live_stop(struct live *l)
     wal_close(l->wal);
     bg_engine_destroy(&l->engine);
     event_base_free(l->base);
-    DIR *d = opendir(l->dir);
-    assert_non_null(d);
-    for (struct dirent *e; (e = readdir(d));)
-        if (e->d_name[0] != '.') unlinkat(dirfd(d), e->d_name, 0);
-    closedir(d);
-    rmdir(l->dir);
+    tempdir_remove(l->dir);
 }
 
 /* A non-blocking connection to the gateway, with text sent on it. */
