@@ -29,6 +29,10 @@ const char *bg_outcome_word(int outcome)
     case BG_UNKNOWN_COMMAND: return "UNKNOWN_COMMAND";
     case BG_NOT_IGNORED: return "NOT_IGNORED";
     case BG_BURIED: return "BURIED";
+    case BG_LOG_UNAVAILABLE: return "LOG_UNAVAILABLE";
+    case BG_TORN: return "TORN";
+    case BG_CORRUPT: return "CORRUPT";
+    case BG_IO_ERROR: return "IO_ERROR";
     default: return "INTERNAL_ERROR";
     }
 }
@@ -36,7 +40,7 @@ const char *bg_outcome_word(int outcome)
 /* Append bytes to the output; if even that fails, close the session. */
 static void out_append(struct bg_session *s, const void *bytes, size_t n)
 {
-    if (bg_buf_append(&s->out, bytes, n) != 0) s->state = BG_CLOSING;
+    if (bg_buf_append(&s->stream.out, bytes, n) != 0) s->stream.closing = 1;
 }
 
 static void reply_text(struct bg_session *s, const char *text)
@@ -48,14 +52,14 @@ static void reply_word(struct bg_session *s, int outcome)
 {
     const char *w = bg_outcome_word(outcome);
     size_t n = strlen(w);
-    char *tail = bg_buf_reserve(&s->out, n + 2);
+    char *tail = bg_buf_reserve(&s->stream.out, n + 2);
     if (!tail) {
-        s->state = BG_CLOSING;
+        s->stream.closing = 1;
         return;
     }
     memcpy(tail, w, n);
     memcpy(tail + n, "\r\n", 2);
-    s->out.len += n + 2;
+    s->stream.out.len += n + 2;
 }
 
 /* Write v in decimal at p; returns the end. */
@@ -73,9 +77,9 @@ static char *put_decimal(char *p, uint64_t v)
 static void reply_numbers(struct bg_session *s, const char *word, size_t word_len, uint64_t a,
                           int with_b, uint64_t b, const char *extra, size_t extra_len)
 {
-    char *p = bg_buf_reserve(&s->out, word_len + 44 + extra_len);
+    char *p = bg_buf_reserve(&s->stream.out, word_len + 44 + extra_len);
     if (!p) {
-        s->state = BG_CLOSING;
+        s->stream.closing = 1;
         return;
     }
     char *start = p;
@@ -90,7 +94,7 @@ static void reply_numbers(struct bg_session *s, const char *word, size_t word_le
     *p++ = '\r';
     *p++ = '\n';
     if (extra_len) memcpy(p, extra, extra_len);
-    s->out.len += (size_t)(p - start) + extra_len;
+    s->stream.out.len += (size_t)(p - start) + extra_len;
 }
 
 /* "<word> <id> <bytes>\r\n<body>\r\n" */
@@ -101,19 +105,14 @@ static void reply_job(struct bg_session *s, const char *word, const struct bg_jo
 
 /* ---- number parsing (reference semantics) ------------------------------ */
 
-/* Decimal digits at p into *out; fails on no digit or overflow of u64. */
-static int parse_digits(const char *p, const char **end, uint64_t *out)
+/* The digits at p (a NUL-terminated line) as a number up to max, read by
+ * bg_parse_u64; *end is set after them. BG_BAD_FORMAT if there is no digit
+ * or the number is above max. */
+static int read_digits(const char *p, uint64_t max, const char **end, uint64_t *out)
 {
-    uint64_t v = 0;
-    const char *start = p;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (UINT64_MAX - d) / 10) return BG_BAD_FORMAT;
-        v = v * 10 + d;
-    }
-    if (p == start) return BG_BAD_FORMAT;
-    *end = p;
-    *out = v;
+    size_t n = bg_digits_span(p, strlen(p));
+    if (bg_parse_u64(p, n, max, out) != 0) return BG_BAD_FORMAT;
+    *end = p + n;
     return 0;
 }
 
@@ -123,11 +122,9 @@ static int read_uint(const char *p, const char **end, uint64_t max, uint64_t *ou
 {
     while (*p == ' ') p++;
     const char *stop;
-    uint64_t v;
-    if (parse_digits(p, &stop, &v) != 0 || v > max) return BG_BAD_FORMAT;
+    if (read_digits(p, max, &stop, out) != 0) return BG_BAD_FORMAT;
     if (!end && *stop != '\0') return BG_BAD_FORMAT;
     if (end) *end = stop;
-    *out = v;
     return 0;
 }
 
@@ -145,18 +142,14 @@ static int read_c_number(const char *p, const char **end, int is_signed, uint64_
     while (is_c_space(*p)) p++;
     int negative = 0;
     if (*p == '+' || *p == '-') negative = *p++ == '-';
-    const char *stop;
-    uint64_t v;
     if (!(*p >= '0' && *p <= '9')) {
         *end = start;
         *out = 0;
         return 0;
     }
-    if (parse_digits(p, &stop, &v) != 0) return BG_BAD_FORMAT;
-    if (is_signed) {
-        if (v > (uint64_t)INT64_MAX + (negative ? 1 : 0)) return BG_BAD_FORMAT;
-    }
-    *end = stop;
+    uint64_t max = is_signed ? (uint64_t)INT64_MAX + (negative ? 1 : 0) : UINT64_MAX;
+    uint64_t v;
+    if (read_digits(p, max, end, &v) != 0) return BG_BAD_FORMAT;
     *out = negative ? (uint64_t)0 - v : v;
     return 0;
 }
@@ -407,7 +400,9 @@ static void finish_put(struct bg_session *s, bg_time now)
         else reply_numbers(s, "BURIED", 6, id, 0, 0, NULL, 0);
         return;
     }
-    reply_word(s, r);
+    /* reference: a put its binlog cannot take (walresvput fails in prot.c's
+     * enqueue_incoming_job) is answered OUT_OF_MEMORY */
+    reply_word(s, r == BG_LOG_UNAVAILABLE ? BG_OUT_OF_MEMORY : r);
 }
 
 static void exec_peek(struct bg_session *s, const struct request *r, bg_time now)
@@ -422,9 +417,8 @@ static void exec_peek_state(struct bg_session *s, const struct request *r, bg_ti
 {
     (void)now;
     struct bg_tube *t = s->client.use;
-    struct bg_job *j = r->cmd == BG_CMD_PEEK_READY ? bg_heap_min(&t->ready)
-                     : r->cmd == BG_CMD_PEEK_DELAYED ? bg_heap_min(&t->delayed)
-                     : t->buried_head;
+    struct bg_job *j = bg_peek(t, r->cmd == BG_CMD_PEEK_READY ? BG_JOB_READY
+                                : r->cmd == BG_CMD_PEEK_DELAYED ? BG_JOB_DELAYED : BG_JOB_BURIED);
     if (!j) reply_word(s, BG_NOT_FOUND);
     else reply_job(s, "FOUND", j);
 }
@@ -435,7 +429,7 @@ static void exec_reserve(struct bg_session *s, const struct request *r, bg_time 
     int64_t timeout = r->cmd == BG_CMD_RESERVE ? -1 : r->timeout;
     int outcome = bg_reserve(&s->client, timeout, now, &j);
     if (outcome == 0) reply_job(s, "RESERVED", j);
-    else if (outcome == BG_WOULD_BLOCK) s->state = BG_WAITING;
+    else if (outcome == BG_WOULD_BLOCK) s->stream.blocked = 1;
     else reply_word(s, outcome);
 }
 
@@ -470,8 +464,8 @@ static void exec_bury(struct bg_session *s, const struct request *r, bg_time now
 static void exec_kick(struct bg_session *s, const struct request *r, bg_time now)
 {
     uint64_t n = bg_kick(s->client.engine, s->client.use, r->count, now);
-    if (bg_buf_printf(&s->out, "KICKED %llu\r\n", (unsigned long long)n) != 0)
-        s->state = BG_CLOSING;
+    if (bg_buf_printf(&s->stream.out, "KICKED %llu\r\n", (unsigned long long)n) != 0)
+        s->stream.closing = 1;
 }
 
 static void exec_kick_job(struct bg_session *s, const struct request *r, bg_time now)
@@ -495,7 +489,7 @@ static void exec_stats(struct bg_session *s, const struct request *r, bg_time no
     struct bg_process_info pi;
     memset(&pi, 0, sizeof pi);
     if (s->io && s->io->process_info) s->io->process_info(s, &pi);
-    if (bg_render_stats(&s->out, s->client.engine, &pi) != 0) s->state = BG_CLOSING;
+    if (bg_render_stats(&s->stream.out, s->client.engine, &pi) != 0) s->stream.closing = 1;
 }
 
 static void exec_stats_job(struct bg_session *s, const struct request *r, bg_time now)
@@ -507,7 +501,7 @@ static void exec_stats_job(struct bg_session *s, const struct request *r, bg_tim
     }
     struct bg_stats_job sj;
     bg_stats_job(s->client.engine, j, now, &sj);
-    if (bg_render_stats_job(&s->out, &sj) != 0) s->state = BG_CLOSING;
+    if (bg_render_stats_job(&s->stream.out, &sj) != 0) s->stream.closing = 1;
 }
 
 static void exec_stats_tube(struct bg_session *s, const struct request *r, bg_time now)
@@ -519,7 +513,7 @@ static void exec_stats_tube(struct bg_session *s, const struct request *r, bg_ti
     }
     struct bg_stats_tube st;
     bg_stats_tube(t, now, &st);
-    if (bg_render_stats_tube(&s->out, &st) != 0) s->state = BG_CLOSING;
+    if (bg_render_stats_tube(&s->stream.out, &st) != 0) s->stream.closing = 1;
 }
 
 static void exec_use(struct bg_session *s, const struct request *r, bg_time now)
@@ -527,16 +521,16 @@ static void exec_use(struct bg_session *s, const struct request *r, bg_time now)
     (void)now;
     int outcome = bg_client_use(&s->client, r->name);
     if (outcome != 0) reply_word(s, outcome);
-    else if (bg_buf_printf(&s->out, "USING %s\r\n", s->client.use->name) != 0)
-        s->state = BG_CLOSING;
+    else if (bg_buf_printf(&s->stream.out, "USING %s\r\n", s->client.use->name) != 0)
+        s->stream.closing = 1;
 }
 
 /* "WATCHING n" or the outcome's word. */
 static void reply_watching(struct bg_session *s, int outcome, uint32_t count)
 {
     if (outcome != 0) reply_word(s, outcome);
-    else if (bg_buf_printf(&s->out, "WATCHING %u\r\n", count) != 0)
-        s->state = BG_CLOSING;
+    else if (bg_buf_printf(&s->stream.out, "WATCHING %u\r\n", count) != 0)
+        s->stream.closing = 1;
 }
 
 static void exec_watch(struct bg_session *s, const struct request *r, bg_time now)
@@ -567,28 +561,28 @@ static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_ti
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
         bytes += strlen(t->name) + 3;
     }
-    int rc = bg_buf_printf(&s->out, "OK %zu\r\n---\n", bytes);
+    int rc = bg_buf_printf(&s->stream.out, "OK %zu\r\n---\n", bytes);
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
-        rc = bg_buf_printf(&s->out, "- %s\n", t->name);
+        rc = bg_buf_printf(&s->stream.out, "- %s\n", t->name);
     }
-    if (rc == 0) rc = bg_buf_append(&s->out, "\r\n", 2);
-    if (rc != 0) s->state = BG_CLOSING;
+    if (rc == 0) rc = bg_buf_append(&s->stream.out, "\r\n", 2);
+    if (rc != 0) s->stream.closing = 1;
 }
 
 static void exec_list_tube_used(struct bg_session *s, const struct request *r, bg_time now)
 {
     (void)r;
     (void)now;
-    if (bg_buf_printf(&s->out, "USING %s\r\n", s->client.use->name) != 0)
-        s->state = BG_CLOSING;
+    if (bg_buf_printf(&s->stream.out, "USING %s\r\n", s->client.use->name) != 0)
+        s->stream.closing = 1;
 }
 
 static void exec_quit(struct bg_session *s, const struct request *r, bg_time now)
 {
     (void)r;
     (void)now;
-    s->state = BG_CLOSING;
+    s->stream.closing = 1;
 }
 
 static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_time now)
@@ -607,17 +601,17 @@ static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_ti
 static void session_job_reserved(struct bg_client *c, struct bg_job *j)
 {
     struct bg_session *s = container_of(c, struct bg_session, client);
-    s->state = BG_WANT_COMMAND;
+    s->stream.blocked = 0;
     reply_job(s, "RESERVED", j);
-    if (s->io && s->io->output_ready) s->io->output_ready(s);
+    bg_stream_wake(&s->stream);
 }
 
 static void session_wait_ended(struct bg_client *c, int outcome)
 {
     struct bg_session *s = container_of(c, struct bg_session, client);
-    s->state = BG_WANT_COMMAND;
+    s->stream.blocked = 0;
     reply_word(s, outcome);
-    if (s->io && s->io->output_ready) s->io->output_ready(s);
+    bg_stream_wake(&s->stream);
 }
 
 static const struct bg_client_ops session_client_ops = {
@@ -632,32 +626,26 @@ int bg_session_init(struct bg_engine *e, struct bg_session *s,
     s->io = io;
     s->io_owner = io_owner;
     s->state = BG_WANT_COMMAND;
-    int r = bg_client_init(e, &s->client, &session_client_ops, s);
-    if (r != 0) return r;
-    e->connections++;
-    e->stat.total_connections++;
-    return 0;
+    return bg_client_init(e, &s->client, &session_client_ops, s);
 }
 
 void bg_session_close(struct bg_session *s, bg_time now)
 {
-    struct bg_engine *e = s->client.engine;
     if (s->in_job) bg_job_discard(s->in_job);
     s->in_job = NULL;
     bg_client_close(&s->client, now);
-    e->connections--;
-    bg_buf_free(&s->out);
+    bg_buf_free(&s->stream.out);
 }
 
 void bg_session_peer_eof(struct bg_session *s, bg_time now)
 {
-    if (s->state != BG_WAITING) return;
+    if (!s->stream.blocked) return;
     /* a wait whose end has passed ends as the timer would have ended it
      * (DEADLINE_SOON, or a job that fell due): through session_wait_ended */
     bg_engine_catch_up(s->client.engine, now);
-    if (s->state != BG_WAITING) return;
+    if (!s->stream.blocked) return;
     bg_client_stop_waiting(&s->client);
-    s->state = BG_WANT_COMMAND;
+    s->stream.blocked = 0;
     reply_word(s, BG_TIMED_OUT);
 }
 
@@ -675,7 +663,8 @@ size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time
 {
     size_t used = 0;
     for (;;) {
-        if (s->out_limit && s->out.len >= s->out_limit) return used;
+        if (s->stream.blocked || s->stream.closing) return used;
+        if (s->stream.out_limit && s->stream.out.len >= s->stream.out_limit) return used;
         const char *p = in + used;
         size_t avail = len - used;
         /* reference: a line is looked for in a window of BG_LINE_MAX bytes */
@@ -725,8 +714,6 @@ size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time
             reply_word(s, s->skip_reply);
             continue;
         }
-        case BG_WAITING:
-        case BG_CLOSING:
         default:
             return used;
         }

@@ -1,12 +1,31 @@
-/* core.h - the beangate core: engine, stats model and beanstalk codec.
+/* core.h - the beangate core: engine, sessions, log records, shared
+ * utilities. Pure: no sockets, no libevent, no files, no clock reads. Every
+ * entry point that needs the time takes `now`, monotonic nanoseconds.
  *
- * This header is the table of contents of core/. Each section names the file
- * that implements it. core/ is pure: no sockets, no libevent, no clock reads.
- * Every entry point that needs the time takes `now`, monotonic nanoseconds.
+ * Result convention (the whole code base, core, io and front-ends): 0 is
+ * success; a negative value is an outcome from enum bg_outcome (below). A
+ * function that returns a count, a size or a descriptor returns it as a
+ * non-negative value instead. Where a caller needs more detail than the
+ * outcome (a Gearman packet's fault), it is a field beside it. Functions
+ * returning pointers return NULL for "none" and document why it may be none.
  *
- * Result convention (the whole codebase): 0 is success; a negative value is
- * an outcome from enum bg_outcome. Functions returning pointers return NULL
- * for "none" and document why it may be none.
+ * This header is the table of contents of core/; each section names the
+ * file that implements it:
+ *   outcomes            codec.c (bg_outcome_word)
+ *   alloc.c             the one allocation wrapper (fault injection)
+ *   parse.c             bg_parse_u64, the one decimal reader
+ *   buf.c               growable byte buffer
+ *   the stream          struct bg_stream: what every byte-stream session
+ *                       shares with its connection (io/conn.c)
+ *   heap.c              binary min-heap
+ *   engine.c            jobs, tubes, clients, time; peek, job ids
+ *   audit.c             the engine's structure checked from scratch
+ *   token.c             bg_siphash (the one keyed hash), reservation tokens
+ *   journal.c           the write-ahead log's record format; engine <-> log
+ *   stats.c             the one stats model
+ *   codec.c             the beanstalk session (bg_session)
+ *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman
+ *                       session (gearman_session.c): its own header
  */
 #ifndef BEANGATE_CORE_H
 #define BEANGATE_CORE_H
@@ -44,9 +63,14 @@ enum bg_outcome {
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
     BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
     BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
+    BG_TORN = -15,        /* log data ends inside a record */
+    BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
+    BG_IO_ERROR = -17,    /* a system call failed; errno is left set for the message */
 };
 
-/* The beanstalk word for an outcome, e.g. "NOT_FOUND". */
+/* The name of an outcome, e.g. "NOT_FOUND": the beanstalk word where
+ * beanstalk has one (a put the log cannot take is BG_LOG_UNAVAILABLE, which
+ * the beanstalk codec answers with the reference's OUT_OF_MEMORY). */
 const char *bg_outcome_word(int outcome);
 
 /* ---- alloc.c: the one allocation wrapper (tests can fail the Nth call) --- */
@@ -94,6 +118,31 @@ static inline char *bg_buf_head(const struct bg_buf *b) { return b->data + b->st
 char *bg_buf_reserve(struct bg_buf *b, size_t n);
 void bg_buf_clear(struct bg_buf *b);
 void bg_buf_free(struct bg_buf *b);
+
+/* ---- the stream: a byte-stream session as its connection sees it -------- */
+
+/* Every session of a byte-stream protocol (beanstalk's bg_session,
+ * Gearman's gm_session) starts with one. The session appends replies to
+ * `out` and sets the flags; the connection layer (io/conn.c) writes `out`,
+ * feeds input while neither flag is set, and sets the limits and the hook. */
+struct bg_stream {
+    struct bg_buf out;          /* reply bytes waiting to be written */
+    size_t out_limit;           /* feeding stops while out holds this much; 0: none */
+    size_t out_max;             /* output others append past this overflows; 0: none */
+    uint8_t blocked;            /* waiting (a blocked reserve): input stays buffered */
+    uint8_t closing;            /* no more input: write out, then close */
+    uint8_t overflow;           /* out passed out_max: close without writing */
+    /* Output was appended outside the session's own feed (a wait ended,
+     * another session's result): the connection must run. NULL: none. */
+    void (*output_ready)(struct bg_stream *s);
+    void *owner;                /* the connection layer's object */
+};
+
+/* Tell s's connection that output came from outside its feed. */
+static inline void bg_stream_wake(struct bg_stream *s)
+{
+    if (s->output_ready) s->output_ready(s);
+}
 
 /* ---- heap.c: binary min-heap of pointers, each item knows its slot ------ */
 
@@ -205,6 +254,7 @@ struct bg_client {
     bg_time wait_deadline;      /* UINT64_MAX: no timeout */
     bg_time wake_at;            /* min(wait_deadline, soonest TTR - margin) */
     uint8_t waiting, is_producer, is_worker;
+    uint8_t sleeping;           /* bg_client_set_sleeping */
 };
 
 struct bg_server_counters {
@@ -219,7 +269,8 @@ struct bg_engine {
     uint64_t next_id;
     struct bg_job **jobs;       /* hash table by id */
     size_t jobs_mask, job_count;
-    struct bg_tube **tubes;     /* hash table by name */
+    struct bg_tube **tubes;     /* hash table by name, keyed (bg_siphash) */
+    uint64_t hash_key[2];
     size_t tubes_mask;
     struct bg_tube **tube_list; /* list-tubes order */
     uint32_t tube_count, tube_list_cap;
@@ -246,11 +297,20 @@ struct bg_engine {
     struct bg_server_counters stat;
 };
 
-/* Set up an engine with the default tube. 0 or BG_OUT_OF_MEMORY. */
-int bg_engine_init(struct bg_engine *e, uint32_t max_job_size);
+/* Set up an engine with the default tube; its tube-name table is hashed
+ * under hash_key (random, chosen once at start; NULL: all zero, for tests
+ * and tools). 0 or BG_OUT_OF_MEMORY. */
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t hash_key[2]);
 /* Free every job, tube and table. Clients must have been closed. */
 void bg_engine_destroy(struct bg_engine *e);
 
+/* Write the id of every job into ids (room for job_count); returns how
+ * many (job_count). The order is the job table's. */
+size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids);
+/* The job `peek-ready` / `-delayed` / `-buried` shows in tube t: the next
+ * ready job (by priority, then id), the next delayed job (by deadline), the
+ * oldest buried job; NULL if there is none (or for BG_JOB_RESERVED). */
+struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state);
 /* Find a job by id; NULL if there is none. */
 struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id);
 /* Find a tube by name (NUL-terminated); NULL if there is none. */
@@ -275,6 +335,16 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
                         const struct bg_client_ops *ops, void *owner);
 /* Detach: stop waiting, return reserved jobs to ready, drop tube refs. */
 void bg_client_close(struct bg_client *c, bg_time now);
+/* A client that waits for work outside the engine's waiting sets (a
+ * Gearman worker after PRE_SLEEP) counts in current-waiting while
+ * `sleeping` is set, as a blocked reserve does; closing clears it. */
+void bg_client_set_sleeping(struct bg_client *c, int sleeping);
+/* Refuse new jobs from now on (SIGUSR1, Gearman's `shutdown graceful`). */
+void bg_engine_drain(struct bg_engine *e);
+/* A connection of any protocol opened / closed (current-connections,
+ * total-connections); HTTP requests are not connections. */
+void bg_engine_connection_opened(struct bg_engine *e);
+void bg_engine_connection_closed(struct bg_engine *e);
 /* Count c as a producer / worker in stats (once). */
 void bg_client_mark_producer(struct bg_client *c);
 void bg_client_mark_worker(struct bg_client *c);
@@ -294,8 +364,9 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new that never entered the engine. */
 void bg_job_discard(struct bg_job *j);
-/* Enter a new job into tube `t`: 0, BG_DRAINING or BG_OUT_OF_MEMORY (in
- * which case the job is freed). */
+/* Enter a new job into tube `t`: 0 (BG_BURIED if a heap could not grow),
+ * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
+ * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
 
 /* ---- Time. Every entry point below that takes `now` first does whatever
@@ -326,6 +397,9 @@ int bg_delete(struct bg_client *c, uint64_t id, bg_time now);
 int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s, bg_time now);
 int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now);
 int bg_touch(struct bg_client *c, uint64_t id, bg_time now);
+/* Give job `id`, reserved by c, a new TTR of ttr_s seconds (0 counts as
+ * 1) that runs from now, and log the change: 0 or BG_NOT_FOUND. */
+int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now);
 /* Kick up to n jobs of tube t (buried first, else delayed); returns count. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now);
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now);
@@ -353,10 +427,18 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
 /* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
  * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
- * BG_DRAINING or BG_OUT_OF_MEMORY. For front-ends that have the body in
+ * BG_DRAINING, BG_LOG_UNAVAILABLE or BG_OUT_OF_MEMORY. For front-ends that have the body in
  * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id);
+
+/* ---- audit.c: the engine checked from scratch ---------------------------- */
+
+/* Walk every job, tube and timer heap and check that the counts, slots,
+ * heap orders, cached tops, the matching invariant and due_at agree.
+ * 0, or BG_INTERNAL_ERROR with *broken naming the first broken rule. For
+ * fuzzers and tests: it costs O(everything). */
+int bg_engine_audit(const struct bg_engine *e, const char **broken);
 
 /* ---- token.c: keyed hash; reservation tokens for connectionless clients - */
 
@@ -364,6 +446,9 @@ int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t de
  * table that clients fill: without the key (random, chosen at start by the
  * front-end) nobody can choose keys that share a bucket. */
 uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len);
+/* The hash of an id the server gave out (not chosen by clients, so it
+ * needs no key): Fibonacci hashing. */
+static inline uint64_t bg_hash_id(uint64_t id) { return id * 0x9E3779B97F4A7C15ull; }
 
 #define BG_TOKEN_MAX 64
 struct bg_token_key { uint64_t k[4]; };
@@ -526,9 +611,6 @@ enum bg_record_type {
     BG_REC_SNAPSHOT_END = 5, /* the records before it in this segment are the
                               * whole state: older segments are superseded */
 };
-/* bg_journal_decode results besides 0 */
-#define BG_JOURNAL_TORN (-100)     /* the data ends inside a record */
-#define BG_JOURNAL_CORRUPT (-101)  /* checksum or structure is wrong */
 
 /* A job as the log keeps it. Times are wall-clock nanoseconds so that
  * delays survive a restart. body is NULL in an update record. */
@@ -563,8 +645,15 @@ int bg_journal_encode_delete(struct bg_buf *out, uint64_t id);
 int bg_journal_encode_snapshot_end(struct bg_buf *out);
 int bg_journal_encode_pause(struct bg_buf *out, const char *tube, uint32_t pause_s,
                             uint64_t unpause_wall);
+/* Bytes a JOB record (with its body of body_len bytes, CRLF included) of a
+ * job in a tube named by tube_len bytes takes, frame included. */
+size_t bg_journal_job_record_size(size_t tube_len, uint32_t body_len);
+/* Bytes of the record that starts at data[0..len) according to its length
+ * field (it is not checked), or 0 if not even that is there. For cutting a
+ * buffer of records this process encoded at a record boundary. */
+size_t bg_journal_record_span(const char *data, size_t len);
 /* Decode the record at data: 0 (*used bytes, rec points into data),
- * BG_JOURNAL_TORN or BG_JOURNAL_CORRUPT. */
+ * BG_TORN or BG_CORRUPT. */
 int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used);
 
 /* Where a segment stops being readable, and what is wrong there. */
@@ -703,46 +792,43 @@ extern const char *const bg_cmd_names[BG_CMD_COUNT];
 void bg_count_cmd(struct bg_engine *e, enum bg_cmd cmd, uint64_t n);
 
 enum bg_session_state {
-    BG_WANT_COMMAND,   /* reading a command line */
+    BG_WANT_COMMAND,   /* reading a command line (or blocked in reserve) */
     BG_WANT_BODY,      /* reading a put body into in_job */
     BG_SKIP_BYTES,     /* discarding a too-big body, then replying */
     BG_WANT_ENDLINE,   /* discarding the rest of an over-long line */
-    BG_WAITING,        /* blocked in reserve */
-    BG_CLOSING,        /* quit: flush output, then close */
 };
 
 struct bg_session;
 
-/* Hooks the I/O layer gives a session. */
+/* What the server gives a session besides its stream. */
 struct bg_session_io {
-    /* Output was appended outside bg_session_feed (a wait ended). */
-    void (*output_ready)(struct bg_session *s);
     /* Fill in process facts for `stats`. */
     void (*process_info)(struct bg_session *s, struct bg_process_info *out);
 };
 
-/* One beanstalk TCP connection as the codec sees it. */
+/* One beanstalk TCP connection as the codec sees it. A reserve that waits
+ * sets stream.blocked until its answer is in stream.out; quit (or a reply
+ * that cannot be appended) sets stream.closing. */
 struct bg_session {
+    struct bg_stream stream;    /* first: the connection layer's view */
     struct bg_client client;
     const struct bg_session_io *io;
     void *io_owner;
-    struct bg_buf out;          /* reply bytes waiting to be written */
     uint8_t state;              /* enum bg_session_state */
     struct bg_job *in_job;      /* put body being read */
     uint32_t in_job_read;
     uint64_t skip_left;         /* BG_SKIP_BYTES: bytes still to discard */
-    size_t out_limit;           /* feed pauses while out holds this much; 0: none */
     int skip_reply;             /* outcome to answer after skipping */
 };
 
-/* Attach a session to the engine. 0 or BG_OUT_OF_MEMORY. */
+/* Attach a session to the engine (its stream zeroed). 0 or BG_OUT_OF_MEMORY. */
 int bg_session_init(struct bg_engine *e, struct bg_session *s,
                     const struct bg_session_io *io, void *io_owner);
 /* Release everything the session holds (reservations go back to ready). */
 void bg_session_close(struct bg_session *s, bg_time now);
-/* Execute every complete command in in[0..len); replies go to s->out.
+/* Execute every complete command in in[0..len); replies go to stream.out.
  * Returns the number of bytes consumed; stops early when the session
- * blocks (BG_WAITING), closes (BG_CLOSING) or out reaches out_limit. */
+ * blocks, closes or its output reaches stream.out_limit. */
 size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now);
 /* The peer half-closed while the session waits: answer TIMED_OUT, or
  * whatever its wait's end was if that had passed by `now`. */

@@ -91,6 +91,14 @@ struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id)
     return j;
 }
 
+size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids)
+{
+    size_t n = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++)
+        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+    return n;
+}
+
 /* Double the job table; on allocation failure keep the old one. */
 static void job_table_grow(struct bg_engine *e)
 {
@@ -136,14 +144,11 @@ static void job_table_remove(struct bg_engine *e, struct bg_job *j)
 
 /* ---- tubes ------------------------------------------------------------- */
 
+/* Tube names are chosen by clients: the table is hashed under the key the
+ * engine was given, so nobody can pick names that share a bucket. */
 static size_t name_bucket(const struct bg_engine *e, const char *name)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        h ^= *p;
-        h *= 1099511628211ull;
-    }
-    return (size_t)h & e->tubes_mask;
+    return (size_t)bg_siphash(e->hash_key, name, strlen(name)) & e->tubes_mask;
 }
 
 int bg_tube_name_char(char ch)
@@ -240,6 +245,16 @@ static void tube_unref(struct bg_engine *e, struct bg_tube *t)
 }
 
 static inline int tube_paused(const struct bg_tube *t) { return t->pause_ns != 0; }
+
+struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state)
+{
+    switch (state) {
+    case BG_JOB_READY: return bg_heap_min(&t->ready);
+    case BG_JOB_DELAYED: return bg_heap_min(&t->delayed);
+    case BG_JOB_BURIED: return t->buried_head;
+    default: return NULL;
+    }
+}
 
 /* Refresh t's cached ready top key after its ready heap or pause changed. */
 static void tube_top_update(struct bg_tube *t)
@@ -506,9 +521,10 @@ static void journal_saved(struct bg_engine *e, const struct bg_job *j, int with_
 
 /* ---- engine lifetime --------------------------------------------------- */
 
-int bg_engine_init(struct bg_engine *e, uint32_t max_job_size)
+int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t hash_key[2])
 {
     memset(e, 0, sizeof *e);
+    if (hash_key) e->hash_key[0] = hash_key[0], e->hash_key[1] = hash_key[1];
     e->next_id = 1;
     e->due_at = NEVER;
     e->max_job_size = max_job_size;
@@ -653,10 +669,29 @@ void bg_client_close(struct bg_client *c, bg_time now)
         c->use = NULL;
     }
     bg_heap_free(&c->reserved);
+    bg_client_set_sleeping(c, 0);
     if (c->is_producer) e->producers--;
     if (c->is_worker) e->workers--;
     e->clients--;
 }
+
+void bg_client_set_sleeping(struct bg_client *c, int sleeping)
+{
+    if (!c->sleeping == !sleeping) return;
+    c->sleeping = sleeping != 0;
+    if (sleeping) c->engine->waiting++;
+    else c->engine->waiting--;
+}
+
+void bg_engine_drain(struct bg_engine *e) { e->draining = 1; }
+
+void bg_engine_connection_opened(struct bg_engine *e)
+{
+    e->connections++;
+    e->stat.total_connections++;
+}
+
+void bg_engine_connection_closed(struct bg_engine *e) { e->connections--; }
 
 void bg_client_mark_producer(struct bg_client *c)
 {
@@ -755,7 +790,7 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     bg_engine_catch_up(e, now); /* a waiter whose timeout passed must not get the job */
     if (e->draining || e->journal_broken) {
         job_mem_free(j);
-        return e->draining ? BG_DRAINING : BG_OUT_OF_MEMORY;
+        return e->draining ? BG_DRAINING : BG_LOG_UNAVAILABLE;
     }
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not
@@ -936,6 +971,17 @@ int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
     bg_heap_push(&c->reserved, j);   /* slots just freed */
     job_timer_push(e, j);
     client_reschedule(c);
+    return 0;
+}
+
+int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now)
+{
+    bg_engine_catch_up(c->engine, now);
+    struct bg_job *j = reserved_by(c, id);
+    if (!j) return BG_NOT_FOUND;
+    j->ttr_s = ttr_s ? ttr_s : 1;
+    bg_touch(c, id, now);        /* its reservation runs from now */
+    journal_saved(c->engine, j, 0);
     return 0;
 }
 

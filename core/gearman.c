@@ -115,7 +115,7 @@ int gm_admin_command(int cmd) { return cmd == GM_ADMIN_CANCEL_JOB ? BG_CMD_DELET
 
 int gm_request_nargs(uint32_t t)
 {
-    if (t > GM_TYPE_LAST || !types[t].name || types[t].nargs < 0) return GM_ETYPE;
+    if (t > GM_TYPE_LAST || !types[t].name || types[t].nargs < 0) return BG_BAD_FORMAT;
     return types[t].nargs;
 }
 
@@ -139,13 +139,13 @@ static void put_be32(char *p, uint32_t v)
 #define PACKET_SIZE_LIMIT ((uint32_t)(INT32_MAX - GM_HEADER_SIZE))
 
 /* Split body[0..size) into n arguments: n-1 NUL-terminated ones and the
- * rest (which may hold NULs). Fails with GM_EARGS on a missing NUL. */
+ * rest (which may hold NULs). GM_FAULT_ARGS on a missing NUL. */
 static int split_args(const char *body, uint32_t size, uint32_t n, struct gm_packet *p)
 {
     const char *at = body, *end = body + size;
     for (uint32_t i = 0; i + 1 < n; i++) {
         const char *nul = memchr(at, '\0', (size_t)(end - at));
-        if (!nul) return GM_EARGS;
+        if (!nul) return GM_FAULT_ARGS;
         p->arg[i] = at;
         p->arg_len[i] = (uint32_t)(nul - at);
         at = nul + 1;
@@ -157,11 +157,11 @@ static int split_args(const char *body, uint32_t size, uint32_t n, struct gm_pac
     return 0;
 }
 
-/* GM_EFIELD if an argument of type t is over its field's limit. */
+/* GM_FAULT_FIELD if an argument of type t is over its field's limit. */
 static int check_fields(uint32_t t, const struct gm_packet *p)
 {
     for (uint32_t i = 0; i < p->nargs; i++)
-        if (p->arg_len[i] > field_max[types[t].field[i]]) return GM_EFIELD;
+        if (p->arg_len[i] > field_max[types[t].field[i]]) return GM_FAULT_FIELD;
     return 0;
 }
 
@@ -171,17 +171,20 @@ int gm_parse_request(const char *data, size_t len, uint32_t max_size, struct gm_
     memset(p, 0, sizeof *p);
     p->type = get_be32(data + 4);
     p->size = get_be32(data + 8);
-    if (memcmp(data, "\0REQ", 4) != 0) return GM_EMAGIC;
     int nargs = gm_request_nargs(p->type);
-    if (nargs < 0) return GM_ETYPE;
-    if (p->size > max_size || p->size > PACKET_SIZE_LIMIT) return GM_ETOO_BIG;
-    if (len - GM_HEADER_SIZE < p->size) return 0;
-    /* gearmand: a type without arguments ignores any body it is sent */
-    p->nargs = (uint32_t)nargs;
-    int r = split_args(data + GM_HEADER_SIZE, p->size, p->nargs, p);
-    if (r == 0) r = check_fields(p->type, p);
-    if (r != 0) return r;
-    return (int)(GM_HEADER_SIZE + p->size);
+    int fault = memcmp(data, "\0REQ", 4) != 0 ? GM_FAULT_MAGIC
+              : nargs < 0 ? GM_FAULT_TYPE
+              : p->size > max_size || p->size > PACKET_SIZE_LIMIT ? GM_FAULT_TOO_BIG : GM_FAULT_NONE;
+    if (fault == GM_FAULT_NONE) {
+        if (len - GM_HEADER_SIZE < p->size) return 0;
+        /* gearmand: a type without arguments ignores any body it is sent */
+        p->nargs = (uint32_t)nargs;
+        fault = split_args(data + GM_HEADER_SIZE, p->size, p->nargs, p);
+        if (fault == GM_FAULT_NONE) fault = check_fields(p->type, p);
+    }
+    if (fault == GM_FAULT_NONE) return (int)(GM_HEADER_SIZE + p->size);
+    p->fault = (uint8_t)fault;
+    return BG_BAD_FORMAT;
 }
 
 /* Append one packet with the given magic; 0 or BG_OUT_OF_MEMORY (also for a
@@ -221,20 +224,20 @@ int gm_encode_request(struct bg_buf *out, uint32_t t, uint32_t n,
 
 /* Codes are gearmand's where it answers the same fault with an ERROR. */
 static const struct {
-    int err;
+    int fault;
     const char *code, *text;
 } error_texts[] = {
-    {GM_EMAGIC, "INVALID_MAGIC", "Request magic expected"},        /* gearmand's words */
-    {GM_ETYPE, "INVALID_COMMAND", "Command not expected"},         /* gearmand's words */
-    {GM_EARGS, "INVALID_PACKET", "Packet has too few arguments"},  /* gearmand: no reply */
-    {GM_ETOO_BIG, "ARGUMENT_TOO_LARGE", "Packet too large"},       /* gearmand: no limit */
-    {GM_EFIELD, "ARGUMENT_TOO_LARGE", "Argument too large"},       /* gearmand: code only */
+    {GM_FAULT_MAGIC, "INVALID_MAGIC", "Request magic expected"},        /* gearmand's words */
+    {GM_FAULT_TYPE, "INVALID_COMMAND", "Command not expected"},         /* gearmand's words */
+    {GM_FAULT_ARGS, "INVALID_PACKET", "Packet has too few arguments"},  /* gearmand: no reply */
+    {GM_FAULT_TOO_BIG, "ARGUMENT_TOO_LARGE", "Packet too large"},       /* gearmand: no limit */
+    {GM_FAULT_FIELD, "ARGUMENT_TOO_LARGE", "Argument too large"},       /* gearmand: code only */
 };
 
-void gm_error_text(int err, const char **code, const char **text)
+void gm_error_text(int fault, const char **code, const char **text)
 {
     for (size_t i = 0; i < sizeof error_texts / sizeof error_texts[0]; i++) {
-        if (error_texts[i].err == err) {
+        if (error_texts[i].fault == fault) {
             *code = error_texts[i].code;
             *text = error_texts[i].text;
             return;
@@ -256,7 +259,7 @@ struct word {
 /* gearmand: words end at a space; the spaces after one are skipped, but a
  * leading space makes an empty first word and trailing spaces an empty last
  * word ("show jobs " has three words). Only ' ' separates (a tab is part of
- * a word). Returns the word count, or GM_EARGS past ADMIN_WORDS_MAX. */
+ * a word). Returns the word count, or -1 past ADMIN_WORDS_MAX. */
 static int split_words(const char *p, size_t len, struct word w[ADMIN_WORDS_MAX])
 {
     const char *end = p + len;
@@ -264,7 +267,7 @@ static int split_words(const char *p, size_t len, struct word w[ADMIN_WORDS_MAX]
     for (;;) {
         const char *sp = memchr(p, ' ', (size_t)(end - p));
         const char *stop = sp ? sp : end;
-        if (n == ADMIN_WORDS_MAX) return GM_EARGS;
+        if (n == ADMIN_WORDS_MAX) return -1;
         w[n].p = p;
         w[n].len = (uint32_t)(stop - p);
         n++;
@@ -317,13 +320,20 @@ int gm_admin_parse(const char *data, size_t len, struct gm_admin_line *line)
 {
     size_t scan = len < GM_ADMIN_LINE_MAX ? len : GM_ADMIN_LINE_MAX;
     const char *nl = memchr(data, '\n', scan);
-    if (!nl) return len >= GM_ADMIN_LINE_MAX ? GM_ETOO_BIG : 0;
+    if (!nl && len < GM_ADMIN_LINE_MAX) return 0;
+    if (!nl) {
+        line->fault = GM_FAULT_TOO_BIG;
+        return BG_BAD_FORMAT;
+    }
     size_t line_len = (size_t)(nl - data);
     if (line_len && data[line_len - 1] == '\r') line_len--; /* one "\r" only */
 
     struct word w[ADMIN_WORDS_MAX];
     int n = split_words(data, line_len, w);
-    if (n < 0) return n;
+    if (n < 0) {
+        line->fault = GM_FAULT_ARGS;
+        return BG_BAD_FORMAT;
+    }
     memset(line, 0, sizeof *line);
     line->cmd = GM_ADMIN_UNKNOWN;
     line->word = w[0].p;
@@ -359,7 +369,7 @@ static int hex_value(char c)
 
 int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 1])
 {
-    if (len == 0) return GM_EFIELD;
+    if (len == 0) return BG_BAD_FORMAT;
     if (bg_tube_name_valid(fn, len) && !memchr(fn, '$', len)) {
         memcpy(out, fn, len);
         out[len] = '\0';
@@ -369,7 +379,7 @@ int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 
     for (size_t i = 0; i < len; i++) {
         char c = fn[i];
         int escape = c == '$' || !bg_tube_name_char(c) || (i == 0 && c == '-');
-        if (n + (escape ? 3 : 1) > BG_TUBE_NAME_MAX) return GM_EFIELD;
+        if (n + (escape ? 3 : 1) > BG_TUBE_NAME_MAX) return BG_BAD_FORMAT;
         if (escape) {
             unsigned char u = (unsigned char)c;
             out[n++] = '$';
@@ -393,10 +403,10 @@ int gm_tube_to_function(const char *tube, char *out, size_t out_cap)
             c = (char)(hi << 4 | lo);
             p += 2;
         }
-        if (n + 1 >= out_cap) return GM_EFIELD;
+        if (n + 1 >= out_cap) return BG_BAD_FORMAT;
         out[n++] = c;
     }
-    if (n >= out_cap) return GM_EFIELD;
+    if (n >= out_cap) return BG_BAD_FORMAT;
     out[n] = '\0';
     return (int)n;
 }

@@ -5,8 +5,10 @@
  * argument (the data) runs to the end and may hold NULs. Text admin lines
  * ("status\n") share the port: a first byte that is not NUL starts one.
  *
- * Results follow core.h: 0 or a positive count on success, a negative
- * GM_E* value on error. server/gearman.c does the I/O and the engine work.
+ * Results follow core.h: 0 or a positive count on success, BG_BAD_FORMAT
+ * for malformed input, with what is wrong (enum gm_fault) in the packet or
+ * line. gearman_session.c (below) runs the protocol on the
+ * engine; server/gearman.c plugs it into the connection layer.
  */
 #ifndef BEANGATE_GEARMAN_H
 #define BEANGATE_GEARMAN_H
@@ -45,13 +47,17 @@ enum gm_type {
     GM_TYPE_LAST = 42
 };
 
-/* Codec errors (negative, distinct from enum bg_outcome's range). */
-enum gm_error {
-    GM_EMAGIC = -200,     /* first four bytes are not "\0REQ" */
-    GM_ETYPE = -201,      /* type is 0, unknown, or not a request */
-    GM_EARGS = -202,      /* fewer NUL separators than the type needs */
-    GM_ETOO_BIG = -203,   /* size over the limit given to the parser */
-    GM_EFIELD = -204,     /* an argument is over its own limit (function,
+/* What is wrong with malformed input: the detail of a BG_BAD_FORMAT, for
+ * the ERROR packet's code (gm_error_text). */
+enum gm_fault {
+    GM_FAULT_NONE = 0,
+    GM_FAULT_MAGIC,       /* first four bytes are not "\0REQ" */
+    GM_FAULT_TYPE,        /* type is 0, unknown, or not a request */
+    GM_FAULT_ARGS,        /* fewer NUL separators than the type needs; an
+                           * admin line with too many words */
+    GM_FAULT_TOO_BIG,     /* size over the limit given to the parser; an
+                           * admin line over GM_ADMIN_LINE_MAX */
+    GM_FAULT_FIELD,       /* an argument is over its own limit (function,
                            * unique, handle, client id, option) */
 };
 
@@ -63,6 +69,7 @@ struct gm_packet {
     uint32_t nargs;                /* arguments this type carries */
     const char *arg[GM_ARGS_MAX];
     uint32_t arg_len[GM_ARGS_MAX];
+    uint8_t fault;                 /* enum gm_fault, with BG_BAD_FORMAT */
 };
 
 /* The name of packet type t ("SUBMIT_JOB"), or NULL if there is none. */
@@ -76,26 +83,26 @@ int gm_request_command(uint32_t t);
 /* The same for an admin line's command: `cancel job` is a delete. */
 int gm_admin_command(int cmd);
 /* Number of arguments request type t carries (the data counts as one), or
- * a negative GM_ETYPE if t is not a request a server accepts.
+ * BG_BAD_FORMAT if t is not a request a server accepts.
  * SUBMIT_REDUCE_JOB and SUBMIT_REDUCE_JOB_BACKGROUND carry 5 (function,
  * unique, reducer, aggregator, data), as gearmand reads them: it waits for
  * a fourth NUL. */
 int gm_request_nargs(uint32_t t);
 
 /* Parse one request packet at data[0..len). Returns the bytes it used (> 0)
- * and fills *p; 0 when more bytes are needed; or a negative GM_E* error
- * (the connection is then answered ERROR and closed). max_size bounds the
- * packet's size field; GM_ETOO_BIG is reported from the header alone.
- * Nothing is reported before the 12-byte header is there; GM_EMAGIC,
- * GM_ETYPE and GM_ETOO_BIG come from the header alone, GM_EARGS and
- * GM_EFIELD once the whole packet is there. On every error p->type and
+ * and fills *p; 0 when more bytes are needed; or BG_BAD_FORMAT with
+ * p->fault saying why (the connection is then answered ERROR and closed).
+ * max_size bounds the packet's size field; GM_FAULT_TOO_BIG is reported
+ * from the header alone. Nothing is reported before the 12-byte header is
+ * there; GM_FAULT_MAGIC, _TYPE and _TOO_BIG come from the header alone,
+ * GM_FAULT_ARGS and _FIELD once the whole packet is there. On every error p->type and
  * p->size hold the header's fields as sent (gearmand answers ERROR and keeps
  * the connection for "\0RES" magic, a response type and a unique id that
  * is too long: a server that wants that can skip GM_HEADER_SIZE + size).
  * A type with n arguments needs n-1 NULs; the last argument is the rest of
  * the packet and may hold NULs (also for CAN_DO, GET_STATUS, ...). A type
  * without arguments ignores any body (gearmand does too). Sizes above
- * INT32_MAX - 12 are GM_ETOO_BIG whatever max_size says. */
+ * INT32_MAX - 12 are GM_FAULT_TOO_BIG whatever max_size says. */
 int gm_parse_request(const char *data, size_t len, uint32_t max_size,
                      struct gm_packet *p);
 
@@ -107,9 +114,9 @@ int gm_encode_response(struct bg_buf *out, uint32_t t, uint32_t n,
 int gm_encode_request(struct bg_buf *out, uint32_t t, uint32_t n,
                       const char *const *arg, const uint32_t *len);
 
-/* The ERROR packet's code and text for codec error err (gearmand's words
- * where it has them). */
-void gm_error_text(int err, const char **code, const char **text);
+/* The ERROR packet's code and text for fault f (gearmand's words where it
+ * has them). */
+void gm_error_text(int fault, const char **code, const char **text);
 
 /* ---- text admin protocol ------------------------------------------------ */
 
@@ -128,11 +135,13 @@ struct gm_admin_line {
     uint32_t arg_len[GM_ADMIN_ARGS_MAX];
     const char *word;              /* the first word, as sent */
     uint32_t word_len;
+    uint8_t fault;                 /* enum gm_fault, with BG_BAD_FORMAT */
 };
 
 /* Find one admin line at data[0..len): returns the bytes it used including
- * the "\n" (a "\r" before it is dropped), 0 if no "\n" yet, or GM_ETOO_BIG
- * once GM_ADMIN_LINE_MAX bytes hold no "\n". Fills *line: the command and
+ * the "\n" (a "\r" before it is dropped), 0 if no "\n" yet, or
+ * BG_BAD_FORMAT with line->fault GM_FAULT_TOO_BIG once GM_ADMIN_LINE_MAX
+ * bytes hold no "\n". Fills *line: the command and
  * its space-separated words (pointing into data).
  *
  * Words split as gearmand splits them: only ' ' separates, runs of spaces
@@ -140,7 +149,8 @@ struct gm_admin_line {
  * spaces an empty last word ("show jobs " is three words, "   " two empty
  * ones, "" one). A "\r" elsewhere or a tab is part of a word. Command words
  * match in any case ("SHOW Jobs"). More than 1 + GM_ADMIN_ARGS_MAX words:
- * GM_EARGS (gearmand closes the connection without a reply).
+ * BG_BAD_FORMAT, fault GM_FAULT_ARGS (gearmand closes the connection
+ * without a reply).
  *
  * arg[] holds the words after the command's words, whatever the command
  * (gearmand ignores them for status, workers, version, getpid, verbose).
@@ -167,14 +177,131 @@ int gm_admin_parse(const char *data, size_t len, struct gm_admin_line *line);
  * terminated). A name that is a valid tube name and holds no '$' is kept;
  * otherwise every byte that may not appear in a tube name, every '$', and
  * a leading '-' become "$XX" (two upper-case hex digits). Returns the tube
- * name's length, or GM_EFIELD if it would be longer than BG_TUBE_NAME_MAX
+ * name's length, or BG_BAD_FORMAT if it would be longer than BG_TUBE_NAME_MAX
  * or fn is empty. */
 int gm_function_to_tube(const char *fn, size_t len, char out[BG_TUBE_NAME_MAX + 1]);
 /* The inverse: decode tube name `tube` (NUL terminated) into out (room for
  * out_cap bytes) and NUL-terminate it (the name itself may hold NULs).
- * Returns the function name's length, or GM_EFIELD if it and the NUL do not
+ * Returns the function name's length, or BG_BAD_FORMAT if it and the NUL do not
  * fit (BG_TUBE_NAME_MAX + 1 bytes always do). A '$' not followed by two hex
  * digits (either case) is kept as is. */
 int gm_tube_to_function(const char *tube, char *out, size_t out_cap);
+
+/* ---- gearman_session.c: the protocol on the engine ---------------------- *
+ *
+ * A function is a tube (function names that are not tube names are encoded,
+ * above). A submitted job is a beanstalk job in that tube; a worker is an
+ * engine client that watches the tubes of its abilities. What gearmand keeps
+ * beside the queue (foreground listeners, unique ids, WORK_STATUS numbers)
+ * lives in a table of records by job id, only for the jobs that need one.
+ * Sessions append replies to their own stream, results to their
+ * listeners' streams (waking them), and change the engine only through its
+ * functions. Pure: the time and the process facts come in from outside. */
+
+#define GM_FUNCTIONS_MAX 65536         /* functions listed by `status` */
+#define GM_ABILITIES_MAX 4096          /* CAN_DO per worker */
+#define GM_SUBMIT_TTR 86400            /* a job's TTR unless CAN_DO_TIMEOUT says */
+#define GM_PEER_MAX 46                 /* an IPv6 address as text */
+
+struct gm_session;
+struct gm_record;
+struct gm_function;
+
+/* How the admin `shutdown` stops the server. */
+enum gm_stop {
+    GM_STOP_NOW,                   /* `shutdown`: stop at once */
+    GM_STOP_GRACEFUL,              /* `shutdown graceful`: take no new jobs or
+                                    * connections; gm_server_sweep says when
+                                    * no worker holds a job any more */
+};
+
+/* What only the process knows, and what only it can do. */
+struct gm_hooks {
+    void *ctx;                     /* every hook's first argument */
+    long pid;                      /* the admin `getpid` */
+    const char *hostname;          /* job handles are "H:<hostname>:<id>" */
+    /* The admin `verbose` answer: "DEBUG", "INFO" or "WARNING". */
+    const char *(*verbosity)(void *ctx);
+    /* Wall-clock seconds since the epoch (SUBMIT_JOB_EPOCH). */
+    uint64_t (*wall_s)(void *ctx);
+    /* The admin `shutdown` was accepted. */
+    void (*stop)(void *ctx, enum gm_stop how);
+    /* A malformed request was answered with ERROR `code` (for a log line;
+     * NULL: nothing). */
+    void (*bad_request)(void *ctx, const struct gm_session *s, const char *code);
+};
+
+/* A hash table of records, chained through one of their next pointers. */
+struct gm_table {
+    struct gm_record **slot;
+    size_t mask, count;
+};
+
+/* Every Gearman session of one engine, and what they share. */
+struct gm_server {
+    struct bg_engine *engine;
+    struct gm_hooks hooks;
+    uint64_t hash_key[2];          /* the keyed hash of the unique and function tables */
+    struct gm_session *sessions;   /* every session, newest first */
+    struct gm_session *sleepers;   /* workers after PRE_SLEEP, not yet woken */
+    struct bg_client holder;       /* deletes jobs whose clients all left */
+    struct gm_table by_id, by_unique;
+    struct gm_function **functions; /* hash of gm_function by tube */
+    size_t functions_mask, function_count;
+    struct gm_function *function_list; /* newest first */
+    uint32_t max_packet;           /* largest request size accepted */
+    size_t sweep_cursor;           /* next record bucket the sweep looks at */
+    uint8_t graceful;              /* `shutdown graceful` was accepted */
+    uint8_t admin_shutdown;        /* `shutdown` is a command (else unknown) */
+};
+
+/* A worker ability: the tube of a CAN_DO, and its CAN_DO_TIMEOUT. */
+struct gm_ability {
+    char tube[BG_TUBE_NAME_MAX + 1];
+    struct bg_tube *tube_ptr;      /* the tube, alive while the worker watches it */
+    uint32_t timeout_s;
+};
+
+/* One Gearman connection as the protocol sees it. */
+struct gm_session {
+    struct bg_stream stream;       /* first: the connection layer's view */
+    struct gm_server *g;
+    struct gm_session *prev, *next; /* g->sessions */
+    struct gm_session *sleep_prev, *sleep_next; /* g->sleepers, while sleeping */
+    struct bg_client client;       /* the engine's view: bare, watches abilities */
+    struct gm_ability *abilities;
+    uint32_t ability_count, ability_cap;
+    uint64_t *listening;           /* ids of the records this client listens to */
+    uint32_t listening_count, listening_cap;
+    int peer_fd;                   /* shown by `workers` */
+    char peer[GM_PEER_MAX];
+    char client_id[GM_CLIENT_ID_MAX + 1];
+    uint8_t sleeping, exceptions;
+};
+
+/* Set up g on engine e: requests up to max_packet bytes, `shutdown` a
+ * command if admin_shutdown, tables hashed under hash_key (random, chosen at
+ * start). Sets the engine's job_ready hook. 0 or BG_OUT_OF_MEMORY. */
+int gm_server_init(struct gm_server *g, struct bg_engine *e, const struct gm_hooks *hooks,
+                   uint32_t max_packet, int admin_shutdown, const uint64_t hash_key[2]);
+/* Free what g holds (every session must be closed), unset the hook. */
+void gm_server_destroy(struct gm_server *g, bg_time now);
+/* One bounded step of the sweep (call it every 100 ms or so): look at the
+ * next `budget` record buckets, fail foreground jobs that ended outside
+ * Gearman (a beanstalk or HTTP delete) and drop records of jobs that are
+ * gone. Returns 1 when a graceful shutdown is due (no session holds a
+ * job), else 0. */
+int gm_server_sweep(struct gm_server *g, size_t budget);
+
+/* Attach a new session (memory zeroed by the caller, or not: it is
+ * cleared) of the peer shown as fd / addr. 0 or BG_OUT_OF_MEMORY. */
+int gm_session_init(struct gm_server *g, struct gm_session *s, int peer_fd, const char *peer_addr);
+/* Execute every complete request or admin line in in[0..len) until the
+ * output reaches stream.out_limit or the session closes: the bytes
+ * consumed. */
+size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time now);
+/* Detach: stop listening (a foreground job nobody waits for goes unless a
+ * worker runs it), give reserved jobs back, free what s holds. */
+void gm_session_close(struct gm_session *s, bg_time now);
 
 #endif

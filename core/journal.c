@@ -106,12 +106,20 @@ int bg_journal_check_header(const char *data, size_t len)
     return 0;
 }
 
+/* The frame around a record's payload: length, checksum, type. */
+#define FRAME (4 + 4 + 1)
+
 /* Reserve room for a record of `payload` bytes; returns where the type byte
  * goes. The length and checksum are filled in by finish_record. */
 static unsigned char *start_record(struct bg_buf *out, size_t payload)
 {
-    unsigned char *p = (unsigned char *)bg_buf_reserve(out, 8 + 1 + payload);
+    unsigned char *p = (unsigned char *)bg_buf_reserve(out, FRAME + payload);
     return p ? p + 8 : NULL;
+}
+
+size_t bg_journal_record_span(const char *data, size_t len)
+{
+    return len < 4 ? 0 : FRAME + (size_t)get_u32((const unsigned char *)data);
 }
 
 static void finish_record(struct bg_buf *out, unsigned char *type_at, unsigned char *end)
@@ -143,10 +151,21 @@ static void put_job_fixed(unsigned char **p, const struct bg_journal_job *r)
     put_u32(p, r->kicks);
 }
 
+/* The payload of a job record: fixed fields, tube, and body if any. */
+static size_t job_payload(size_t tube_len, int with_body, uint32_t body_len)
+{
+    return JOB_FIXED + 1 + tube_len + (with_body ? 4 + (size_t)body_len : 0);
+}
+
+size_t bg_journal_job_record_size(size_t tube_len, uint32_t body_len)
+{
+    return FRAME + job_payload(tube_len, 1, body_len);
+}
+
 int bg_journal_encode_job(struct bg_buf *out, const struct bg_journal_job *r, int with_body)
 {
     size_t tube_len = strlen(r->tube);
-    size_t payload = JOB_FIXED + 1 + tube_len + (with_body ? 4 + r->body_len : 0);
+    size_t payload = job_payload(tube_len, with_body, r->body_len);
     unsigned char *type_at = start_record(out, payload);
     if (!type_at) return BG_OUT_OF_MEMORY;
     unsigned char *p = type_at;
@@ -216,19 +235,19 @@ static int get_tube(const unsigned char *p, size_t n, char out[BG_TUBE_NAME_MAX 
 int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *rec, size_t *used)
 {
     const unsigned char *p = (const unsigned char *)data;
-    if (len < 9) return BG_JOURNAL_TORN;
+    if (len < FRAME) return BG_TORN;
     uint32_t payload = get_u32(p);
-    if (payload > BG_JOB_SIZE_LIMIT + 1024u) return BG_JOURNAL_CORRUPT;
-    if (len - 9 < payload) return BG_JOURNAL_TORN;
-    if (get_u32(p + 4) != bg_crc32c(p + 8, (size_t)payload + 1)) return BG_JOURNAL_CORRUPT;
-    const unsigned char *b = p + 9, *end = b + payload;
+    if (payload > BG_JOB_SIZE_LIMIT + 1024u) return BG_CORRUPT;
+    if (len - FRAME < payload) return BG_TORN;
+    if (get_u32(p + 4) != bg_crc32c(p + 8, (size_t)payload + 1)) return BG_CORRUPT;
+    const unsigned char *b = p + FRAME, *end = b + payload;
     memset(rec, 0, sizeof *rec);
     rec->type = p[8];
     switch (rec->type) {
     case BG_REC_JOB:
     case BG_REC_UPDATE: {
         struct bg_journal_job *j = &rec->job;
-        if (payload < JOB_FIXED + 1) return BG_JOURNAL_CORRUPT;
+        if (payload < JOB_FIXED + 1) return BG_CORRUPT;
         j->id = get_u64(b);
         j->pri = get_u32(b + 8);
         j->state = b[12];
@@ -244,44 +263,44 @@ int bg_journal_decode(const char *data, size_t len, struct bg_journal_record *re
         b += JOB_FIXED;
         size_t tube_len = *b++;
         if ((size_t)(end - b) < tube_len || get_tube(b, tube_len, rec->tube) != 0)
-            return BG_JOURNAL_CORRUPT;
+            return BG_CORRUPT;
         j->tube = rec->tube;
         b += tube_len;
         if (j->state != BG_JOB_READY && j->state != BG_JOB_DELAYED && j->state != BG_JOB_BURIED)
-            return BG_JOURNAL_CORRUPT;
+            return BG_CORRUPT;
         if (rec->type == BG_REC_JOB) {
-            if (end - b < 4) return BG_JOURNAL_CORRUPT;
+            if (end - b < 4) return BG_CORRUPT;
             j->body_len = get_u32(b);
             b += 4;
-            if ((size_t)(end - b) != j->body_len || j->body_len < 2) return BG_JOURNAL_CORRUPT;
+            if ((size_t)(end - b) != j->body_len || j->body_len < 2) return BG_CORRUPT;
             j->body = (const char *)b;
             b += j->body_len;
         }
         break;
     }
     case BG_REC_DELETE:
-        if (payload != 8) return BG_JOURNAL_CORRUPT;
+        if (payload != 8) return BG_CORRUPT;
         rec->job.id = get_u64(b);
         b += 8;
         break;
     case BG_REC_SNAPSHOT_END:
-        if (payload != 0) return BG_JOURNAL_CORRUPT;
+        if (payload != 0) return BG_CORRUPT;
         break;
     case BG_REC_PAUSE: {
-        if (payload < 13) return BG_JOURNAL_CORRUPT;
+        if (payload < 13) return BG_CORRUPT;
         rec->pause_s = get_u32(b);
         rec->unpause_wall = get_u64(b + 4);
         size_t tube_len = b[12];
         b += 13;
         if ((size_t)(end - b) != tube_len || get_tube(b, tube_len, rec->tube) != 0)
-            return BG_JOURNAL_CORRUPT;
+            return BG_CORRUPT;
         b += tube_len;
         break;
     }
     default:
-        return BG_JOURNAL_CORRUPT;
+        return BG_CORRUPT;
     }
-    if (b != end) return BG_JOURNAL_CORRUPT;
+    if (b != end) return BG_CORRUPT;
     *used = (size_t)(end - p);
     return 0;
 }
@@ -299,11 +318,11 @@ static int valid_state(uint8_t s)
  * -1. No checksum is computed: this is the cheap test before one. */
 static int64_t frame_payload(const unsigned char *p, size_t avail)
 {
-    if (avail < 9) return -1;
+    if (avail < FRAME) return -1;
     uint32_t payload = get_u32(p);
     if (payload > BG_JOB_SIZE_LIMIT + 1024u) return -1;
-    const unsigned char *b = p + 9;
-    size_t have = avail - 9; /* payload bytes present */
+    const unsigned char *b = p + FRAME;
+    size_t have = avail - FRAME; /* payload bytes present */
     int ok;
     switch (p[8]) {
     case BG_REC_DELETE: ok = payload == 8; break;
@@ -330,9 +349,9 @@ static int64_t frame_payload(const unsigned char *p, size_t avail)
  * checksum that matches (whatever its fields say). */
 static int checksum_matches(const unsigned char *p, size_t avail)
 {
-    if (avail < 9) return 0;
+    if (avail < FRAME) return 0;
     uint32_t payload = get_u32(p);
-    return payload <= avail - 9 && get_u32(p + 4) == bg_crc32c(p + 8, (size_t)payload + 1);
+    return payload <= avail - FRAME && get_u32(p + 4) == bg_crc32c(p + 8, (size_t)payload + 1);
 }
 
 enum bg_journal_damage bg_journal_header_damage(const char *data, size_t len)
@@ -352,11 +371,11 @@ enum bg_journal_damage bg_journal_header_damage(const char *data, size_t len)
 /* What is wrong with the record at p, which bg_journal_decode refused. */
 static enum bg_journal_damage record_damage(const unsigned char *p, size_t avail)
 {
-    if (avail < 9) return BG_DAMAGE_TRUNCATED;
+    if (avail < FRAME) return BG_DAMAGE_TRUNCATED;
     if (checksum_matches(p, avail)) return BG_DAMAGE_BAD_RECORD;
     int64_t payload = frame_payload(p, avail);
     if (payload < 0) return BG_DAMAGE_BAD_FRAME;
-    return (uint64_t)payload > avail - 9 ? BG_DAMAGE_TRUNCATED : BG_DAMAGE_CHECKSUM;
+    return (uint64_t)payload > avail - FRAME ? BG_DAMAGE_TRUNCATED : BG_DAMAGE_CHECKSUM;
 }
 
 void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budget,
@@ -389,8 +408,8 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
         /* a bad record whose frame is believable: skip it whole (never look
          * for records inside it: a body may hold anything) */
         int64_t payload = frame_payload(p + at, len - at);
-        uint32_t claimed = len - at >= 9 ? get_u32(p + at) : 0;
-        if (payload < 0 && len - at >= 9 && claimed <= len - at - 9) { /* a type we do not know? */
+        uint32_t claimed = len - at >= FRAME ? get_u32(p + at) : 0;
+        if (payload < 0 && len - at >= FRAME && claimed <= len - at - FRAME) { /* a type we do not know? */
             if (spent + claimed + 1 > budget) {
                 t->search_complete = 0;
                 return;
@@ -399,15 +418,15 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
             if (checksum_matches(p + at, len - at)) payload = claimed;
         }
         if (payload >= 0) {
-            if ((uint64_t)payload > len - at - 9) break; /* cut by the end of the data */
-            at += 9 + (size_t)payload;
+            if ((uint64_t)payload > len - at - FRAME) break; /* cut by the end of the data */
+            at += FRAME + (size_t)payload;
             continue;
         }
         /* no record can start here: look for the next readable one */
         size_t next = at + 1;
-        for (; next + 9 <= len; next++) {
+        for (; next + FRAME <= len; next++) {
             int64_t n = frame_payload(p + next, len - next);
-            if (n < 0 || (uint64_t)n > len - next - 9) continue;
+            if (n < 0 || (uint64_t)n > len - next - FRAME) continue;
             if (spent + (size_t)n + 1 > budget) {
                 t->search_complete = 0;
                 return;
@@ -415,7 +434,7 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
             spent += (size_t)n + 1;
             if (bg_journal_decode(data + next, len - next, &rec, &used) == 0) break;
         }
-        if (next + 9 > len) break;
+        if (next + FRAME > len) break;
         at = next;
     }
 }

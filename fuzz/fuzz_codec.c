@@ -36,12 +36,12 @@ static void feed_chunks(struct bg_engine *e, struct bg_session *s, struct bg_buf
         uint64_t before = commands_run(e);
         size_t used = bg_session_feed(s, bg_buf_head(pending), pending->len, *now);
         bg_buf_consume(pending, used);
-        assert(pending->len < BG_LINE_MAX || s->state == BG_WAITING || s->state == BG_CLOSING);
+        assert(pending->len < BG_LINE_MAX || s->stream.blocked || s->stream.closing);
         /* the catch-up's one compare is safe: due_at never exceeds a deadline */
         assert(e->due_at <= bg_engine_next_deadline(e));
         /* a command ran: it did whatever was due and left nothing due */
         if (commands_run(e) != before) assert(bg_engine_next_deadline(e) > *now);
-        bg_buf_clear(&s->out); /* the "socket" took everything */
+        bg_buf_clear(&s->stream.out); /* the "socket" took everything */
         *now += (bg_time)(data[at - 1] % 8) * 250000000ull;
         if (!(data[at - 1] & 0x10)) bg_engine_tick(e, *now);
     }
@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct bg_engine e;
     struct bg_session a, b;
     bg_time now = 1000 * BG_SECOND;
-    if (bg_engine_init(&e, size && (data[0] & 1) ? 16 : BG_JOB_SIZE_DEFAULT) != 0) return 0;
+    if (bg_engine_init(&e, size && (data[0] & 1) ? 16 : BG_JOB_SIZE_DEFAULT, NULL) != 0) return 0;
     if (bg_session_init(&e, &a, NULL, NULL) != 0 || bg_session_init(&e, &b, NULL, NULL) != 0) abort();
     struct bg_buf pa = {0}, pb = {0};
     feed_chunks(&e, &a, &pa, data, size, &now);

@@ -12,7 +12,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct bg_engine e;
-    if (bg_engine_init(&e, BG_JOB_SIZE_DEFAULT) != 0) return 0;
+    if (bg_engine_init(&e, BG_JOB_SIZE_DEFAULT, NULL) != 0) return 0;
     const char *p = (const char *)data;
     size_t at = bg_journal_check_header(p, size) == 0 ? BG_JOURNAL_HEADER_SIZE : 0;
     bg_time now = 1000 * BG_SECOND;

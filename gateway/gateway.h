@@ -31,6 +31,7 @@
 #include <microhttpd.h>
 
 #include "../core/core.h"
+#include "../io/wal.h"
 #include "ui.h"
 
 #define GW_MAX_WAIT_DEFAULT_S 30  /* long-poll cap (--http-max-wait) */
@@ -64,12 +65,10 @@
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
     const char *port;             /* default 11301 */
-    /* the write-ahead log, seen through the server (all NULL without -b):
-     * log_seq(arg, 0) = records appended, log_seq(arg, 1) = records synced;
-     * log_durable(arg) nonzero when replies must wait for the disk */
-    uint64_t (*log_seq)(void *arg, int synced);
-    int (*log_durable)(void *arg);
-    void *log_arg;
+    /* the write-ahead log (NULL without -b): a response that reports a
+     * change waits until the log's mark for it is on disk (-f 0) */
+    struct wal *wal;
+    void *log_arg;                /* process_info's argument */
     const char *const *tokens;    /* bearer tokens (copied); none: no auth */
     size_t token_count;
     int metrics_auth;             /* /metrics needs a token too */
@@ -100,8 +99,6 @@ struct gateway;
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg);
-/* The log synced more: send the responses that were waiting for it. */
-void gateway_release_held(struct gateway *gw);
 /* Resume every suspended request, stop the daemon, free everything. */
 void gateway_stop(struct gateway *gw);
 /* /readyz answers 200 once the server says it serves (listeners up), and
@@ -196,8 +193,8 @@ struct gw_request {
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
     struct event *peer_ev;        /* watches the socket while listed */
-    uint64_t hold_seq;            /* response queued, waiting for this log record */
-    struct gw_request *held_next; /* gw->held */
+    struct wal_hold hold;         /* response queued, waiting for the log */
+    struct gw_request *held_prev, *held_next; /* gw->held */
     int held;
 };
 

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "gateway.h"
-#include "../server/log.h"
+#include "../io/eventlog.h"
 
 static void gw_run(struct gateway *gw);
 
@@ -149,6 +149,8 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     return MHD_YES;
 }
 
+static void request_durable(struct wal_hold *h);
+
 /* Count a routed request in the cmd-* counters: once (a resumed long-poll
  * is not counted again), as r->commands commands, unless it was malformed
  * (400) or over a limit (413). */
@@ -230,42 +232,34 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     }
     if (r->responded || r->held) return MHD_YES;
-    uint64_t before = gw->cfg.log_seq ? gw->cfg.log_seq(gw->cfg.log_arg, 0) : 0;
+    uint64_t before = wal_mark(gw->cfg.wal);
     int rc = dispatch(r);
     note_status(r);
-    if (gw->cfg.log_durable && gw->cfg.log_durable(gw->cfg.log_arg)) {
-        uint64_t after = gw->cfg.log_seq(gw->cfg.log_arg, 0);
-        if (after > before && rc == 0 && !r->suspended) {
-            /* durable acknowledgement: the queued response leaves only
-             * once the records it reports are on disk */
-            r->hold_seq = after;
-            r->held = 1;
-            r->held_next = gw->held;
-            gw->held = r;
-            MHD_suspend_connection(conn);
-        }
+    uint64_t mark = wal_mark(gw->cfg.wal);
+    if (mark > before && rc == 0 && !r->suspended) {
+        /* durable acknowledgement: the queued response leaves only once
+         * the records it reports are on disk */
+        r->held = 1;
+        r->held_prev = NULL;
+        r->held_next = gw->held;
+        if (gw->held) gw->held->held_prev = r;
+        gw->held = r;
+        MHD_suspend_connection(conn);
+        wal_hold(gw->cfg.wal, &r->hold, mark, request_durable);
     }
     return mhd_result(rc);
 }
 
-void gateway_release_held(struct gateway *gw)
+/* The log holds what a held response reports: let it go. */
+static void request_durable(struct wal_hold *h)
 {
-    if (!gw || !gw->held) return;
-    uint64_t synced = gw->cfg.log_seq(gw->cfg.log_arg, 1);
-    struct gw_request **p = &gw->held;
-    int resumed = 0;
-    while (*p) {
-        struct gw_request *r = *p;
-        if (r->hold_seq <= synced) {
-            *p = r->held_next;
-            r->held_next = NULL;
-            MHD_resume_connection(r->conn);
-            resumed = 1;
-        } else {
-            p = &r->held_next;
-        }
-    }
-    if (resumed) event_active(gw->run_ev, EV_READ, 0);
+    struct gw_request *r = (struct gw_request *)((char *)h - offsetof(struct gw_request, hold));
+    struct gateway *gw = r->gw;
+    if (r->held_prev) r->held_prev->held_next = r->held_next; else gw->held = r->held_next;
+    if (r->held_next) r->held_next->held_prev = r->held_prev;
+    r->held_prev = r->held_next = NULL;
+    MHD_resume_connection(r->conn);
+    event_active(gw->run_ev, EV_READ, 0);
 }
 
 /* A request ended: if it reserved jobs that never reached the client,
@@ -469,7 +463,10 @@ void gateway_stop(struct gateway *gw)
         }
     }
     gw->woken = NULL;
-    for (struct gw_request *r = gw->held; r; r = r->held_next) MHD_resume_connection(r->conn);
+    for (struct gw_request *r = gw->held; r; r = r->held_next) {
+        wal_unhold(gw->cfg.wal, &r->hold);
+        MHD_resume_connection(r->conn);
+    }
     gw->held = NULL;
     /* let the resumed long-polls answer 204 before the daemon goes */
     struct timespec pause = {0, 2000000};

@@ -416,7 +416,7 @@ int gw_handle_readyz(struct gw_request *r)
     if (!gw->ready)
         return gw_reply_problem(r->conn, 503, "STARTING", "the server is not serving yet");
     if (gw->engine->journal_broken)
-        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY",
+        return gw_reply_problem(r->conn, 503, "LOG_UNAVAILABLE",
                                 "the write-ahead log cannot write: puts are refused until it can");
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }

@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 
 #include "gateway.h"
-#include "../server/log.h"
+#include "../io/eventlog.h"
 
 /* ---- the request's fields ---------------------------------------------- */
 

@@ -671,7 +671,7 @@ int gw_handle_peek_ready(struct gw_request *r)
 {
     int reply;
     struct bg_tube *t = path_tube(r, &reply);
-    return t ? reply_peek(r, bg_heap_min(&t->ready)) : reply;
+    return t ? reply_peek(r, bg_peek(t, BG_JOB_READY)) : reply;
 }
 
 /* GET /tubes/{tube}/delayed */
@@ -679,7 +679,7 @@ int gw_handle_peek_delayed(struct gw_request *r)
 {
     int reply;
     struct bg_tube *t = path_tube(r, &reply);
-    return t ? reply_peek(r, bg_heap_min(&t->delayed)) : reply;
+    return t ? reply_peek(r, bg_peek(t, BG_JOB_DELAYED)) : reply;
 }
 
 /* GET /tubes/{tube}/buried */
@@ -687,7 +687,7 @@ int gw_handle_peek_buried(struct gw_request *r)
 {
     int reply;
     struct bg_tube *t = path_tube(r, &reply);
-    return t ? reply_peek(r, t->buried_head) : reply;
+    return t ? reply_peek(r, bg_peek(t, BG_JOB_BURIED)) : reply;
 }
 
 /* GET /tubes */

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 #include "server.h"
-#include "log.h"
+#include "../io/eventlog.h"
 #include "../gateway/gateway.h"
 
 /* ---- the table ----------------------------------------------------------- */

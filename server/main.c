@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -16,16 +17,10 @@
 
 #include "server.h"
 #include "../gateway/gateway.h"
-#include "wal.h"
-#include "log.h"
+#include "../io/loop.h"
+#include "../io/wal.h"
+#include "../io/eventlog.h"
 #include "push.h"
-
-bg_time server_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
-}
 
 void server_process_info(struct server *srv, struct bg_process_info *pi)
 {
@@ -34,7 +29,7 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->pid = (long)getpid();
     pi->utime = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
     pi->stime = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    pi->uptime_s = (server_now() - srv->started_at) / BG_SECOND;
+    pi->uptime_s = (loop_now() - srv->started_at) / BG_SECOND;
     pi->instance_id = srv->instance_id;
     pi->hostname = srv->hostname;
     pi->os = srv->os;
@@ -45,81 +40,37 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     wal_stats(srv->wal, pi);
 }
 
-void server_arm_timer(struct server *srv)
-{
-    wal_kick(srv->wal); /* whatever this turn logged goes to the flusher */
-    bg_time next = bg_engine_next_deadline(&srv->engine);
-    if (next == srv->timer_at) return;
-    srv->timer_at = next;
-    if (next == UINT64_MAX) {
-        event_del(srv->timer);
-        return;
-    }
-    bg_time now = server_now();
-    bg_time wait = next > now ? next - now : 0;
-    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
-    if (wait > 0 && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
-    evtimer_add(srv->timer, &tv);
-}
-
 /* Process facts for the gateway's GET /stats. */
 static void gateway_process_info(void *arg, struct bg_process_info *pi)
 {
     server_process_info(arg, pi);
 }
 
-/* The log's record counts, for the gateway's durable replies. */
-static uint64_t log_seq(void *arg, int synced)
-{
-    struct wal *w = ((struct server *)arg)->wal;
-    return !w ? 0 : synced ? w->synced_seq : w->appended_seq;
-}
-
-static int log_durable(void *arg) { return wal_durable(((struct server *)arg)->wal); }
-
-/* The log synced more: replies over both protocols may go. */
-static void on_log_synced(void *arg)
-{
-    struct server *srv = arg;
-    net_release_held(srv);
-    gateway_release_held(srv->gateway);
-    gearman_release_held(srv->gearman);
-}
-
 /* The gateway changed the queue: the next deadline may have moved. */
-static void after_gateway_run(void *arg) { server_arm_timer(arg); }
-
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void after_gateway_run(void *arg)
 {
-    (void)fd;
-    (void)what;
-    struct server *srv = arg;
-    srv->timer_at = UINT64_MAX; /* fired: nothing armed */
-    bg_engine_tick(&srv->engine, server_now());
-    net_process_woken(srv);
-    server_arm_timer(srv);
+    (void)arg;
+    loop_engine_changed();
 }
 
-static void process_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    struct server *srv = arg;
-    net_process_woken(srv);
-    server_arm_timer(srv);
-}
+/* Whatever this loop turn logged goes to the flusher. */
+static void hand_log_batch(void *wal) { wal_kick(wal); }
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct server *srv = arg;
-    srv->engine.draining = 1;
+    bg_engine_drain(&srv->engine);
     log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
 /* Push deliveries in flight at SIGTERM have finished, or the grace ran out. */
-static void push_stopped(void *arg) { event_base_loopbreak(((struct server *)arg)->base); }
+static void push_stopped(void *arg)
+{
+    (void)arg;
+    loop_stop();
+}
 
 /* SIGTERM, SIGINT: stop, once push deliveries in flight have finished
  * (within --push-grace); a second signal stops at once. */
@@ -129,36 +80,47 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct server *srv = arg;
     if (push_stop(srv->push, push_stopped, srv)) return;
-    event_base_loopbreak(srv->base);
+    loop_stop();
 }
 
 /* Become `name`'s user and group, handing the log's files over first.
- * 0 or -1 with a message. */
+ * 0, or BG_IO_ERROR / BG_NOT_FOUND with a message. */
 static int become_user(const char *name, struct wal *wal)
 {
     struct passwd *pw = getpwnam(name);
     if (!pw) {
         log_event(BG_LOG_ERROR, "no_such_user", "user=%s", log_str(name));
-        return -1;
+        return BG_NOT_FOUND;
     }
     /* the log was opened as root: its files must be the user's, or the
      * next segment could not be created */
-    if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return -1;
+    if (wal && wal_chown(wal, pw->pw_uid, pw->pw_gid) != 0) return BG_IO_ERROR;
     if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
         log_event(BG_LOG_ERROR, "become_user_failed", "user=%s error=%s", log_str(name), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     return 0;
 }
 
-/* Fill the stats facts that never change. */
-static void describe_host(struct server *srv)
+/* Fill out[0..n) (n <= 256) with random bytes from the kernel: 0, or
+ * BG_IO_ERROR with errno set. */
+static int random_bytes(void *out, size_t n)
 {
-    FILE *f = fopen("/dev/urandom", "r");
-    unsigned char raw[8] = {0};
-    if (f) {
-        if (fread(raw, 1, sizeof raw, f) != sizeof raw) memset(raw, 0, sizeof raw);
-        fclose(f);
+    ssize_t got;
+    do got = getrandom(out, n, 0); while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)n) return 0;
+    if (got >= 0) errno = EIO;
+    return BG_IO_ERROR;
+}
+
+/* Fill the stats facts that never change, and the process's hash key. 0,
+ * or BG_IO_ERROR when no random bytes could be read (said). */
+static int describe_host(struct server *srv)
+{
+    unsigned char raw[8];
+    if (random_bytes(raw, sizeof raw) != 0 || random_bytes(srv->hash_key, sizeof srv->hash_key) != 0) {
+        log_event(BG_LOG_ERROR, "no_randomness", "error=%s", log_str(strerror(errno)));
+        return BG_IO_ERROR;
     }
     for (int i = 0; i < 8; i++) snprintf(srv->instance_id + 2 * i, 3, "%02x", raw[i]);
     struct utsname u;
@@ -167,6 +129,7 @@ static void describe_host(struct server *srv)
         snprintf(srv->os, sizeof srv->os, "%s", u.version);
         snprintf(srv->platform, sizeof srv->platform, "%s", u.machine);
     }
+    return 0;
 }
 
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
@@ -291,46 +254,37 @@ int main(int argc, char **argv)
     static struct server srv;
     srv.listen_fd = -1;
     srv.verbose = cfg.verbose;
-    srv.started_at = server_now();
-    describe_host(&srv);
-    if (bg_engine_init(&srv.engine, cfg.max_job_size) != 0) {
+    srv.started_at = loop_now();
+    if (describe_host(&srv) != 0) return 1;
+    if (bg_engine_init(&srv.engine, cfg.max_job_size, srv.hash_key) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }
-    srv.base = event_base_new();
-    if (!srv.base) {
+    if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;
     }
-    srv.timer = evtimer_new(srv.base, timer_cb, &srv);
-    srv.timer_at = UINT64_MAX;
-    srv.process_ev = event_new(srv.base, -1, 0, process_cb, &srv);
+    srv.base = loop_base();
     srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, drain_cb, &srv);
     srv.sig_term = evsignal_new(srv.base, SIGTERM, stop_cb, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, stop_cb, &srv);
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
-    static struct wal wal;
     if (cfg.log_dir) {
         struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
                                   cfg.log_recover_damaged};
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wall = (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
-        if (wal_open(&wal, &wcfg, &srv.engine, srv.base, server_now(), wall) != 0) return 111;
-        srv.wal = &wal;
-        wal.on_synced = on_log_synced;
-        wal.on_synced_arg = &srv;
+        if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
+        loop_set_changed_hook(hand_log_batch, srv.wal);
     }
-    if (net_listen(&srv, &cfg) != 0) return 111;
+    if (beanstalk_start(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
-        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, log_seq, log_durable, &srv,
+        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
                                       srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
                                       cfg.http_cors_origins};
-        srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, server_now, after_gateway_run, &srv);
+        srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
         if (!srv.gateway && cfg.http_explicit) return 111;
@@ -343,7 +297,7 @@ int main(int argc, char **argv)
     log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
 
     if (push_setup.count) {
-        srv.push = push_start(&push_setup, srv.base, &srv.engine, server_now, after_gateway_run, &srv);
+        srv.push = push_start(&push_setup, srv.base, &srv.engine, loop_now, after_gateway_run, &srv);
         if (!srv.push) return 1;
         struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics,
                                       push_owns_client};
@@ -353,19 +307,17 @@ int main(int argc, char **argv)
 
     gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
     print_startup_block(&srv, &cfg);
-    event_base_dispatch(srv.base);
+    loop_run();
 
     push_free(srv.push); /* jobs still in flight go back to ready before the log closes */
     gateway_stop(srv.gateway);
     gearman_stop(srv.gearman);
-    net_shutdown(&srv);
+    beanstalk_stop(&srv);
     wal_close(srv.wal);
     bg_engine_destroy(&srv.engine);
-    event_free(srv.timer);
-    event_free(srv.process_ev);
     event_free(srv.sig_usr1);
     event_free(srv.sig_term);
     event_free(srv.sig_int);
-    event_base_free(srv.base);
+    loop_free();
     return 0;
 }

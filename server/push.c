@@ -33,7 +33,7 @@
 #include <nettle/hmac.h>
 
 #include "push.h"
-#include "log.h"
+#include "../io/eventlog.h"
 
 #define USAGE_EXIT 5
 #define HEADERS_MAX 16384          /* bytes of a response's head */

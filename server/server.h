@@ -7,11 +7,9 @@
 #include <sys/utsname.h>
 
 #include "../core/core.h"
+#include "../io/conn.h"
 
 #define SERVER_USAGE_EXIT 5      /* beanstalkd's status for a usage error */
-#define CONN_READ_CHUNK 65536    /* bytes read per read() */
-#define CONN_OUT_HIGH_WATER (4u << 20) /* stop reading while more is unsent */
-#define CONN_IN_LIMIT (64u << 10)      /* buffered input while blocked */
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
@@ -71,22 +69,17 @@ struct server_config {
  * value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
 
-/* ---- net.c: listeners and connections ---------------------------------- */
+/* ---- beanstalk.c: the beanstalk listener ------------------------------ */
 
 struct server;
 
-/* Open the listener of cfg; 0 or -1 (errno set, message printed). */
-int net_listen(struct server *srv, const struct server_config *cfg);
-/* Close every connection and listener. */
-void net_shutdown(struct server *srv);
-/* Bind and listen on addr:port (TCP); the fd, or -1 after a log line. */
-int net_listen_tcp(const char *addr, const char *port);
-/* Write what the socket takes of out; arm write_ev if some is left, else
- * disarm it. 0, or -1 when the peer is gone. */
-int net_write_out(int fd, struct bg_buf *out, struct event *write_ev);
-/* Read up to chunk bytes onto in; *eof = 1 at the end of the stream.
- * 0, or -1 on a read error or when memory runs out. */
-int net_read_in(int fd, struct bg_buf *in, size_t chunk, uint8_t *eof);
+/* Listen on cfg's address, a UNIX socket or the socket systemd passed, and
+ * serve beanstalk on srv's engine (sets srv->listen_fd, unix_path,
+ * listen_desc, beanstalk). 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after a
+ * log line. */
+int beanstalk_start(struct server *srv, const struct server_config *cfg);
+/* Close every beanstalk connection and the listener (and its socket file). */
+void beanstalk_stop(struct server *srv);
 
 /* ---- gearman.c: the Gearman front-end ----------------------------------- */
 
@@ -97,8 +90,6 @@ struct gearman;
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
 /* Close every Gearman connection and the listener; NULL does nothing. */
 void gearman_stop(struct gearman *g);
-/* The log synced more: let replies held for it go (-f 0). */
-void gearman_release_held(struct gearman *g);
 /* Open Gearman connections; 0 for NULL. */
 uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */
@@ -106,25 +97,18 @@ int gearman_listen_fd(const struct gearman *g);
 
 /* ---- main.c: the process ----------------------------------------------- */
 
-struct conn;
-
 struct server {
     struct event_base *base;
     struct bg_engine engine;
-    struct event *timer;         /* armed from the engine's next deadline */
-    bg_time timer_at;
-    struct event *process_ev;    /* runs connections woken by the engine */
     struct event *sig_usr1, *sig_term, *sig_int;
-    int listen_fd;
-    struct event *listen_ev;
+    int listen_fd;               /* the beanstalk listener's socket */
+    struct conn_server *beanstalk;
     char unix_path[108];
     char listen_desc[32];        /* "systemd-fd-3" when the socket was inherited */
-    struct conn *conns;          /* every open connection */
-    struct conn *woken;          /* connections with async output */
-    struct conn *held;           /* connections waiting for the log */
     struct wal *wal;             /* NULL without -b */
     bg_time started_at;
     char instance_id[17];
+    uint64_t hash_key[2];        /* the keyed hash of tables clients fill (random) */
     char hostname[256];
     char os[256];
     char platform[sizeof(((struct utsname *)0)->machine)];
@@ -134,17 +118,7 @@ struct server {
     struct push *push;           /* NULL unless subscriptions are configured */
 };
 
-/* Monotonic time in nanoseconds. */
-bg_time server_now(void);
-/* Re-arm the one timer if the engine's next deadline moved. */
-void server_arm_timer(struct server *srv);
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);
-/* Queue a connection for processing on the next loop turn. */
-void net_conn_wake(struct conn *c);
-/* The log synced more: let held replies go (wal on_synced callback). */
-void net_release_held(void *srv);
-/* Process every woken connection (the process_ev callback). */
-void net_process_woken(struct server *srv);
 
 #endif

@@ -22,7 +22,9 @@ What is checked:
   compaction_*           the directory stays small under churn (-s 65536)
   ids_*                  ids are never reused after compaction
   disk_full_*            a file-size limit (prlimit) makes puts answer
-                         OUT_OF_MEMORY, the server recovers by itself
+                         OUT_OF_MEMORY (beanstalk, as beanstalkd does when
+                         its binlog cannot take a put) and 503
+                         LOG_UNAVAILABLE (HTTP); the server recovers by itself
   lock_*                 a second server on the same directory refuses
   torn_tail_*            a torn or garbage tail is dropped, the rest kept, and
                          cut off the file (later starts see no damage)
@@ -46,7 +48,10 @@ import random
 import re
 import shutil
 import signal
+import http.client
+import json
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -313,10 +318,12 @@ class Server:
     """One beangate process on a log directory; start() may be called again
     after stop() (a restart on the same directory, on a new port)."""
 
-    def __init__(self, logdir, args=(), name="srv"):
+    def __init__(self, logdir, args=(), name="srv", http=False):
         self.logdir = logdir
         self.args = list(args)
         self.name = name
+        self.http = http      # serve HTTP too, on http_port (else --no-http)
+        self.http_port = None
         self.proc = None
         self.port = None
         self.err_path = None
@@ -325,7 +332,8 @@ class Server:
         ALL_SERVERS.append(self)
 
     def argv(self):
-        argv = [BINARY, "-l", "127.0.0.1", "-p", str(self.port)] + NO_HTTP
+        http = ["--http-port", str(self.http_port)] if self.http else NO_HTTP
+        argv = [BINARY, "-l", "127.0.0.1", "-p", str(self.port)] + http
         if self.logdir:
             argv += ["-b", self.logdir]
         return argv + self.args
@@ -334,6 +342,7 @@ class Server:
         last = ""
         for _attempt in range(5):
             self.port = free_port()
+            self.http_port = free_port() if self.http else None
             self.runs += 1
             self.err_path = os.path.join(WORK, "%s-%s-%d.stderr"
                                          % (os.path.basename(self.logdir or "mem"), self.name, self.runs))
@@ -1296,6 +1305,57 @@ def test_disk_full_refuses_puts_then_recovers():
     srv.stop_checked()
 
 
+def http_put(port, tube, body, timeout=2.0):
+    """POST a job over HTTP: (status, decoded JSON body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/tubes/%s/jobs" % tube, body=body)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def test_disk_full_http_says_log_unavailable():
+    """While the log cannot write, an HTTP put is refused with 503 and code
+    LOG_UNAVAILABLE (not OUT_OF_MEMORY: nothing is wrong with memory), and a
+    beanstalk put with the reference's bytes, OUT_OF_MEMORY."""
+    d = new_dir("disk_full_http")
+    srv = Server(d, ["-f", "50"], http=True).start()
+    status, doc = http_put(srv.http_port, "t", b"before")
+    check_eq(status, 201, "HTTP put before the failure")
+    largest = max(segments(d).values())
+    set_fsize(srv.proc.pid, largest + 64)
+    try:
+        c = srv.connect(timeout=2.0)
+        # puts are taken until the flusher's write fails; then refused
+        deadline = time.monotonic() + 5.0
+        while "event=wal_failure" not in srv.stderr():
+            check(time.monotonic() < deadline, "no event=wal_failure within 5 s of the limit; stderr: %s"
+                  % srv.stderr()[-600:])
+            c.send(put_cmd(b"x" * 500))
+            line = c.read_line(timeout=2.0)
+            check(line.startswith(b"INSERTED ") or line == b"OUT_OF_MEMORY\r\n",
+                  "beanstalk put while the limit takes effect: got %s" % show(line))
+            time.sleep(0.05)
+        status, doc = http_put(srv.http_port, "t", b"during")
+        check_eq(status, 503, "HTTP put while the log cannot write")
+        check_eq(doc.get("code"), "LOG_UNAVAILABLE", "problem code of that put (%r)" % (doc,))
+        conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=2.0)
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        ready = (resp.status, json.loads(resp.read()).get("code"))
+        conn.close()
+        check_eq(ready, (503, "LOG_UNAVAILABLE"), "GET /readyz while the log cannot write")
+        c.cmd(put_cmd(b"during"), b"OUT_OF_MEMORY\r\n", "beanstalk put while the log cannot write")
+        c.close()
+    finally:
+        set_fsize(srv.proc.pid, None)
+    testlib.wait_until(lambda: http_put(srv.http_port, "t", b"after"), "an HTTP put accepted after the limit was lifted",
+                       ok=lambda got: got[0] == 201)
+    srv.stop_checked()
+
+
 # ---- 5. the lock --------------------------------------------------------------------------
 
 def test_lock_second_server_refused():
@@ -1983,6 +2043,50 @@ def test_binlog_stats():
 
 # ---- runner ---------------------------------------------------------------------------
 
+# ---- the Gearman front-end's changes reach the log -------------------------------------
+
+def gearman_packet(kind, *args):
+    body = b"\0".join(args)
+    return b"\0REQ" + struct.pack(">II", kind, len(body)) + body
+
+
+def gearman_read(c, what):
+    """One response packet: (type, [arguments])."""
+    head = c.read_exact(12, what=what)
+    check_eq(head[:4], b"\0RES", what + ": magic")
+    kind, size = struct.unpack(">II", head[4:])
+    return kind, c.read_exact(size, what=what).split(b"\0") if size else []
+
+
+def test_can_do_timeout_ttr_survives_restart():
+    """CAN_DO_TIMEOUT is the TTR of the job the worker grabs; the change is
+    logged (with -f 0, before JOB_ASSIGN is sent), so the job comes back
+    after a crash with that TTR."""
+    d = new_dir("can_do_timeout")
+    gport = free_port()
+    srv = Server(d, ["-f", "0", "--gearman-port", str(gport)]).start()
+    g = Conn(socket.create_connection(("127.0.0.1", gport), timeout=READ_TIMEOUT))
+    g.send(gearman_packet(18, b"resize", b"", b"image 1"))          # SUBMIT_JOB_BG
+    kind, args = gearman_read(g, "JOB_CREATED")
+    check_eq(kind, 8, "JOB_CREATED")
+    jid = int(args[0].rsplit(b":", 1)[1])
+    g.send(gearman_packet(23, b"resize", b"7") + gearman_packet(9))  # CAN_DO_TIMEOUT, GRAB_JOB
+    kind, args = gearman_read(g, "JOB_ASSIGN")
+    check_eq(kind, 11, "JOB_ASSIGN")
+    c = srv.connect()
+    check_eq(c.yaml(b"stats-job %d" % jid).get("ttr"), "7", "ttr of the grabbed job")
+    c.close()
+    g.close()
+    srv.restart(signal.SIGKILL)  # -f 0: JOB_ASSIGN came once its record was on disk
+    c = srv.connect()
+    st = c.yaml(b"stats-job %d" % jid)
+    check(st is not None, "job %d is gone after the restart" % jid)
+    check_eq(st.get("ttr"), "7", "ttr of job %d after the restart" % jid)
+    check_eq(st.get("state"), "ready", "state of job %d after the restart" % jid)
+    c.close()
+    srv.stop_checked()
+
+
 TESTS = [
     test_restart_full_state_sigterm,
     test_restart_full_state_sigkill,
@@ -2015,6 +2119,8 @@ TESTS = [
     test_sigterm_under_load_F,
     test_sigterm_under_load_f0,
     test_binlog_stats,
+    test_can_do_timeout_ttr_survives_restart,
+    test_disk_full_http_says_log_unavailable,
 ]
 
 

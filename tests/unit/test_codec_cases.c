@@ -67,7 +67,7 @@ static struct bg_buf run_case(const char *input, size_t len, uint32_t max_job_si
 {
     struct bg_engine e;
     struct bg_session s;
-    assert_int_equal(bg_engine_init(&e, max_job_size), 0);
+    assert_int_equal(bg_engine_init(&e, max_job_size, NULL), 0);
     assert_int_equal(bg_session_init(&e, &s, NULL, NULL), 0);
     struct bg_buf pending = {0};
     size_t sent = 0;
@@ -77,10 +77,10 @@ static struct bg_buf run_case(const char *input, size_t len, uint32_t max_job_si
         sent += n;
         size_t used = bg_session_feed(&s, bg_buf_head(&pending), pending.len, CASE_TIME);
         bg_buf_consume(&pending, used);
-        if (s.state == BG_CLOSING) break;
+        if (s.stream.closing) break;
     }
-    struct bg_buf out = s.out;
-    s.out = (struct bg_buf){0};
+    struct bg_buf out = s.stream.out;
+    s.stream.out = (struct bg_buf){0};
     bg_session_close(&s, CASE_TIME);
     bg_engine_destroy(&e);
     bg_buf_free(&pending);

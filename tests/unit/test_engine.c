@@ -119,7 +119,7 @@ struct world {
 static int world_setup(void **state)
 {
     struct world *w = calloc(1, sizeof *w);
-    if (!w || bg_engine_init(&w->engine, MAX_JOB_SIZE) != 0) return -1;
+    if (!w || bg_engine_init(&w->engine, MAX_JOB_SIZE, NULL) != 0) return -1;
     for (int i = 0; i < WORLD_CLIENTS; i++)
         if (fake_open(&w->engine, &w->fc[i]) != 0) return -1;
     *state = w;
@@ -295,6 +295,9 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
     struct tally *per_tube = calloc(e->tube_count ? e->tube_count : 1, sizeof *per_tube);
     struct tally all = {0};
     assert_non_null(per_tube);
+    const char *broken; /* core's own audit agrees (it also wants the matching invariant) */
+    if (dispatch_invariant && bg_engine_audit(e, &broken) != 0)
+        fail_msg("bg_engine_audit (step %ld): %s", audit_step, broken);
 
     /* tubes: list, hash table, indices */
     AUDIT(e->tube_count <= e->tube_list_cap || e->tube_count == 0);
@@ -1954,7 +1957,7 @@ struct session_rig {
 
 static void rig_open(struct session_rig *r)
 {
-    assert_int_equal(bg_engine_init(&r->e, MAX_JOB_SIZE), BG_OK);
+    assert_int_equal(bg_engine_init(&r->e, MAX_JOB_SIZE, NULL), BG_OK);
     assert_int_equal(bg_session_init(&r->e, &r->a, NULL, NULL), BG_OK);
     assert_int_equal(bg_session_init(&r->e, &r->b, NULL, NULL), BG_OK);
 }
@@ -1969,21 +1972,21 @@ static void rig_close(struct session_rig *r, bg_time now)
 /* Feed `in` whole to s at `now` (no tick) and check the replies it added. */
 static void feed_expect(struct bg_session *s, const char *in, bg_time now, const char *want)
 {
-    bg_buf_clear(&s->out);
+    bg_buf_clear(&s->stream.out);
     size_t n = strlen(in);
     assert_int_equal(bg_session_feed(s, in, n, now), n);
     size_t wn = strlen(want);
-    if (s->out.len != wn || (wn && memcmp(bg_buf_head(&s->out), want, wn) != 0))
-        fail_msg("after %s\ngot  %.*s\nwant %s", in, (int)s->out.len, s->out.len ? bg_buf_head(&s->out) : "", want);
+    if (s->stream.out.len != wn || (wn && memcmp(bg_buf_head(&s->stream.out), want, wn) != 0))
+        fail_msg("after %s\ngot  %.*s\nwant %s", in, (int)s->stream.out.len, s->stream.out.len ? bg_buf_head(&s->stream.out) : "", want);
 }
 
 /* Feed a stats command to s at `now`; its reply must contain `line`. */
 static void expect_stat_line(struct bg_session *s, const char *cmd, bg_time now, const char *line)
 {
-    bg_buf_clear(&s->out);
+    bg_buf_clear(&s->stream.out);
     assert_int_equal(bg_session_feed(s, cmd, strlen(cmd), now), strlen(cmd));
-    if (!memmem(bg_buf_head(&s->out), s->out.len, line, strlen(line)))
-        fail_msg("no \"%s\" in %.*s", line, (int)s->out.len, bg_buf_head(&s->out));
+    if (!memmem(bg_buf_head(&s->stream.out), s->stream.out.len, line, strlen(line)))
+        fail_msg("no \"%s\" in %.*s", line, (int)s->stream.out.len, bg_buf_head(&s->stream.out));
 }
 
 /* Both commands in one read, so one `now`: the job is handed out. */
@@ -2038,17 +2041,17 @@ static void test_session_peer_eof_after_wake_passed(void **state)
     rig_open(&r);
     feed_expect(&r.a, "put 0 0 2 1\r\nx\r\nreserve\r\n", T0, "INSERTED 1\r\nRESERVED 1 1\r\nx\r\n");
     feed_expect(&r.a, "reserve-with-timeout 10\r\n", T0 + MSEC(500), "");
-    assert_int_equal(r.a.state, BG_WAITING);
+    assert_int_equal(r.a.stream.blocked, 1);
     bg_session_peer_eof(&r.a, T0 + MSEC(1500));
-    assert_int_equal(r.a.state, BG_WANT_COMMAND);
-    assert_int_equal(r.a.out.len, strlen("DEADLINE_SOON\r\n"));
-    assert_memory_equal(bg_buf_head(&r.a.out), "DEADLINE_SOON\r\n", r.a.out.len);
+    assert_int_equal(r.a.stream.blocked, 0);
+    assert_int_equal(r.a.stream.out.len, strlen("DEADLINE_SOON\r\n"));
+    assert_memory_equal(bg_buf_head(&r.a.stream.out), "DEADLINE_SOON\r\n", r.a.stream.out.len);
     assert_int_equal(r.e.waiting, 0);
     /* a half-close before that: TIMED_OUT, as before */
     feed_expect(&r.b, "reserve-with-timeout 10\r\n", T0 + MSEC(1500), "");
     bg_session_peer_eof(&r.b, T0 + MSEC(1600));
-    assert_int_equal(r.b.out.len, strlen("TIMED_OUT\r\n"));
-    assert_memory_equal(bg_buf_head(&r.b.out), "TIMED_OUT\r\n", r.b.out.len);
+    assert_int_equal(r.b.stream.out.len, strlen("TIMED_OUT\r\n"));
+    assert_memory_equal(bg_buf_head(&r.b.stream.out), "TIMED_OUT\r\n", r.b.stream.out.len);
     rig_close(&r, T0 + SEC(2));
 }
 
@@ -2098,6 +2101,189 @@ static void test_jobs_reserved_and_deleted(void **state)
 
 /* While draining, put is refused with DRAINING and the job is freed (the
  * ASan build reports a leak otherwise); nothing is counted. */
+/* A put while the log cannot write is refused with its own outcome (not
+ * OUT_OF_MEMORY: HTTP says 503 LOG_UNAVAILABLE); the beanstalk codec keeps
+ * the reference's OUT_OF_MEMORY. */
+static void test_put_while_log_unavailable(void **state)
+{
+    struct world *w = *state;
+    w->engine.journal_broken = 1;
+    struct bg_job *j = make_job(&w->engine, "x", 0, 0, 60, T0);
+    assert_non_null(j);
+    assert_int_equal(bg_put(&w->fc[0].client, w->fc[0].client.use, j, T0), BG_LOG_UNAVAILABLE);
+    uint64_t id;
+    assert_int_equal(bg_put_copy(&w->fc[0].client, "t", 0, 0, 60, "x", 1, T0, &id), BG_LOG_UNAVAILABLE);
+    assert_int_equal(w->engine.job_count, 0);
+    struct bg_session s;
+    assert_int_equal(bg_session_init(&w->engine, &s, NULL, NULL), BG_OK);
+    const char put[] = "put 0 0 60 1\r\nx\r\n";
+    assert_int_equal(bg_session_feed(&s, put, sizeof put - 1, T0), sizeof put - 1);
+    assert_int_equal(s.stream.out.len, strlen("OUT_OF_MEMORY\r\n"));
+    assert_memory_equal(bg_buf_head(&s.stream.out), "OUT_OF_MEMORY\r\n", s.stream.out.len);
+    bg_session_close(&s, T0);
+    w->engine.journal_broken = 0;
+    put_job(&w->fc[0], "y", 0, 0, 60, T0);
+}
+
+/* ---- entry points for front-ends that keep state beside the queue ------- */
+
+/* The log's view: the last update record of a job. */
+static struct {
+    int updates;
+    uint64_t id;
+    uint32_t ttr_s;
+} logged;
+
+static void log_saved(void *ctx, const struct bg_job *j, int with_body)
+{
+    (void)ctx;
+    if (with_body) return;
+    logged.updates++;
+    logged.id = j->id;
+    logged.ttr_s = j->ttr_s;
+}
+static void log_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
+static void log_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
+static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused};
+
+/* bg_set_ttr: the new TTR runs from now and reaches the log (a Gearman
+ * CAN_DO_TIMEOUT); only the reserver may set it. */
+static void test_set_ttr_is_logged(void **state)
+{
+    struct world *w = *state;
+    memset(&logged, 0, sizeof logged);
+    w->engine.journal = &test_log;
+    uint64_t id = put_job(&w->fc[0], "x", 0, 0, 60, T0);
+    assert_int_equal(reserve_now(&w->fc[1], T0), id);
+    assert_int_equal(bg_set_ttr(&w->fc[2].client, id, 5, T0), BG_NOT_FOUND);
+    assert_int_equal(logged.updates, 0);
+    assert_int_equal(bg_set_ttr(&w->fc[1].client, id, 5, T0 + SEC(1)), BG_OK);
+    assert_int_equal(find(w, id)->ttr_s, 5);
+    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(6));
+    assert_int_equal(logged.updates, 1);
+    assert_int_equal(logged.id, id);
+    assert_int_equal(logged.ttr_s, 5);
+    assert_int_equal(bg_set_ttr(&w->fc[1].client, id, 0, T0 + SEC(1)), BG_OK);
+    assert_int_equal(find(w, id)->ttr_s, 1); /* 0 counts as 1, as for put */
+    bg_engine_tick(&w->engine, T0 + SEC(2));
+    assert_int_equal(state_of(w, id), BG_JOB_READY);
+    w->engine.journal = NULL;
+    check_engine(&w->engine, w->fc, WORLD_CLIENTS);
+}
+
+/* A sleeping client counts as waiting until it wakes or closes. */
+static void test_sleeping_counts_as_waiting(void **state)
+{
+    struct world *w = *state;
+    bg_client_set_sleeping(&w->fc[0].client, 1);
+    bg_client_set_sleeping(&w->fc[0].client, 1); /* once */
+    bg_client_set_sleeping(&w->fc[1].client, 1);
+    assert_int_equal(w->engine.waiting, 2);
+    bg_client_set_sleeping(&w->fc[0].client, 0);
+    assert_int_equal(w->engine.waiting, 1);
+    fake_close(&w->fc[1], T0);
+    assert_int_equal(w->engine.waiting, 0);
+    bg_engine_connection_opened(&w->engine);
+    bg_engine_connection_opened(&w->engine);
+    bg_engine_connection_closed(&w->engine);
+    assert_int_equal(w->engine.connections, 1);
+    assert_int_equal(w->engine.stat.total_connections, 2);
+}
+
+/* bg_peek shows what peek-ready, -delayed and -buried show; bg_engine_job_ids
+ * lists every job once. */
+static void test_peek_and_job_ids(void **state)
+{
+    struct world *w = *state;
+    struct bg_tube *t = w->engine.default_tube;
+    assert_null(bg_peek(t, BG_JOB_READY));
+    uint64_t late = put_job(&w->fc[0], "late", 10, 0, 60, T0);
+    uint64_t urgent = put_job(&w->fc[0], "urgent", 1, 0, 60, T0);
+    uint64_t d20 = put_job(&w->fc[0], "d20", 0, 20, 60, T0);
+    uint64_t d10 = put_job(&w->fc[0], "d10", 0, 10, 60, T0);
+    assert_int_equal(bg_peek(t, BG_JOB_READY)->id, urgent);
+    assert_int_equal(bg_peek(t, BG_JOB_DELAYED)->id, d10);
+    assert_null(bg_peek(t, BG_JOB_BURIED));
+    assert_int_equal(reserve_now(&w->fc[1], T0), urgent);
+    assert_int_equal(bg_bury(&w->fc[1].client, urgent, 5, T0), BG_OK);
+    assert_int_equal(reserve_now(&w->fc[1], T0), late);
+    assert_int_equal(bg_bury(&w->fc[1].client, late, 5, T0), BG_OK);
+    assert_int_equal(bg_peek(t, BG_JOB_BURIED)->id, urgent); /* the oldest buried */
+    assert_null(bg_peek(t, BG_JOB_RESERVED));
+    uint64_t ids[8] = {0};
+    assert_int_equal(bg_engine_job_ids(&w->engine, ids), 4);
+    uint64_t sum = 0;
+    for (int i = 0; i < 4; i++) sum += ids[i];
+    assert_int_equal(sum, late + urgent + d20 + d10);
+}
+
+/* The longest chain of e's tube-name table. */
+static size_t longest_tube_chain(const struct bg_engine *e)
+{
+    size_t longest = 0;
+    for (size_t b = 0; b <= e->tubes_mask; b++) {
+        size_t n = 0;
+        for (const struct bg_tube *t = e->tubes[b]; t; t = t->hash_next) n++;
+        if (n > longest) longest = n;
+    }
+    return longest;
+}
+
+/* The tube-name table is keyed: names that all share a bucket under one
+ * key (found by trying names, as an attacker who knew the key could) spread
+ * out under another key. */
+static void test_tube_table_is_keyed(void **state)
+{
+    (void)state;
+    enum { NAMES = 12 };
+    static const uint64_t key_a[2] = {0x0123456789abcdefull, 0xfedcba9876543210ull};
+    static const uint64_t key_b[2] = {0x1111111111111111ull, 0x2222222222222222ull};
+    char names[NAMES][16];
+    int found = 0;
+    for (unsigned i = 0; found < NAMES; i++) { /* the default table has 64 buckets */
+        char name[16];
+        snprintf(name, sizeof name, "t%u", i);
+        if ((bg_siphash(key_a, name, strlen(name)) & 63) == 5) snprintf(names[found++], sizeof names[0], "%s", name);
+    }
+    const uint64_t *keys[2] = {key_a, key_b};
+    size_t longest[2];
+    for (int k = 0; k < 2; k++) {
+        struct bg_engine e;
+        struct bg_client c;
+        assert_int_equal(bg_engine_init(&e, MAX_JOB_SIZE, keys[k]), BG_OK);
+        assert_int_equal(bg_client_init(&e, &c, &bg_client_ops_never_wait, NULL), BG_OK);
+        uint32_t count;
+        for (int i = 0; i < NAMES; i++) assert_int_equal(bg_client_watch(&c, names[i], &count), BG_OK);
+        assert_int_equal(e.tubes_mask, 63); /* 13 tubes: the table has not grown */
+        longest[k] = longest_tube_chain(&e);
+        for (int i = 0; i < NAMES; i++) assert_non_null(bg_tube_find(&e, names[i]));
+        bg_client_close(&c, T0);
+        bg_engine_destroy(&e);
+    }
+    assert_true(longest[0] >= NAMES); /* all in bucket 5 under key A */
+    assert_true(longest[1] < 4);      /* under key B they spread */
+}
+
+/* The audit in core sees what it is meant to see. */
+static void test_engine_audit_finds_breakage(void **state)
+{
+    struct world *w = *state;
+    const char *broken;
+    put_job(&w->fc[0], "a", 5, 0, 60, T0);
+    put_job(&w->fc[0], "b", 5, 10, 60, T0);
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_OK);
+    w->engine.ready_count++;
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_INTERNAL_ERROR);
+    assert_string_equal(broken, "ready_count is off");
+    w->engine.ready_count--;
+    bg_time due = w->engine.due_at;
+    w->engine.due_at = T0 + SEC(11);
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_INTERNAL_ERROR);
+    assert_string_equal(broken, "due_at is later than a deadline");
+    w->engine.due_at = due;
+    assert_int_equal(bg_engine_audit(&w->engine, &broken), BG_OK);
+}
+
 static void test_put_while_draining(void **state)
 {
     struct world *w = *state;
@@ -2258,7 +2444,7 @@ static void oom_script(void)
     struct fake_client fc[NFC];
     memset(fc, 0, sizeof fc);
     bg_time now = T0;
-    if (bg_engine_init(&e, MAX_JOB_SIZE) != 0) return;
+    if (bg_engine_init(&e, MAX_JOB_SIZE, NULL) != 0) return;
 #define STEP() check_engine_ex(&e, fc, NFC, 0)
     for (int i = 0; i < NFC; i++) fake_open(&e, &fc[i]);
     STEP();
@@ -2642,7 +2828,7 @@ static void test_stress_random_operations(void **state)
         assert_non_null(s);
         prng_state = seeds[si];
         s->now = T0;
-        assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE), BG_OK);
+        assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE, NULL), BG_OK);
         for (int i = 0; i < SC; i++) assert_int_equal(fake_open(&s->engine, &s->fc[i]), BG_OK);
         for (audit_step = 0; audit_step < 10000; audit_step++) {
             stress_step(s);
@@ -2732,6 +2918,12 @@ int main(void)
         ENGINE_TEST(test_catch_up_waiter_timed_out_before_put),
         ENGINE_TEST(test_catch_up_close_counts_expired_ttr),
         ENGINE_TEST(test_catch_up_due_at_bound),
+        ENGINE_TEST(test_put_while_log_unavailable),
+        ENGINE_TEST(test_set_ttr_is_logged),
+        ENGINE_TEST(test_sleeping_counts_as_waiting),
+        ENGINE_TEST(test_engine_audit_finds_breakage),
+        ENGINE_TEST(test_peek_and_job_ids),
+        cmocka_unit_test(test_tube_table_is_keyed),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),

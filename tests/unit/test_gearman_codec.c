@@ -20,7 +20,7 @@
  *   "XREQ..."          a first byte other than NUL is a text admin line:
  *                      gearmand waits for "\n" (our server dispatches on the
  *                      first byte the same way; the binary parser says
- *                      GM_EMAGIC).
+ *                      GM_FAULT_MAGIC).
  *   type 0, 43, 1000   closed at once, no reply.
  *   types 5 (unused), 6 NOOP, 8 JOB_CREATED, 19 ERROR (response types), and
  *   24 ALL_YOURS, 35 SUBMIT_JOB_SCHED (requests gearmand does not serve):
@@ -31,17 +31,17 @@
  *                      in the bytes of the next packet: alone it waits
  *                      forever; with an ECHO after it, it closes (or, for
  *                      WORK_STATUS, hangs) - no reply either way. We answer
- *                      GM_EARGS at once instead (documented difference).
+ *                      GM_FAULT_ARGS at once instead (documented difference).
  *   size 0x7fffffff, 0xffffffff, 64 MiB+1: gearmand has no limit and waits
- *                      for the bytes; we answer GM_ETOO_BIG from the header.
+ *                      for the bytes; we answer GM_FAULT_TOO_BIG from the header.
  *   unique of 65 bytes (SUBMIT_JOB, SUBMIT_JOB_BG): ERROR ARGUMENT_TOO_LARGE
  *                      "Unique value too large"; open. 64 bytes: accepted.
  *   function name of 513 bytes (SUBMIT_JOB, CAN_DO): accepted by gearmand;
- *                      we refuse it (GM_EFIELD: over GEARMAN_FUNCTION_MAX_SIZE).
- *   GET_STATUS handle of 65 bytes: no reply at all, open. We: GM_EFIELD.
- *   SET_CLIENT_ID of 65 bytes: accepted. We: GM_EFIELD.
+ *                      we refuse it (GM_FAULT_FIELD: over GEARMAN_FUNCTION_MAX_SIZE).
+ *   GET_STATUS handle of 65 bytes: no reply at all, open. We: GM_FAULT_FIELD.
+ *   SET_CLIENT_ID of 65 bytes: accepted. We: GM_FAULT_FIELD.
  *   OPTION_REQ of 65 bytes: ERROR UNKNOWN_OPTION (as any unknown option).
- *                      We: GM_EFIELD.
+ *                      We: GM_FAULT_FIELD.
  *   a type without arguments with a body (GRAB_JOB "junk"): body ignored,
  *                      NO_JOB answered. We ignore it too.
  *   the last argument runs to the packet's end and may hold NULs, for every
@@ -127,7 +127,7 @@ struct packet_case {
     uint32_t type;
     int64_t size;               /* NO_SIZE: the body's length */
     struct part body[PARTS_MAX];
-    int want;                   /* 0: valid; else the GM_E* error */
+    int want;                   /* 0: valid; else the fault (BG_BAD_FORMAT) */
     uint32_t nargs;             /* valid: the arguments expected */
     struct part args[GM_ARGS_MAX];
     int body_ignored;           /* valid: encoding the args gives no body */
@@ -203,79 +203,79 @@ static const struct packet_case valid_cases[] = {
 /* Every malformed form. The comment on each: what gearmand 1.1.20 does. */
 static const struct packet_case malformed_cases[] = {
     /* gearmand: ERROR INVALID_MAGIC "Request magic expected", stays open */
-    {"magic \\0RES", "\0RES", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_EMAGIC},
+    {"magic \\0RES", "\0RES", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_FAULT_MAGIC},
     /* gearmand: a text admin line (waits for "\n") */
-    {"magic XREQ", "XREQ", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_EMAGIC},
+    {"magic XREQ", "XREQ", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_FAULT_MAGIC},
     /* gearmand: closes, no reply */
-    {"magic \\0REX", "\0REX", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_EMAGIC},
-    {"magic all NUL", "\0\0\0\0", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_EMAGIC},
+    {"magic \\0REX", "\0REX", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_FAULT_MAGIC},
+    {"magic all NUL", "\0\0\0\0", GM_ECHO_REQ, NO_SIZE, {P("x")}, GM_FAULT_MAGIC},
     /* gearmand: closes, no reply */
-    {"type 0", REQ, 0, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 43", REQ, 43, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 1000", REQ, 1000, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 0xffffffff", REQ, UINT32_MAX, NO_SIZE, {{0}}, GM_ETYPE},
+    {"type 0", REQ, 0, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 43", REQ, 43, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 1000", REQ, 1000, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 0xffffffff", REQ, UINT32_MAX, NO_SIZE, {{0}}, GM_FAULT_TYPE},
     /* gearmand: ERROR INVALID_COMMAND "Command not expected", stays open */
-    {"type 5 (unused)", REQ, 5, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 6 NOOP", REQ, GM_NOOP, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 8 JOB_CREATED", REQ, GM_JOB_CREATED, NO_SIZE, {P("H:x:1")}, GM_ETYPE},
-    {"type 10 NO_JOB", REQ, GM_NO_JOB, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 11 JOB_ASSIGN", REQ, GM_JOB_ASSIGN, NO_SIZE, {P("H\0f\0d")}, GM_ETYPE},
-    {"type 17 ECHO_RES", REQ, GM_ECHO_RES, NO_SIZE, {P("x")}, GM_ETYPE},
-    {"type 19 ERROR", REQ, GM_ERROR, NO_SIZE, {P("a\0b")}, GM_ETYPE},
-    {"type 20 STATUS_RES", REQ, GM_STATUS_RES, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 27 OPTION_RES", REQ, GM_OPTION_RES, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 31 JOB_ASSIGN_UNIQ", REQ, GM_JOB_ASSIGN_UNIQ, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 40 JOB_ASSIGN_ALL", REQ, GM_JOB_ASSIGN_ALL, NO_SIZE, {{0}}, GM_ETYPE},
-    {"type 42 STATUS_RES_UNIQUE", REQ, GM_STATUS_RES_UNIQUE, NO_SIZE, {{0}}, GM_ETYPE},
+    {"type 5 (unused)", REQ, 5, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 6 NOOP", REQ, GM_NOOP, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 8 JOB_CREATED", REQ, GM_JOB_CREATED, NO_SIZE, {P("H:x:1")}, GM_FAULT_TYPE},
+    {"type 10 NO_JOB", REQ, GM_NO_JOB, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 11 JOB_ASSIGN", REQ, GM_JOB_ASSIGN, NO_SIZE, {P("H\0f\0d")}, GM_FAULT_TYPE},
+    {"type 17 ECHO_RES", REQ, GM_ECHO_RES, NO_SIZE, {P("x")}, GM_FAULT_TYPE},
+    {"type 19 ERROR", REQ, GM_ERROR, NO_SIZE, {P("a\0b")}, GM_FAULT_TYPE},
+    {"type 20 STATUS_RES", REQ, GM_STATUS_RES, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 27 OPTION_RES", REQ, GM_OPTION_RES, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 31 JOB_ASSIGN_UNIQ", REQ, GM_JOB_ASSIGN_UNIQ, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 40 JOB_ASSIGN_ALL", REQ, GM_JOB_ASSIGN_ALL, NO_SIZE, {{0}}, GM_FAULT_TYPE},
+    {"type 42 STATUS_RES_UNIQUE", REQ, GM_STATUS_RES_UNIQUE, NO_SIZE, {{0}}, GM_FAULT_TYPE},
     /* gearmand: no limit; it waits for the bytes, no reply */
-    {"size over max_size", REQ, GM_ECHO_REQ, NO_SIZE, {REP("e", 101)}, GM_ETOO_BIG, 0, {{0}}, 0, 100},
-    {"size 0x7fffffff", REQ, GM_ECHO_REQ, 0x7fffffffu, {{0}}, GM_ETOO_BIG},
-    {"size 0xffffffff", REQ, GM_ECHO_REQ, 0xffffffffu, {{0}}, GM_ETOO_BIG},
-    {"size 0xffffffff, max UINT32_MAX", REQ, GM_ECHO_REQ, 0xffffffffu, {{0}}, GM_ETOO_BIG, 0, {{0}}, 0, UINT32_MAX},
-    {"size 64 MiB + 1", REQ, GM_SUBMIT_JOB, (64u << 20) + 1, {{0}}, GM_ETOO_BIG},
+    {"size over max_size", REQ, GM_ECHO_REQ, NO_SIZE, {REP("e", 101)}, GM_FAULT_TOO_BIG, 0, {{0}}, 0, 100},
+    {"size 0x7fffffff", REQ, GM_ECHO_REQ, 0x7fffffffu, {{0}}, GM_FAULT_TOO_BIG},
+    {"size 0xffffffff", REQ, GM_ECHO_REQ, 0xffffffffu, {{0}}, GM_FAULT_TOO_BIG},
+    {"size 0xffffffff, max UINT32_MAX", REQ, GM_ECHO_REQ, 0xffffffffu, {{0}}, GM_FAULT_TOO_BIG, 0, {{0}}, 0, UINT32_MAX},
+    {"size 64 MiB + 1", REQ, GM_SUBMIT_JOB, (64u << 20) + 1, {{0}}, GM_FAULT_TOO_BIG},
     /* gearmand: looks for the NUL in the next packet's bytes: waits, or
      * closes when more bytes follow; never a reply */
-    {"SUBMIT_JOB no NUL", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("fn")}, GM_EARGS},
-    {"SUBMIT_JOB one NUL", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("fn\0uniq")}, GM_EARGS},
-    {"SUBMIT_JOB empty", REQ, GM_SUBMIT_JOB, NO_SIZE, {{0}}, GM_EARGS},
-    {"SUBMIT_JOB_LOW_BG one NUL", REQ, GM_SUBMIT_JOB_LOW_BG, NO_SIZE, {P("f\0d")}, GM_EARGS},
-    {"WORK_COMPLETE no NUL", REQ, GM_WORK_COMPLETE, NO_SIZE, {P("H:x:1")}, GM_EARGS},
-    {"WORK_DATA empty", REQ, GM_WORK_DATA, NO_SIZE, {{0}}, GM_EARGS},
+    {"SUBMIT_JOB no NUL", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("fn")}, GM_FAULT_ARGS},
+    {"SUBMIT_JOB one NUL", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("fn\0uniq")}, GM_FAULT_ARGS},
+    {"SUBMIT_JOB empty", REQ, GM_SUBMIT_JOB, NO_SIZE, {{0}}, GM_FAULT_ARGS},
+    {"SUBMIT_JOB_LOW_BG one NUL", REQ, GM_SUBMIT_JOB_LOW_BG, NO_SIZE, {P("f\0d")}, GM_FAULT_ARGS},
+    {"WORK_COMPLETE no NUL", REQ, GM_WORK_COMPLETE, NO_SIZE, {P("H:x:1")}, GM_FAULT_ARGS},
+    {"WORK_DATA empty", REQ, GM_WORK_DATA, NO_SIZE, {{0}}, GM_FAULT_ARGS},
     /* gearmand: hangs (reads the next packet as the denominator) */
-    {"WORK_STATUS one NUL", REQ, GM_WORK_STATUS, NO_SIZE, {P("H:x:1\0" "1")}, GM_EARGS},
-    {"WORK_EXCEPTION no NUL", REQ, GM_WORK_EXCEPTION, NO_SIZE, {P("H:x:1")}, GM_EARGS},
-    {"WORK_WARNING no NUL", REQ, GM_WORK_WARNING, NO_SIZE, {P("H:x:1")}, GM_EARGS},
-    {"CAN_DO_TIMEOUT no NUL", REQ, GM_CAN_DO_TIMEOUT, NO_SIZE, {P("f")}, GM_EARGS},
-    {"SUBMIT_JOB_SCHED six NULs", REQ, GM_SUBMIT_JOB_SCHED, NO_SIZE, {P("f\0u\0" "1\0" "2\0" "3\0" "4\0" "d")}, GM_EARGS},
+    {"WORK_STATUS one NUL", REQ, GM_WORK_STATUS, NO_SIZE, {P("H:x:1\0" "1")}, GM_FAULT_ARGS},
+    {"WORK_EXCEPTION no NUL", REQ, GM_WORK_EXCEPTION, NO_SIZE, {P("H:x:1")}, GM_FAULT_ARGS},
+    {"WORK_WARNING no NUL", REQ, GM_WORK_WARNING, NO_SIZE, {P("H:x:1")}, GM_FAULT_ARGS},
+    {"CAN_DO_TIMEOUT no NUL", REQ, GM_CAN_DO_TIMEOUT, NO_SIZE, {P("f")}, GM_FAULT_ARGS},
+    {"SUBMIT_JOB_SCHED six NULs", REQ, GM_SUBMIT_JOB_SCHED, NO_SIZE, {P("f\0u\0" "1\0" "2\0" "3\0" "4\0" "d")}, GM_FAULT_ARGS},
     /* gearmand: closes */
-    {"SUBMIT_JOB_EPOCH two NULs", REQ, GM_SUBMIT_JOB_EPOCH, NO_SIZE, {P("f\0u\0d")}, GM_EARGS},
+    {"SUBMIT_JOB_EPOCH two NULs", REQ, GM_SUBMIT_JOB_EPOCH, NO_SIZE, {P("f\0u\0d")}, GM_FAULT_ARGS},
     /* gearmand: waits for a fourth NUL (closes when bytes follow) */
-    {"SUBMIT_REDUCE_JOB three NULs", REQ, GM_SUBMIT_REDUCE_JOB, NO_SIZE, {P("f\0u\0r\0d")}, GM_EARGS},
+    {"SUBMIT_REDUCE_JOB three NULs", REQ, GM_SUBMIT_REDUCE_JOB, NO_SIZE, {P("f\0u\0r\0d")}, GM_FAULT_ARGS},
     {"SUBMIT_REDUCE_JOB_BACKGROUND three NULs", REQ, GM_SUBMIT_REDUCE_JOB_BACKGROUND, NO_SIZE,
-     {P("f\0u\0r\0d")}, GM_EARGS},
+     {P("f\0u\0r\0d")}, GM_FAULT_ARGS},
     /* gearmand: accepts (JOB_CREATED); over GEARMAN_FUNCTION_MAX_SIZE for us */
-    {"SUBMIT_JOB fn 513", REQ, GM_SUBMIT_JOB, NO_SIZE, {REP("f", 513), P("\0\0d")}, GM_EFIELD},
+    {"SUBMIT_JOB fn 513", REQ, GM_SUBMIT_JOB, NO_SIZE, {REP("f", 513), P("\0\0d")}, GM_FAULT_FIELD},
     /* gearmand: accepts */
-    {"CAN_DO fn 513", REQ, GM_CAN_DO, NO_SIZE, {REP("f", 513)}, GM_EFIELD},
-    {"CANT_DO fn 513", REQ, GM_CANT_DO, NO_SIZE, {REP("f", 513)}, GM_EFIELD},
-    {"CAN_DO_TIMEOUT fn 513", REQ, GM_CAN_DO_TIMEOUT, NO_SIZE, {REP("f", 513), P("\0" "10")}, GM_EFIELD},
+    {"CAN_DO fn 513", REQ, GM_CAN_DO, NO_SIZE, {REP("f", 513)}, GM_FAULT_FIELD},
+    {"CANT_DO fn 513", REQ, GM_CANT_DO, NO_SIZE, {REP("f", 513)}, GM_FAULT_FIELD},
+    {"CAN_DO_TIMEOUT fn 513", REQ, GM_CAN_DO_TIMEOUT, NO_SIZE, {REP("f", 513), P("\0" "10")}, GM_FAULT_FIELD},
     /* gearmand: ERROR ARGUMENT_TOO_LARGE "Unique value too large", stays open */
-    {"SUBMIT_JOB unique 65", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("f\0"), REP("u", 65), P("\0d")}, GM_EFIELD},
-    {"SUBMIT_JOB_BG unique 65", REQ, GM_SUBMIT_JOB_BG, NO_SIZE, {P("f\0"), REP("u", 65), P("\0d")}, GM_EFIELD},
-    {"SUBMIT_JOB_EPOCH unique 65", REQ, GM_SUBMIT_JOB_EPOCH, NO_SIZE, {P("f\0"), REP("u", 65), P("\0" "1\0d")}, GM_EFIELD},
-    {"SUBMIT_REDUCE_JOB reducer 513", REQ, GM_SUBMIT_REDUCE_JOB, NO_SIZE, {P("f\0u\0"), REP("r", 513), P("\0a\0d")}, GM_EFIELD},
-    {"GET_STATUS_UNIQUE unique 65", REQ, GM_GET_STATUS_UNIQUE, NO_SIZE, {REP("u", 65)}, GM_EFIELD},
+    {"SUBMIT_JOB unique 65", REQ, GM_SUBMIT_JOB, NO_SIZE, {P("f\0"), REP("u", 65), P("\0d")}, GM_FAULT_FIELD},
+    {"SUBMIT_JOB_BG unique 65", REQ, GM_SUBMIT_JOB_BG, NO_SIZE, {P("f\0"), REP("u", 65), P("\0d")}, GM_FAULT_FIELD},
+    {"SUBMIT_JOB_EPOCH unique 65", REQ, GM_SUBMIT_JOB_EPOCH, NO_SIZE, {P("f\0"), REP("u", 65), P("\0" "1\0d")}, GM_FAULT_FIELD},
+    {"SUBMIT_REDUCE_JOB reducer 513", REQ, GM_SUBMIT_REDUCE_JOB, NO_SIZE, {P("f\0u\0"), REP("r", 513), P("\0a\0d")}, GM_FAULT_FIELD},
+    {"GET_STATUS_UNIQUE unique 65", REQ, GM_GET_STATUS_UNIQUE, NO_SIZE, {REP("u", 65)}, GM_FAULT_FIELD},
     /* gearmand: no reply at all, stays open */
-    {"GET_STATUS handle 65", REQ, GM_GET_STATUS, NO_SIZE, {REP("H", 65)}, GM_EFIELD},
+    {"GET_STATUS handle 65", REQ, GM_GET_STATUS, NO_SIZE, {REP("H", 65)}, GM_FAULT_FIELD},
     /* gearmand: JOB_NOT_FOUND for an unknown handle, whatever its length */
-    {"WORK_COMPLETE handle 65", REQ, GM_WORK_COMPLETE, NO_SIZE, {REP("H", 65), P("\0r")}, GM_EFIELD},
-    {"WORK_FAIL handle 65", REQ, GM_WORK_FAIL, NO_SIZE, {REP("H", 65)}, GM_EFIELD},
-    {"WORK_STATUS handle 65", REQ, GM_WORK_STATUS, NO_SIZE, {REP("H", 65), P("\0" "1\0" "2")}, GM_EFIELD},
-    {"WORK_DATA handle 65", REQ, GM_WORK_DATA, NO_SIZE, {REP("H", 65), P("\0d")}, GM_EFIELD},
+    {"WORK_COMPLETE handle 65", REQ, GM_WORK_COMPLETE, NO_SIZE, {REP("H", 65), P("\0r")}, GM_FAULT_FIELD},
+    {"WORK_FAIL handle 65", REQ, GM_WORK_FAIL, NO_SIZE, {REP("H", 65)}, GM_FAULT_FIELD},
+    {"WORK_STATUS handle 65", REQ, GM_WORK_STATUS, NO_SIZE, {REP("H", 65), P("\0" "1\0" "2")}, GM_FAULT_FIELD},
+    {"WORK_DATA handle 65", REQ, GM_WORK_DATA, NO_SIZE, {REP("H", 65), P("\0d")}, GM_FAULT_FIELD},
     /* gearmand: accepts */
-    {"SET_CLIENT_ID 65", REQ, GM_SET_CLIENT_ID, NO_SIZE, {REP("c", 65)}, GM_EFIELD},
+    {"SET_CLIENT_ID 65", REQ, GM_SET_CLIENT_ID, NO_SIZE, {REP("c", 65)}, GM_FAULT_FIELD},
     /* gearmand: ERROR UNKNOWN_OPTION, as for any option it does not know */
-    {"OPTION_REQ 65", REQ, GM_OPTION_REQ, NO_SIZE, {REP("o", 65)}, GM_EFIELD},
+    {"OPTION_REQ 65", REQ, GM_OPTION_REQ, NO_SIZE, {REP("o", 65)}, GM_FAULT_FIELD},
 };
 
 /* The packet a case describes, header included. */
@@ -377,10 +377,11 @@ static void test_malformed_request(void **state)
     const char *bytes = bg_buf_head(&b);
     size_t n = b.len;
     struct gm_packet p;
-    int header_error = c->want == GM_EMAGIC || c->want == GM_ETYPE || c->want == GM_ETOO_BIG;
+    int header_error = c->want == GM_FAULT_MAGIC || c->want == GM_FAULT_TYPE || c->want == GM_FAULT_TOO_BIG;
 
     char *whole = exact_copy(bytes, n);
-    assert_int_equal(gm_parse_request(whole, n, max_size_of(c), &p), c->want);
+    assert_int_equal(gm_parse_request(whole, n, max_size_of(c), &p), BG_BAD_FORMAT);
+    assert_int_equal(p.fault, c->want);
     assert_int_equal(p.type, c->type);
     assert_int_equal(p.size, c->size == NO_SIZE ? parts_len(c->body, PARTS_MAX) : (size_t)c->size);
     free(whole);
@@ -390,34 +391,35 @@ static void test_malformed_request(void **state)
         char *prefix = exact_copy(bytes, k);
         int r = gm_parse_request(prefix, k, max_size_of(c), &p);
         free(prefix);
-        int want = k >= GM_HEADER_SIZE && header_error ? c->want : 0;
+        int want = k >= GM_HEADER_SIZE && header_error ? BG_BAD_FORMAT : 0;
         if (r != want) fail_msg("%s: prefix of %zu/%zu bytes gave %d, want %d", c->name, k, n, r, want);
+        if (r) assert_int_equal(p.fault, c->want);
     }
     bg_buf_free(&b);
 }
 
 /* gm_request_nargs and gm_type_name over every number, against the list in
- * the brief (gearman.org numbering); response-only types are GM_ETYPE. */
+ * the brief (gearman.org numbering); response-only types are BG_BAD_FORMAT. */
 static void test_type_table(void **state)
 {
     (void)state;
     static const int want_nargs[GM_TYPE_LAST + 2] = {
-        [0] = GM_ETYPE, [GM_CAN_DO] = 1, [GM_CANT_DO] = 1, [GM_RESET_ABILITIES] = 0,
-        [GM_PRE_SLEEP] = 0, [5] = GM_ETYPE, [GM_NOOP] = GM_ETYPE, [GM_SUBMIT_JOB] = 3,
-        [GM_JOB_CREATED] = GM_ETYPE, [GM_GRAB_JOB] = 0, [GM_NO_JOB] = GM_ETYPE,
-        [GM_JOB_ASSIGN] = GM_ETYPE, [GM_WORK_STATUS] = 3, [GM_WORK_COMPLETE] = 2,
-        [GM_WORK_FAIL] = 1, [GM_GET_STATUS] = 1, [GM_ECHO_REQ] = 1, [GM_ECHO_RES] = GM_ETYPE,
-        [GM_SUBMIT_JOB_BG] = 3, [GM_ERROR] = GM_ETYPE, [GM_STATUS_RES] = GM_ETYPE,
+        [0] = BG_BAD_FORMAT, [GM_CAN_DO] = 1, [GM_CANT_DO] = 1, [GM_RESET_ABILITIES] = 0,
+        [GM_PRE_SLEEP] = 0, [5] = BG_BAD_FORMAT, [GM_NOOP] = BG_BAD_FORMAT, [GM_SUBMIT_JOB] = 3,
+        [GM_JOB_CREATED] = BG_BAD_FORMAT, [GM_GRAB_JOB] = 0, [GM_NO_JOB] = BG_BAD_FORMAT,
+        [GM_JOB_ASSIGN] = BG_BAD_FORMAT, [GM_WORK_STATUS] = 3, [GM_WORK_COMPLETE] = 2,
+        [GM_WORK_FAIL] = 1, [GM_GET_STATUS] = 1, [GM_ECHO_REQ] = 1, [GM_ECHO_RES] = BG_BAD_FORMAT,
+        [GM_SUBMIT_JOB_BG] = 3, [GM_ERROR] = BG_BAD_FORMAT, [GM_STATUS_RES] = BG_BAD_FORMAT,
         [GM_SUBMIT_JOB_HIGH] = 3, [GM_SET_CLIENT_ID] = 1, [GM_CAN_DO_TIMEOUT] = 2,
         [GM_ALL_YOURS] = 0, [GM_WORK_EXCEPTION] = 2, [GM_OPTION_REQ] = 1,
-        [GM_OPTION_RES] = GM_ETYPE, [GM_WORK_DATA] = 2, [GM_WORK_WARNING] = 2,
-        [GM_GRAB_JOB_UNIQ] = 0, [GM_JOB_ASSIGN_UNIQ] = GM_ETYPE, [GM_SUBMIT_JOB_HIGH_BG] = 3,
+        [GM_OPTION_RES] = BG_BAD_FORMAT, [GM_WORK_DATA] = 2, [GM_WORK_WARNING] = 2,
+        [GM_GRAB_JOB_UNIQ] = 0, [GM_JOB_ASSIGN_UNIQ] = BG_BAD_FORMAT, [GM_SUBMIT_JOB_HIGH_BG] = 3,
         [GM_SUBMIT_JOB_LOW] = 3, [GM_SUBMIT_JOB_LOW_BG] = 3, [GM_SUBMIT_JOB_SCHED] = 8,
         [GM_SUBMIT_JOB_EPOCH] = 4,
         /* gearmand: function, unique, reducer, aggregator, data */
         [GM_SUBMIT_REDUCE_JOB] = 5, [GM_SUBMIT_REDUCE_JOB_BACKGROUND] = 5,
-        [GM_GRAB_JOB_ALL] = 0, [GM_JOB_ASSIGN_ALL] = GM_ETYPE, [GM_GET_STATUS_UNIQUE] = 1,
-        [GM_STATUS_RES_UNIQUE] = GM_ETYPE, [GM_TYPE_LAST + 1] = GM_ETYPE,
+        [GM_GRAB_JOB_ALL] = 0, [GM_JOB_ASSIGN_ALL] = BG_BAD_FORMAT, [GM_GET_STATUS_UNIQUE] = 1,
+        [GM_STATUS_RES_UNIQUE] = BG_BAD_FORMAT, [GM_TYPE_LAST + 1] = BG_BAD_FORMAT,
     };
     for (uint32_t t = 0; t <= GM_TYPE_LAST + 1; t++) {
         if (gm_request_nargs(t) != want_nargs[t])
@@ -425,7 +427,7 @@ static void test_type_table(void **state)
         int named = t != 0 && t != 5 && t <= GM_TYPE_LAST;
         assert_int_equal(gm_type_name(t) != NULL, named);
     }
-    assert_int_equal(gm_request_nargs(UINT32_MAX), GM_ETYPE);
+    assert_int_equal(gm_request_nargs(UINT32_MAX), BG_BAD_FORMAT);
     assert_null(gm_type_name(UINT32_MAX));
     assert_string_equal(gm_type_name(GM_SUBMIT_JOB), "SUBMIT_JOB");
     assert_string_equal(gm_type_name(GM_JOB_CREATED), "JOB_CREATED");
@@ -517,11 +519,11 @@ static void test_error_text(void **state)
         int err;
         const char *code, *text;
     } cases[] = {
-        {GM_EMAGIC, "INVALID_MAGIC", "Request magic expected"},  /* gearmand's words */
-        {GM_ETYPE, "INVALID_COMMAND", "Command not expected"},   /* gearmand's words */
-        {GM_EARGS, "INVALID_PACKET", "Packet has too few arguments"},
-        {GM_ETOO_BIG, "ARGUMENT_TOO_LARGE", "Packet too large"},
-        {GM_EFIELD, "ARGUMENT_TOO_LARGE", "Argument too large"}, /* gearmand's code */
+        {GM_FAULT_MAGIC, "INVALID_MAGIC", "Request magic expected"},  /* gearmand's words */
+        {GM_FAULT_TYPE, "INVALID_COMMAND", "Command not expected"},   /* gearmand's words */
+        {GM_FAULT_ARGS, "INVALID_PACKET", "Packet has too few arguments"},
+        {GM_FAULT_TOO_BIG, "ARGUMENT_TOO_LARGE", "Packet too large"},
+        {GM_FAULT_FIELD, "ARGUMENT_TOO_LARGE", "Argument too large"}, /* gearmand's code */
         {0, "UNKNOWN_ERROR", "Unknown error"},
         {-1, "UNKNOWN_ERROR", "Unknown error"},
     };
@@ -539,7 +541,7 @@ static void test_error_text(void **state)
 struct admin_case {
     const char *name;
     struct part in[PARTS_MAX];
-    int want;                   /* bytes used, 0, or the error */
+    int want;                   /* bytes used, 0, or minus the fault (BG_BAD_FORMAT) */
     int cmd;
     struct part word;
     uint32_t nargs;
@@ -563,9 +565,9 @@ static const struct admin_case admin_cases[] = {
     /* gearmand: status with five words; a sixth closes the connection */
     {"status five words", LINE("status a b c d\n"), 15, GM_ADMIN_STATUS, P("status"), 4,
      {P("a"), P("b"), P("c"), P("d")}},
-    {"status six words", LINE("status a b c d e\n"), GM_EARGS},
-    {"version five words and a trailing space", LINE("version a b c d \n"), GM_EARGS},
-    {"maxqueue six words", LINE("maxqueue f 1 2 3 4\n"), GM_EARGS},
+    {"status six words", LINE("status a b c d e\n"), -GM_FAULT_ARGS},
+    {"version five words and a trailing space", LINE("version a b c d \n"), -GM_FAULT_ARGS},
+    {"maxqueue six words", LINE("maxqueue f 1 2 3 4\n"), -GM_FAULT_ARGS},
     /* gearmand: ERR UNKNOWN_COMMAND Unknown+server+command (empty word) */
     {"empty LF", LINE("\n"), 1, GM_ADMIN_UNKNOWN, P(""), 0, {{0}}},
     {"empty CRLF", LINE("\r\n"), 2, GM_ADMIN_UNKNOWN, P(""), 0, {{0}}},
@@ -633,8 +635,8 @@ static const struct admin_case admin_cases[] = {
     {"nothing", {{0}}, 0},
     /* gearmand: no limit (a 5000-byte line is answered UNKNOWN_COMMAND) */
     {"4095 bytes and LF", {REP("x", 4095), P("\n")}, 4096, GM_ADMIN_UNKNOWN, REP("x", 4095), 0, {{0}}},
-    {"4096 bytes, no LF", {REP("x", 4096)}, GM_ETOO_BIG},
-    {"4096 bytes and LF", {REP("x", 4096), P("\n")}, GM_ETOO_BIG},
+    {"4096 bytes, no LF", {REP("x", 4096)}, -GM_FAULT_TOO_BIG},
+    {"4096 bytes and LF", {REP("x", 4096), P("\n")}, -GM_FAULT_TOO_BIG},
     {"4095 bytes, no LF", {REP("x", 4095)}, 0},
     {"status and 4089 spaces", {P("status"), REP(" ", 4089), P("\n")}, 4096, GM_ADMIN_STATUS, P("status"), 1, {P("")}},
 };
@@ -648,7 +650,8 @@ static void test_admin_line(void **state)
     struct gm_admin_line line;
     memset(&line, 0x5a, sizeof line);
     int r = gm_admin_parse(in, b.len, &line);
-    assert_int_equal(r, c->want);
+    assert_int_equal(r, c->want >= 0 ? c->want : BG_BAD_FORMAT);
+    if (r < 0) assert_int_equal(line.fault, -c->want);
     if (r > 0) {
         assert_int_equal(line.cmd, c->cmd);
         assert_true(line.word >= in && line.word + line.word_len <= in + r);
@@ -677,7 +680,7 @@ static void test_admin_line(void **state)
 struct name_case {
     const char *name;
     struct part fn[PARTS_MAX];
-    int want;                   /* tube length or GM_EFIELD */
+    int want;                   /* tube length or BG_BAD_FORMAT */
     struct part tube[PARTS_MAX];
 };
 
@@ -685,8 +688,8 @@ static const struct name_case name_cases[] = {
     {"plain kept", {P("reverse")}, 7, {P("reverse")}},
     {"every tube char kept", {P("Az09+/;._()-")}, 12, {P("Az09+/;._()-")}},
     {"200 bytes kept", {REP("a", 200)}, 200, {REP("a", 200)}},
-    {"201 bytes", {REP("a", 201)}, GM_EFIELD},
-    {"empty", {{0}}, GM_EFIELD},
+    {"201 bytes", {REP("a", 201)}, BG_BAD_FORMAT},
+    {"empty", {{0}}, BG_BAD_FORMAT},
     {"dollar", {P("a$b")}, 5, {P("a$24b")}},
     {"only dollar", {P("$")}, 3, {P("$24")}},
     {"dollar looking like an escape", {P("$41")}, 5, {P("$2441")}},
@@ -698,10 +701,10 @@ static const struct name_case name_cases[] = {
     {"NUL", {P("a\0b")}, 5, {P("a$00b")}},
     {"high bytes", {P("\xff\x80")}, 6, {P("$FF$80")}},
     {"66 escapes fit", {REP(" ", 66)}, 198, {REP("$20", 66)}},
-    {"67 escapes do not", {REP(" ", 67)}, GM_EFIELD},
-    {"198 plain and one escape", {REP("a", 198), P(" ")}, GM_EFIELD},
+    {"67 escapes do not", {REP(" ", 67)}, BG_BAD_FORMAT},
+    {"198 plain and one escape", {REP("a", 198), P(" ")}, BG_BAD_FORMAT},
     {"197 plain and one escape", {REP("a", 197), P(" ")}, 200, {REP("a", 197), P("$20")}},
-    {"512 bytes", {REP("f", 512)}, GM_EFIELD},
+    {"512 bytes", {REP("f", 512)}, BG_BAD_FORMAT},
 };
 
 static void test_name_mapping(void **state)
@@ -753,7 +756,7 @@ static void test_name_every_byte(void **state)
     char all[256];
     for (int b = 0; b < 256; b++) all[b] = (char)b;
     char tube[BG_TUBE_NAME_MAX + 1];
-    assert_int_equal(gm_function_to_tube(all, 256, tube), GM_EFIELD);
+    assert_int_equal(gm_function_to_tube(all, 256, tube), BG_BAD_FORMAT);
     /* 64 bytes of every kind: each fits and round-trips */
     for (int start = 0; start < 256; start += 64) {
         char back[BG_TUBE_NAME_MAX + 1];
@@ -783,11 +786,11 @@ static void test_tube_to_function(void **state)
         {"$$41", 2, "$A", 64},               /* the first '$' has no digits */
         {"$00", 1, "", 64},                  /* a NUL byte (length says so) */
         {"abc", 3, "abc", 4},                /* exactly fits with the NUL */
-        {"abc", GM_EFIELD, NULL, 3},         /* no room for the NUL */
+        {"abc", BG_BAD_FORMAT, NULL, 3},         /* no room for the NUL */
         {"$41$42", 2, "AB", 3},
-        {"$41$42", GM_EFIELD, NULL, 2},
+        {"$41$42", BG_BAD_FORMAT, NULL, 2},
         {"", 0, "", 1},
-        {"", GM_EFIELD, NULL, 0},
+        {"", BG_BAD_FORMAT, NULL, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[64];

@@ -110,7 +110,7 @@ static void test_truncation_is_torn(void **state)
         for (size_t n = 0; n < one.len; n++) {
             struct bg_journal_record rec;
             size_t used;
-            assert_int_equal(bg_journal_decode(bg_buf_head(&one), n, &rec, &used), BG_JOURNAL_TORN);
+            assert_int_equal(bg_journal_decode(bg_buf_head(&one), n, &rec, &used), BG_TORN);
         }
         bg_buf_free(&one);
     }
@@ -133,7 +133,7 @@ static void test_flipped_byte_is_detected(void **state)
                 size_t used;
                 int r = bg_journal_decode(copy, one.len, &rec, &used);
                 if (r == 0) fail_msg("case %s: flipping bit %d of byte %zu went unnoticed", cases[i].name, bit, at);
-                assert_true(r == BG_JOURNAL_TORN || r == BG_JOURNAL_CORRUPT);
+                assert_true(r == BG_TORN || r == BG_CORRUPT);
                 free(copy);
             }
         }
@@ -166,6 +166,33 @@ static void test_segment_header(void **state)
     assert_int_equal(bg_journal_check_header(h, sizeof h), BG_BAD_FORMAT);
 }
 
+/* The log's size accounting comes from here: a JOB record's size, and the
+ * span of each record in a buffer of records (the batch cutter). */
+static void test_record_sizes(void **state)
+{
+    (void)state;
+    struct bg_buf b = {0};
+    struct bg_journal_job j = cases[0].job;
+    assert_int_equal(bg_journal_encode_job(&b, &j, 1), 0);
+    assert_int_equal(bg_journal_job_record_size(strlen(j.tube), j.body_len), b.len);
+    size_t first = b.len;
+    assert_int_equal(bg_journal_encode_delete(&b, 7), 0);
+    assert_int_equal(bg_journal_encode_job(&b, &j, 0), 0);
+    size_t at = 0, spans[3], n = 0;
+    while (at < b.len) {
+        struct bg_journal_record rec;
+        size_t used;
+        assert_int_equal(bg_journal_decode(bg_buf_head(&b) + at, b.len - at, &rec, &used), 0);
+        spans[n] = bg_journal_record_span(bg_buf_head(&b) + at, b.len - at);
+        assert_int_equal(spans[n++], used);
+        at += used;
+    }
+    assert_int_equal(n, 3);
+    assert_int_equal(spans[0], first);
+    assert_int_equal(bg_journal_record_span(bg_buf_head(&b), 3), 0); /* no length yet */
+    bg_buf_free(&b);
+}
+
 /* A well-formed checksum over nonsense is still refused: bad state, a bad
  * tube name, a length that does not match the structure. */
 static void test_structure_checked(void **state)
@@ -177,12 +204,12 @@ static void test_structure_checked(void **state)
     assert_int_equal(bg_journal_encode_job(&b, &j, 1), 0);
     struct bg_journal_record rec;
     size_t used;
-    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_JOURNAL_CORRUPT);
+    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_CORRUPT);
     bg_buf_clear(&b);
     j = cases[0].job;
     j.tube = "-bad";
     assert_int_equal(bg_journal_encode_job(&b, &j, 1), 0);
-    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_JOURNAL_CORRUPT);
+    assert_int_equal(bg_journal_decode(bg_buf_head(&b), b.len, &rec, &used), BG_CORRUPT);
     bg_buf_free(&b);
 }
 
@@ -192,7 +219,7 @@ static void test_restore_into_engine(void **state)
 {
     (void)state;
     struct bg_engine e;
-    assert_int_equal(bg_engine_init(&e, 65535), 0);
+    assert_int_equal(bg_engine_init(&e, 65535, NULL), 0);
     bg_time now = 1000 * BG_SECOND;
     struct bg_journal_job j = cases[0].job;
     assert_int_equal(bg_engine_restore_job(&e, &j, now, now, now), 0);
@@ -504,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_truncation_is_torn),
         cmocka_unit_test(test_flipped_byte_is_detected),
         cmocka_unit_test(test_segment_header),
+        cmocka_unit_test(test_record_sizes),
         cmocka_unit_test(test_structure_checked),
         cmocka_unit_test(test_restore_into_engine),
         cmocka_unit_test(test_cut_last_record_is_torn),

@@ -1,4 +1,4 @@
-/* log.c - key=value event lines on stderr (see log.h). */
+/* eventlog.c - key=value event lines on stderr (see eventlog.h). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "eventlog.h"
 
 #define LOG_LINE_MAX 4096
 #define LOG_STR_SLOTS 8

@@ -16,6 +16,7 @@
  * unknown job (ignored) or a new job's own record, and the snapshot then
  * writes each remaining job as it is at that point. */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -28,30 +29,71 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loop.h"
 #include "wal.h"
-#include "log.h"
+#include "eventlog.h"
+
+struct wal_batch {
+    struct bg_buf data;
+    int fd;                    /* where data goes */
+    uint64_t offset;           /* file size before data */
+    uint64_t end_seq;          /* last record seq in data */
+    int sync;
+    int close_fd;              /* an older segment to close, or -1 */
+    int sync_close;            /* sync close_fd before writing data (not with -F) */
+    int sync_dir;              /* a segment was created: sync the directory */
+    int error;                 /* errno of the flusher, 0 if written */
+};
+
+struct wal {
+    struct wal_config cfg;
+    struct bg_engine *engine;
+    struct event_base *base;
+    int dir_fd, lock_fd;
+    /* segments: index -> size, for [first_index, cur_index] */
+    uint64_t first_index, cur_index;
+    uint64_t *segment_sizes;
+    size_t segment_cap;
+    int cur_fd;
+    uint64_t total_bytes, live_bytes;
+    /* records */
+    struct bg_buf pending;
+    uint64_t pending_records;  /* records in pending (the last ones appended) */
+    uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
+    int dir_dirty;             /* segments were deleted: sync the directory */
+    uint64_t records_migrated;
+    uint64_t torn_records;     /* dropped at recovery */
+    int force_snapshot;        /* damage was accepted at start: write a snapshot */
+    uint64_t *damaged_indexes; /* segments found damaged: kept when superseded */
+    size_t damaged_count;
+    int failed_errno;          /* last write/sync failure, 0 when healthy */
+    /* compaction: a snapshot is written a chunk per batch (snap_ids: the
+     * jobs alive when it began; snap_next: the next one to write) */
+    uint64_t compact_index;    /* segments below it go once compact_seq is safe */
+    uint64_t compact_seq;      /* the snapshot's end record, once appended */
+    uint64_t *snap_ids;        /* non-NULL while a snapshot is being written */
+    size_t snap_count, snap_next;
+    /* flusher thread */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct wal_batch batch;
+    int busy, stop, has_work;
+    int notify_fd;             /* eventfd: the flusher finished a batch */
+    int locks_made;            /* lock and cond are initialised */
+    struct event *notify_ev, *sync_timer, *retry_timer;
+    bg_time last_sync;
+    int unsynced;              /* bytes written but not synced */
+    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by mark */
+};
 
 #define RETRY_SECONDS 1
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
 
-static bg_time mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
-}
-
-static uint64_t wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * BG_SECOND + (uint64_t)ts.tv_nsec;
-}
-
 /* Bytes a job's full record takes on disk (for live-data accounting). */
 static uint64_t job_record_size(const struct bg_job *j)
 {
-    return 9 + 60 + 1 + strlen(j->tube->name) + 4 + j->body_size;
+    return bg_journal_job_record_size(strlen(j->tube->name), j->body_size);
 }
 
 /* ---- segments ---------------------------------------------------------- */
@@ -59,6 +101,17 @@ static uint64_t job_record_size(const struct bg_job *j)
 static void segment_name(char *out, size_t n, uint64_t index)
 {
     snprintf(out, n, "beangate.%llu.wal", (unsigned long long)index);
+}
+
+/* The index of a segment's file name "beangate.<digits>.wal" (leading
+ * zeros allowed: beangate.02.wal is segment 2). 0 or BG_BAD_FORMAT. */
+static int segment_index(const char *name, uint64_t *index)
+{
+    static const char prefix[] = "beangate.", suffix[] = ".wal";
+    size_t len = strlen(name), pre = sizeof prefix - 1, suf = sizeof suffix - 1;
+    if (len <= pre + suf || memcmp(name, prefix, pre) != 0 || strcmp(name + len - suf, suffix) != 0)
+        return BG_BAD_FORMAT;
+    return bg_parse_u64(name + pre, len - pre - suf, UINT64_MAX, index);
 }
 
 static uint64_t *segment_size_at(struct wal *w, uint64_t index)
@@ -76,13 +129,14 @@ static uint64_t *segment_size_at(struct wal *w, uint64_t index)
     return &w->segment_sizes[i];
 }
 
-/* Create segment `index` with its header. Returns the fd or -1. */
+/* Create segment `index` with its header. Returns the fd, or BG_IO_ERROR
+ * (errno set). */
 static int segment_create(struct wal *w, uint64_t index)
 {
     char name[64];
     segment_name(name, sizeof name, index);
     int fd = openat(w->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return -1;
+    if (fd < 0) return BG_IO_ERROR;
     char header[BG_JOURNAL_HEADER_SIZE];
     bg_journal_segment_header(header);
     if (write(fd, header, sizeof header) != (ssize_t)sizeof header) {
@@ -90,7 +144,7 @@ static int segment_create(struct wal *w, uint64_t index)
         close(fd);
         unlinkat(w->dir_fd, name, 0);
         errno = e;
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, index);
     if (size) *size = BG_JOURNAL_HEADER_SIZE;
@@ -146,10 +200,10 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     struct bg_journal_job r;
     bg_journal_job_of(j, &r);
     if (r.state == BG_JOB_DELAYED) {
-        bg_time now = mono_now();
-        r.deadline_wall = wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
+        bg_time now = loop_now();
+        r.deadline_wall = loop_wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
     }
-    r.created_wall = wall_now() - (mono_now() - j->created_at);
+    r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
     w->appended_seq++;
     w->pending_records++;
@@ -169,8 +223,8 @@ static void hook_job_deleted(void *ctx, uint64_t id)
 static void hook_tube_paused(void *ctx, const struct bg_tube *t)
 {
     struct wal *w = ctx;
-    bg_time now = mono_now();
-    uint64_t unpause = wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
+    bg_time now = loop_now();
+    uint64_t unpause = loop_wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
     if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND), unpause) != 0)
         return append_failed(w);
     w->appended_seq++;
@@ -256,8 +310,8 @@ static void pending_added(struct wal *w)
 static int snapshot_step(struct wal *w)
 {
     struct bg_engine *e = w->engine;
-    uint64_t wall = wall_now();
-    bg_time now = mono_now();
+    uint64_t wall = loop_wall_now();
+    bg_time now = loop_now();
     size_t stop = w->snap_next + WAL_SNAPSHOT_CHUNK;
     if (stop > w->snap_count) stop = w->snap_count;
     for (; w->snap_next < stop; w->snap_next++) {
@@ -297,22 +351,20 @@ static int snapshot_step(struct wal *w)
 }
 
 /* Begin a snapshot: note the ids of the live jobs, start a new segment.
- * 0, or -1 after noting the failure. */
+ * 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after noting the failure. */
 static int snapshot_begin(struct wal *w)
 {
     struct bg_engine *e = w->engine;
     uint64_t *ids = malloc((e->job_count ? e->job_count : 1) * sizeof *ids);
     if (!ids) {
         note_failure(w, ENOMEM, "snapshot");
-        return -1;
+        return BG_OUT_OF_MEMORY;
     }
-    size_t n = 0;
-    for (size_t b = 0; b <= e->jobs_mask; b++)
-        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+    size_t n = bg_engine_job_ids(e, ids);
     if (rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
-        return -1;
+        return BG_IO_ERROR;
     }
     w->snap_ids = ids;
     w->snap_count = n;
@@ -330,11 +382,11 @@ static int snapshot_in_progress(const struct wal *w)
 }
 
 /* Start a new segment for the next batch; the old fd is closed by the
- * flusher after its last sync. 0 or -1. */
+ * flusher after its last sync. 0 or BG_IO_ERROR (errno set). */
 static int rotate(struct wal *w)
 {
     int fd = segment_create(w, w->cur_index + 1);
-    if (fd < 0) return -1;
+    if (fd < 0) return BG_IO_ERROR;
     w->batch.close_fd = w->cur_fd;
     w->batch.sync_close = !w->cfg.fsync_never;
     w->batch.sync_dir = 1;
@@ -346,7 +398,7 @@ static int rotate(struct wal *w)
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy) return;
-    bg_time now = mono_now();
+    bg_time now = loop_now();
     int sync_due = w->cfg.fsync_never ? 0
                  : w->cfg.fsync_ms == 0 ? 1
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
@@ -384,11 +436,9 @@ void wal_kick(struct wal *w)
             /* at most about one segment per batch, cut at a record end */
             size_t take = 0;
             uint64_t records = 0;
-            const unsigned char *p = (const unsigned char *)bg_buf_head(&w->pending);
+            const char *p = bg_buf_head(&w->pending);
             while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
-                uint32_t payload = (uint32_t)p[take] | (uint32_t)p[take + 1] << 8 |
-                                   (uint32_t)p[take + 2] << 16 | (uint32_t)p[take + 3] << 24;
-                take += 9 + (size_t)payload;
+                take += bg_journal_record_span(p + take, w->pending.len - take);
                 records++;
             }
             if (bg_buf_append(&b->data, bg_buf_head(&w->pending), take) != 0) {
@@ -436,7 +486,7 @@ static int batch_done(struct wal *w)
     w->written_seq = b->end_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
-        w->last_sync = mono_now();
+        w->last_sync = loop_now();
         w->unsynced = 0;
     } else {
         w->unsynced = 1;
@@ -451,6 +501,53 @@ static int batch_done(struct wal *w)
     return 0;
 }
 
+/* ---- durable acknowledgement: marks and holds --------------------------- */
+
+uint64_t wal_mark(const struct wal *w)
+{
+    int wait = w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
+    return wait ? w->appended_seq : 0;
+}
+
+int wal_reached(const struct wal *w, uint64_t mark) { return !w || mark <= w->synced_seq; }
+
+void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
+{
+    h->mark = mark;
+    h->durable = durable;
+    if (wal_reached(w, mark)) {
+        durable(h);
+        return;
+    }
+    /* by mark: almost always at the tail, as marks grow */
+    struct wal_hold *after = w->hold_tail;
+    while (after && after->mark > mark) after = after->prev;
+    h->prev = after;
+    h->next = after ? after->next : w->hold_head;
+    if (h->next) h->next->prev = h; else w->hold_tail = h;
+    if (after) after->next = h; else w->hold_head = h;
+    h->queued = 1;
+}
+
+void wal_unhold(struct wal *w, struct wal_hold *h)
+{
+    if (!h->queued) return;
+    if (h->prev) h->prev->next = h->next; else w->hold_head = h->next;
+    if (h->next) h->next->prev = h->prev; else w->hold_tail = h->prev;
+    h->prev = h->next = NULL;
+    h->queued = 0;
+}
+
+/* Let every reply whose mark is on disk go, oldest first. */
+static void release_holds(struct wal *w)
+{
+    struct wal_hold *h;
+    while ((h = w->hold_head) && h->mark <= w->synced_seq) {
+        wal_unhold(w, h);
+        h->durable(h);
+    }
+}
+
 /* The loop side of a finished batch. */
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -459,7 +556,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t n;
     if (read(fd, &n, sizeof n) != sizeof n) return;
     if (batch_done(w) != 0) return; /* the retry timer is armed */
-    if (w->on_synced) w->on_synced(w->on_synced_arg);
+    release_holds(w);
     wal_kick(w);
 }
 
@@ -468,11 +565,6 @@ static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     wal_kick(arg);
-}
-
-int wal_durable(const struct wal *w)
-{
-    return w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
 }
 
 int wal_chown(struct wal *w, unsigned uid, unsigned gid)
@@ -486,7 +578,7 @@ int wal_chown(struct wal *w, unsigned uid, unsigned gid)
     return 0;
 fail:
     log_event(BG_LOG_ERROR, "wal_chown", "dir=%s error=%s", log_str(w->cfg.dir), log_str(strerror(errno)));
-    return -1;
+    return BG_IO_ERROR;
 }
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
@@ -500,7 +592,7 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_torn = w->torn_records;
     pi->binlog_enabled = 1;
     pi->binlog_bytes = w->total_bytes;
-    pi->binlog_sync_age_ms = w->cfg.fsync_never ? -1 : (int64_t)((mono_now() - w->last_sync) / 1000000);
+    pi->binlog_sync_age_ms = w->cfg.fsync_never ? -1 : (int64_t)((loop_now() - w->last_sync) / 1000000);
 }
 
 /* ---- recovery ---------------------------------------------------------- */
@@ -624,7 +716,7 @@ struct recovery {
     struct seg_report torn_seg;  /* where; it is cut (and said) if the start goes on */
 };
 
-/* Apply one record to the engine. 0, or -1 out of memory (said). */
+/* Apply one record to the engine. 0, or BG_OUT_OF_MEMORY (said). */
 static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s,
                         const struct bg_journal_record *rec)
 {
@@ -643,9 +735,9 @@ static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s
         if (bg_engine_restore_job(e, &rec->job, deadline, created, now) != 0) {
             log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=restore error=%s", log_str(w->cfg.dir),
                       log_str("out of memory"));
-            return -1;
+            return BG_OUT_OF_MEMORY;
         }
-        w->live_bytes += 9 + 60 + 1 + strlen(rec->tube) + 4 + rec->job.body_len;
+        w->live_bytes += bg_journal_job_record_size(strlen(rec->job.tube), rec->job.body_len);
         break;
     }
     case BG_REC_UPDATE:
@@ -699,7 +791,7 @@ static int read_segment(struct wal *w, struct recovery *rc, struct seg_report *s
         for (at = BG_JOURNAL_HEADER_SIZE; at < len; at += used) {
             if (bg_journal_decode(data + at, len - at, &rec, &used) != 0) break;
             s->by_type[rec.type]++;
-            if (apply && apply_record(w, rc, s, &rec) != 0) return -1;
+            if (apply && apply_record(w, rc, s, &rec) != 0) return BG_OUT_OF_MEMORY;
         }
         if (at >= len) {
             s->status = SEG_OK;
@@ -893,7 +985,7 @@ static void report_summary(struct wal *w, struct recovery *rc)
 /* Say the newest segment's torn tail was dropped and, if the start goes on
  * (`cut`), cut it off the file so that it is never taken for damage once a
  * newer segment follows it; a segment with no header goes, and the next
- * segment takes its index. 0 or -1 (said). */
+ * segment takes its index. 0 or BG_IO_ERROR (said). */
 static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
 {
     const struct seg_report *s = &rc->torn_seg;
@@ -915,7 +1007,7 @@ static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
     if (!ok) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=cut_torn_tail file=%s error=%s",
                   log_str(w->cfg.dir), name, log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, s->index);
     if (size) {
@@ -937,7 +1029,8 @@ static void note_damaged_index(struct wal *w, uint64_t index)
 }
 
 /* Replay every segment in index order; for --check-log (rc->check) only
- * read and report. 0, or -1 when the start must be refused (said). */
+ * read and report. 0, or when the start must be refused (said): BG_CORRUPT
+ * for damage, BG_IO_ERROR or BG_OUT_OF_MEMORY when it could not be read. */
 static int recover(struct wal *w, struct recovery *rc)
 {
     DIR *d = fdopendir(dup(w->dir_fd));
@@ -945,15 +1038,14 @@ static int recover(struct wal *w, struct recovery *rc)
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
                   log_str(strerror(errno)));
         rc->failed = 1;
-        return -1;
+        return BG_IO_ERROR;
     }
     uint64_t *indexes = NULL;
     size_t n = 0, cap = 0;
     struct dirent *ent;
     while ((ent = readdir(d))) {
-        unsigned long long index;
-        char tail[8];
-        if (sscanf(ent->d_name, "beangate.%llu.%7s", &index, tail) != 2 || strcmp(tail, "wal") != 0) continue;
+        uint64_t index;
+        if (segment_index(ent->d_name, &index) != 0) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             uint64_t *a = realloc(indexes, cap * sizeof *a);
@@ -963,7 +1055,7 @@ static int recover(struct wal *w, struct recovery *rc)
                 rc->failed = 1;
                 log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
                           log_str("out of memory"));
-                return -1;
+                return BG_OUT_OF_MEMORY;
             }
             indexes = a;
         }
@@ -1049,17 +1141,18 @@ static int recover(struct wal *w, struct recovery *rc)
     free(rc->dropped_deletes.ids);
     free(rc->orphans.ids);
     free(rc->deleted_unknown.ids);
-    if (refuse) return -1;
+    if (refuse) return rc->failed ? BG_IO_ERROR : BG_CORRUPT;
     if (!rc->check)
         log_event(BG_LOG_INFO, "wal_recovered_jobs", "jobs=%zu records=%llu segments=%zu torn=%llu",
                   w->engine->job_count, (unsigned long long)rc->records, n, (unsigned long long)w->torn_records);
     return 0;
 }
 
-int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
-             struct event_base *base, bg_time now, uint64_t wall)
+/* wal_open's work on a zeroed w: 0, or an outcome after a message (what
+ * is open then is closed by open_failed). */
+static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
+                     struct event_base *base, bg_time now, uint64_t wall)
 {
-    memset(w, 0, sizeof *w);
     w->cfg = *cfg;
     w->engine = e;
     w->base = base;
@@ -1067,25 +1160,26 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     w->cur_fd = w->lock_fd = w->notify_fd = -1;
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->dir_fd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (w->dir_fd < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->lock_fd = openat(w->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
-        return -1;
+        return BG_IO_ERROR;
     }
     struct recovery rc = {.accept_damage = cfg->recover_damaged, .now = now, .wall = wall};
-    if (recover(w, &rc) != 0) return -1;
+    int r = recover(w, &rc);
+    if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
     w->cur_fd = segment_create(w, w->cur_index + 1);
     if (w->cur_fd < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->cur_index++;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
@@ -1093,9 +1187,10 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
+    w->locks_made = 1;
     if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
-        return -1;
+        return BG_IO_ERROR;
     }
     w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
     w->sync_timer = evtimer_new(base, timer_kick_cb, w);
@@ -1110,6 +1205,41 @@ int wal_open(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
     return 0;
 }
 
+/* Undo what open_into did before it failed, and free w. */
+static void open_failed(struct wal *w)
+{
+    int fds[] = {w->dir_fd, w->lock_fd, w->cur_fd, w->notify_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (fds[i] > 0) close(fds[i]);
+    if (w->locks_made) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+    }
+    free(w->segment_sizes);
+    free(w->damaged_indexes);
+    free(w);
+}
+
+int wal_open(struct wal **out, const struct wal_config *cfg, struct bg_engine *e,
+             struct event_base *base, bg_time now, uint64_t wall)
+{
+    struct wal *w = calloc(1, sizeof *w);
+    if (!w) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir),
+                  log_str("out of memory"));
+        return BG_IO_ERROR;
+    }
+    int r = open_into(w, cfg, e, base, now, wall);
+    if (r != 0) {
+        int err = errno;
+        open_failed(w);
+        errno = err;
+        return r;
+    }
+    *out = w;
+    return 0;
+}
+
 int wal_check(const char *dir)
 {
     struct wal w;
@@ -1121,13 +1251,13 @@ int wal_check(const char *dir)
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(errno)));
         return WAL_CHECK_FAILED;
     }
-    if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT) != 0) {
+    if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT, NULL) != 0) {
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str("out of memory"));
         close(w.dir_fd);
         return WAL_CHECK_FAILED;
     }
     w.engine = &e;
-    struct recovery rc = {.check = 1, .now = mono_now(), .wall = wall_now()};
+    struct recovery rc = {.check = 1, .now = loop_now(), .wall = loop_wall_now()};
     recover(&w, &rc);
     fflush(stdout);
     bg_engine_destroy(&e);
@@ -1187,4 +1317,5 @@ void wal_close(struct wal *w)
     free(w->segment_sizes);
     free(w->damaged_indexes);
     free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
+    free(w);
 }

@@ -1,4 +1,4 @@
-/* log.h - one line per event on stderr, as key=value pairs:
+/* eventlog.h - one line per event on stderr, as key=value pairs:
  *
  *   ts=2025-01-31T12:00:00.123Z level=info event=listening addr=127.0.0.1 port=11300
  *

@@ -1,0 +1,92 @@
+/* audit.c - the engine's structure, checked from scratch (for fuzzers and
+ * tests; it walks everything, so never on a hot path). */
+#include <stddef.h>
+
+#include "core.h"
+
+#define CHECK(cond, what)      \
+    do {                       \
+        if (!(cond)) {         \
+            *broken = (what);  \
+            return BG_INTERNAL_ERROR; \
+        }                      \
+    } while (0)
+
+/* Every job of heap h records its slot, and none comes before its parent
+ * in the heap's own order. */
+static int heap_sound(const struct bg_heap *h, size_t slot_offset, const char **broken)
+{
+    CHECK(h->len <= h->cap, "a heap holds more than its room");
+    for (uint32_t i = 0; i < h->len; i++) {
+        const void *item = h->items[i];
+        CHECK(*(const uint32_t *)((const char *)item + slot_offset) == i, "a heap item's slot is wrong");
+        CHECK(i == 0 || !h->less(item, h->items[(i - 1) / 2]), "a heap item comes before its parent");
+    }
+    return 0;
+}
+
+/* Counts one tube's jobs by state, from the job table. */
+struct state_counts {
+    uint64_t by_state[BG_JOB_BURIED + 1], urgent;
+};
+
+int bg_engine_audit(const struct bg_engine *e, const char **broken)
+{
+    static const char *none = "";
+    *broken = none;
+    struct state_counts total = {{0}, 0};
+    uint64_t jobs = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++)
+        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
+            jobs++;
+            CHECK(j->id < e->next_id, "a job id was never given out");
+            CHECK(j->state <= BG_JOB_BURIED, "a job in no state");
+            CHECK(j->tube->list_index < e->tube_count && e->tube_list[j->tube->list_index] == j->tube,
+                  "a job's tube is not in the tube list");
+            CHECK((j->state == BG_JOB_RESERVED) == (j->reserver != NULL), "a job's reserver does not fit its state");
+            total.by_state[j->state]++;
+            if (j->state == BG_JOB_READY && j->pri < BG_URGENT_PRIORITY) total.urgent++;
+        }
+    CHECK(jobs == e->job_count, "job_count is not the number of jobs");
+    CHECK(e->ready_count == total.by_state[BG_JOB_READY], "ready_count is off");
+    CHECK(e->delayed_count == total.by_state[BG_JOB_DELAYED], "delayed_count is off");
+    CHECK(e->reserved_count == total.by_state[BG_JOB_RESERVED], "reserved_count is off");
+    CHECK(e->buried_count == total.by_state[BG_JOB_BURIED], "buried_count is off");
+    CHECK(e->urgent_count == total.urgent, "urgent_count is off");
+
+    uint64_t ready = 0, delayed = 0, reserved = 0, buried = 0, paused = 0;
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        const struct bg_tube *t = e->tube_list[i];
+        CHECK(t->list_index == i, "a tube's list index is wrong");
+        CHECK(bg_tube_find((struct bg_engine *)e, t->name) == t, "a tube is not found by its name");
+        if (heap_sound(&t->ready, offsetof(struct bg_job, tube_slot), broken) ||
+            heap_sound(&t->delayed, offsetof(struct bg_job, tube_slot), broken))
+            return BG_INTERNAL_ERROR;
+        uint64_t n = 0;
+        for (const struct bg_job *j = t->buried_head; j; j = j->next, n++)
+            CHECK(j->state == BG_JOB_BURIED && j->tube == t, "a job on a buried list is not buried there");
+        CHECK(n == t->buried_count, "a tube's buried count is off");
+        const struct bg_job *top = t->pause_ns ? NULL : bg_heap_min(&t->ready);
+        CHECK(t->ready_top_id == (top ? top->id : UINT64_MAX), "a tube's cached top is stale");
+        /* the matching invariant: a ready job and a waiter never meet in an
+         * unpaused tube */
+        CHECK(t->pause_ns || !(t->ready.len && t->waiting_len), "an unpaused tube has a ready job and a waiter");
+        for (uint32_t k = 0; k < t->waiting_len; k++)
+            CHECK(t->waiting[k]->wait_index == k && t->waiting[k]->client->waiting, "a waiting set entry is stale");
+        ready += t->ready.len;
+        delayed += t->delayed.len;
+        reserved += t->reserved_count;
+        buried += t->buried_count;
+        paused += t->pause_ns != 0;
+    }
+    CHECK(ready == e->ready_count && delayed == e->delayed_count, "tube heaps disagree with the counts");
+    CHECK(reserved == e->reserved_count && buried == e->buried_count, "tube counts disagree with the engine's");
+    CHECK(e->job_timers.len == delayed + reserved, "a delayed or reserved job is not on the timer heap");
+    CHECK(e->tube_timers.len == paused, "a paused tube is not on the timer heap");
+    if (heap_sound(&e->job_timers, offsetof(struct bg_job, timer_slot), broken) ||
+        heap_sound(&e->tube_timers, offsetof(struct bg_tube, timer_slot), broken) ||
+        heap_sound(&e->client_timers, offsetof(struct bg_client, timer_slot), broken))
+        return BG_INTERNAL_ERROR;
+    CHECK(e->due_at <= bg_engine_next_deadline(e), "due_at is later than a deadline");
+    return 0;
+}

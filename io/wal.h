@@ -1,0 +1,71 @@
+/* wal.h - the write-ahead log: segment files in one directory, a single
+ * flusher thread that writes and syncs batches (group commit), recovery at
+ * start, and compaction. The record format is core/journal.c. */
+#ifndef BEANGATE_WAL_H
+#define BEANGATE_WAL_H
+
+#include <event2/event.h>
+
+#include "../core/core.h"
+
+struct wal_config {
+    const char *dir;
+    int fsync_ms;              /* 0: sync every batch (durable replies); >0 at most that often */
+    int fsync_never;           /* -F */
+    uint64_t segment_size;     /* -s */
+    int recover_damaged;       /* --log-recover-damaged: start with what is readable */
+};
+
+/* The log (defined in wal.c only). */
+struct wal;
+
+/* A reply waiting until the log holds what it reports (durable
+ * acknowledgement, -f 0). Embed it in whatever holds replies; wal_hold
+ * queues it, and `durable` runs on the loop once `mark` is on disk. */
+struct wal_hold {
+    uint64_t mark;
+    void (*durable)(struct wal_hold *h);
+    struct wal_hold *prev, *next;   /* the log's holds, by mark */
+    uint8_t queued;
+};
+
+/* Open DIR (lock, recover every segment into the engine, start the
+ * flusher) and set *out. 0, or after a message: BG_CORRUPT when the log is
+ * damaged (docs/durability.md, "Log damage policy") unless
+ * cfg->recover_damaged, BG_IO_ERROR (errno set) or BG_OUT_OF_MEMORY when it
+ * cannot be opened or read. now/wall: the clocks. */
+int wal_open(struct wal **out, const struct wal_config *cfg, struct bg_engine *e,
+             struct event_base *base, bg_time now, uint64_t wall_now);
+/* beangate --check-log DIR: read every segment as a start would, without
+ * changing anything or taking the lock; print a line per segment and a
+ * summary on stdout. 0 clean (or only a torn tail), WAL_CHECK_DAMAGED if a
+ * start would refuse, WAL_CHECK_FAILED if the check could not be done. */
+#define WAL_CHECK_DAMAGED 1
+#define WAL_CHECK_FAILED 2
+int wal_check(const char *dir);
+/* Hand what was appended to the flusher if it is idle; call after each
+ * loop callback. */
+void wal_kick(struct wal *w);
+/* The mark a reply given now must wait for (the last record appended) when
+ * replies wait for the log (-f 0, and the log healthy); else 0. NULL: 0. */
+uint64_t wal_mark(const struct wal *w);
+/* Nonzero once everything up to mark is on disk (NULL w, or mark 0: yes). */
+int wal_reached(const struct wal *w, uint64_t mark);
+/* Call durable(h) on the loop once mark is on disk: at once if it is. Marks
+ * grow, so the holds form a queue; h must not be queued already. */
+void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
+/* Take h off the queue (its reply went away first); no-op if not queued. */
+void wal_unhold(struct wal *w, struct wal_hold *h);
+/* Write what is pending, sync, stop the flusher, close files, free w.
+ * Holds still queued are dropped without a call. NULL: nothing. */
+void wal_close(struct wal *w);
+/* Give the directory and its files to uid:gid (before dropping
+ * privileges with -u). 0 or BG_IO_ERROR with a message. */
+int wal_chown(struct wal *w, unsigned uid, unsigned gid);
+/* binlog-* figures for stats. */
+void wal_stats(const struct wal *w, struct bg_process_info *pi);
+
+/* The engine's hooks (engine->journal = &wal_journal_ops). */
+extern const struct bg_journal_ops wal_journal_ops;
+
+#endif

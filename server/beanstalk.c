@@ -1,0 +1,77 @@
+/* beanstalk.c - the beanstalk listener: core/codec.c's session plugged into
+ * the connection layer (io/conn.c), on the address of -l/-p, a UNIX socket
+ * (-l unix:PATH) or the socket systemd passed. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server.h"
+#include "../io/conn.h"
+#include "../io/eventlog.h"
+#include "../io/listen.h"
+
+#define BEANSTALK_IN_LIMIT (64u << 10) /* buffered input while blocked */
+
+static void session_process_info(struct bg_session *s, struct bg_process_info *pi)
+{
+    server_process_info(s->io_owner, pi);
+}
+
+static const struct bg_session_io session_io = {.process_info = session_process_info};
+
+static int beanstalk_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
+{
+    (void)peer, (void)now;
+    struct server *srv = ctx;
+    return bg_session_init(&srv->engine, (struct bg_session *)s, &session_io, srv);
+}
+
+static size_t beanstalk_feed(struct bg_stream *s, const char *in, size_t len, bg_time now)
+{
+    return bg_session_feed((struct bg_session *)s, in, len, now);
+}
+
+static void beanstalk_peer_eof(struct bg_stream *s, bg_time now)
+{
+    bg_session_peer_eof((struct bg_session *)s, now);
+}
+
+static void beanstalk_close(struct bg_stream *s, bg_time now) { bg_session_close((struct bg_session *)s, now); }
+
+int beanstalk_start(struct server *srv, const struct server_config *cfg)
+{
+    static struct conn_protocol proto = {
+        .name = "beanstalk",
+        .event_prefix = "",
+        .session_size = sizeof(struct bg_session),
+        .limits = {CONN_READ_CHUNK, BEANSTALK_IN_LIMIT, CONN_OUT_HIGH_WATER, 0},
+        .open = beanstalk_open,
+        .feed = beanstalk_feed,
+        .peer_eof = beanstalk_peer_eof,
+        .close = beanstalk_close,
+    };
+    proto.ctx = srv;
+    int fd = listen_inherited();
+    if (fd >= 0) {
+        snprintf(srv->listen_desc, sizeof srv->listen_desc, "systemd-fd-3");
+    } else if (strncmp(cfg->listen_addr, "unix:", 5) == 0) {
+        fd = listen_unix(cfg->listen_addr + 5, cfg->user);
+        if (fd >= 0) snprintf(srv->unix_path, sizeof srv->unix_path, "%s", cfg->listen_addr + 5);
+    } else {
+        fd = listen_tcp(cfg->listen_addr, cfg->port);
+    }
+    if (fd < 0) return BG_IO_ERROR;
+    srv->listen_fd = fd;
+    if (conn_server_start(&srv->beanstalk, &proto, fd, &srv->engine, srv->wal) != 0) {
+        close(fd);
+        return BG_OUT_OF_MEMORY;
+    }
+    return 0;
+}
+
+void beanstalk_stop(struct server *srv)
+{
+    conn_server_stop(srv->beanstalk);
+    srv->beanstalk = NULL;
+    if (srv->unix_path[0]) unlink(srv->unix_path);
+}
