@@ -21,6 +21,7 @@
  *   tube_page.c one page of the tubes' statistics (GET /stats/tubes)
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
+ *   cors.c      the origins allowed to call from a browser (CORS), below reply.c
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -51,6 +52,15 @@
 #define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
 #define GW_TUBE_PAGE_MAX 500          /* tubes in one page of GET /stats/tubes */
 #define GW_TUBE_PAGE_DEFAULT 100
+#define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
+#define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
+#define GW_CORS_MAX_AGE "600"         /* seconds a browser may keep a preflight's answer */
+/* What a page of an allowed origin may send (beyond the CORS-safelisted
+ * headers) and read (beyond the safelisted response headers). */
+#define GW_CORS_ALLOW_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Reservation"
+#define GW_CORS_EXPOSE_HEADERS                                                                \
+    "Location, X-Job-Id, X-Job-Tube, X-Job-Priority, X-Job-Ttr, X-Reservation, "             \
+    "Idempotent-Replayed, Retry-After, Allow, WWW-Authenticate, ETag"
 
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
@@ -66,6 +76,7 @@ struct gateway_config {
     /* process facts for GET /stats (binlog figures); arg is log_arg */
     void (*process_info)(void *arg, struct bg_process_info *pi);
     uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
+    const char *cors_origins;     /* comma-separated origins (gw_cors_check); NULL: CORS off */
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,
@@ -76,6 +87,8 @@ struct gw_push_hooks {
     json_t *(*subscriptions)(void *arg);          /* a new JSON array */
     json_t *(*job_error)(void *arg, uint64_t id); /* a new object, or NULL: none known */
     int (*metrics)(void *arg, struct bg_buf *out); /* append families; 0 or BG_OUT_OF_MEMORY */
+    /* nonzero if client c is push delivery's (a job it reserved is in flight) */
+    int (*owns)(void *arg, const struct bg_client *c);
 };
 
 struct gateway;
@@ -99,8 +112,9 @@ void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
 struct gw_request;
 
 /* The methods of the route table; HEAD is GET without the body (it is
- * served by the GET row); any other method is GW_OTHER. */
-enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OTHER };
+ * served by the GET row); OPTIONS has no row (http.c answers it for every
+ * path when CORS is on); any other method is GW_OTHER. */
+enum gw_method { GW_GET, GW_HEAD, GW_POST, GW_DELETE, GW_OPTIONS, GW_OTHER };
 
 /* How much body a route reads. The limit is checked against Content-Length
  * before any byte of the body is read (413 JOB_TOO_BIG). */
@@ -206,6 +220,7 @@ struct gateway {
     uint64_t in_flight;           /* requests begun and not completed */
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
+    struct gw_cors *cors;         /* NULL: CORS off */
 };
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
@@ -214,6 +229,18 @@ struct gateway {
  * memory, or one was queued already): http.c then closes the connection.
  * Distinct from every enum bg_outcome. */
 #define GW_NO_REPLY (-1000)
+
+/* The gateway's own outcomes: a request that the job's state refuses. They
+ * are rows of the error table, as the engine's outcomes are (409 each, with
+ * its own code), distinct from every enum bg_outcome and from GW_NO_REPLY. */
+enum gw_conflict {
+    GW_RESERVATION_REQUIRED = -900, /* reserved over HTTP, and no token was given */
+    GW_RESERVATION_MISMATCH,      /* a token that is not the job's current reservation */
+    GW_RESERVED_ELSEWHERE,        /* reserved by a beanstalk or Gearman client, or by push */
+    GW_NOT_RESERVED,              /* release, bury, touch of a ready, delayed or buried job */
+    GW_NOT_BURIED_OR_DELAYED,     /* kick of a ready or reserved job */
+    GW_ALREADY_RESERVED,          /* reserve-job of a reserved job */
+};
 
 /* One response header. */
 struct gw_header {
@@ -226,9 +253,10 @@ struct gw_problem {
     unsigned status;
     const char *code, *detail;
 };
-/* The problem for an engine outcome: the one table of them (404 NOT_FOUND,
- * 413 JOB_TOO_BIG, 503 DRAINING / OUT_OF_MEMORY / LOG_UNAVAILABLE, ...);
- * an outcome not in it is 500 with its beanstalk word as the code. */
+/* The problem for an engine outcome or an enum gw_conflict: the one table
+ * of them (404 NOT_FOUND, 409 NOT_RESERVED, 413 JOB_TOO_BIG, 503 DRAINING /
+ * OUT_OF_MEMORY / LOG_UNAVAILABLE, ...); an outcome not in it is 500 with
+ * its beanstalk word as the code. */
 struct gw_problem gw_outcome_problem(int outcome);
 /* The title of a status in a problem ("Not Found"). */
 const char *gw_status_title(unsigned status);
@@ -248,6 +276,9 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
                             const char *detail, const char *name, const char *value);
 /* The problem of gw_outcome_problem(outcome). */
 int gw_reply_outcome(struct MHD_Connection *c, int outcome);
+/* The same with a detail that says more about this request (the job's id
+ * and state); NULL: the table's. */
+int gw_reply_outcome_detail(struct MHD_Connection *c, int outcome, const char *detail);
 /* No body. */
 int gw_reply_empty(struct MHD_Connection *c, unsigned status);
 /* n bytes of a Content-Type, copied (copy nonzero) or living as long as the
@@ -262,6 +293,15 @@ int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes
 /* 200 with job j's body as raw bytes and its metadata in X-Job-* headers
  * (X-Reservation too unless token is NULL). */
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token);
+/* 204 to OPTIONS on a path whose methods are allow: Allow (with OPTIONS),
+ * and for a CORS preflight (preflight nonzero) the Access-Control-Allow-
+ * Methods, -Headers and -Max-Age of GW_CORS_*. */
+int gw_reply_options(struct MHD_Connection *c, const char *allow, int preflight);
+/* Every response from now on carries the CORS headers of cors (NULL: none):
+ * Vary: Origin, and for an Origin that cors allows its echo in
+ * Access-Control-Allow-Origin and GW_CORS_EXPOSE_HEADERS. One gateway per
+ * process. */
+void gw_reply_set_cors(const struct gw_cors *cors);
 
 /* ---- router.c: the route table ------------------------------------------ */
 
@@ -320,6 +360,11 @@ const char *gw_query(struct gw_request *r, const char *key);
 int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
 /* The request header name (any case), or NULL. */
 const char *gw_request_header(struct gw_request *r, const char *name);
+/* The request's reservation token into *token: the X-Reservation header or
+ * the reservation query parameter (the same name as the header of a raw
+ * reply), NULL when neither is given. 0, or -1 when both are given and
+ * differ (*token NULL). */
+int gw_reservation_token(struct gw_request *r, const char **token);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
 /* The HTTP connections open to the gateway now, r's included. */
@@ -342,6 +387,20 @@ void gw_wake(struct gw_request *r);
 int gw_peer_alive(struct gw_request *r);
 /* Release the jobs r reserved and did not deliver (r->got = 0). */
 void gw_give_back(struct gw_request *r, bg_time now);
+
+/* cors.c: the origins allowed to call from a browser */
+struct gw_cors;
+/* Check a comma-separated list of origins, each "http(s)://HOST[:PORT]"
+ * (no path, no '*', at most GW_CORS_ORIGINS_MAX): NULL, or why it is
+ * refused (a static string). */
+const char *gw_cors_check(const char *list);
+/* The origins of a list that gw_cors_check accepts (copied); NULL if it
+ * does not, or out of memory. */
+struct gw_cors *gw_cors_new(const char *list);
+void gw_cors_free(struct gw_cors *c);
+/* Nonzero if origin (a request's Origin header; NULL: none) is one of c's,
+ * compared without regard to ASCII case. */
+int gw_cors_allows(const struct gw_cors *c, const char *origin);
 
 /* auth.c: bearer tokens */
 struct gw_auth;

@@ -79,11 +79,13 @@ static void note_status(struct gw_request *r)
 
 /* Nonzero if the request needs a bearer token: any configured, and its
  * path's auth rule asks for one. An unknown path needs one too, so that it
- * tells nothing. */
+ * tells nothing. With CORS on, OPTIONS on a known path needs none: a
+ * browser sends its preflight without the Authorization header. */
 static int needs_token(const struct gateway *gw, const struct gw_match *m)
 {
     if (!gw->auth) return 0;
     if (!m->route) return 1;
+    if (gw->cors && m->method == GW_OPTIONS) return 0;
     switch (m->route->auth) {
     case GW_AUTH_OPEN:
     case GW_AUTH_PUBLIC: return 0;
@@ -162,16 +164,34 @@ static void count_request(struct gw_request *r)
     bg_count_cmd(r->gw->engine, (enum bg_cmd)cmd, r->commands);
 }
 
-/* The body is in: answer 404 or 405, or run the row's handler and turn an
- * outcome it returns into its problem. 0 or GW_NO_REPLY. */
+/* OPTIONS on a path that exists, with CORS on: a preflight (Origin and
+ * Access-Control-Request-Method) from an allowed origin gets 204 with the
+ * Access-Control-* headers (the methods are the path's rows), one from any
+ * other origin 403 ORIGIN_NOT_ALLOWED without them; a plain OPTIONS gets
+ * 204 with Allow. */
+static int answer_options(struct gw_request *r)
+{
+    const char *origin = gw_request_header(r, "Origin");
+    int preflight = origin && gw_request_header(r, "Access-Control-Request-Method");
+    if (preflight && !gw_cors_allows(r->gw->cors, origin))
+        return gw_reply_problem(r->conn, 403, "ORIGIN_NOT_ALLOWED",
+                                "this origin may not call the gateway from a browser: it is not in "
+                                "--http-cors-origins");
+    return gw_reply_options(r->conn, r->match.allow, preflight);
+}
+
+/* The body is in: answer 404 or 405 (or OPTIONS), or run the row's handler
+ * and turn an outcome it returns into its problem. 0 or GW_NO_REPLY. */
 static int dispatch(struct gw_request *r)
 {
     const struct gw_match *m = &r->match;
     if (m->status == 404) return gw_reply_problem(r->conn, 404, "NOT_FOUND", "no such route");
+    if (m->status == 405 && r->gw->cors && m->method == GW_OPTIONS) return answer_options(r);
     if (m->status == 405) {
-        char detail[96];
-        snprintf(detail, sizeof detail, "allowed: %s", m->allow);
-        return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", m->allow);
+        char detail[96], allow[64];
+        snprintf(allow, sizeof allow, "%s%s", m->allow, r->gw->cors ? ", OPTIONS" : "");
+        snprintf(detail, sizeof detail, "allowed: %s", allow);
+        return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", allow);
     }
     if (!r->counted) r->commands = 1;
     /* the handler reads job states (reservation checks, GET): bring the
@@ -343,6 +363,8 @@ static void free_parts(struct gateway *gw)
     bg_client_close(&gw->holder, gw->now());
     gw_idempotency_free(gw->idempotency);
     gw_auth_free(gw->auth);
+    gw_reply_set_cors(NULL);
+    gw_cors_free(gw->cors);
     gw_metrics_free(gw->metrics);
     free(gw);
 }
@@ -384,7 +406,9 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->idempotency = gw_idempotency_new(idempotency_key);
     gw->metrics = new_metrics();
     if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
-    if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth)) {
+    if (cfg->cors_origins) gw->cors = gw_cors_new(cfg->cors_origins);
+    if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth) ||
+        (cfg->cors_origins && !gw->cors)) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         freeaddrinfo(res);
         free_parts(gw);
@@ -412,10 +436,13 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->timer_ev = evtimer_new(base, epoll_cb, gw);
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
+    gw_reply_set_cors(gw->cors);
     gw_run(gw);
-    log_event(BG_LOG_INFO, "http_listening", "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u",
+    log_event(BG_LOG_INFO, "http_listening",
+              "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u cors_origins=%s",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
-              cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s);
+              cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
+              log_str(cfg->cors_origins ? cfg->cors_origins : "none"));
     return gw;
 }
 

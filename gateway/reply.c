@@ -1,7 +1,8 @@
 /* reply.c - the responses of the gateway, below every handler: JSON,
  * application/problem+json (one table of status titles, one table of
- * outcome -> status, code, detail), no body, a raw job, and bytes. It calls
- * libmicrohttpd and jansson and no other file of the gateway. Each function
+ * outcome -> status, code, detail), no body, a raw job, and bytes; and the
+ * CORS headers of every response, in one place (send_response). It calls
+ * libmicrohttpd, jansson and cors.c, below it. Each function
  * returns 0 when the response was queued, GW_NO_REPLY when it could not be
  * (out of memory, or a response was queued already). */
 #include <stdio.h>
@@ -16,6 +17,7 @@ static const struct {
     const char *title;
 } titles[] = {
     {400, "Bad Request"},           {401, "Unauthorized"},
+    {403, "Forbidden"},
     {404, "Not Found"},             {405, "Method Not Allowed"},
     {409, "Conflict"},              {413, "Content Too Large"},
     {422, "Unprocessable Content"}, {500, "Internal Server Error"},
@@ -29,10 +31,24 @@ const char *gw_status_title(unsigned status)
     return "Internal Server Error";
 }
 
-/* The engine's outcomes as HTTP problems. A handler with more to say about
- * its request (which tube, which parameter) passes its own detail. */
+/* The engine's outcomes and the gateway's conflicts as HTTP problems. A
+ * handler with more to say about its request (which job, in which state)
+ * passes its own detail. A 409's code says what happened; the hint of one
+ * about a reservation held elsewhere never asks for a token: there is none. */
 static const struct gw_problem outcome_problems[] = {
     {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+    {GW_RESERVATION_REQUIRED, 409, "RESERVATION_REQUIRED",
+     "the job is reserved over HTTP: give the token of that reservation "
+     "(header X-Reservation: TOKEN, or ?reservation=TOKEN)"},
+    {GW_RESERVATION_MISMATCH, 409, "RESERVATION_MISMATCH",
+     "the reservation token is wrong, or its reservation has ended"},
+    {GW_RESERVED_ELSEWHERE, 409, "RESERVED_ELSEWHERE",
+     "the job is reserved by a beanstalk or Gearman client or by push delivery: only that "
+     "reservation can act on it, and HTTP has no token for it"},
+    {GW_NOT_RESERVED, 409, "NOT_RESERVED",
+     "the job is not reserved: only a reserved job can be released, buried or touched"},
+    {GW_NOT_BURIED_OR_DELAYED, 409, "NOT_BURIED_OR_DELAYED", "only a buried or delayed job can be kicked"},
+    {GW_ALREADY_RESERVED, 409, "ALREADY_RESERVED", "the job is already reserved"},
     {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
     {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
     {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
@@ -47,6 +63,31 @@ struct gw_problem gw_outcome_problem(int outcome)
     return (struct gw_problem){outcome, 500, bg_outcome_word(outcome), "internal error"};
 }
 
+/* The gateway's origins (gw_reply_set_cors); NULL: CORS is off. */
+static const struct gw_cors *cors_origins;
+
+void gw_reply_set_cors(const struct gw_cors *cors) { cors_origins = cors; }
+
+/* Queue resp (NULL: out of memory) for c with the CORS headers, and let it
+ * go. Every response of the gateway leaves through here. */
+static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
+{
+    if (!resp) return GW_NO_REPLY;
+    if (cors_origins) {
+        /* the answer depends on the Origin: a cache must not give one
+         * origin's answer to another */
+        MHD_add_response_header(resp, "Vary", "Origin");
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        if (gw_cors_allows(cors_origins, origin)) {
+            MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+            MHD_add_response_header(resp, "Access-Control-Expose-Headers", GW_CORS_EXPOSE_HEADERS);
+        }
+    }
+    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 /* Queue a response made of n bytes (copied unless copy is 0: then they live
  * as long as the process), with a Content-Type unless type is NULL, and
  * the count headers of h. */
@@ -55,12 +96,9 @@ static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, s
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         n, (void *)bytes, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
-    if (!resp) return GW_NO_REPLY;
-    if (type) MHD_add_response_header(resp, "Content-Type", type);
-    for (size_t i = 0; i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
-    int rc = MHD_queue_response(c, status, resp) == MHD_YES ? 0 : GW_NO_REPLY;
-    MHD_destroy_response(resp);
-    return rc;
+    if (resp && type) MHD_add_response_header(resp, "Content-Type", type);
+    for (size_t i = 0; resp && i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
+    return send_response(c, status, resp);
 }
 
 /* Append the header name: value to h[*count] unless name is NULL. */
@@ -117,8 +155,13 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
 
 int gw_reply_outcome(struct MHD_Connection *c, int outcome)
 {
+    return gw_reply_outcome_detail(c, outcome, NULL);
+}
+
+int gw_reply_outcome_detail(struct MHD_Connection *c, int outcome, const char *detail)
+{
     struct gw_problem p = gw_outcome_problem(outcome);
-    return gw_reply_problem(c, p.status, p.code, p.detail);
+    return gw_reply_problem(c, p.status, p.code, detail ? detail : p.detail);
 }
 
 int gw_reply_empty(struct MHD_Connection *c, unsigned status)
@@ -156,7 +199,16 @@ int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const cha
     snprintf(num, sizeof num, "%u", j->ttr_s);
     MHD_add_response_header(resp, "X-Job-Ttr", num);
     if (token) MHD_add_response_header(resp, "X-Reservation", token);
-    int rc = MHD_queue_response(c, 200, resp) == MHD_YES ? 0 : GW_NO_REPLY;
-    MHD_destroy_response(resp);
-    return rc;
+    return send_response(c, 200, resp);
+}
+
+int gw_reply_options(struct MHD_Connection *c, const char *allow, int preflight)
+{
+    char methods[64];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    struct gw_header h[4] = {{"Allow", methods},
+                             {"Access-Control-Allow-Methods", allow},
+                             {"Access-Control-Allow-Headers", GW_CORS_ALLOW_HEADERS},
+                             {"Access-Control-Max-Age", GW_CORS_MAX_AGE}};
+    return queue(c, 204, "", 0, 0, NULL, h, preflight ? 4 : 1);
 }

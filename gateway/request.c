@@ -31,6 +31,17 @@ const char *gw_request_header(struct gw_request *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
+int gw_reservation_token(struct gw_request *r, const char **token)
+{
+    const char *header = gw_request_header(r, "X-Reservation"), *query = gw_query(r, "reservation");
+    *token = header ? header : query;
+    if (header && query && strcmp(header, query) != 0) {
+        *token = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 int gw_wants_raw(struct gw_request *r)
 {
     const char *accept = gw_request_header(r, "Accept");

@@ -52,7 +52,7 @@ static const struct gw_route routes[] = {
 };
 #define ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
-static const char *const method_names[] = {"GET", "HEAD", "POST", "DELETE"};
+static const char *const method_names[] = {"GET", "HEAD", "POST", "DELETE", "OPTIONS"};
 
 static unsigned long match_count;
 

@@ -328,8 +328,11 @@ static int reserve(struct gw_request *r, const char *tubes)
     }
     uint64_t timeout = 0, count = 0;
     if (gw_query_u64(r, "timeout", UINT32_MAX, &timeout)) return bad_param(r, "timeout");
-    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0))
-        return bad_param(r, "count");
+    if (gw_query_u64(r, "count", GW_BATCH_MAX, &count) || (gw_query(r, "count") && count == 0)) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "query parameter 'count' must be 1 to %d", GW_BATCH_MAX);
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+    }
     if (timeout > gw->cfg.max_wait_s) timeout = gw->cfg.max_wait_s;
     if (!tubes || !*tubes) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name at least one tube");
     /* validate every name (empty ones included) before touching the engine */
@@ -385,27 +388,87 @@ int gw_handle_reserve(struct gw_request *r)
 
 /* ---- jobs -------------------------------------------------------------- */
 
-/* Check the reservation token for an action on job j. 0 if the request may
- * act on j as the holder; otherwise a reply was queued into *reply. */
-static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved, int *reply)
+/* The 409 of a request that job j's state refuses (outcome, an enum
+ * gw_conflict), with a detail that names the job, its state and who holds
+ * it. `action` is what was asked ("delete", "release", ...). A job reserved
+ * by another client is never answered with a hint to give a token. */
+static int conflict(struct gw_request *r, const struct bg_job *j, int outcome, const char *action)
 {
     struct gateway *gw = r->gw;
-    const char *token = gw_query(r, "reservation");
-    if (j->state != BG_JOB_RESERVED && !token && !need_reserved) return 0;
-    if (!token) {
-        *reply = gw_reply_problem(r->conn, 409, "RESERVATION_REQUIRED",
-                                  j->state == BG_JOB_RESERVED
-                                      ? "the job is reserved: pass ?reservation=TOKEN"
-                                      : "the job is not reserved");
+    char detail[320];
+    unsigned long long id = (unsigned long long)j->id;
+    const char *state = state_names[j->state];
+    int by_push = j->state == BG_JOB_RESERVED && gw->push.owns && gw->push.owns(gw->push.arg, j->reserver);
+    const char *holder = j->state != BG_JOB_RESERVED ? NULL
+                       : j->reserver == &gw->holder ? "over HTTP"
+                       : by_push ? "by push delivery (an attempt is in flight)"
+                                 : "by a beanstalk or Gearman client";
+    switch (outcome) {
+    case GW_RESERVED_ELSEWHERE:
+        snprintf(detail, sizeof detail,
+                 by_push ? "job %llu is reserved %s: only push delivery can %s it; wait until the "
+                           "attempt ends"
+                         : "job %llu is reserved %s: only that client can %s it (HTTP has no token "
+                           "for it); it is free again when the client releases it or its TTR runs out",
+                 id, holder, action);
+        break;
+    case GW_RESERVATION_REQUIRED:
+        snprintf(detail, sizeof detail,
+                 "job %llu is reserved over HTTP: to %s it, give the token of that reservation "
+                 "(header X-Reservation: TOKEN, or ?reservation=TOKEN)", id, action);
+        break;
+    case GW_RESERVATION_MISMATCH:
+        if (j->state == BG_JOB_RESERVED)
+            snprintf(detail, sizeof detail,
+                     "job %llu is reserved under another token: this one is wrong, or its "
+                     "reservation has ended (TTR ran out, released, reserved again)", id);
+        else
+            snprintf(detail, sizeof detail,
+                     "the reservation of this token has ended: job %llu is %s now", id, state);
+        break;
+    case GW_NOT_RESERVED:
+        snprintf(detail, sizeof detail,
+                 "job %llu is %s, not reserved: only a reserved job can be released, buried or "
+                 "touched", id, state);
+        break;
+    case GW_NOT_BURIED_OR_DELAYED:
+        snprintf(detail, sizeof detail, "job %llu is %s%s%s: only a buried or delayed job can be kicked",
+                 id, state, holder ? " " : "", holder ? holder : "");
+        break;
+    case GW_ALREADY_RESERVED:
+        snprintf(detail, sizeof detail, "job %llu is already reserved %s", id, holder ? holder : "");
+        break;
+    default:
+        return gw_reply_outcome(r->conn, outcome);
+    }
+    return gw_reply_outcome_detail(r->conn, outcome, detail);
+}
+
+/* May the request `action` job j as the holder of its reservation? 0 if
+ * so; else a reply was queued into *reply: 400 for a token given twice,
+ * or the 409 that says why not. need_reserved: the action needs a reserved
+ * job (a ready, delayed or buried job is deleted without a token). */
+static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
+                             const char *action, int *reply)
+{
+    struct gateway *gw = r->gw;
+    const char *token;
+    if (gw_reservation_token(r, &token) != 0) {
+        *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                  "the X-Reservation header and ?reservation= differ: give the token once");
         return -1;
     }
-    if (j->state != BG_JOB_RESERVED || j->reserver != &gw->holder ||
-        bg_token_check(&gw->key, token, j->id, j->reserves) != 0) {
-        *reply = gw_reply_problem(r->conn, 409, "RESERVATION_MISMATCH",
-                                  "the reservation token is wrong or has expired");
-        return -1;
-    }
-    return 0;
+    int outcome = 0;
+    if (j->state == BG_JOB_RESERVED && j->reserver != &gw->holder)
+        outcome = GW_RESERVED_ELSEWHERE;
+    else if (!token && j->state == BG_JOB_RESERVED)
+        outcome = GW_RESERVATION_REQUIRED;
+    else if (!token)
+        outcome = need_reserved ? GW_NOT_RESERVED : 0;
+    else if (j->state != BG_JOB_RESERVED || bg_token_check(&gw->key, token, j->id, j->reserves) != 0)
+        outcome = GW_RESERVATION_MISMATCH;
+    if (outcome) *reply = conflict(r, j, outcome, action);
+    return outcome ? -1 : 0;
 }
 
 /* The job of a /jobs/{id} path, or NULL after queuing 400 (not an id) or
@@ -452,7 +515,7 @@ int gw_handle_job_delete(struct gw_request *r)
 {
     int reply;
     struct bg_job *j = path_job(r, &reply);
-    if (!j || check_reservation(r, j, 0, &reply)) return reply;
+    if (!j || check_reservation(r, j, 0, "delete", &reply)) return reply;
     int rc = bg_delete(&r->gw->holder, j->id, r->gw->now());
     return rc == 0 ? gw_reply_empty(r->conn, 204) : rc;
 }
@@ -472,7 +535,7 @@ int gw_handle_job_kick(struct gw_request *r)
     struct bg_job *j = path_job(r, &reply);
     if (!j) return reply;
     if (bg_kick_job(r->gw->engine, j->id, r->gw->now()) != 0)
-        return gw_reply_problem(r->conn, 409, "NOT_FOUND", "only buried or delayed jobs can be kicked");
+        return conflict(r, j, GW_NOT_BURIED_OR_DELAYED, "kick");
     return reply_job(r, j->id);
 }
 
@@ -483,19 +546,20 @@ int gw_handle_job_reserve(struct gw_request *r)
     int reply;
     struct bg_job *j = path_job(r, &reply);
     if (!j) return reply;
-    if (bg_reserve_job(&gw->holder, j->id, gw->now(), &j) != 0)
-        return gw_reply_problem(r->conn, 409, "NOT_FOUND", "the job is already reserved");
+    if (j->state == BG_JOB_RESERVED) return conflict(r, j, GW_ALREADY_RESERVED, "reserve");
+    int rc = bg_reserve_job(&gw->holder, j->id, gw->now(), &j);
+    if (rc != 0) return rc;
     char token[BG_TOKEN_MAX];
     bg_token_make(&gw->key, j->id, j->reserves, token);
     return reply_job_with_body(r, j, token);
 }
 
-/* The job of a release, bury or touch: the path's, reserved under the
- * request's token; NULL after a reply was queued into *reply. */
-static struct bg_job *reserved_job(struct gw_request *r, int *reply)
+/* The job of a release, bury or touch (action): the path's, reserved under
+ * the request's token; NULL after a reply was queued into *reply. */
+static struct bg_job *reserved_job(struct gw_request *r, const char *action, int *reply)
 {
     struct bg_job *j = path_job(r, reply);
-    return j && check_reservation(r, j, 1, reply) == 0 ? j : NULL;
+    return j && check_reservation(r, j, 1, action, reply) == 0 ? j : NULL;
 }
 
 /* The job's state after a release, bury or touch that returned rc. */
@@ -508,7 +572,7 @@ static int reply_action(struct gw_request *r, uint64_t id, int rc)
 int gw_handle_job_release(struct gw_request *r)
 {
     int reply;
-    struct bg_job *j = reserved_job(r, &reply);
+    struct bg_job *j = reserved_job(r, "release", &reply);
     if (!j) return reply;
     uint64_t pri = j->pri, delay = 0;
     if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
@@ -521,7 +585,7 @@ int gw_handle_job_release(struct gw_request *r)
 int gw_handle_job_bury(struct gw_request *r)
 {
     int reply;
-    struct bg_job *j = reserved_job(r, &reply);
+    struct bg_job *j = reserved_job(r, "bury", &reply);
     if (!j) return reply;
     uint64_t pri = j->pri;
     if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
@@ -532,7 +596,7 @@ int gw_handle_job_bury(struct gw_request *r)
 int gw_handle_job_touch(struct gw_request *r)
 {
     int reply;
-    struct bg_job *j = reserved_job(r, &reply);
+    struct bg_job *j = reserved_job(r, "touch", &reply);
     if (!j) return reply;
     return reply_action(r, j->id, bg_touch(&r->gw->holder, j->id, r->gw->now()));
 }

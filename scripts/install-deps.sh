@@ -3,7 +3,8 @@
 # what is already there. Usage: scripts/install-deps.sh [build|test]
 #   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
-#          reference), python3, node/npm (client library suites),
+#          reference), python3, curl and jq (the shell examples of
+#          docs/http.md), node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
 #          chromium + chromium-driver + python3-selenium (the dashboard's
 #          browser tests)
@@ -12,7 +13,7 @@ mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev)
 if [ "$mode" = test ]; then
-    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
+    pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium)
 fi
 

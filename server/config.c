@@ -29,6 +29,7 @@ enum kind {
     K_TOKENS,   /* BEANGATE_HTTP_TOKENS: read with the token file, never logged */
     K_STATE,    /* no flag, no variable: a field other rows set, in the log only */
     K_LIST,     /* --push: each flag adds a value (the first replaces the variable's) */
+    K_ORIGINS,  /* web origins, comma-separated, checked by the gateway (gw_cors_check) */
     K_HELP,     /* print the usage, exit 0 */
     K_VERSION,  /* print the version, exit 0 */
     K_COMMAND,  /* a command instead of a server: only as the first argument */
@@ -119,6 +120,11 @@ static const struct setting settings[] = {
              "but /livez and /readyz (and /metrics) needs \"Authorization: Bearer T\""},
     {0, "--metrics-auth", "BEANGATE_METRICS_AUTH", NULL, K_BOOL, .def = "0",
      .key = "metrics_auth", FIELD(metrics_auth), .help = "/metrics needs a token too"},
+    {0, "--http-cors-origins", "BEANGATE_HTTP_CORS_ORIGINS", "LIST", K_ORIGINS,
+     .key = "http_cors_origins", FIELD(http_cors_origins),
+     .help = "let web pages of these origins call the gateway from a browser (CORS):\n"
+             "comma-separated, each http(s)://HOST[:PORT], exactly as the browser\n"
+             "sends it; no '*'. Default: none, no CORS headers (docs/http.md)"},
     {0, NULL, NULL, NULL, K_STATE, .key = "gearman", FIELD(gearman_enabled)},
     {0, "--gearman-listen", "BEANGATE_GEARMAN_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1",
      .key = "gearman_listen", FIELD(gearman_listen), ALSO(gearman_enabled, 1),
@@ -351,6 +357,11 @@ static const char *set_value(const struct setting *s, struct server_config *cfg,
         if ((b = parse_bool(text)) < 0) return "not a boolean (1/0, true/false, yes/no, on/off)";
         v = (uint64_t)(b ^ s->invert);
         break;
+    case K_ORIGINS: {
+        const char *why = gw_cors_check(text);
+        if (why) return why;
+        break;
+    }
     case K_LIST: /* the one list, --push: its values are checked by server/push.c */
         if (cfg->push_spec_count >= s->max) return "given too many times";
         list_values[cfg->push_spec_count++] = text;
@@ -665,6 +676,7 @@ static void log_config(const struct server_config *c)
         switch (s->kind) {
         case K_STRING:
         case K_PORT:
+        case K_ORIGINS:
             fprintf(m, "%s%s=%s", sep, s->key, log_str(*(const char *const *)p));
             break;
         case K_NUMBER:

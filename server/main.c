@@ -282,7 +282,8 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s};
+                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
+                                      cfg.http_cors_origins};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
@@ -298,7 +299,8 @@ int main(int argc, char **argv)
     if (push_setup.count) {
         srv.push = push_start(&push_setup, srv.base, &srv.engine, loop_now, after_gateway_run, &srv);
         if (!srv.push) return 1;
-        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics};
+        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics,
+                                      push_owns_client};
         gateway_set_push(srv.gateway, &hooks);
     }
     push_setup_free(&push_setup); /* the secrets now live only in the keyed HMAC states */

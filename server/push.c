@@ -953,6 +953,14 @@ json_t *push_job_error_json(void *arg, uint64_t id)
     return rec ? failure_json(rec, 0) : NULL;
 }
 
+int push_owns_client(void *arg, const struct bg_client *c)
+{
+    struct push *p = arg;
+    for (size_t i = 0; p && i < p->count; i++)
+        if (c == &p->subs[i].holder || c == &p->subs[i].reserver) return 1;
+    return 0;
+}
+
 /* The HELP and TYPE lines of a family. */
 static int family(struct bg_buf *b, const char *name, const char *type, const char *help)
 {

@@ -67,6 +67,8 @@ json_t *push_subscriptions_json(void *p);
 /* Job id's last delivery failure as a new JSON object, or NULL if none is
  * known (GET /jobs/{id}: last_delivery_error). */
 json_t *push_job_error_json(void *p, uint64_t id);
+/* Nonzero if client c is one of push delivery's (gw_push_hooks.owns). */
+int push_owns_client(void *p, const struct bg_client *c);
 /* Append the push families to out (Prometheus text). 0 or BG_OUT_OF_MEMORY. */
 int push_metrics(void *p, struct bg_buf *out);
 /* One line per subscription for the startup block. */

@@ -41,6 +41,7 @@ struct server_config {
     const char *const *http_tokens;
     size_t http_token_count;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
+    const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */

@@ -14,12 +14,14 @@ import {overviewView} from "./view-overview.js";
 import {tubesView} from "./view-tubes.js";
 import {tubeView} from "./view-tube.js";
 import {jobView} from "./view-job.js";
+import {subscriptionsView} from "./view-subscriptions.js";
 
-// The navigation, in order. Push delivery's Subscriptions view will be one
-// more row here, a route below and one module.
+// The navigation, in order. A view is one row here, a route below and one
+// module.
 const NAV = [
   {id: "overview", label: "Overview", href: "#/overview"},
   {id: "tubes", label: "Tubes", href: "#/tubes"},
+  {id: "subscriptions", label: "Subscriptions", href: "#/subscriptions"},
 ];
 
 // The view for a location hash: {nav, make, params}. make(main, params, app)
@@ -35,6 +37,9 @@ function route(hash) {
   }
   if (parts[0] === "jobs" && parts.length === 2 && /^[0-9]+$/.test(parts[1])) {
     return {nav: "tubes", make: jobView, params: {id: parts[1]}};
+  }
+  if (parts[0] === "subscriptions" && parts.length === 1) {
+    return {nav: "subscriptions", make: subscriptionsView, params: {}};
   }
   return {nav: "overview", make: overviewView, params: {}};
 }

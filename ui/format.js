@@ -34,6 +34,37 @@ export function ago(ms) {
   return duration(ms / 1000) + " ago";
 }
 
+// A Unix time in seconds as "12s ago (2026-11-23 17:57:49 UTC)".
+export function when(unixSeconds) {
+  const iso = new Date(unixSeconds * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  return `${duration(Date.now() / 1000 - unixSeconds)} ago (${iso})`;
+}
+
+// ---- push delivery ------------------------------------------------------
+
+// What each failure of push delivery means (docs/http.md, "What the answer
+// means"); an unknown name stands for itself.
+const DELIVERY_ERRORS = {
+  retry_after: "the endpoint asked for a later retry (Retry-After)",
+  http_429: "the endpoint answered 429 Too Many Requests",
+  http_5xx: "the endpoint answered a server error (5xx)",
+  timeout: "no complete answer within the timeout",
+  connect_failed: "no connection (refused, unreachable, or the name did not resolve)",
+  connection_error: "the connection closed or reset, or the answer was not HTTP",
+  bad_status: "a status outside 200-599",
+  http_3xx: "a redirect, which is not followed",
+  http_4xx: "a client error (4xx)",
+  attempts_exhausted: "the last allowed attempt failed",
+};
+export const deliveryMeaning = (error) => DELIVERY_ERRORS[error] || error;
+
+// A delivery failure {status, error, at, attempt} as one line of text:
+// "HTTP 500 (http_5xx: the endpoint answered a server error (5xx)), attempt 2, 12s ago (...)".
+export function deliveryError(e) {
+  const status = e.status === null || e.status === undefined ? "no HTTP answer" : `HTTP ${e.status}`;
+  return `${status} (${e.error}: ${deliveryMeaning(e.error)}), attempt ${count(e.attempt)}, ${when(e.at)}`;
+}
+
 // ---- job bodies -------------------------------------------------------
 
 const TEXT_LIMIT = 64 * 1024;   // characters shown as text or JSON

@@ -1,11 +1,12 @@
 // view-job.js - one job: every field of stats-job, its body (raw bytes,
-// shown as text, hex or JSON), and kick and delete. The stats are polled;
-// the body is fetched once (a job's body never changes).
-// (With push delivery, the job's last delivery error will be shown here.)
+// shown as text, hex or JSON), the last failure of its push delivery (when
+// its tube is delivered by push and an attempt failed), and kick and
+// delete. The stats are polled; the body is fetched once (a job's body
+// never changes).
 
 import {h, setText, setCounts, definitionList} from "./dom.js";
 import * as api from "./api.js";
-import {count, duration} from "./format.js";
+import {count, duration, deliveryMeaning, when} from "./format.js";
 import {bodyViewer, confirmAction, notify} from "./widgets.js";
 
 export function jobView(main, {id}, app) {
@@ -22,9 +23,17 @@ export function jobView(main, {id}, app) {
   const why = h("p", {class: "muted", hidden: true},
     "A reserved job belongs to its worker: it can be deleted only with its reservation.");
   const gone = h("p", {class: "notice-inline", hidden: true}, `There is no job ${id}: it was deleted, or never existed.`);
+  const failure = definitionList([
+    ["error", "Error"], ["status", "HTTP status"], ["attempt", "Attempt"], ["at", "When"],
+  ], "facts delivery");
+  const delivery = h("section", {class: "card", "aria-label": "Last delivery error", hidden: true},
+    h("h2", {}, "Last delivery error"), failure.dl,
+    h("p", {class: "muted"}, "The last failed push attempt of this job; it is forgotten once the job is delivered. ",
+      h("a", {href: "#/subscriptions"}, "See the subscriptions")));
   const content = h("div", {class: "cards"},
     h("section", {class: "card", "aria-label": "Statistics"}, h("h2", {}, "Statistics"), facts.dl,
       h("div", {class: "buttons"}, kick, del), why),
+    delivery,
     h("section", {class: "card", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
   const crumbTube = h("a", {href: "#/tubes"});
   const crumbStep = h("span", {hidden: true}, " › ", crumbTube);   // once the tube is known
@@ -89,6 +98,14 @@ export function jobView(main, {id}, app) {
       setText(v.ttr, duration(job.ttr));
       setText(v.time_left, job.state === "reserved" || job.state === "delayed" ? duration(job.time_left) : "–");
       setCounts(v, job, {reserves: "reserves", timeouts: "timeouts", releases: "releases", buries: "buries", kicks: "kicks"});
+      const e = job.last_delivery_error;
+      delivery.hidden = !e;
+      if (e) {
+        setText(failure.values.error, `${e.error}: ${deliveryMeaning(e.error)}`);
+        setText(failure.values.status, e.status === null ? "none (no HTTP answer)" : String(e.status));
+        setText(failure.values.attempt, count(e.attempt));
+        setText(failure.values.at, when(e.at));
+      }
       kick.disabled = job.state !== "buried" && job.state !== "delayed";
       del.disabled = job.state === "reserved";
       why.hidden = job.state !== "reserved";

@@ -1,6 +1,7 @@
 // view-tube.js - one tube: its counts, the next ready, delayed and buried
-// job (peek) with their bodies, and the actions: kick N, pause for N
-// seconds, unpause, kick or delete a peeked job, put a job. The tube's
+// job (peek) with their bodies, its push subscription if it has one (from
+// GET /stats), and the actions: kick N, pause for N seconds, unpause, kick
+// or delete a peeked job, put a job. The tube's
 // stats are polled; the peeks are asked again only when the counts moved,
 // after an action, or every 5 s (for the ages), and only for states that
 // have jobs.
@@ -97,6 +98,9 @@ export function tubeView(main, {name}, app) {
   ], "facts states");
   const missing = h("p", {class: "notice-inline", hidden: true},
     "There is no such tube now. A tube exists while it has jobs or clients that use or watch it.");
+  const pushUrl = h("span", {class: "name"});
+  const pushed = h("p", {class: "pushed", hidden: true}, "Push delivery: its jobs are POSTed to ", pushUrl, " (",
+    h("a", {href: "#/subscriptions"}, "Subscriptions"), ").");
 
   let signature = "", peekedAt = 0, forcePeek = true;
   const again = () => { forcePeek = true; };
@@ -158,6 +162,7 @@ export function tubeView(main, {name}, app) {
   main.append(
     h("nav", {class: "crumbs", "aria-label": "Breadcrumb"}, h("a", {href: "#/tubes"}, "Tubes"), " › ", h("span", {}, name)),
     h("h1", {}, "Tube ", h("span", {class: "name"}, name)),
+    pushed,
     missing,
     h("div", {class: "cards"},
       h("section", {class: "card", "aria-label": "Counts"}, h("h2", {}, "Counts"), stats.dl),
@@ -178,7 +183,10 @@ export function tubeView(main, {name}, app) {
 
   return {
     title: "Tube " + name,
-    async refresh() {
+    async refresh(server) {
+      const sub = ((server && server.subscriptions) || []).find((x) => x.tube === name);
+      pushed.hidden = !sub;
+      if (sub) setText(pushUrl, sub.url);
       let t;
       try {
         t = await api.get(path);

@@ -26,6 +26,7 @@ LAYERS = [
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
      "tube_page.c"],                                 # pages of tubes
+    ["cors.c"],                                     # the origins that reply.c answers with CORS
 ]
 
 DECIMAL_PARSERS = r"\b(strtoul|strtoull|strtol|strtoll|atoi|atol|atoll|sscanf)\s*\("

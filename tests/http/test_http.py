@@ -38,6 +38,8 @@ import http.client
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import struct
@@ -180,9 +182,9 @@ def prism_problem(resp):
 
 
 def request(method, path, body=None, headers=None, via="base", timeout=HTTP_TIMEOUT):
-    """One HTTP exchange on a new connection. via: "base" (maybe a proxy) or
-    "direct" (the server itself)."""
-    host, port = T.base if via == "base" else T.direct
+    """One HTTP exchange on a new connection. via: "base" (maybe a proxy),
+    "direct" (the server itself), or the (host, port) of another server."""
+    host, port = T.base if via == "base" else T.direct if via == "direct" else via
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     hdrs = dict(headers or {})
     if body is not None and not any(k.lower() == "content-type" for k in hdrs):
@@ -511,7 +513,7 @@ class Server:
                 if self.http:
                     c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
                     try:
-                        c.request("GET", "/stats")
+                        c.request("GET", "/livez")   # open with bearer tokens too
                         if c.getresponse().status != 200:
                             continue
                     finally:
@@ -1088,8 +1090,12 @@ def test_reserve_several_tubes():
 def test_reserve_bad_parameters_400():
     tube = uniq("badres")
     for params in ("timeout=abc", "timeout=-1", "count=0", "count=101", "count=x", "timeout=1e3"):
-        expect_problem(post("/tubes/%s/reservations?%s" % (tube, params), via="direct"), 400,
-                       "BAD_FORMAT", "reserve with %s" % params)
+        doc = expect_problem(post("/tubes/%s/reservations?%s" % (tube, params), via="direct"), 400,
+                             "BAD_FORMAT", "reserve with %s" % params)
+        name = params.split("=")[0]
+        check("'%s'" % name in doc["detail"], "reserve with %s: the detail names %s: %r" % (params, name, doc["detail"]))
+        if name == "count":   # the range, not "a non-negative integer" (0 is one)
+            check("1 to 100" in doc["detail"], "reserve with %s: the detail gives the range: %r" % (params, doc["detail"]))
     for params in ("", "tubes=", "tubes=-bad", "tubes=a,,b", "tubes=" + ",".join("t%d" % i for i in range(65))):
         expect_problem(post("/reservations?%s" % params, via="direct"), 400, "BAD_FORMAT",
                        "multi-tube reserve with %r" % params[:40])
@@ -1114,7 +1120,7 @@ def test_reserve_job_by_id():
     doc = check_job(expect_json(r, 200, "reserve-job of a delayed job"), "reserve-job", body=b"pick me",
                     reserved=True)
     check_eq(doc["id"], jid, "id")
-    expect_problem(post("/jobs/%d/reservations" % jid), 409, "NOT_FOUND", "reserve-job of a reserved job")
+    expect_problem(post("/jobs/%d/reservations" % jid), 409, "ALREADY_RESERVED", "reserve-job of a reserved job")
     expect_problem(post("/jobs/%d/reservations" % 987654321), 404, "NOT_FOUND", "reserve-job of no job")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=doc["reservation"]))), 204, "delete")
     jid = put(tube, b"raw pick")
@@ -1189,7 +1195,7 @@ def test_reservation_token_rules():
     # actions that need a reservation, on a job that is not reserved
     j3 = put(tube, b"three", delay=100)
     for action in ("release", "bury", "touch"):
-        expect_problem(post("/jobs/%d/%s" % (j3, action)), 409, "RESERVATION_REQUIRED",
+        expect_problem(post("/jobs/%d/%s" % (j3, action)), 409, "NOT_RESERVED",
                        "%s of a delayed job without token" % action)
         expect_problem(post("/jobs/%d/%s%s" % (j3, action, q(reservation=d1["reservation"]))), 409,
                        "RESERVATION_MISMATCH", "%s of a delayed job with another job's token" % action)
@@ -1197,6 +1203,101 @@ def test_reservation_token_rules():
     expect_status(delete("/jobs/%d%s" % (j2, q(reservation=d2["reservation"]))), 204, "delete j2")
     expect_status(delete("/jobs/%d" % j3), 204, "delete j3")
 
+
+def check_no_token_hint(doc, what):
+    """The detail of a problem about a job reserved by another client never
+    suggests a token: there is none for it."""
+    detail = doc["detail"].lower()
+    for word in ("token", "reservation="):
+        if word in detail and "no token" not in detail:
+            raise AssertionError("%s: the detail suggests a token: %r" % (what, doc["detail"]))
+
+
+def test_conflict_codes():
+    """Every 409 says what happened in its code, and its detail names the
+    job and its state: RESERVATION_REQUIRED (reserved over HTTP, no token),
+    RESERVATION_MISMATCH (a token that is not the current reservation's),
+    RESERVED_ELSEWHERE (a beanstalk client holds it: no token is suggested),
+    NOT_RESERVED (release, bury, touch of a job that is not reserved),
+    NOT_BURIED_OR_DELAYED (kick), ALREADY_RESERVED (reserve-job). None is
+    NOT_FOUND (issue 14)."""
+    tube = uniq("conflict")
+    ready = put(tube, b"ready", priority=5)
+    over_http = put(tube, b"over http", priority=1)
+    d = reserve_one(tube, body=b"over http")
+
+    def ask(cases):
+        for fn, path, code, words in cases:
+            what = "%s %s" % (fn.__name__.upper(), path)
+            doc = expect_problem(fn(path), 409, code, what)
+            for w in words:
+                check(w in doc["detail"], "%s: %r not in the detail %r" % (what, w, doc["detail"]))
+            if code == "RESERVED_ELSEWHERE" or "beanstalk or Gearman client" in words:
+                check_no_token_hint(doc, what)
+    cases = [
+        (delete, "/jobs/%d" % over_http, "RESERVATION_REQUIRED", ["job %d" % over_http, "X-Reservation"]),
+        (post, "/jobs/%d/kick" % ready, "NOT_BURIED_OR_DELAYED", ["job %d is ready" % ready]),
+        (post, "/jobs/%d/kick" % over_http, "NOT_BURIED_OR_DELAYED", ["reserved over HTTP"]),
+        (post, "/jobs/%d/reservations" % over_http, "ALREADY_RESERVED", ["reserved over HTTP"]),
+    ]
+    for action in ("release", "bury", "touch"):
+        cases += [
+            (post, "/jobs/%d/%s" % (ready, action), "NOT_RESERVED", ["job %d is ready" % ready]),
+            (post, "/jobs/%d/%s" % (over_http, action), "RESERVATION_REQUIRED",
+             ["job %d" % over_http, action, "X-Reservation: TOKEN", "reservation=TOKEN"]),
+            (post, "/jobs/%d/%s?reservation=bogus" % (over_http, action), "RESERVATION_MISMATCH",
+             ["job %d is reserved under another token" % over_http]),
+            (post, "/jobs/%d/%s%s" % (ready, action, q(reservation=d["reservation"])), "RESERVATION_MISMATCH",
+             ["ended", "job %d is ready" % ready]),
+        ]
+    ask(cases)
+    with Beanstalk() as b:
+        b.expect("watch %s\r\n" % tube, b"WATCHING 2\r\n")
+        got, _ = b.job(b.cmd("reserve-with-timeout 2\r\n"), b"RESERVED")
+        check_eq(got, ready, "the TCP client reserves the ready job")
+        cases = [
+            (delete, "/jobs/%d" % ready, "RESERVED_ELSEWHERE", ["job %d" % ready, "delete"]),
+            (post, "/jobs/%d/kick" % ready, "NOT_BURIED_OR_DELAYED", ["beanstalk or Gearman client"]),
+            (post, "/jobs/%d/reservations" % ready, "ALREADY_RESERVED", ["beanstalk or Gearman client"]),
+        ]
+        for action in ("release", "bury", "touch"):
+            for path in ("/jobs/%d/%s" % (ready, action),
+                         "/jobs/%d/%s%s" % (ready, action, q(reservation=d["reservation"]))):
+                cases.append((post, path, "RESERVED_ELSEWHERE", ["beanstalk or Gearman client", action]))
+        ask(cases)
+        b.expect("delete %d\r\n" % ready, b"DELETED\r\n")
+    expect_status(delete("/jobs/%d%s" % (over_http, q(reservation=d["reservation"]))), 204, "delete")
+
+def test_reservation_token_header():
+    """The token may come in the X-Reservation header (the name of the raw
+    reply's header), so that it stays out of URLs and proxy logs: delete,
+    release, bury and touch take it; the query parameter still works; both
+    given and equal is fine, both given and different is 400."""
+    tube = uniq("tokhdr")
+    jid = put(tube, b"by header", ttr=30)
+    d = reserve_one(tube, body=b"by header")
+    tok = {"X-Reservation": d["reservation"]}
+    j = check_job(expect_json(post("/jobs/%d/touch" % jid, headers=tok), 200, "touch with the header"), "touch")
+    check_eq(j["state"], "reserved", "touched")
+    doc = expect_problem(post("/jobs/%d/touch%s" % (jid, q(reservation="1-1-" + "0" * 32)), headers=tok), 400,
+                         "BAD_FORMAT", "header and query differ")
+    check("X-Reservation" in doc["detail"], "the 400 names the header: %r" % doc["detail"])
+    expect_problem(delete("/jobs/%d" % jid, headers={"X-Reservation": "1-1-" + "0" * 32}), 409,
+                   "RESERVATION_MISMATCH", "delete with a wrong token in the header")
+    j = check_job(expect_json(post("/jobs/%d/release%s" % (jid, q(reservation=d["reservation"], delay=0)),
+                                   headers=tok), 200, "header and query equal"), "release")
+    check_eq((j["state"], j["releases"]), ("ready", 1), "released")
+    d = reserve_one(tube, body=b"by header")
+    tok = {"X-Reservation": d["reservation"]}
+    j = check_job(expect_json(post("/jobs/%d/bury" % jid, headers=tok), 200, "bury with the header"), "bury")
+    check_eq(j["state"], "buried", "buried")
+    # raw reserve: the reply's X-Reservation goes back as it came
+    expect_json(post("/jobs/%d/kick" % jid), 200, "kick")
+    r = reserve(tube, headers={"Accept": "application/octet-stream"})
+    expect_status(r, 200, "raw reserve")
+    expect_status(delete("/jobs/%s" % r.header("X-Job-Id"), headers={"X-Reservation": r.header("X-Reservation")}),
+                  204, "delete with the header of the raw reply")
+    expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "deleted")
 
 def test_release():
     tube = uniq("rel")
@@ -1243,9 +1344,9 @@ def test_bury_peek_kick():
     expect_problem(get("/tubes/%s/ready" % tube), 404, "NOT_FOUND", "peek ready with none ready")
     j = check_job(expect_json(post("/jobs/%d/kick" % jid), 200, "kick buried job"), "kick reply")
     check_eq((j["state"], j["kicks"]), ("ready", 1), "after kick")
-    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a ready job")
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_BURIED_OR_DELAYED", "kick a ready job")
     d = reserve_one(tube)
-    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_FOUND", "kick a reserved job")
+    expect_problem(post("/jobs/%d/kick" % jid), 409, "NOT_BURIED_OR_DELAYED", "kick a reserved job")
     expect_problem(post("/jobs/%d/kick" % 987654321), 404, "NOT_FOUND", "kick no job")
     expect_status(delete("/jobs/%d%s" % (jid, q(reservation=d["reservation"]))), 204, "delete")
     jd = put(tube, b"delayed", delay=100)
@@ -1801,6 +1902,42 @@ def test_document_matches_route_table():
     check_eq(sorted(doc - src), [], "operations of openapi.yaml missing from the route table")
 
 
+def error_table_of_the_guide():
+    """{code: {statuses}} from the table of docs/http.md's "Errors" section."""
+    import re
+    with open(os.path.join(REPO, "docs", "http.md")) as f:
+        text = f.read()
+    section = text[text.index("\n## Errors\n"):]
+    section = section[:section.index("\n## ", 5)]
+    out = {}
+    for status, code in re.findall(r"^\| (\d{3}) \| `([A-Z_]+)` \|", section, flags=re.M):
+        out.setdefault(code, set()).add(int(status))
+    return out
+
+
+def codes_of_the_document():
+    """The `code` enum of the Problem schema of openapi/openapi.yaml."""
+    import re
+    with open(OPENAPI_PATH) as f:
+        text = f.read()
+    problem = text[text.index("\n    Problem:\n"):]
+    enum = problem[problem.index("enum:"):]
+    return set(re.findall(r"^            - ([A-Z_]+)$", enum[:enum.index("\n\n") if "\n\n" in enum else None],
+                          flags=re.M))
+
+
+def test_error_table_of_the_guide():
+    """docs/http.md's error table lists every code of the document's
+    Problem schema, 401 UNAUTHORIZED included, and nothing else; each code
+    with the status the server sends it with."""
+    guide, doc = error_table_of_the_guide(), codes_of_the_document()
+    check(len(doc) >= 15, "could not read the Problem codes of openapi.yaml: %r" % sorted(doc))
+    check_eq(sorted(set(guide)), sorted(doc), "codes of the error table of docs/http.md vs openapi.yaml")
+    check_eq(guide.get("UNAUTHORIZED"), {401}, "UNAUTHORIZED's status in the table")
+    for code in ("RESERVATION_REQUIRED", "RESERVATION_MISMATCH", "RESERVED_ELSEWHERE", "NOT_RESERVED",
+                 "NOT_BURIED_OR_DELAYED", "ALREADY_RESERVED"):
+        check_eq(guide.get(code), {409}, "%s's status in the table" % code)
+
 def test_openapi_served():
     r = get("/openapi.yaml")
     expect_status(r, 200, "GET /openapi.yaml")
@@ -1822,10 +1959,10 @@ def test_http_put_tcp_reserve():
         check_eq((got, body), (jid, b"made over http"), "TCP reserve of the HTTP job")
         j = job_stats(jid)
         check_eq(j["state"], "reserved", "HTTP sees the TCP reservation")
-        expect_problem(delete("/jobs/%d" % jid), 409, "RESERVATION_REQUIRED",
+        expect_problem(delete("/jobs/%d" % jid), 409, "RESERVED_ELSEWHERE",
                        "HTTP delete of a TCP-reserved job without token")
         expect_problem(delete("/jobs/%d?reservation=%s" % (jid, "1-1-" + "0" * 32)), 409,
-                       "RESERVATION_MISMATCH", "HTTP delete of a TCP-reserved job with a token")
+                       "RESERVED_ELSEWHERE", "HTTP delete of a TCP-reserved job with a token")
         b.expect("delete %d\r\n" % jid, b"DELETED\r\n")
     expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "GET after TCP delete")
 
@@ -2136,6 +2273,339 @@ def listening_ports(pid):
     return ports
 
 
+# ---- CORS -----------------------------------------------------------------------------
+
+CORS_ORIGINS = ("https://app.example.com", "http://localhost:3000")
+CORS_TOKEN = "cors-test-token-0123456789abcdef"
+
+
+def cors_headers(resp):
+    """The Access-Control-* headers and Vary of a response, by lowercase name."""
+    return {k.lower(): v for k, v in resp.headers if k.lower().startswith("access-control-") or k.lower() == "vary"}
+
+
+def test_cors_off_by_default():
+    """Without --http-cors-origins the gateway sends no CORS header, to an
+    Origin or not, and OPTIONS is 405 like any method a path lacks."""
+    origin = {"Origin": CORS_ORIGINS[0]}
+    for method, path in (("GET", "/stats"), ("GET", "/jobs/987654321"), ("POST", "/tubes/%s/jobs" % uniq("nocors"))):
+        r = request(method, path, body=b"x" if method == "POST" else None, headers=origin, via="direct")
+        check_eq(cors_headers(r), {}, "CORS headers of %s %s with CORS off" % (method, path))
+    r = request("OPTIONS", "/jobs/1", headers=dict(origin, **{"Access-Control-Request-Method": "DELETE"}),
+                via="direct")
+    expect_problem(r, 405, "METHOD_NOT_ALLOWED", "a preflight with CORS off")
+    check_eq((r.header("Allow"), cors_headers(r)), ("GET, HEAD, DELETE", {}), "Allow and CORS headers")
+
+
+def cors_server(extra=()):
+    """A server of its own with CORS for CORS_ORIGINS and a bearer token."""
+    f = tempfile.NamedTemporaryFile("w", prefix="beangate-cors-", suffix=".tokens", delete=False)
+    f.write(CORS_TOKEN + "\n")
+    f.close()
+    os.chmod(f.name, 0o600)
+    try:
+        return Server(["--http-cors-origins", ",".join(CORS_ORIGINS), "--http-token-file", f.name] + list(extra)).start()
+    finally:
+        os.unlink(f.name)
+
+
+def test_cors_preflight_on_every_route():
+    """With --http-cors-origins, a preflight from a listed origin to any path
+    of the route table, without a token, gets 204 with the origin echoed,
+    Vary: Origin, the path's methods (from the route table), the request
+    headers a page may send and a max age; from another origin 403
+    ORIGIN_NOT_ALLOWED without CORS headers. A plain OPTIONS gets 204 with
+    Allow; an unknown path still needs the token."""
+    srv = cors_server()
+    at = ("127.0.0.1", srv.http_port)
+    try:
+        methods = {}
+        for path, method in routes_from_source():
+            methods.setdefault(path, set()).add(method)
+        order = ["GET", "HEAD", "POST", "DELETE"]
+        check(len(methods) >= 20, "paths of the route table: %d" % len(methods))
+        for pattern, ms in sorted(methods.items()):
+            path = concrete_path(pattern, "t", 1)
+            want = ", ".join(m for m in order if m in ms)
+            for origin in CORS_ORIGINS + (CORS_ORIGINS[0].upper(),):
+                r = request("OPTIONS", path, via=at, headers={
+                    "Origin": origin, "Access-Control-Request-Method": sorted(ms)[0],
+                    "Access-Control-Request-Headers": "authorization,x-reservation"})
+                what = "preflight of %s from %s" % (path, origin)
+                expect_status(r, 204, what)
+                h = cors_headers(r)
+                check_eq(h.get("access-control-allow-origin"), origin, "%s: Allow-Origin" % what)
+                check_eq(h.get("access-control-allow-methods"), want, "%s: Allow-Methods" % what)
+                check_eq([x.strip() for x in h.get("access-control-allow-headers", "").split(",")],
+                         ["Authorization", "Content-Type", "Idempotency-Key", "X-Reservation"],
+                         "%s: Allow-Headers" % what)
+                check(h.get("access-control-max-age", "").isdigit(), "%s: Max-Age %r" % (what, h))
+                check("Origin" in h.get("vary", ""), "%s: Vary %r" % (what, h.get("vary")))
+                check_eq(r.header("Allow"), want + ", OPTIONS", "%s: Allow" % what)
+            r = request("OPTIONS", path, via=at, headers={"Origin": "https://evil.example",
+                                                          "Access-Control-Request-Method": sorted(ms)[0]})
+            doc = expect_problem(r, 403, "ORIGIN_NOT_ALLOWED", "preflight of %s from another origin" % path)
+            check("--http-cors-origins" in doc["detail"], "the 403 says why: %r" % doc["detail"])
+            check_eq(set(cors_headers(r)), {"vary"}, "CORS headers of the 403")
+            r = request("OPTIONS", path, via=at)
+            expect_status(r, 204, "plain OPTIONS %s" % path)
+            check_eq((r.header("Allow"), r.header("Access-Control-Allow-Methods")), (want + ", OPTIONS", None),
+                     "plain OPTIONS %s: Allow, no preflight headers" % path)
+        r = request("OPTIONS", "/nope", via=at, headers={"Origin": CORS_ORIGINS[0],
+                                                         "Access-Control-Request-Method": "GET"})
+        expect_problem(r, 401, "UNAUTHORIZED", "OPTIONS of an unknown path without a token")
+        r = request("PUT", "/jobs/1", via=at, headers={"Authorization": "Bearer " + CORS_TOKEN})
+        expect_problem(r, 405, "METHOD_NOT_ALLOWED", "PUT /jobs/1")
+        check_eq(r.header("Allow"), "GET, HEAD, DELETE, OPTIONS", "a 405's Allow lists OPTIONS with CORS on")
+    finally:
+        check_stopped(*srv.stop(), what="the CORS server")
+
+
+def test_cors_actual_responses():
+    """Answers to a listed origin carry Access-Control-Allow-Origin and
+    expose the headers a page needs (Location, X-Job-Id, X-Reservation,
+    Retry-After, ...), errors and 401s included, raw replies too; a request
+    from another origin is served without them."""
+    srv = cors_server()
+    at = ("127.0.0.1", srv.http_port)
+    auth = {"Authorization": "Bearer " + CORS_TOKEN}
+    try:
+        origin = {"Origin": CORS_ORIGINS[1]}
+        tube = uniq("cors")
+
+        def allowed(r, what):
+            h = cors_headers(r)
+            check_eq(h.get("access-control-allow-origin"), CORS_ORIGINS[1], "%s: Allow-Origin" % what)
+            exposed = [x.strip() for x in h.get("access-control-expose-headers", "").split(",")]
+            for name in ("Location", "X-Job-Id", "X-Reservation", "Retry-After", "Idempotent-Replayed",
+                         "WWW-Authenticate", "Allow"):
+                check(name in exposed, "%s: %s not exposed (%r)" % (what, name, exposed))
+            check("Origin" in h.get("vary", ""), "%s: Vary %r" % (what, h.get("vary")))
+            check("access-control-allow-credentials" not in h, "%s: credentials mode %r" % (what, h))
+        r = request("POST", "/tubes/%s/jobs" % tube, body=b"from a page", headers=dict(origin, **auth), via=at)
+        jid = expect_json(r, 201, "put from the page")["id"]
+        allowed(r, "put")
+        r = request("POST", "/tubes/%s/reservations" % tube, via=at,
+                    headers=dict(origin, Accept="application/octet-stream", **auth))
+        expect_status(r, 200, "raw reserve")
+        allowed(r, "raw reserve")
+        r = request("DELETE", "/jobs/%d" % jid, via=at,
+                    headers=dict(origin, **dict(auth, **{"X-Reservation": r.header("X-Reservation")})))
+        expect_status(r, 204, "delete with the header")
+        allowed(r, "delete")
+        r = request("GET", "/stats", headers=origin, via=at)
+        expect_problem(r, 401, "UNAUTHORIZED", "no token")
+        allowed(r, "401")
+        r = request("GET", "/jobs/%d" % jid, headers=dict(origin, **auth), via=at)
+        expect_problem(r, 404, "NOT_FOUND", "a deleted job")
+        allowed(r, "404")
+        r = request("GET", "/ui/app.js", headers=origin, via=at)
+        expect_status(r, 200, "a file of the dashboard")
+        allowed(r, "dashboard file")
+        for other in ({"Origin": "https://evil.example"}, {"Origin": "null"}, {}):
+            r = request("POST", "/tubes/%s/jobs" % tube, body=b"x", headers=dict(other, **auth), via=at)
+            expect_status(r, 201, "put from %r" % other)
+            check_eq(cors_headers(r), {"vary": "Origin"}, "CORS headers for %r" % other)
+    finally:
+        check_stopped(*srv.stop(), what="the CORS server")
+
+
+def test_cors_origins_checked_at_start():
+    """A bad --http-cors-origins (or BEANGATE_HTTP_CORS_ORIGINS) stops the
+    start with exit status 5 and a line that says why; '*' is refused."""
+    cases = [("*", "'*' is refused"), ("https://a.example,*", "'*' is refused"),
+             ("https://a.example/", "no path"), ("https://a.example/app", "no path"),
+             ("ftp://a.example", "http:// or https://"), ("a.example", "http:// or https://"),
+             ("https://", "no host"), ("https://a.example:0", "port"), ("https://a.example:99999", "port"),
+             ("https://a.example,,https://b.example", "http:// or https://"), ("null", "http:// or https://"),
+             (",".join("http://h%d.example" % i for i in range(65)), "more than 64")]
+    env = testlib.clean_env()
+    for value, why in cases:
+        for argv, extra_env in (([T.binary, "--http-cors-origins", value], {}),
+                                ([T.binary], {"BEANGATE_HTTP_CORS_ORIGINS": value})):
+            p = subprocess.run(argv + ["-p", "0", "--http-port", "0"], env=dict(env, **extra_env),
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            err = p.stderr.decode("utf-8", "replace")
+            what = "%s%s" % ("BEANGATE_HTTP_CORS_ORIGINS=" if extra_env else "--http-cors-origins ", value[:60])
+            check_eq(p.returncode, 5, "%s: exit status (stderr %s)" % (what, err[-300:]))
+            check(why in err, "%s: %r not in %r" % (what, why, err[-400:]))
+
+# ---- the shell examples of docs/http.md, run as they are ------------------------------
+
+HTTP_GUIDE = os.path.join(REPO, "docs", "http.md")
+
+
+def guide_block(marker):
+    """The ```sh block of docs/http.md right after <!-- MARKER: ... -->."""
+    with open(HTTP_GUIDE) as f:
+        text = f.read()
+    at = text.find("<!-- %s:" % marker)
+    check(at >= 0, "docs/http.md has no <!-- %s: --> marker" % marker)
+    start = text.index("```sh\n", at) + len("```sh\n")
+    return text[start:text.index("```", start)]
+
+
+# Stand-ins put before curl and sleep on PATH: each call is logged (curl with
+# its arguments, then the real curl runs; sleep with its seconds, returning
+# at once). A run that has slept SLEEPS_MAX times or called curl CURLS_MAX
+# times ends its whole process group, so that a loop ends by itself.
+SLEEPS_MAX = 7
+CURLS_MAX = 60
+CURL_STANDIN = """#!/bin/sh
+printf 'curl %s\\n' "$*" >> "$CALLS"
+[ "$(grep -c '^curl' "$CALLS")" -ge {curls} ] && kill -TERM 0
+exec {curl} "$@"
+"""
+SLEEP_STANDIN = """#!/bin/sh
+printf 'sleep %s\\n' "$1" >> "$CALLS"
+[ "$(grep -c '^sleep' "$CALLS")" -ge {sleeps} ] && kill -TERM 0
+exit 0
+"""
+
+
+class ShellExample:
+    """A block of docs/http.md run with POSIX sh in a fresh folder, with
+    $B set, in a process group of its own, curl and sleep logged."""
+
+    def __init__(self, marker, base_url):
+        self.dir = tempfile.mkdtemp(prefix="beangate-doc-")
+        self.calls = os.path.join(self.dir, "calls.log")
+        bin_dir = os.path.join(self.dir, "bin")
+        os.mkdir(bin_dir)
+        curl = shutil.which("curl")
+        check(curl and shutil.which("jq"), "curl and jq are needed (scripts/install-deps.sh test)")
+        for name, text in (("curl", CURL_STANDIN.format(curls=CURLS_MAX, curl=curl)),
+                           ("sleep", SLEEP_STANDIN.format(sleeps=SLEEPS_MAX))):
+            path = os.path.join(bin_dir, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        env = dict(testlib.clean_env(), B=base_url, CALLS=self.calls, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+        self.out = open(os.path.join(self.dir, "stdout"), "w+b")
+        self.err = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.proc = subprocess.Popen(["sh", "-c", guide_block(marker)], cwd=self.dir, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=self.out, stderr=self.err, start_new_session=True)
+
+    def log(self):
+        try:
+            with open(self.calls) as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def output(self):
+        self.out.seek(0)
+        self.err.seek(0)
+        return self.out.read(), self.err.read().decode("utf-8", "replace")
+
+    def wait(self, timeout):
+        """Until the run ends by itself (its exit status)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the example did not end within %.0f s; calls: %r" % (timeout, self.log()[-10:]))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(5)
+        self.out.close()
+        self.err.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def base_url(via="base"):
+    host, port = T.base if via == "base" else T.direct if via == "direct" else via
+    return "http://%s:%d" % (host, port)
+
+
+def test_worker_loop_of_the_guide():
+    """docs/http.md's worker loop, run as written against the server: it
+    reserves the job, prints its body and deletes it with its token (in the
+    X-Reservation header), then waits for the next job."""
+    body = ("send the welcome mail to %08x" % random.getrandbits(32)).encode()
+    jid = put("emails", body)
+    run = ShellExample("worker-loop", base_url())
+    try:
+        testlib.wait_until(lambda: get("/jobs/%d" % jid).status == 404, "the loop to delete job %d" % jid, 20)
+        testlib.wait_until(lambda: body in run.output()[0], "the loop to print the body", 5)
+        calls = run.log()
+        deletes = [c for c in calls if "-X DELETE" in c and c.endswith("/jobs/%d" % jid)]
+        check_eq(len(deletes), 1, "DELETE requests of job %d by the loop: %r" % (jid, calls))
+        check(re.search(r"-H X-Reservation: \S{16,} ", deletes[0]) and "reservation=" not in deletes[0],
+              "the token goes in the header, not the URL: %r" % deletes[0])
+        check(not any("/jobs/null" in c for c in calls), "the loop asked for /jobs/null: %r" % calls)
+        check(not any(c.startswith("sleep") for c in calls), "the loop slept with the server up: %r" % calls)
+    finally:
+        run.stop()
+
+
+def check_backs_off(run, what):
+    """The run of the worker loop waited between failed tries, twice as long
+    each time (1, 2, 4, ... s), with one reserve per try and no DELETE, and
+    ended itself after SLEEPS_MAX sleeps (a loop that spins calls curl
+    CURLS_MAX times without sleeping, and ends so)."""
+    run.wait(30)
+    calls = run.log()
+    sleeps = [c for c in calls if c.startswith("sleep")]
+    reserves = [c for c in calls if c.startswith("curl") and "/reservations" in c]
+    check(not any("-X DELETE" in c for c in calls), "%s: the loop sent a DELETE: %r" % (what, calls[:8]))
+    check_eq(len(sleeps), SLEEPS_MAX, "%s: sleeps before %d requests (%r)" % (what, len(calls) - len(sleeps),
+                                                                            calls[:8]))
+    check_eq([c.split()[1] for c in sleeps], ["1", "2", "4", "8", "16", "32", "64"][:SLEEPS_MAX],
+             "%s: the waits" % what)
+    check_eq(len(reserves), len(sleeps), "%s: one reserve per wait" % what)
+    check_eq(calls[0::2], reserves, "%s: reserve, wait, reserve, wait, ..." % what)
+    _, err = run.output()
+    check("reserve: HTTP" in err, "%s: the loop says why it waits: %r" % (what, err[-300:]))
+
+
+def test_worker_loop_backs_off_when_the_server_is_down():
+    """With no server at $B the documented loop waits between tries, longer
+    each time, instead of asking again at once (the loop of issue 14
+    spun: an empty answer looked like 204)."""
+    run = ShellExample("worker-loop", "http://127.0.0.1:%d" % free_port())
+    try:
+        check_backs_off(run, "server down")
+        check("HTTP 000" in run.output()[1], "000 for no server: %r" % run.output()[1][-200:])
+    finally:
+        run.stop()
+
+
+def test_worker_loop_backs_off_on_4xx():
+    """A server that answers 401 (bearer tokens on, none given): the loop
+    waits and tries again, and never deletes /jobs/null (the loop of issue
+    14 did, after any 4xx)."""
+    srv = cors_server()
+    run = ShellExample("worker-loop", base_url(("127.0.0.1", srv.http_port)))
+    try:
+        check_backs_off(run, "401")
+        check("HTTP 401" in run.output()[1], "the 401 reported: %r" % run.output()[1][-200:])
+    finally:
+        run.stop()
+        check_stopped(*srv.stop(), what="the server with tokens")
+
+
+def test_raw_reserve_example_of_the_guide():
+    """docs/http.md's octet-stream example, run as written: it puts four
+    bytes, reserves them raw, and deletes the job it got, whose id it reads
+    from X-Job-Id (the example of issue 14 deleted job 9, whichever it got)."""
+    # to the server itself: a proxy that reads bodies as text changes these bytes
+    run = ShellExample("raw-reserve", base_url("direct"))
+    try:
+        check_eq(run.wait(20), 0, "exit status of the example (stderr %r)" % run.output()[1][-300:])
+        with open(os.path.join(run.dir, "body.bin"), "rb") as f:
+            check_eq(f.read(), b"\x00\x01\xfe\xff", "body.bin")
+        with open(os.path.join(run.dir, "headers.txt")) as f:
+            headers = dict(line.rstrip("\r\n").split(": ", 1) for line in f if ": " in line)
+        jid = int(headers["X-Job-Id"])
+        check_eq(headers["X-Job-Tube"], "blobs", "X-Job-Tube")
+        expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "the job the example reserved, after it")
+        out, _ = run.output()
+        check(b"X-Job-Id: %d" % jid in out, "the example shows the headers: %r" % out[:300])
+    finally:
+        run.stop()
+
 def test_no_http_flag():
     """--no-http: only the beanstalk port is listening."""
     http_port = free_port()
@@ -2310,6 +2780,8 @@ TESTS = [
     test_get_job_and_body,
     test_delete_ready_delayed_buried,
     test_reservation_token_rules,
+    test_conflict_codes,
+    test_reservation_token_header,
     test_release,
     test_bury_peek_kick,
     test_touch_and_ttr,
@@ -2334,6 +2806,7 @@ TESTS = [
     test_ui_redirect_and_unknown_files,
     test_openapi_served,
     test_document_matches_route_table,
+    test_error_table_of_the_guide,
     test_http_put_tcp_reserve,
     test_tcp_put_http_reserve_delete,
     test_ids_increase_across_protocols,
@@ -2349,6 +2822,14 @@ TESTS = [
     test_binary_body_base64,
     test_binary_raw_round_trip,
     test_utf8_and_nul_bodies_as_json_text,
+    test_cors_off_by_default,
+    test_cors_preflight_on_every_route,
+    test_cors_actual_responses,
+    test_cors_origins_checked_at_start,
+    test_worker_loop_of_the_guide,
+    test_worker_loop_backs_off_when_the_server_is_down,
+    test_worker_loop_backs_off_on_4xx,
+    test_raw_reserve_example_of_the_guide,
     test_no_http_flag,
     test_sigterm_with_waiting_longpoll,
     test_timeout_is_capped_by_http_max_wait,

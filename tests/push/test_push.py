@@ -701,8 +701,16 @@ def test_pause_and_other_protocols():
         check_eq(srv.job(j)["state"], "reserved", "state while in flight")
         check_eq(srv.beanstalk("delete %d" % j, "release %d 0 0" % j, "bury %d 0" % j, "touch %d" % j),
                  ["NOT_FOUND"] * 4, "beanstalk delete/release/bury/touch of a job in flight")
-        status, doc = srv.http("DELETE", "/jobs/%d" % j)
-        check_eq((status, doc["code"]), (409, "RESERVATION_REQUIRED"), "HTTP DELETE of a job in flight")
+        # HTTP says who holds it, and asks for no token (there is none)
+        for method, path in (("DELETE", "/jobs/%d" % j), ("POST", "/jobs/%d/release" % j),
+                             ("POST", "/jobs/%d/touch?reservation=1-1-%s" % (j, "0" * 32))):
+            status, doc = srv.http(method, path)
+            check_eq((status, doc["code"]), (409, "RESERVED_ELSEWHERE"), "HTTP %s %s of a job in flight" % (method, path))
+            check("push delivery" in doc["detail"] and "token" not in doc["detail"].replace("no token", ""),
+                  "the detail of %s %s: %r" % (method, path, doc["detail"]))
+        status, doc = srv.http("POST", "/jobs/%d/reservations" % j)
+        check_eq((status, doc["code"]), (409, "ALREADY_RESERVED"), "reserve-job of a job in flight")
+        check("push delivery" in doc["detail"], "the detail of reserve-job: %r" % doc["detail"])
         wait_deleted(srv, j)
         # a paused tube pauses delivery
         check_eq(srv.beanstalk("pause-tube pp 2")[0], "PAUSED", "pause-tube")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The dashboard's pictures in the documentation (docs/images/dashboard-*.png):
 a server with a little traffic (puts, reserves, deletes over TCP and HTTP
-for a minute, a few buried and delayed jobs, a paused tube), shot in
-headless Chromium. Not a test; run it again when the page changes:
+for a minute, a few buried and delayed jobs, a paused tube, two push
+subscriptions: one to a service that answers 204, one to a service that
+fails now and then), shot in headless Chromium. Not a test; run it again
+when the page changes:
 
   python3 tests/ui/doc_images.py build/beangate [docs/images]
 """
@@ -53,6 +55,13 @@ def traffic(server, stop):
     bs.close()
 
 
+def service_answer(rx, path, n):
+    """The push subscribers: /ok answers 204 after a little work, /flaky 503
+    to one request in three and 204 to the others."""
+    time.sleep(0.05 + 0.2 * random.random())   # the work
+    return 503 if path == "/flaky" and n % 3 == 0 else 204
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: %s PATH/TO/beangate [OUTDIR]" % sys.argv[0])
@@ -63,7 +72,12 @@ def main():
         sys.exit("cannot shoot: %s" % (why or why2))
     os.makedirs(out, exist_ok=True)
     logdir = tempfile.mkdtemp(prefix="beangate-doc-images-")
-    server = test_ui.Server(os.path.abspath(sys.argv[1]), ["-b", logdir, "-f", "200"]).start()
+    service = test_ui.Receiver(service_answer)
+    server = test_ui.Server(os.path.abspath(sys.argv[1]), [
+        "-b", logdir, "-f", "200",
+        "--push", "tube=push url=%s concurrency=4" % service.url("/ok"),
+        "--push", "tube=search-index url=%s concurrency=2 rate=5/s attempts=5 backoff=20..300" % service.url("/flaky"),
+    ]).start()
     b = test_ui.Browser(sel, *paths)
     stop = threading.Event()
     worker = threading.Thread(target=traffic, args=(server, stop))
@@ -86,7 +100,13 @@ def main():
         time.sleep(75)   # a minute and more of rates for the sparklines
         shots = [("overview", "/overview", "Overview", 1280), ("overview-phone", "/overview", "Overview", 390),
                  ("tubes", "/tubes", "Tubes", 1280), ("tube", "/tubes/emails", "Tube emails", 1280),
-                 ("job", "/jobs/%d" % sample, "Job %d" % sample, 1280)]
+                 ("job", "/jobs/%d" % sample, "Job %d" % sample, 1280),
+                 ("subscriptions", "/subscriptions", "Subscriptions", 1280)]
+        # a job of the flaky service waiting for its retry shows its last delivery error
+        subs = {x["tube"]: x for x in server.api("GET", "/subscriptions")["subscriptions"]}
+        failed = (subs["search-index"]["last_error"] or {}).get("job_id")
+        if failed and server.request("GET", "/jobs/%d" % failed)[0] == 200:
+            shots.append(("job-delivery-error", "/jobs/%d" % failed, "Job %d" % failed, 1280))
         for name, path, heading, width in shots:
             b.d.set_window_size(width, 900)
             if path != "/overview":
@@ -102,6 +122,7 @@ def main():
             worker.join()
         b.quit()
         server.stop()
+        service.close()
         shutil.rmtree(logdir, ignore_errors=True)
 
 

@@ -212,6 +212,71 @@ class Beanstalk:
         self.sock.close()
 
 
+# ---- a push receiver -----------------------------------------------------------------
+
+class Receiver:
+    """A push subscriber: a threaded http.server on a free port whose
+    answer(receiver, path, n) gives the status of the n-th POST to path
+    (1-based; it may block, for example on the receiver's `gate`). Requests
+    are counted per path."""
+
+    def __init__(self, answer):
+        import http.server
+        import threading
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.got = {}
+        rx = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with rx.lock:
+                    n = rx.got[self.path] = rx.got.get(self.path, 0) + 1
+                self.send_response(answer(rx, self.path, n))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.httpd.server_address[1], path)
+
+    def close(self):
+        self.gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def held_or_500(rx, path, n):
+    """The shared server's subscriber: POST /ok is held until the gate
+    opens, then answered 204; any other path 500 at once."""
+    if path != "/ok":
+        return 500
+    rx.gate.wait(60)
+    return 204
+
+
+# The shared server's subscriptions: ui-push is delivered to /ok (held
+# until the receiver's gate opens); ui-push-fail to a URL that looks like
+# markup and answers 500, buried after one attempt; ui-push-retry to the
+# same, retried after 600 s (so it stays backing off).
+MARKUP_PATH = '/fail/"><svg/onload=window.__xss=5><script>window.__xss=6</script>'
+
+
+def push_args(rx):
+    return ["--push", "tube=ui-push url=%s concurrency=2" % rx.url("/ok"),
+            "--push", "tube=ui-push-fail url=%s attempts=1" % rx.url(MARKUP_PATH),
+            "--push", "tube=ui-push-retry url=%s attempts=5 backoff=600..600" % rx.url("/retry")]
+
+
 # ---- the browser ---------------------------------------------------------------------
 
 class Browser:
@@ -583,6 +648,107 @@ def test_bodies_with_markup_are_text():
     no_markup_ran(b, "tubes table")
 
 
+def sub_fact(b, tube, key):
+    """A figure of the card of tube's subscription, as shown."""
+    return b.safe_text('section[aria-label="Subscription %s"] [data-key="%s"]' % (tube, key))
+
+
+def test_subscriptions_view():
+    """The Subscriptions view follows push delivery live: jobs held by the
+    receiver show in flight (2 of concurrency 2), then delivered once it
+    answers; a 500 shows as the subscription's last failure, linked to its
+    job, whose view shows the last delivery error; a retry waiting shows as
+    backing off. The URL, which looks like markup, is shown as text, and
+    nothing of it runs. The tube view links to the subscription, and the
+    view is reached from the keyboard. Screenshots at 390 and 1280 px."""
+    b, s, rx = C.browser, C.server, C.receiver
+    b.open(s, "/subscriptions")
+    b.heading("Subscriptions")
+    card = 'section[aria-label="Subscription ui-push"]'
+    b.wait(lambda: sub_fact(b, "ui-push", "delivered") is not None, "the ui-push card")
+    delivered = int(sub_fact(b, "ui-push", "delivered").replace(",", ""))
+    check_eq(sub_fact(b, "ui-push", "in_flight"), "0 of 2", "in flight before any job")
+    ids = [s.put("ui-push", b"held %d" % i) for i in range(3)]
+    b.wait(lambda: sub_fact(b, "ui-push", "in_flight") == "2 of 2",
+           "2 of 2 in flight (shown: %r)" % sub_fact(b, "ui-push", "in_flight"))
+    check_eq(rx.got.get("/ok"), 2, "requests the receiver holds")
+    rx.gate.set()
+    b.wait(lambda: sub_fact(b, "ui-push", "delivered") == str(delivered + 3) and
+           sub_fact(b, "ui-push", "in_flight") == "0 of 2",
+           "3 more delivered, none in flight (shown: %r, %r)" % (sub_fact(b, "ui-push", "delivered"),
+                                                               sub_fact(b, "ui-push", "in_flight")))
+    for jid in ids:
+        s.api("GET", "/jobs/%d" % jid, want=404)
+    # a 500: buried at once (attempts=1); another retried in 600 s
+    failed = s.put("ui-push-fail", b"fails")
+    retried = s.put("ui-push-retry", b"fails, retried later")
+    b.wait(lambda: sub_fact(b, "ui-push-fail", "buried") == "1", "the failed job buried")
+    b.wait(lambda: sub_fact(b, "ui-push-retry", "backing_off") == "1", "the other backing off")
+    check_eq(sub_fact(b, "ui-push-retry", "retried_by_reason"), "http_5xx 1", "retried by reason")
+    check_eq(sub_fact(b, "ui-push-fail", "buried_by_reason"), "attempts_exhausted 1", "buried by reason")
+    last = sub_fact(b, "ui-push-fail", "last_error")
+    check(last.startswith("Job %d: HTTP 500 (http_5xx: the endpoint answered a server error (5xx)), attempt 1, " % failed)
+          and " ago (" in last and last.endswith(" UTC)"), "the last failure: %r" % last)
+    fail_card = 'section[aria-label="Subscription ui-push-fail"]'
+    check_eq(b.css(fail_card + " .url").text, C.receiver.url(MARKUP_PATH), "the URL as text")
+    no_markup_ran(b, "subscriptions view")
+    check_eq(b.js("return document.querySelectorAll('main svg').length"), 0, "an svg from the URL")
+    b.css(card + " h2 a").click()
+    b.heading("Tube ui-push")
+    b.wait(lambda: "Push delivery: its jobs are POSTed to " + rx.url("/ok") in b.css("main p.pushed").text,
+           "the tube view names its subscription")
+    # the job's last delivery error, reached from the subscription's link
+    b.open(s, "/subscriptions")
+    b.heading("Subscriptions")
+    b.wait(lambda: b.css(fail_card + ' [data-key="last_error"] a').text == "Job %d" % failed, "the job link")
+    b.css(fail_card + ' [data-key="last_error"] a').send_keys(b.sel["Keys"].ENTER)
+    b.heading("Job %d" % failed)
+    section = 'section[aria-label="Last delivery error"]'
+    b.wait(lambda: b.css(section).is_displayed() and b.fact("status", section) == 500, "the last delivery error")
+    check_eq((b.fact("error", section), b.fact("attempt", section)),
+             ("http_5xx: the endpoint answered a server error (5xx)", 1), "error and attempt")
+    check(re.fullmatch(r"\d+s ago \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", b.fact("at", section)),
+          "when: %r" % b.fact("at", section))
+    check_eq(b.fact("state"), "buried", "the job's state")
+    no_markup_ran(b, "job view")
+    # a job without a failure shows no such card
+    plain = s.put("ui-plain", b"never pushed")
+    b.open(s, "/jobs/%d" % plain)
+    b.heading("Job %d" % plain)
+    b.wait(lambda: b.fact("state") == "ready", "the plain job's stats")
+    check(not b.css(section).is_displayed(), "a last delivery error shown for a job without one")
+    # from the keyboard: the view is the third of the navigation
+    b.open(s, "/overview")
+    b.heading("Overview")
+    b.js("document.querySelector('.brand').focus()")
+    order = []
+    for _ in range(3):
+        b.sel["ActionChains"](b.d).send_keys(b.sel["Keys"].TAB).perform()
+        order.append(b.d.switch_to.active_element.text.strip())
+    check_eq(order, ["Overview", "Tubes", "Subscriptions"], "the tab stops after the brand")
+    b.d.switch_to.active_element.send_keys(b.sel["Keys"].ENTER)
+    b.heading("Subscriptions")
+    check_eq(b.css('.nav a[aria-current="page"]').text, "Subscriptions", "the current view marked")
+    os.makedirs(C.artifacts, exist_ok=True)
+    for width in WIDTHS:
+        b.d.set_window_size(width, 900)
+        b.open(s, "/subscriptions")
+        b.heading("Subscriptions")
+        b.wait(lambda: "…" not in b.css("main").text and "Connecting" not in b.css("#live").text, "filled in")
+        widths = b.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        check(widths[0] <= widths[1], "at %d px: page %d px wide, screen %d" % (width, widths[0], widths[1]))
+        for name, path in (("subscriptions", None), ("job-delivery-error", "/jobs/%d" % failed)):
+            if path:
+                b.open(s, path)
+                b.wait(lambda: b.css(section).is_displayed(), "the job's delivery error")
+            shot = os.path.join(C.artifacts, "%s-%d.png" % (name, width))
+            b.screenshot(shot, width)
+            check(os.path.getsize(shot) > 5000, "screenshot %s" % shot)
+    b.d.set_window_size(1280, 900)
+    s.api("DELETE", "/jobs/%d" % failed, want=204)
+    s.api("DELETE", "/jobs/%d" % retried, want=204)
+    s.api("DELETE", "/jobs/%d" % plain, want=204)
+
 def test_token_prompt():
     """With bearer tokens on, the page (which needs none) asks for one: a
     wrong token is refused and asked again; the right one shows the
@@ -628,15 +794,18 @@ def test_keyboard():
     a link; the focused element has a visible outline; Space presses a
     button."""
     b, s = C.browser, C.server
+    b.d.get("about:blank")   # a new load: focus starts at the top (a hash change would keep it)
     b.open(s, "/overview")
     b.heading("Overview")
     keys = b.sel["Keys"]
     order = []
-    for _ in range(4):
+    for _ in range(5):
         b.sel["ActionChains"](b.d).send_keys(keys.TAB).perform()
         order.append(b.d.switch_to.active_element.text.strip())
-    check_eq(order, ["Skip to content", "beangate", "Overview", "Tubes"], "tab order of the header")
+    check_eq(order, ["Skip to content", "beangate", "Overview", "Tubes", "Subscriptions"], "tab order of the header")
+    b.sel["ActionChains"](b.d).key_down(keys.SHIFT).send_keys(keys.TAB).key_up(keys.SHIFT).perform()
     tubes = b.d.switch_to.active_element
+    check_eq(tubes.text.strip(), "Tubes", "Shift+Tab goes back")
     style = b.js("const s = getComputedStyle(arguments[0]); return [s.outlineStyle, parseFloat(s.outlineWidth)]", tubes)
     check(style[0] != "none" and style[1] >= 2, "the focused link's outline: %r" % style)
     tubes.send_keys(keys.ENTER)
@@ -675,6 +844,17 @@ def relative_luminance_js():
       return bad;"""
 
 
+def buried_by_push(s):
+    """A job of ui-push-fail, buried after its one attempt got a 500: its
+    view shows a last delivery error."""
+    jid = s.put("ui-push-fail", b"fails")
+    deadline = time.monotonic() + WAIT
+    while s.api("GET", "/jobs/%d" % jid)["state"] != "buried":
+        check(time.monotonic() < deadline, "job %d not buried by push" % jid)
+        time.sleep(0.05)   # push delivery works on its own: poll its result
+    return jid
+
+
 def test_contrast():
     """Every visible text of every view has at least WCAG AA contrast with
     what is behind it (4.5:1; 3:1 for large text), disabled buttons
@@ -683,7 +863,9 @@ def test_contrast():
     tube = "ui-contrast"
     jid = s.put(tube, b'{"a": 1}')
     s.put(tube, b"later", delay=600)
+    failed = buried_by_push(s)
     for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
+                          ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
                           ("/jobs/%d" % jid, "Job %d" % jid)):
         b.open(s, path)
         b.heading(heading)
@@ -702,9 +884,11 @@ def test_phone_width():
     b, s = C.browser, C.server
     tube = "ui-phone"
     jid = s.put(tube, b"x" * 300)
+    failed = buried_by_push(s)
     b.d.set_window_size(390, 844)
     try:
         for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
+                              ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
                               ("/jobs/%d" % jid, "Job %d" % jid)):
             b.open(s, path)
             b.heading(heading)
@@ -769,6 +953,89 @@ def test_server_memory_steady():
         s.stop()
 
 
+class OtherOrigin:
+    """A page of another origin (http://127.0.0.1:PORT/, a blank page from
+    a threaded http.server), to call the gateway from as a web app would."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                page = b"<!doctype html><title>another app</title><p>another origin</p>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# Put, reserve raw and delete with the token header, from the page on screen:
+# what each step answered, or the error that stopped it.
+CALL_FROM_PAGE = r"""
+const [base, token, tube, done] = arguments;
+(async () => {
+  const out = {};
+  try {
+    const auth = token ? {Authorization: "Bearer " + token} : {};
+    const put = await fetch(base + "/tubes/" + tube + "/jobs", {method: "POST", headers: auth, body: "from another origin"});
+    out.put = put.status; out.location = put.headers.get("Location");
+    const res = await fetch(base + "/tubes/" + tube + "/reservations",
+                            {method: "POST", headers: {...auth, Accept: "application/octet-stream"}});
+    out.reserve = res.status; out.id = res.headers.get("X-Job-Id"); out.token = res.headers.get("X-Reservation");
+    out.body = await res.text();
+    const del = await fetch(base + "/jobs/" + out.id, {method: "DELETE", headers: {...auth, "X-Reservation": out.token}});
+    out.delete = del.status;
+  } catch (e) {
+    out.error = String(e);
+  }
+  done(out);
+})();"""
+
+
+def test_cors_from_another_origin():
+    """A page of another origin calls the gateway in a real browser: with
+    its origin in --http-cors-origins (and a bearer token) the preflights
+    pass and it puts, reserves raw (reading X-Job-Id and X-Reservation) and
+    deletes with the token header; a server that lists another origin, or
+    none (the default), gives the page nothing to read."""
+    b = C.browser
+    b.collect_logs()
+    with OtherOrigin() as page:
+        allowed = Server(C.binary, ["--http-cors-origins", page.url], env={"BEANGATE_HTTP_TOKENS": TOKEN}).start()
+        other = Server(C.binary, ["--http-cors-origins", "https://app.example.com"]).start()
+        try:
+            b.d.get(page.url + "/")
+            got = b.d.execute_async_script(CALL_FROM_PAGE, allowed.url, TOKEN, "cors-ui")
+            check_eq(got.get("error"), None, "the calls from %s: %r" % (page.url, got))
+            check_eq((got["put"], got["reserve"], got["body"], got["delete"]), (201, 200, "from another origin", 204),
+                     "put, reserve, body, delete from the page")
+            check_eq(got["location"], "/jobs/%s" % got["id"], "Location read by the page")
+            check(got["token"], "X-Reservation read by the page: %r" % got)
+            allowed.api("GET", "/tubes/cors-ui", want=404, token=TOKEN)   # the job deleted, the tube gone
+            for server, why in ((other, "another origin listed"), (C.server, "CORS off")):
+                got = b.d.execute_async_script(CALL_FROM_PAGE, server.url, "", "cors-ui")
+                check("error" in got and "fetch" in got["error"].lower(),
+                      "%s: the page read an answer: %r" % (why, got))
+        finally:
+            b.d.get_log("browser")   # the refused calls above are logged as errors: expected
+            b.open(C.server, "/overview")
+            allowed.stop()
+            other.stop()
+
 def test_no_policy_violations_or_script_errors():
     """Over every test above, the browser logged no Content-Security-Policy
     violation and no script error; the only failed loads are the 404s of
@@ -794,12 +1061,14 @@ TESTS = [
     test_delete_asks_first,
     test_put_from_the_form,
     test_bodies_with_markup_are_text,
+    test_subscriptions_view,
     test_token_prompt,
     test_keyboard,
     test_contrast,
     test_phone_width,
     test_screenshots,
     test_server_memory_steady,
+    test_cors_from_another_origin,
     test_no_policy_violations_or_script_errors,   # last: reads the whole log
 ]
 
@@ -826,7 +1095,8 @@ def main(argv):
     passed = failed = 0
     t_all = time.monotonic()
     try:
-        C.server = Server(C.binary).start()
+        C.receiver = Receiver(held_or_500)
+        C.server = Server(C.binary, push_args(C.receiver)).start()
         C.browser = Browser(sel, *paths)
     except Exception as e:
         print("FAIL setup: %s: %s" % (type(e).__name__, e), flush=True)
@@ -855,6 +1125,7 @@ def main(argv):
             print("PASS %s (%.1f s)" % (fn.__name__, time.monotonic() - t0), flush=True)
     finally:
         C.browser.quit()
+        C.receiver.close()
         try:
             C.server.stop()
             passed += 1

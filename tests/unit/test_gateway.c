@@ -138,6 +138,7 @@ static void test_route_paths(void **state)
                 fail_msg("rows %d and %d: the same path and method", i, k);
         }
         assert_int_not_equal(gw_route_at(i)->method, GW_HEAD); /* HEAD comes from GET */
+        assert_int_not_equal(gw_route_at(i)->method, GW_OPTIONS); /* the lifecycle answers it (CORS) */
         assert_int_not_equal(gw_route_at(i)->method, GW_OTHER);
     }
     assert_null(gw_route_at(gw_route_count()));
@@ -268,6 +269,11 @@ static void test_head_wherever_get(void **state)
     assert_true(m.route->handler == gw_handle_job); /* HEAD never deletes */
     assert_int_equal(gw_match_route("PATCH", "/jobs/7", &m), 405);
     assert_int_equal(m.method, GW_OTHER);
+    /* OPTIONS is told apart, and matches no row: 405 with the path's methods,
+     * which a CORS preflight's answer lists */
+    assert_int_equal(gw_match_route("OPTIONS", "/jobs/7", &m), 405);
+    assert_int_equal(m.method, GW_OPTIONS);
+    assert_string_equal(m.allow, "GET, HEAD, DELETE");
 }
 
 /* ---- the gateway in this process: each request is matched once ---------- */
@@ -459,14 +465,28 @@ static void test_route_long_url(void **state)
 
 /* ---- the error table -------------------------------------------------- */
 
-/* Every engine outcome the handlers can meet is one row of the error table:
- * its status, code and detail; an outcome not in it is a 500 named by its
- * beanstalk word. Each status has its own title. */
+/* Every engine outcome the handlers can meet, and every conflict of a
+ * request with a job's state, is one row of the error table: its status,
+ * code and detail (a 409's code says what happened, not NOT_FOUND); an
+ * outcome not in it is a 500 named by its beanstalk word. Each status has
+ * its own title. */
 static void test_outcome_problems(void **state)
 {
     (void)state;
     static const struct gw_problem want[] = {
         {BG_NOT_FOUND, 404, "NOT_FOUND", "no such job in a state that allows this"},
+        {GW_RESERVATION_REQUIRED, 409, "RESERVATION_REQUIRED",
+         "the job is reserved over HTTP: give the token of that reservation "
+         "(header X-Reservation: TOKEN, or ?reservation=TOKEN)"},
+        {GW_RESERVATION_MISMATCH, 409, "RESERVATION_MISMATCH",
+         "the reservation token is wrong, or its reservation has ended"},
+        {GW_RESERVED_ELSEWHERE, 409, "RESERVED_ELSEWHERE",
+         "the job is reserved by a beanstalk or Gearman client or by push delivery: only that "
+         "reservation can act on it, and HTTP has no token for it"},
+        {GW_NOT_RESERVED, 409, "NOT_RESERVED",
+         "the job is not reserved: only a reserved job can be released, buried or touched"},
+        {GW_NOT_BURIED_OR_DELAYED, 409, "NOT_BURIED_OR_DELAYED", "only a buried or delayed job can be kicked"},
+        {GW_ALREADY_RESERVED, 409, "ALREADY_RESERVED", "the job is already reserved"},
         {BG_BAD_FORMAT, 400, "BAD_FORMAT", "the request is malformed"},
         {BG_JOB_TOO_BIG, 413, "JOB_TOO_BIG", "the body is larger than the maximum job size"},
         {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
@@ -491,6 +511,8 @@ static void test_outcome_problems(void **state)
     for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
         assert_string_equal(gw_status_title(titles[i].status), titles[i].title);
     assert_true(GW_NO_REPLY < BG_LOG_UNAVAILABLE - 100); /* no outcome is mistaken for it */
+    /* the gateway's conflicts lie between the engine's outcomes and GW_NO_REPLY */
+    assert_true(GW_RESERVATION_REQUIRED < BG_LOG_UNAVAILABLE - 100 && GW_ALREADY_RESERVED > GW_NO_REPLY);
 }
 
 /* ---- JSON rendering ---------------------------------------------------- */
@@ -584,6 +606,80 @@ static void test_base64_decode(void **state)
 }
 
 /* ---- tokens ------------------------------------------------------------ */
+
+/* ---- CORS origins ------------------------------------------------------- */
+
+/* The origins of --http-cors-origins: exact http(s)://HOST[:PORT] only; a
+ * refused list says why (the message's key words here). */
+static void test_cors_origins(void **state)
+{
+    (void)state;
+    static const struct { const char *list, *why; } cases[] = {
+        {"https://app.example.com", NULL},
+        {"http://localhost:3000,https://a.example", NULL},
+        {"http://127.0.0.1:8080", NULL},
+        {"http://[::1]:8080", NULL},
+        {"HTTPS://App.Example.COM", NULL},
+        {"*", "'*' is refused"},
+        {"https://a.example,*", "'*' is refused"},
+        {"https://a.example/", "no path"},
+        {"https://a.example/x", "no path"},
+        {"https://a.example?x", "no path"},
+        {"https://user@a.example", "no path"},
+        {"ftp://a.example", "http:// or https://"},
+        {"a.example", "http:// or https://"},
+        {"", "http:// or https://"},
+        {"https://a.example,", "http:// or https://"},
+        {"null", "http:// or https://"},
+        {"https://", "no host"},
+        {"https://:80", "no host"},
+        {"http://[]", "IPv6"},
+        {"http://[::1", "IPv6"},
+        {"http://[zz]", "IPv6"},
+        {"https://a.example:", "port"},
+        {"https://a.example:0", "port"},
+        {"https://a.example:65536", "port"},
+        {"https://a.example:000080", "port"},
+        {"https://a.example:8x", "port"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *why = gw_cors_check(cases[i].list);
+        if (!cases[i].why != !why || (why && !strstr(why, cases[i].why)))
+            fail_msg("\"%s\": %s, want %s", cases[i].list, why ? why : "accepted",
+                     cases[i].why ? cases[i].why : "accepted");
+        struct gw_cors *c = gw_cors_new(cases[i].list);
+        assert_true((c == NULL) == (why != NULL));
+        gw_cors_free(c);
+    }
+    /* 64 origins at most; 256 bytes each */
+    char list[64 * 24 + 32], *p = list;
+    for (int i = 0; i < 64; i++) p += sprintf(p, "%shttp://h%d.example", i ? "," : "", i);
+    assert_null(gw_cors_check(list));
+    strcpy(p, ",http://h64.example");
+    assert_non_null(strstr(gw_cors_check(list), "more than 64"));
+    char longest[300] = "https://";
+    memset(longest + 8, 'a', 248);
+    longest[256] = '\0';
+    assert_null(gw_cors_check(longest));
+    strcat(longest, "a");
+    assert_non_null(strstr(gw_cors_check(longest), "longer than 256"));
+
+    struct gw_cors *c = gw_cors_new("https://app.example.com,http://localhost:3000");
+    assert_non_null(c);
+    assert_true(gw_cors_allows(c, "https://app.example.com"));
+    assert_true(gw_cors_allows(c, "http://localhost:3000"));
+    assert_true(gw_cors_allows(c, "HTTPS://APP.EXAMPLE.COM"));
+    assert_false(gw_cors_allows(c, "https://app.example.com:443"));
+    assert_false(gw_cors_allows(c, "http://app.example.com"));
+    assert_false(gw_cors_allows(c, "http://localhost:30000"));
+    assert_false(gw_cors_allows(c, "http://localhost"));
+    assert_false(gw_cors_allows(c, "https://app.example.com,http://localhost:3000"));
+    assert_false(gw_cors_allows(c, "null"));
+    assert_false(gw_cors_allows(c, ""));
+    assert_false(gw_cors_allows(c, NULL));
+    assert_false(gw_cors_allows(NULL, "https://app.example.com"));
+    gw_cors_free(c);
+}
 
 /* A token checks for its own reservation only: another id, another
  * reservation count, another key or any changed character fails. */
@@ -978,6 +1074,7 @@ int main(void)
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
         cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_cors_origins),
         cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_idempotency_bounded),
         cmocka_unit_test(test_idempotency_fingerprint),
