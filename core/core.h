@@ -18,10 +18,12 @@
  *   the stream          struct bg_stream: what every byte-stream session
  *                       shares with its connection (io/conn.c)
  *   heap.c              binary min-heap
- *   engine.c            jobs, tubes, clients, time; peek, job ids
+ *   engine.c            jobs, tubes, clients, time; peek, job ids; shards
+ *                       (which ids and tubes an instance of N owns)
  *   audit.c             the engine's structure checked from scratch
  *   token.c             bg_siphash (the one keyed hash), reservation tokens
- *   journal.c           the write-ahead log's record format; engine <-> log
+ *   journal.c           the write-ahead log's record format; engine <-> log;
+ *                       CRC-32C (its checksum) and CRC-32 (the tube hash)
  *   stats.c             the one stats model
  *   codec.c             the beanstalk session (bg_session)
  *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman
