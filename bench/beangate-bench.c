@@ -68,6 +68,7 @@ struct opts {
     int tubes;
     int watched;
     int tube_jobs;
+    int http_tubes;    /* http-put: requests spread over this many tubes */
     const char *tube;
     const char *scenarios;
     double idle_timeout;
@@ -87,6 +88,7 @@ static struct opts opt = {
     .tubes = 10000,
     .watched = 100,
     .tube_jobs = 1,
+    .http_tubes = 1,
     .tube = "bench",
     .scenarios = "put,reserve-delete,cycle",
     .idle_timeout = 10.0,
@@ -313,6 +315,10 @@ struct bench {
     /* put */
     char *put_block;
     size_t put_len; /* one put command */
+    /* http-put: put_block holds put_count requests, request i at
+     * put_at[i] .. put_at[i + 1] (one per tube, taken in turn) */
+    size_t *put_at;
+    int put_count;
     /* prefill plan */
     char **tube_names;
     int ntubes;
@@ -991,7 +997,8 @@ static const struct mode mode_cycle = {"cycle", 0, cycle_fill, cycle_reply, NULL
 static void http_put_fill(struct bench *b, struct conn *c)
 {
     if (c->outstanding || !quota(b)) return;
-    buf_append(&c->out, b->put_block, b->put_len);
+    size_t i = (size_t)(b->started % (uint64_t)b->put_count);
+    buf_append(&c->out, b->put_block + b->put_at[i], b->put_at[i + 1] - b->put_at[i]);
     ring_push(c, b->now);
     c->outstanding = 1;
     c->last_cmd = "POST /tubes/T/jobs";
@@ -1255,16 +1262,28 @@ static void run_http_put(void)
     http_setup(&b);
     char *t = tube_name("-http");
     struct buf req = {0};
-    buf_str(&req, "POST /tubes/");
-    buf_str(&req, t);
-    buf_str(&req, "/jobs HTTP/1.1\r\nHost: ");
-    buf_str(&req, b.host_hdr);
-    buf_str(&req, "\r\nContent-Type: application/octet-stream\r\nContent-Length: ");
-    buf_u64(&req, (uint64_t)opt.body);
-    buf_str(&req, "\r\n\r\n");
-    buf_reserve(&req, (size_t)opt.body);
-    memset(req.p + req.len, 'x', (size_t)opt.body);
-    req.len += (size_t)opt.body;
+    /* one request per tube: "bench-http" alone, or bench-http-0, -1, ...
+     * (through a proxy in front of shards, they spread over the shards) */
+    b.put_count = opt.http_tubes;
+    b.put_at = xmalloc(sizeof *b.put_at * ((size_t)b.put_count + 1));
+    for (int i = 0; i < b.put_count; i++) {
+        b.put_at[i] = req.len;
+        buf_str(&req, "POST /tubes/");
+        buf_str(&req, t);
+        if (b.put_count > 1) {
+            buf_str(&req, "-");
+            buf_u64(&req, (uint64_t)i);
+        }
+        buf_str(&req, "/jobs HTTP/1.1\r\nHost: ");
+        buf_str(&req, b.host_hdr);
+        buf_str(&req, "\r\nContent-Type: application/octet-stream\r\nContent-Length: ");
+        buf_u64(&req, (uint64_t)opt.body);
+        buf_str(&req, "\r\n\r\n");
+        buf_reserve(&req, (size_t)opt.body);
+        memset(req.p + req.len, 'x', (size_t)opt.body);
+        req.len += (size_t)opt.body;
+    }
+    b.put_at[b.put_count] = req.len;
     b.put_block = req.p;
     b.put_len = req.len;
     b.limit = count_bound();
@@ -1275,6 +1294,7 @@ static void run_http_put(void)
     free(h);
     free(t);
     free(req.p);
+    free(b.put_at);
     bench_close(&b);
 }
 
@@ -1331,6 +1351,9 @@ static void usage(FILE *f)
 " -W N             tubes scenario: tubes the consumers watch (default 100)\n"
 " --tube-jobs N    tubes scenario: jobs left in every unwatched tube (default 1)\n"
 " --tube NAME      tube name prefix (default bench)\n"
+" --http-tubes N   http-put: spread the puts over N tubes NAME-http-0 .. N-1 in turn\n"
+"                  (default 1: the one tube NAME-http); through a proxy in front of\n"
+"                  shards (docs/scaling.md) they spread over the shards\n"
 " -t LIST          scenarios, comma-separated (default put,reserve-delete,cycle):\n"
 "                  put reserve-delete cycle tubes http-put http-reserve-delete all\n"
 " --timeout S      fail when no reply comes for S seconds (default 10)\n"
@@ -1358,13 +1381,15 @@ static long num_arg(const char *name, const char *s, long min, long max)
 
 int main(int argc, char **argv)
 {
-    enum { O_HTTP_PORT = 1000, O_CSV, O_TUBE, O_TUBE_JOBS, O_TIMEOUT, O_HELP, O_PREFILL_ONLY, O_NO_PREFILL };
+    enum { O_HTTP_PORT = 1000, O_CSV, O_TUBE, O_TUBE_JOBS, O_TIMEOUT, O_HELP, O_PREFILL_ONLY, O_NO_PREFILL,
+           O_HTTP_TUBES };
     static const struct option longs[] = {
         {"http-port", required_argument, 0, O_HTTP_PORT},
         {"csv", no_argument, 0, O_CSV},
         {"quiet", no_argument, 0, 'q'},
         {"tube", required_argument, 0, O_TUBE},
         {"tube-jobs", required_argument, 0, O_TUBE_JOBS},
+        {"http-tubes", required_argument, 0, O_HTTP_TUBES},
         {"timeout", required_argument, 0, O_TIMEOUT},
         {"help", no_argument, 0, O_HELP},
         {"prefill-only", no_argument, 0, O_PREFILL_ONLY},
@@ -1398,6 +1423,7 @@ int main(int argc, char **argv)
             if (!*optarg || strlen(optarg) > 180) die(EXIT_USAGE, "--tube must be 1-180 bytes");
             break;
         case O_TUBE_JOBS: opt.tube_jobs = (int)num_arg("--tube-jobs", optarg, 1, 1000000); break;
+        case O_HTTP_TUBES: opt.http_tubes = (int)num_arg("--http-tubes", optarg, 1, 100000); break;
         case O_TIMEOUT: {
             char *end;
             opt.idle_timeout = strtod(optarg, &end);

@@ -23,6 +23,7 @@ run -t reserve-delete -c 2 -P 16 -d 100 -n 10000
 run -t cycle -c 2 -d 100 -n 2000
 run -t tubes -c 1 -P 16 -d 100 -T 200 -W 20 -n 5000
 run -t http-put -c 4 -d 100 -n 2000
+run -t http-put -c 4 -d 100 -n 2000 --http-tubes 10
 run -t http-reserve-delete -c 4 -d 100 -n 1000
 echo "bench-smoke: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -40,6 +40,8 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
         for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
             jobs++;
             CHECK(j->id < e->next_id, "a job id was never given out");
+            CHECK(bg_shard_of_id(j->id, e->shard_count) == e->shard_index,
+                  "a job id of another shard's class");
             CHECK(j->state <= BG_JOB_BURIED, "a job in no state");
             CHECK(j->tube->list_index < e->tube_count && e->tube_list[j->tube->list_index] == j->tube,
                   "a job's tube is not in the tube list");
@@ -48,6 +50,9 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
             if (j->state == BG_JOB_READY && j->pri < BG_URGENT_PRIORITY) total.urgent++;
         }
     CHECK(jobs == e->job_count, "job_count is not the number of jobs");
+    CHECK(e->shard_count >= 1 && e->shard_index < e->shard_count &&
+              bg_shard_of_id(e->next_id, e->shard_count) == e->shard_index,
+          "the next id is not of this shard's class");
     CHECK(e->ready_count == total.by_state[BG_JOB_READY], "ready_count is off");
     CHECK(e->delayed_count == total.by_state[BG_JOB_DELAYED], "delayed_count is off");
     CHECK(e->reserved_count == total.by_state[BG_JOB_RESERVED], "reserved_count is off");

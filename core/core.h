@@ -18,10 +18,12 @@
  *   the stream          struct bg_stream: what every byte-stream session
  *                       shares with its connection (io/conn.c)
  *   heap.c              binary min-heap
- *   engine.c            jobs, tubes, clients, time; peek, job ids
+ *   engine.c            jobs, tubes, clients, time; peek, job ids; shards
+ *                       (which ids and tubes an instance of N owns)
  *   audit.c             the engine's structure checked from scratch
  *   token.c             bg_siphash (the one keyed hash), reservation tokens
- *   journal.c           the write-ahead log's record format; engine <-> log
+ *   journal.c           the write-ahead log's record format; engine <-> log;
+ *                       CRC-32C (its checksum) and CRC-32 (the tube hash)
  *   stats.c             the one stats model
  *   codec.c             the beanstalk session (bg_session)
  *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman
@@ -266,7 +268,8 @@ struct bg_server_counters {
 };
 
 struct bg_engine {
-    uint64_t next_id;
+    uint64_t next_id;           /* the next id to give out: always of this shard's class */
+    uint32_t shard_index, shard_count; /* instance index of count (bg_engine_set_shard); 0 of 1 */
     struct bg_job **jobs;       /* hash table by id */
     size_t jobs_mask, job_count;
     struct bg_tube **tubes;     /* hash table by name, keyed (bg_siphash) */
@@ -303,6 +306,34 @@ struct bg_engine {
 int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t hash_key[2]);
 /* Free every job, tube and table. Clients must have been closed. */
 void bg_engine_destroy(struct bg_engine *e);
+
+/* ---- Shards (engine.c). Instance `index` of `count` owns the job ids
+ * that are index modulo count, so a job id alone tells which instance
+ * holds the job: bg_shard_of_id. It gives out the smallest such id above 0
+ * first (index, or count for index 0: id 0 never exists), then each next
+ * one count higher. 0 of 1, the default, is every id from 1, as beanstalkd.
+ * Tubes are placed by bg_shard_of_tube, the rule HAProxy's `crc32,mod(N)`
+ * computes (contrib/haproxy, docs/scaling.md). ---- */
+#define BG_SHARD_COUNT_MAX 1024
+/* Make e instance index of count; call before any job is made or restored.
+ * 0, or BG_BAD_FORMAT (count 0 or above BG_SHARD_COUNT_MAX, index >= count). */
+int bg_engine_set_shard(struct bg_engine *e, uint32_t index, uint32_t count);
+/* The instance, of count, that owns job id: id mod count. */
+static inline uint32_t bg_shard_of_id(uint64_t id, uint32_t count)
+{
+    return (uint32_t)(id % count);
+}
+/* The instance, of count, that owns tube name[0..len): the CRC-32 of the
+ * name's bytes (bg_crc32: zlib's, HAProxy's crc32 converter) mod count. */
+uint32_t bg_shard_of_tube(const char *name, size_t len, uint32_t count);
+/* An id was given out before (a log record names it): move next_id past it,
+ * to the smallest id of this shard's class above it. Ids are never reused. */
+void bg_engine_id_seen(struct bg_engine *e, uint64_t id);
+/* The highest id given out so far (next_id - count), or 0 if none was. */
+uint64_t bg_engine_last_id(const struct bg_engine *e);
+/* How many jobs e holds whose id another shard owns (a log written with
+ * another --shard); *first gets the smallest of them (0 if none). O(jobs). */
+size_t bg_engine_foreign_jobs(const struct bg_engine *e, uint64_t *first);
 
 /* Write the id of every job into ids (room for job_count); returns how
  * many (job_count). The order is the job table's. */
@@ -635,7 +666,11 @@ struct bg_journal_record {
     uint64_t unpause_wall;
 };
 
+/* CRC-32C (Castagnoli): the log's record checksum. */
 uint32_t bg_crc32c(const void *data, size_t n);
+/* CRC-32 (IEEE 802.3: zlib's crc32, Go's crc32.ChecksumIEEE, PHP's crc32,
+ * HAProxy's crc32 converter): the tube -> shard hash (bg_shard_of_tube). */
+uint32_t bg_crc32(const void *data, size_t n);
 void bg_journal_segment_header(char out[BG_JOURNAL_HEADER_SIZE]);
 /* 0 if data starts with a segment header of our version, else BG_BAD_FORMAT. */
 int bg_journal_check_header(const char *data, size_t len);

@@ -526,6 +526,7 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t ha
     memset(e, 0, sizeof *e);
     if (hash_key) e->hash_key[0] = hash_key[0], e->hash_key[1] = hash_key[1];
     e->next_id = 1;
+    e->shard_count = 1;
     e->due_at = NEVER;
     e->max_job_size = max_job_size;
     e->jobs_mask = 1023;
@@ -762,6 +763,56 @@ int bg_client_unwatch(struct bg_client *c, const char *name)
     return 0;
 }
 
+/* ---- shards: which ids (and, for the gateway, which tubes) are ours ----- */
+
+/* The smallest id of e's class above `after` (UINT64_MAX if none is left). */
+static uint64_t class_id_above(const struct bg_engine *e, uint64_t after)
+{
+    uint64_t n = e->shard_count, k = e->shard_index;
+    if (after < k) return k; /* (k == 0 never gets here: after >= 0 = k) */
+    uint64_t steps = (after - k) / n + 1;
+    if (steps > (UINT64_MAX - k) / n) return UINT64_MAX;
+    return k + steps * n;
+}
+
+int bg_engine_set_shard(struct bg_engine *e, uint32_t index, uint32_t count)
+{
+    if (count == 0 || count > BG_SHARD_COUNT_MAX || index >= count) return BG_BAD_FORMAT;
+    e->shard_index = index;
+    e->shard_count = count;
+    /* ids below next_id may have been given out: start above them */
+    e->next_id = class_id_above(e, e->next_id - 1);
+    return 0;
+}
+
+uint32_t bg_shard_of_tube(const char *name, size_t len, uint32_t count)
+{
+    return bg_crc32(name, len) % count;
+}
+
+void bg_engine_id_seen(struct bg_engine *e, uint64_t id)
+{
+    if (id >= e->next_id) e->next_id = class_id_above(e, id);
+}
+
+uint64_t bg_engine_last_id(const struct bg_engine *e)
+{
+    return e->next_id > e->shard_count ? e->next_id - e->shard_count : 0;
+}
+
+size_t bg_engine_foreign_jobs(const struct bg_engine *e, uint64_t *first)
+{
+    size_t n = 0;
+    *first = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++)
+        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next)
+            if (bg_shard_of_id(j->id, e->shard_count) != e->shard_index) {
+                if (!n || j->id < *first) *first = j->id;
+                n++;
+            }
+    return n;
+}
+
 /* ---- jobs -------------------------------------------------------------- */
 
 struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
@@ -772,7 +823,8 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
     struct bg_job *j = bg_job_alloc(sizeof *j + body_size);
     if (!j) return NULL;
     memset(j, 0, sizeof *j);
-    j->id = e->next_id++;
+    j->id = e->next_id;
+    e->next_id += e->shard_count; /* the next id of this shard's class */
     j->pri = pri;
     j->delay_s = delay_s;
     j->ttr_s = ttr_s ? ttr_s : 1;
@@ -1141,7 +1193,7 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
     j->tube_slot = j->timer_slot = NO_SLOT;
     restore_fields(j, r);
     job_table_insert(e, j, t);
-    if (j->id >= e->next_id) e->next_id = j->id + 1;
+    bg_engine_id_seen(e, j->id);
     restore_place(e, j, r, deadline_mono, now);
     return 0;
 }
@@ -1159,7 +1211,7 @@ int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r
 
 void bg_engine_restore_delete(struct bg_engine *e, uint64_t id)
 {
-    if (id >= e->next_id) e->next_id = id + 1; /* ids are never reused */
+    bg_engine_id_seen(e, id); /* ids are never reused */
     struct bg_job *j = bg_job_find(e, id);
     if (!j) return;
     job_unlink(e, j);

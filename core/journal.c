@@ -16,25 +16,33 @@
 
 static const char segment_magic[8] = {'B', 'G', 'W', 'A', 'L', '\r', '\n', '\0'};
 
-/* ---- CRC-32C (Castagnoli), table-driven -------------------------------- */
+/* ---- CRC-32C (Castagnoli) and CRC-32 (IEEE), table-driven -------------- */
 
-static uint32_t crc_table[256];
-
-static void crc_init(void)
+/* A reflected CRC-32's table for polynomial poly (reversed bit order). */
+static void crc_init(uint32_t table[256], uint32_t poly)
 {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
+        for (int k = 0; k < 8; k++) c = c & 1 ? poly ^ (c >> 1) : c >> 1;
+        table[i] = c;
     }
 }
 
-static uint32_t crc32c_table(const unsigned char *p, size_t n)
+/* The reflected CRC-32 of p[0..n) with table (of polynomial poly, filled
+ * on first use): initial value and final xor all ones. */
+static uint32_t crc_run(uint32_t table[256], uint32_t poly, const unsigned char *p, size_t n)
 {
-    if (!crc_table[1]) crc_init();
+    if (!table[1]) crc_init(table, poly);
     uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    for (size_t i = 0; i < n; i++) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
+}
+
+static uint32_t crc32c_table[256], crc32_table[256];
+
+uint32_t bg_crc32(const void *data, size_t n)
+{
+    return crc_run(crc32_table, 0xEDB88320u, data, n);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -60,7 +68,7 @@ uint32_t bg_crc32c(const void *data, size_t n)
     if (has_sse42 < 0) has_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
     if (has_sse42) return crc32c_sse42(data, n);
 #endif
-    return crc32c_table(data, n);
+    return crc_run(crc32c_table, 0x82F63B78u, data, n);
 }
 
 /* ---- little-endian helpers --------------------------------------------- */

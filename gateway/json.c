@@ -141,6 +141,9 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
+    /* --shard K/N (0 of 1 when not sharded): docs/scaling.md */
+    json_object_set_new(v, "shard_index", json_integer(e->shard_index));
+    json_object_set_new(v, "shard_count", json_integer(e->shard_count));
     json_object_set_new(v, "binlog_last_sync_age_ms", pi->binlog_enabled && pi->binlog_sync_age_ms >= 0
                                                           ? json_integer(pi->binlog_sync_age_ms)
                                                           : json_null());

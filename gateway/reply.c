@@ -20,8 +20,8 @@ static const struct {
     {403, "Forbidden"},
     {404, "Not Found"},             {405, "Method Not Allowed"},
     {409, "Conflict"},              {413, "Content Too Large"},
-    {422, "Unprocessable Content"}, {500, "Internal Server Error"},
-    {503, "Service Unavailable"},
+    {421, "Misdirected Request"},   {422, "Unprocessable Content"},
+    {500, "Internal Server Error"}, {503, "Service Unavailable"},
 };
 
 const char *gw_status_title(unsigned status)

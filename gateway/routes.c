@@ -25,6 +25,32 @@ static int bad_tube(struct gw_request *r)
                             "tube names are 1-200 bytes of A-Za-z0-9-+/;.$_() not starting with '-'");
 }
 
+/* With --shard K/N, the shard that owns tube name[0..len) (bg_shard_of_tube:
+ * CRC-32 mod N, what HAProxy computes in contrib/haproxy) when it is not
+ * this one; else -1. Puts and reservations of another shard's tube are
+ * refused, so that a job is never stranded where the proxy does not look
+ * for it and a reserve never waits on a tube whose jobs go elsewhere. */
+static int64_t other_shard(const struct gateway *gw, const char *name, size_t len)
+{
+    const struct bg_engine *e = gw->engine;
+    if (e->shard_count == 1) return -1;
+    uint32_t owner = bg_shard_of_tube(name, len, e->shard_count);
+    if (owner == e->shard_index) return -1;
+    return owner;
+}
+
+/* 421 WRONG_SHARD: tube name[0..len) belongs to shard `owner`. */
+static int wrong_shard(struct gw_request *r, const char *name, size_t len, int64_t owner)
+{
+    const struct bg_engine *e = r->gw->engine;
+    char detail[400];
+    snprintf(detail, sizeof detail,
+             "tube '%.*s' belongs to shard %lld of 0..%u (CRC-32 of its name mod %u); this is shard %u. "
+             "Send it there: through the proxy, a reservation over several tubes needs them all on one shard",
+             (int)len, name, (long long)owner, e->shard_count - 1, e->shard_count, e->shard_index);
+    return gw_reply_problem(r->conn, 421, "WRONG_SHARD", detail);
+}
+
 static int not_found(struct gw_request *r, const char *what)
 {
     return gw_reply_problem(r->conn, 404, "NOT_FOUND", what);
@@ -119,6 +145,8 @@ int gw_handle_put(struct gw_request *r)
     const char *tube = r->match.seg[1];
     uint64_t pri = GW_DEFAULT_PRIORITY, delay = 0, ttr = GW_DEFAULT_TTR;
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
+    int64_t owner = other_shard(gw, tube, strlen(tube));
+    if (owner >= 0) return wrong_shard(r, tube, strlen(tube), owner);
     if (gw_query_u64(r, "priority", UINT32_MAX, &pri)) return bad_param(r, "priority");
     if (gw_query_u64(r, "delay", UINT32_MAX, &delay)) return bad_param(r, "delay");
     if (gw_query_u64(r, "ttr", UINT32_MAX, &ttr)) return bad_param(r, "ttr");
@@ -211,6 +239,8 @@ int gw_handle_batch_put(struct gw_request *r)
     struct gateway *gw = r->gw;
     const char *tube = r->match.seg[1];
     if (!bg_tube_name_valid(tube, strlen(tube))) return bad_tube(r);
+    int64_t owner = other_shard(gw, tube, strlen(tube));
+    if (owner >= 0) return wrong_shard(r, tube, strlen(tube), owner);
     if (r->body_too_big) return BG_JOB_TOO_BIG;
     json_error_t err;
     json_t *doc = json_loadb(bg_buf_head(&r->body), r->body.len, 0, &err);
@@ -339,15 +369,20 @@ static int reserve(struct gw_request *r, const char *tubes)
     char names[2048];
     if (strlen(tubes) >= sizeof names) return bad_tube(r);
     int n = 0;
+    const char *elsewhere = NULL; /* the first tube of another shard */
+    size_t elsewhere_len = 0;
+    int64_t owner = -1;
     for (const char *t = tubes;; n++) {
         const char *comma = strchr(t, ',');
         size_t len = comma ? (size_t)(comma - t) : strlen(t);
         if (!bg_tube_name_valid(t, len)) return bad_tube(r);
+        if (owner < 0 && (owner = other_shard(gw, t, len)) >= 0) elsewhere = t, elsewhere_len = len;
         if (!comma) break;
         t = comma + 1;
     }
     n++;
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
+    if (elsewhere) return wrong_shard(r, elsewhere, elsewhere_len, owner);
     if (bg_client_init_bare(gw->engine, &r->waiter, &waiter_ops, r) != 0) return BG_OUT_OF_MEMORY;
     r->waiter_active = 1;
     r->want = (uint32_t)count;

@@ -328,8 +328,9 @@ static int snapshot_step(struct wal *w)
     if (w->snap_next < w->snap_count) return 0;
     /* ids are never reused: a delete record of the highest id given out
      * keeps the counter above it even when that job is gone */
-    if (e->next_id > 1 && !bg_job_find(e, e->next_id - 1)) {
-        if (bg_journal_encode_delete(&w->pending, e->next_id - 1) != 0) return BG_OUT_OF_MEMORY;
+    uint64_t last = bg_engine_last_id(e);
+    if (last && !bg_job_find(e, last)) {
+        if (bg_journal_encode_delete(&w->pending, last) != 0) return BG_OUT_OF_MEMORY;
         pending_added(w);
     }
     for (uint32_t i = 0; i < e->tube_count; i++) {
@@ -982,6 +983,25 @@ static void report_summary(struct wal *w, struct recovery *rc)
                                 "--log-recover-damaged starts with what is readable"));
 }
 
+/* Nonzero (said) if the recovered jobs include some whose id another shard
+ * owns: the log was written with another --shard (or none), and serving it
+ * would break the rule that a job's id tells which instance holds it. */
+static int other_shard_jobs(struct wal *w)
+{
+    const struct bg_engine *e = w->engine;
+    uint64_t first;
+    size_t n = bg_engine_foreign_jobs(e, &first);
+    if (!n) return 0;
+    char shard[32];
+    snprintf(shard, sizeof shard, "%u/%u", e->shard_index, e->shard_count);
+    log_event(BG_LOG_ERROR, "wal_shard_mismatch",
+              "dir=%s shard=%s jobs=%zu first_id=%llu id_mod_n=%u action=refuse_start msg=%s", log_str(w->cfg.dir),
+              shard, n, (unsigned long long)first, bg_shard_of_id(first, e->shard_count),
+              log_str("the log holds jobs whose ids another shard owns: it was written with another "
+                      "--shard (or none). Start it with the --shard it was written with (docs/scaling.md)"));
+    return 1;
+}
+
 /* Say the newest segment's torn tail was dropped and, if the start goes on
  * (`cut`), cut it off the file so that it is never taken for damage once a
  * newer segment follows it; a segment with no header goes, and the next
@@ -1120,7 +1140,8 @@ static int recover(struct wal *w, struct recovery *rc)
     }
     w->cur_index = n ? indexes[n - 1] : 0;
     bg_engine_restore_finish(w->engine);
-    int refuse = rc->failed || rc->other_version || ((rc->damaged || rc->missing) && !rc->accept_damage);
+    int refuse = rc->failed || rc->other_version || ((rc->damaged || rc->missing) && !rc->accept_damage) ||
+                 (!rc->check && other_shard_jobs(w));
     if (!rc->check && rc->torn_newest && cut_torn_tail(w, rc, !refuse) != 0) refuse = 1;
     report_summary(w, rc);
     if (!rc->check && !refuse) {
@@ -1134,7 +1155,7 @@ static int recover(struct wal *w, struct recovery *rc)
         }
         w->force_snapshot = rc->damaged || rc->missing;
         /* ids seen only in dropped records were given out: not again */
-        if (rc->max_unread_id >= w->engine->next_id) w->engine->next_id = rc->max_unread_id + 1;
+        bg_engine_id_seen(w->engine, rc->max_unread_id);
     }
     free(indexes);
     free(rc->dropped_puts.ids);

@@ -7,14 +7,16 @@
 #          docs/http.md), node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
 #          chromium + chromium-driver + python3-selenium (the dashboard's
-#          browser tests)
+#          browser tests), haproxy (the sharding test's proxy, Debian's
+#          HAProxy 2.6) and python3-yaml (its check of the Kubernetes
+#          manifests)
 set -euo pipefail
 mode="${1:-test}"
 
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
-           gearman-job-server gearman-tools chromium chromium-driver python3-selenium)
+           gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml)
 fi
 
 missing=()
@@ -34,7 +36,8 @@ sudo_cmd=()
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 # Installing Debian's beanstalkd must not start it as a service on 11300,
-# nor gearman-job-server a gearmand on 4730: the tests pick their own ports
+# gearman-job-server a gearmand on 4730, nor haproxy its default
+# /etc/haproxy/haproxy.cfg: the tests pick their own ports
 # and must not share a machine with a stray server. policy-rc.d tells the
 # packages not to start anything.
 policy=/usr/sbin/policy-rc.d
@@ -52,6 +55,11 @@ trap '[ $made_policy = 1 ] && "${sudo_cmd[@]}" rm -f "$policy"' EXIT
 if [ -s /run/gearman/gearmand.pid ] && command -v invoke-rc.d >/dev/null; then
     "${sudo_cmd[@]}" invoke-rc.d --force gearman-job-server stop >&2 || true
 fi
-if command -v systemctl >/dev/null && systemctl is-active --quiet gearman-job-server 2>/dev/null; then
-    "${sudo_cmd[@]}" systemctl disable --now gearman-job-server >&2 || true
+if [ -s /run/haproxy.pid ] && command -v invoke-rc.d >/dev/null; then
+    "${sudo_cmd[@]}" invoke-rc.d --force haproxy stop >&2 || true
 fi
+for service in gearman-job-server haproxy; do
+    if command -v systemctl >/dev/null && systemctl is-active --quiet "$service" 2>/dev/null; then
+        "${sudo_cmd[@]}" systemctl disable --now "$service" >&2 || true
+    fi
+done

@@ -30,6 +30,7 @@ enum kind {
     K_STATE,    /* no flag, no variable: a field other rows set, in the log only */
     K_LIST,     /* --push: each flag adds a value (the first replaces the variable's) */
     K_ORIGINS,  /* web origins, comma-separated, checked by the gateway (gw_cors_check) */
+    K_SHARD,    /* --shard K/N: the text, and shard_index, shard_count (0 <= K < N <= max) */
     K_HELP,     /* print the usage, exit 0 */
     K_VERSION,  /* print the version, exit 0 */
     K_COMMAND,  /* a command instead of a server: only as the first argument */
@@ -150,6 +151,11 @@ static const struct setting settings[] = {
      .key = "push_grace", FIELD(push_grace_s),
      .help = "at SIGTERM, let push deliveries in flight finish for this long,\n"
              "then release their jobs"},
+    {0, "--shard", "BEANGATE_SHARD", "K/N", K_SHARD, .max = BG_SHARD_COUNT_MAX, .def = "0/1",
+     .key = "shard", FIELD(shard),
+     .help = "this instance is K of N shards (docs/scaling.md): its job ids are\n"
+             "K mod N, and its HTTP gateway takes puts and reservations only for\n"
+             "tubes whose CRC-32 mod N is K (421 WRONG_SHARD for others)"},
     {'v', "--version", NULL, NULL, K_VERSION, .help = "print the version and exit"},
     {'h', "--help", NULL, NULL, K_HELP, .help = "print this help and exit"},
     {0, "--healthcheck", NULL, "HOST:PORT", K_COMMAND, .arg_optional = 1,
@@ -206,6 +212,8 @@ static void facts_text(const struct setting *s, char *out, size_t size)
                  (unsigned long long)s->round);
     else if (s->kind == K_LIST)
         snprintf(range, sizeof range, "may be repeated, at most %llu times", max);
+    else if (s->kind == K_SHARD)
+        snprintf(range, sizeof range, "N 1-%llu, K 0 to N-1", max);
     else if (s->kind == K_NUMBER || s->kind == K_COUNT)
         snprintf(range, sizeof range, "%llu-%llu", min, max);
     if (*range || def)
@@ -360,6 +368,23 @@ static const char *set_value(const struct setting *s, struct server_config *cfg,
     case K_ORIGINS: {
         const char *why = gw_cors_check(text);
         if (why) return why;
+        break;
+    }
+    case K_SHARD: { /* "K/N": two decimals and a slash, nothing else */
+        size_t k_len = strcspn(text, "/");
+        uint64_t k, n;
+        if (text[k_len] != '/' || bg_parse_u64(text, k_len, UINT64_MAX, &k) != 0 ||
+            bg_parse_u64(text + k_len + 1, len - k_len - 1, s->max, &n) != 0 || n == 0 || k >= n) {
+            static char why[96];
+            snprintf(why, sizeof why, "not K/N with N from 1 to %llu and K from 0 to N-1",
+                     (unsigned long long)s->max);
+            return why;
+        }
+        cfg->shard_index = (uint32_t)k;
+        cfg->shard_count = (uint32_t)n;
+        static char shown[24]; /* "02/3" is logged as "2/3" */
+        snprintf(shown, sizeof shown, "%u/%u", cfg->shard_index, cfg->shard_count);
+        text = shown;
         break;
     }
     case K_LIST: /* the one list, --push: its values are checked by server/push.c */
@@ -677,6 +702,7 @@ static void log_config(const struct server_config *c)
         case K_STRING:
         case K_PORT:
         case K_ORIGINS:
+        case K_SHARD:
             fprintf(m, "%s%s=%s", sep, s->key, log_str(*(const char *const *)p));
             break;
         case K_NUMBER:

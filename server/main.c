@@ -222,6 +222,10 @@ static void print_startup_block(const struct server *srv, const struct server_co
         else
             printf("  log        %s, synced every %d ms (-f)\n", shown, cfg->fsync_ms);
     }
+    if (cfg->shard_count > 1)
+        printf("  shard      %u of 0..%u: job ids %u mod %u; HTTP puts and reserves tubes of CRC-32 mod %u = %u\n",
+               cfg->shard_index, cfg->shard_count - 1, cfg->shard_index, cfg->shard_count,
+               cfg->shard_count, cfg->shard_index);
     push_describe(srv->push, stdout);
     printf("  docs       man -l docs/beangate.1, docs/user-guide.md");
     if (srv->gateway) printf(", API: http://%s/openapi.yaml", http);
@@ -260,6 +264,8 @@ int main(int argc, char **argv)
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }
+    /* before the log is read: recovered ids must be of this shard's class */
+    if (bg_engine_set_shard(&srv.engine, cfg.shard_index, cfg.shard_count) != 0) return SERVER_USAGE_EXIT;
     if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;

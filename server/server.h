@@ -57,6 +57,10 @@ struct server_config {
     int push_from_env;           /* push_specs is BEANGATE_PUSH (no --push was given) */
     const char *push_file;       /* --push-file or BEANGATE_PUSH_FILE, or NULL */
     uint32_t push_grace_s;       /* --push-grace, default 10 */
+    /* --shard K/N: this instance is K of N (job ids are K mod N; over HTTP,
+     * tubes whose CRC-32 mod N is K). "0/1" by default: not sharded */
+    const char *shard;
+    uint32_t shard_index, shard_count;
 };
 
 /* A command given as the first argument (cfg->command) reads only the

@@ -1181,6 +1181,67 @@ def test_unknown_format_version_refuses_start():
     check(b"event=wal_unknown_segment" in r.stderr, "stderr %r" % r.stderr[-400:])
 
 
+def test_shard_ids_survive_restart_and_compaction():
+    """With --shard 1/3 ids are 1, 4, 7, ...; the highest one, deleted, is
+    still never given out again after a compaction dropped its records and a
+    restart: the next put gets the next id of the class above it."""
+    d = new_dir("shard_ids")
+    srv = Server(d, ["--shard", "1/3", "-s", "4096", "-f", "0"]).start()
+    c = srv.connect()
+    k = put(c, b"K" * 200)
+    x = put(c, b"X, deleted")
+    check_eq((k, x), (1, 4), "the first ids of shard 1 of 3")
+    c.cmd(b"delete %d\r\n" % x, b"DELETED\r\n")
+    t_end = time.monotonic() + 20
+    while int(c.yaml(b"stats")["binlog-oldest-index"]) <= 1:
+        check(time.monotonic() < t_end, "no compaction within 20 s with -s 4096")
+        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
+        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
+    c.close()
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    check_eq(peek_many(c, [k])[k], b"K" * 200, "job K after the restart")
+    check_eq(put(c, b"after"), 7, "the first put after compaction and restart (4 was given out)")
+    c.close()
+    srv.stop_checked()
+
+
+def test_log_of_another_shard_refuses_start():
+    """A log holding jobs whose ids another shard owns (written without
+    --shard: ids 1, 2, 3) refuses a start with --shard 1/3 (status 111, one
+    wal_shard_mismatch line), and is left as it was: without --shard it
+    starts with its 3 jobs. Once jobs 2 and 3 are deleted, --shard 1/3
+    starts on it, and gives out 4, above every id the log names."""
+    d = new_dir("shard_mismatch")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    ids = [put(c, b"job %d" % i) for i in range(3)]
+    check_eq(ids, [1, 2, 3], "ids without --shard")
+    c.close()
+    srv.stop_checked()
+    code, err = start_expecting_exit(d, ["--shard", "1/3"])
+    check_eq(code, 111, "start with --shard 1/3 on a log of ids 1, 2, 3 (stderr %s)" % err[-800:])
+    line = next((dict(re.findall(r'(\w+)=("[^"]*"|\S+)', l)) for l in err.splitlines()
+                 if " event=wal_shard_mismatch " in l), None)
+    check(line is not None, "no wal_shard_mismatch line: %s" % err[-800:])
+    check_eq((line.get("shard"), line.get("jobs"), line.get("first_id"), line.get("action")),
+             ("1/3", "2", "2", "refuse_start"), "the wal_shard_mismatch line")
+    srv.start()  # nothing was changed: the log starts as it was written
+    c = srv.connect()
+    check_eq(peek_many(c, ids), {1: b"job 0", 2: b"job 1", 3: b"job 2"}, "the jobs without --shard")
+    for jid in (2, 3):
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n")
+    c.close()
+    srv.stop_checked()
+    srv.args = ["--shard", "1/3", "-f", "0"]
+    srv.start()
+    c = srv.connect()
+    check_eq(peek_many(c, [1])[1], b"job 0", "job 1 under --shard 1/3")
+    check_eq(put(c, b"next"), 4, "the first put of shard 1/3 after ids up to 3")
+    c.close()
+    srv.stop_checked()
+
+
 # ---- 4. disk full (injected with a file-size limit) ---------------------------------------
 
 def set_fsize(pid, soft):
@@ -2101,6 +2162,8 @@ TESTS = [
     test_ids_not_reused_after_compaction,
     test_old_segment_back_after_snapshot_is_ignored,
     test_unknown_format_version_refuses_start,
+    test_shard_ids_survive_restart_and_compaction,
+    test_log_of_another_shard_refuses_start,
     test_disk_full_refuses_puts_then_recovers,
     test_lock_second_server_refused,
     test_torn_tail_garbage_appended,

@@ -34,6 +34,7 @@ long-poll cap is checked on a server of its own started with --http-max-wait 1.
 """
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -49,6 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -86,7 +88,7 @@ SERVER_KEYS = {
     # beyond beanstalk's keys, for the dashboard
     "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
     "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "binlog_enabled", "binlog_size",
-    "binlog_last_sync_age_ms", "subscriptions"}
+    "binlog_last_sync_age_ms", "subscriptions", "shard_index", "shard_count"}
 SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms",
                           "subscriptions"}
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
@@ -1573,6 +1575,7 @@ def test_stats():
     check_eq(st["binlog_enabled"], False, "binlog_enabled without -b")
     check_eq(st["binlog_last_sync_age_ms"], None, "binlog_last_sync_age_ms without -b")
     check_eq(st["binlog_size"], 0, "binlog_size without -b")
+    check_eq((st["shard_index"], st["shard_count"]), (0, 1), "the shard without --shard")
     for k in SERVER_KEYS - SERVER_KEYS_NOT_COUNTS:
         check(isinstance(st[k], int) and not isinstance(st[k], bool) and st[k] >= 0, "stats %s = %r" % (k, st[k]))
     before = st["total_jobs"]
@@ -2625,6 +2628,24 @@ def test_no_http_flag():
     check_stopped(status, err, "--no-http server")
 
 
+@contextlib.contextmanager
+def own_server(extra, what):
+    """A server of the test's own, started with the flags extra: the target
+    of put(), get(), ... while the block runs; it must then stop cleanly."""
+    srv = Server(extra=extra).start()
+    try:
+        saved = T.base, T.direct
+        T.base = T.direct = ("127.0.0.1", srv.http_port)
+        try:
+            yield srv
+        finally:
+            T.base, T.direct = saved
+        status, err = srv.stop()
+    finally:
+        srv.stop()
+    check_stopped(status, err, what)
+
+
 def test_sigterm_with_waiting_longpoll():
     """A server with a suspended long-poll stops cleanly and promptly."""
     srv = Server().start()
@@ -2658,28 +2679,50 @@ def test_timeout_is_capped_by_http_max_wait():
     --http-max-wait 1 answers a timeout=45 long-poll (single and count=3) on
     an empty tube with 204 after about a second; a job put while it waits
     still wakes it at once."""
-    srv = Server(extra=["--http-max-wait", "1"]).start()
-    try:
-        saved = T.base, T.direct
-        T.base = T.direct = ("127.0.0.1", srv.http_port)
-        try:
-            for params in ({}, {"count": 3}):
-                t0 = time.monotonic()
-                r = reserve(uniq("cap"), timeout=45, **params)
-                took = time.monotonic() - t0
-                expect_status(r, 204, "long-poll with timeout=45 %r" % params)
-                check(0.9 <= took <= 3.0, "timeout=45 %r answered after %.2f s, want the 1 s cap"
-                      % (params, took))
-            tube = uniq("capwake")
-            doc, _ = longpoll_then(tube, lambda: put(tube, b"in time"))
-            expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204,
-                          "delete")
-        finally:
-            T.base, T.direct = saved
-        status, err = srv.stop()
-    finally:
-        srv.stop()
-    check_stopped(status, err, "--http-max-wait 1 server")
+    with own_server(["--http-max-wait", "1"], "--http-max-wait 1 server"):
+        for params in ({}, {"count": 3}):
+            t0 = time.monotonic()
+            r = reserve(uniq("cap"), timeout=45, **params)
+            took = time.monotonic() - t0
+            expect_status(r, 204, "long-poll with timeout=45 %r" % params)
+            check(0.9 <= took <= 3.0, "timeout=45 %r answered after %.2f s, want the 1 s cap"
+                  % (params, took))
+        tube = uniq("capwake")
+        doc, _ = longpoll_then(tube, lambda: put(tube, b"in time"))
+        expect_status(delete("/jobs/%d%s" % (doc["id"], q(reservation=doc["reservation"]))), 204,
+                      "delete")
+
+
+def test_shard_refuses_other_shards_tubes_421():
+    """With --shard 1/3 the server gives out ids 1, 4, 7, ... and answers 421
+    WRONG_SHARD (naming the tube and its shard) to a put, a batch put and a
+    reservation of a tube whose CRC-32 mod 3 is not 1, also when it is the
+    second tube of a multi-tube reservation; nothing is stored and no waiter
+    is left. Its own tubes work, and reads of any tube are not refused.
+    /stats says shard_index 1, shard_count 3."""
+    def tube_of(shard, prefix):
+        return next(t for t in ("%s-%d" % (prefix, i) for i in range(1000)) if zlib.crc32(t.encode()) % 3 == shard)
+    with own_server(["--shard", "1/3"], "--shard 1/3 server") as srv:
+        mine, other = tube_of(1, uniq("mine")), tube_of(2, uniq("other"))
+        ids = [put(mine, b"m%d" % i) for i in range(3)]
+        check_eq(ids, [1, 4, 7], "the ids of shard 1 of 3")
+        for what, resp in (
+                ("put", post("/tubes/%s/jobs" % other, body=b"x")),
+                ("batch put", post_json("/tubes/%s/jobs/batch" % other, {"jobs": [{"body": "x"}]})),
+                ("reserve", post("/tubes/%s/reservations?timeout=5" % other)),
+                ("multi-tube reserve", post("/reservations?tubes=%s,%s&timeout=5" % (mine, other)))):
+            doc = expect_problem(resp, 421, "WRONG_SHARD", what + " of another shard's tube")
+            check("'%s' belongs to shard 2 of 0..2" % other in doc["detail"] and "this is shard 1" in doc["detail"],
+                  "%s: the detail %r" % (what, doc["detail"]))
+        st = server_stats()
+        check_eq((st["shard_index"], st["shard_count"], st["total_jobs"], st["current_waiting"]),
+                 (1, 3, 3, 0), "shard, jobs and waiters after the refusals")
+        expect_problem(get("/tubes/%s" % other), 404, "NOT_FOUND", "stats of the other shard's tube (not 421)")
+        doc = expect_json(post("/reservations?tubes=%s&timeout=1" % mine), 200, "reserve from its own tube")
+        check_eq(doc["id"], 1, "the job reserved")
+        with Beanstalk(srv.tcp_port) as b:  # beanstalk keeps beanstalkd's behaviour: no check
+            b.expect("use %s\r\n" % other, b"USING %s\r\n" % other.encode())
+            check_eq(b.put(b"tcp"), 10, "a put over beanstalk to any tube, id of class 1")
 
 
 def test_drain_sigusr1_503():
@@ -2833,6 +2876,7 @@ TESTS = [
     test_no_http_flag,
     test_sigterm_with_waiting_longpoll,
     test_timeout_is_capped_by_http_max_wait,
+    test_shard_refuses_other_shards_tubes_421,
     test_drain_sigusr1_503,   # last: the server drains from here on
 ]
 

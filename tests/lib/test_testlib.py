@@ -217,6 +217,24 @@ def test_wait_until_and_wait_ready():
         p.wait()
 
 
+def test_doc_block():
+    """doc_block returns the code block after its marker, not another one,
+    and says which document lacks a marker."""
+    with tempfile.TemporaryDirectory(prefix="beangate-testlib-") as tmp:
+        path = os.path.join(tmp, "doc.md")
+        with open(path, "w") as f:
+            f.write("# t\n\n<!-- a: run me -->\n```python\nprint(1)\nprint(2)\n```\n\n"
+                    "<!-- b -->\n\n```sh\necho b\n```\n")
+        check_eq(testlib.doc_block(path, "a"), "print(1)\nprint(2)", "the block after <!-- a")
+        check_eq(testlib.doc_block(path, "b"), "echo b", "the block after <!-- b")
+        try:
+            testlib.doc_block(path, "c")
+        except AssertionError as e:
+            check("doc.md has no code block after <!-- c" in str(e), "the message %r" % str(e))
+        else:
+            raise AssertionError("doc_block found a block for a marker that is not there")
+
+
 TESTS = [
     test_lines_summary_and_status,
     test_registry_catches_a_test_left_out,
@@ -227,6 +245,7 @@ TESTS = [
     test_seed_repeats_a_run,
     test_the_binary_argument,
     test_wait_until_and_wait_ready,
+    test_doc_block,
 ]
 
 

@@ -27,6 +27,7 @@ skipped.
 import argparse
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -173,6 +174,16 @@ def sanitizer_report(err, markers=SANITIZER_MARKERS, limit=20000):
         return None
     start = err.rfind("\n", 0, min(starts)) + 1
     return err[start:start + limit]
+
+
+# The fenced code block that follows the HTML comment starting with marker in
+# the document at path (a document's example that a test runs as it is).
+def doc_block(path, marker):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"<!-- %s[^>]*-->\s*```\w*\n(.*?)\n```" % re.escape(marker), text, re.S)
+    check(m is not None, "%s has no code block after <!-- %s" % (os.path.basename(path), marker))
+    return m.group(1)
 
 
 # ---- the runner -------------------------------------------------------------------

@@ -468,10 +468,7 @@ def test_rate_limit():
 
 def doc_block(marker):
     """The fenced code block after the HTML comment that starts with marker in docs/http.md."""
-    text = open(HTTP_DOC, encoding="utf-8").read()
-    m = re.search(r"<!-- %s[^>]*-->\s*```\w*\n(.*?)\n```" % re.escape(marker), text, re.S)
-    check(m is not None, "docs/http.md has no code block after <!-- %s" % marker)
-    return m.group(1)
+    return testlib.doc_block(HTTP_DOC, marker)
 
 
 def start_example_service(work, secret):

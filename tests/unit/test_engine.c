@@ -2829,6 +2829,9 @@ static void test_stress_random_operations(void **state)
         prng_state = seeds[si];
         s->now = T0;
         assert_int_equal(bg_engine_init(&s->engine, MAX_JOB_SIZE, NULL), BG_OK);
+        /* the last seed runs as instance 2 of 5: the audit after each step
+         * checks that every id is of that class */
+        if (si == 2) assert_int_equal(bg_engine_set_shard(&s->engine, 2, 5), BG_OK);
         for (int i = 0; i < SC; i++) assert_int_equal(fake_open(&s->engine, &s->fc[i]), BG_OK);
         for (audit_step = 0; audit_step < 10000; audit_step++) {
             stress_step(s);
@@ -2857,6 +2860,146 @@ static void test_stress_random_operations(void **state)
         bg_engine_destroy(&s->engine);
         free(s);
     }
+}
+
+/* ======================================================================= */
+/* shards: instance K of N owns the ids that are K modulo N                 */
+/* ======================================================================= */
+
+/* Instance K of N gives out K, K+N, K+2N, ... (N, 2N, ... for K = 0: id 0
+ * never exists), through puts, a delayed job coming due and a job taken
+ * back from a closed client; 0 of 1 is beanstalkd's 1, 2, 3. */
+static void test_shard_ids_are_of_the_class(void **state)
+{
+    (void)state;
+    static const uint32_t shards[][2] = {{0, 1}, {0, 3}, {1, 3}, {2, 3}, {4, 7}, {1023, 1024}};
+    for (size_t s = 0; s < sizeof shards / sizeof shards[0]; s++) {
+        uint32_t k = shards[s][0], n = shards[s][1];
+        struct bg_engine e;
+        struct fake_client fc[2];
+        assert_int_equal(bg_engine_init(&e, MAX_JOB_SIZE, NULL), BG_OK);
+        assert_int_equal(bg_engine_set_shard(&e, k, n), BG_OK);
+        assert_int_equal(bg_engine_last_id(&e), 0); /* none given out yet */
+        assert_int_equal(fake_open(&e, &fc[0]), BG_OK);
+        assert_int_equal(fake_open(&e, &fc[1]), BG_OK);
+        uint64_t want = k ? k : n, ids[6];
+        ids[0] = put_job(&fc[0], "a", 5, 0, 60, T0);
+        ids[1] = put_job(&fc[0], "b", 5, 2, 60, T0);        /* delayed 2 s */
+        assert_int_equal(reserve_now(&fc[1], T0), ids[0]);
+        fake_close(&fc[1], T0 + SEC(1));                    /* a is ready again */
+        bg_engine_tick(&e, T0 + SEC(2));                    /* b is due */
+        for (int i = 2; i < 6; i++) ids[i] = put_job(&fc[0], "c", 5, 0, 60, T0 + SEC(3));
+        for (int i = 0; i < 6; i++) {
+            assert_int_equal(ids[i], want + (uint64_t)i * n);
+            assert_int_equal(bg_shard_of_id(ids[i], n), k);
+            assert_true(ids[i] > 0);
+        }
+        assert_int_equal(bg_engine_last_id(&e), ids[5]);
+        assert_int_equal(e.ready_count, 6);
+        uint64_t first;
+        assert_int_equal(bg_engine_foreign_jobs(&e, &first), 0);
+        assert_int_equal(first, 0);
+        check_engine(&e, fc, 1);
+        fake_close(&fc[0], T0 + SEC(3));
+        bg_engine_destroy(&e);
+    }
+}
+
+/* The setting is checked: N from 1 to BG_SHARD_COUNT_MAX, K below N; a
+ * refused one changes nothing. */
+static void test_shard_setting_checked(void **state)
+{
+    struct world *w = *state;
+    static const uint32_t bad[][2] = {{0, 0}, {3, 3}, {4, 3}, {0, BG_SHARD_COUNT_MAX + 1},
+                                      {UINT32_MAX, UINT32_MAX}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(bg_engine_set_shard(&w->engine, bad[i][0], bad[i][1]), BG_BAD_FORMAT);
+        assert_int_equal(w->engine.shard_index, 0);
+        assert_int_equal(w->engine.shard_count, 1);
+        assert_int_equal(w->engine.next_id, 1);
+    }
+    assert_int_equal(bg_engine_set_shard(&w->engine, BG_SHARD_COUNT_MAX - 1, BG_SHARD_COUNT_MAX), BG_OK);
+    assert_int_equal(w->engine.next_id, BG_SHARD_COUNT_MAX - 1);
+    assert_int_equal(bg_engine_set_shard(&w->engine, 0, 1), BG_OK);
+    check_world(w);
+}
+
+/* Restoring from a log keeps the class: next_id goes to the smallest id of
+ * the class above every id a record named, of any class (ids are never
+ * reused); a job of another class is counted as foreign, and the audit
+ * calls it broken. */
+static void test_shard_restore_keeps_the_class(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    assert_int_equal(bg_engine_set_shard(e, 1, 3), BG_OK);
+    assert_int_equal(e->next_id, 1);
+    struct bg_journal_job r = {.id = 7, .tube = "t", .state = BG_JOB_READY, .pri = 5, .ttr_s = 60,
+                               .body_len = 3, .body = "x\r\n"};
+    assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    assert_int_equal(e->next_id, 10);
+    bg_engine_restore_delete(e, 20);        /* of class 2: the next id of ours above it is 22 */
+    assert_int_equal(e->next_id, 22);
+    bg_engine_restore_delete(e, 4);         /* below: nothing moves */
+    assert_int_equal(e->next_id, 22);
+    bg_engine_id_seen(e, 22);
+    assert_int_equal(e->next_id, 25);
+    assert_int_equal(bg_engine_last_id(e), 22);
+    assert_int_equal(put_job(&w->fc[0], "after", 5, 0, 60, T0), 25);
+    uint64_t first;
+    assert_int_equal(bg_engine_foreign_jobs(e, &first), 0);
+    check_world(w);
+    /* a log written by another shard: ids 8 and 5 are class 2 */
+    r.id = 8;
+    assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    r.id = 5;
+    assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    assert_int_equal(bg_engine_foreign_jobs(e, &first), 2);
+    assert_int_equal(first, 5);
+    const char *broken;
+    assert_int_equal(bg_engine_audit(e, &broken), BG_INTERNAL_ERROR);
+    assert_string_equal(broken, "a job id of another shard's class");
+    bg_engine_restore_delete(e, 5);
+    bg_engine_restore_delete(e, 8);
+    assert_int_equal(bg_engine_foreign_jobs(e, &first), 0);
+    assert_int_equal(bg_engine_audit(e, &broken), BG_OK);
+}
+
+/* CRC-32 bit by bit (reflected, polynomial 0xEDB88320): the definition,
+ * to check the table-driven bg_crc32 against. */
+static uint32_t crc32_by_bits(const char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= (unsigned char)p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (c & 1 ? 0xEDB88320u : 0);
+    }
+    return ~c;
+}
+
+/* The tube rule is CRC-32 (the check value of "123456789" is the published
+ * 0xCBF43926) mod N, for every byte a tube name may hold. */
+static void test_shard_of_tube_is_crc32_mod_n(void **state)
+{
+    (void)state;
+    assert_int_equal(bg_crc32("123456789", 9), 0xCBF43926u);
+    assert_int_equal(bg_crc32("", 0), 0);
+    static const char *const names[] = {"default", "emails", "a/b", "x(1);$y", "+-._", "tube-99"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t len = strlen(names[i]);
+        uint32_t crc = crc32_by_bits(names[i], len);
+        assert_int_equal(bg_crc32(names[i], len), crc);
+        for (uint32_t n = 1; n <= 7; n++) assert_int_equal(bg_shard_of_tube(names[i], len, n), crc % n);
+        assert_int_equal(bg_shard_of_tube(names[i], len, 1), 0);
+    }
+    /* 300 tubes spread over 3 shards, none empty */
+    uint32_t per[3] = {0};
+    char name[16];
+    for (int i = 0; i < 300; i++) {
+        int len = snprintf(name, sizeof name, "tube-%d", i);
+        per[bg_shard_of_tube(name, (size_t)len, 3)]++;
+    }
+    for (int k = 0; k < 3; k++) assert_true(per[k] > 50);
 }
 
 /* ======================================================================= */
@@ -2923,6 +3066,10 @@ int main(void)
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),
         ENGINE_TEST(test_peek_and_job_ids),
+        cmocka_unit_test(test_shard_ids_are_of_the_class),
+        ENGINE_TEST(test_shard_setting_checked),
+        ENGINE_TEST(test_shard_restore_keeps_the_class),
+        cmocka_unit_test(test_shard_of_tube_is_crc32_mod_n),
         cmocka_unit_test(test_tube_table_is_keyed),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reads_after_delay_passed),
