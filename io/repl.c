@@ -60,6 +60,7 @@ struct repl {
     /* the lease (thread) */
     uint64_t lease_rev;
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent */
+    int unconfirmed;             /* renewals have failed for a lease time (said) */
     /* primary (flusher) */
     uint64_t last_seq;           /* the stream's last sequence as this node knows it */
     uint64_t msg_counter;
@@ -138,6 +139,7 @@ static int lease_try_take(struct repl *r)
     if (s != NATS_OK) return 0;
     r->lease_rev = rev;
     r->lease_sent_ns = sent;
+    r->unconfirmed = 0;
     log_event(BG_LOG_WARN, "replication_lease_taken", "node=%s bucket=%s revision=%" PRIu64,
               log_str(r->node_id), log_str(r->bucket), rev);
     return 1;
@@ -152,6 +154,8 @@ static int lease_renew_due(struct repl *r)
     jsErrCode jerr = 0;
     natsStatus s = kvStore_UpdateString(&rev, r->kv, LEASE_KEY, r->node_id, r->lease_rev);
     if (s == NATS_OK) {
+        if (r->unconfirmed) log_event(BG_LOG_WARN, "replication_lease_confirmed", "node=%s", log_str(r->node_id));
+        r->unconfirmed = 0;
         r->lease_rev = rev;
         r->lease_sent_ns = now;
         pthread_mutex_lock(&r->mu);
@@ -182,9 +186,15 @@ static int lease_renew_due(struct repl *r)
             return -1;
         }
     }
-    if (mono_ns() - r->lease_sent_ns >= (uint64_t)r->cfg.lease_ms * 1000000ull) {
-        post_lost(r, "the lease could not be renewed within its time");
-        return -1;
+    /* NATS cannot say (no quorum, a leader election, no connection): go on.
+     * Nothing unreplicated is acknowledged anyway, and if another node
+     * takes the lease meanwhile, its takeover fences this one's next
+     * append, and the next renewal that gets through finds the key taken */
+    if (!r->unconfirmed && mono_ns() - r->lease_sent_ns >= (uint64_t)r->cfg.lease_ms * 1000000ull) {
+        r->unconfirmed = 1;
+        log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64
+                  " error=%s", log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000,
+                  log_str(status_text(s)));
     }
     return 0;
 }

@@ -14,6 +14,7 @@ import time
 
 CONF = """server_name: %(name)s
 listen: 127.0.0.1:%(port)d
+http: 127.0.0.1:%(mport)d
 jetstream {
   store_dir: "%(store)s"
   max_memory_store: 268435456
@@ -47,7 +48,7 @@ class Cluster:
         self.nodes = []
         for i in range(size):
             self.nodes.append({"name": "n%d" % (i + 1), "port": _free_port(), "cport": _free_port(),
-                               "proc": None, "log": None})
+                               "mport": _free_port(), "proc": None, "log": None})
         for n in self.nodes:
             n["store"] = os.path.join(workdir, n["name"])
             os.makedirs(n["store"], exist_ok=True)
@@ -81,6 +82,25 @@ class Cluster:
     def stop_all(self):
         for i in range(len(self.nodes)):
             self.kill(i)
+
+    def stream_state(self, stream, only=None):
+        """The stream's state (messages, bytes, first_seq, last_seq) as a running
+        node's (or node `only`'s) monitoring endpoint reports it, or None."""
+        import json
+        import urllib.request
+        for i, n in enumerate(self.nodes):
+            if not n["proc"] or (only is not None and i != only):
+                continue
+            try:
+                url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true" % n["mport"]
+                data = json.loads(urllib.request.urlopen(url, timeout=2).read())
+            except (OSError, ValueError):
+                continue
+            for acc in data.get("account_details") or []:
+                for sd in acc.get("stream_detail") or []:
+                    if sd.get("name") == stream and sd.get("state"):
+                        return sd["state"]
+        return None
 
     def healthy(self, i):
         """GET /healthz?js-enabled-only... not on the client port: the cluster
