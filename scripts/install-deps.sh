@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Install what building and testing beangate needs on Debian 12, skipping
 # what is already there. Usage: scripts/install-deps.sh [build|test]
-#   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle
+#   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle, libnats
+#          (replication through NATS JetStream; beangate builds without it)
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
 #          reference), python3, node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
 #          chromium + chromium-driver + python3-selenium (the dashboard's
-#          browser tests)
+#          browser tests), nats-server (the replication tests' JetStream
+#          cluster)
 set -euo pipefail
 mode="${1:-test}"
 
-pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev)
+pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev libnats-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
-           gearman-job-server gearman-tools chromium chromium-driver python3-selenium)
+           gearman-job-server gearman-tools chromium chromium-driver python3-selenium nats-server)
 fi
 
 missing=()
@@ -33,7 +35,7 @@ sudo_cmd=()
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 # Installing Debian's beanstalkd must not start it as a service on 11300,
-# nor gearman-job-server a gearmand on 4730: the tests pick their own ports
+# nor gearman-job-server a gearmand on 4730, nor nats-server one on 4222: the tests pick their own ports
 # and must not share a machine with a stray server. policy-rc.d tells the
 # packages not to start anything.
 policy=/usr/sbin/policy-rc.d
