@@ -15,7 +15,7 @@ mode="${1:-test}"
 pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev libnats-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl prometheus util-linux
-           gearman-job-server gearman-tools chromium chromium-driver python3-selenium nats-server)
+           gearman-job-server gearman-tools chromium chromium-driver python3-selenium python3-yaml nats-server)
 fi
 
 missing=()

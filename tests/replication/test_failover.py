@@ -18,6 +18,10 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
   snapshotted and purged, so it stays a small multiple of the live data.
 - standby_refuses: a standby answers /readyz and the API with 503 STANDBY,
   and does not listen on the beanstalk port.
+- sigterm_hands_over: SIGTERM on the primary gives the lease up; the
+  standby serves at once, not after the lease time.
+- kubernetes_manifests: contrib/kubernetes/ha/ parses, and wires the pair's
+  Service and readiness probe to /readyz.
 
 Needs nats-server (Debian: nats-server) and a beangate built with libnats;
 without either the suite is skipped (exit 77).
@@ -529,7 +533,58 @@ def test_standby_refuses():
           "primary /metrics")
 
 
-TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_failover]
+def test_sigterm_hands_over():
+    """A primary stopped with SIGTERM gives the lease up: the standby takes
+    over well before the lease would have expired, with every job."""
+    global WORLD
+    WORLD = world = World(extra=["--replicate-lease-ms", "5000", "--replicate-renew-ms", "500"])
+    world.start_pair()
+    a, b = world.nodes
+    conn = Conn(a.port)
+    for i in range(50):
+        check(conn.cmd(b"put 0 0 60 2", b"%02d" % i).startswith(b"INSERTED"), "put")
+    conn.close()
+    t0 = time.monotonic()
+    a.proc.send_signal(signal.SIGTERM)
+    code = a.proc.wait(timeout=15)
+    check(code == 0, "the primary stopped with status %s" % code)
+    wait_until(b.primary, "b to take over", timeout=10)
+    took = time.monotonic() - t0
+    print("  after SIGTERM of the primary, the standby served %.2f s later (lease 5 s)" % took)
+    check(took < 2.5, "the standby waited %.2f s: the lease was not given up" % took)
+    found = Conn(b.port).peek_many(range(1, 51))
+    check(all(found[i] == b"%02d" % (i - 1) for i in range(1, 51)), "jobs missing after the handover")
+
+
+def test_kubernetes_manifests():
+    """contrib/kubernetes/ha/ parses as YAML, its Service selects the pair and
+    its readiness probe is /readyz (no cluster here to apply it to)."""
+    try:
+        import yaml
+    except ImportError:
+        raise Skip("python3-yaml is not installed")
+    root = os.path.join(HERE, "..", "..", "contrib", "kubernetes", "ha")
+    docs = {}
+    for name in ("nats.yaml", "beangate.yaml"):
+        with open(os.path.join(root, name)) as f:
+            for d in yaml.safe_load_all(f):
+                docs[(d["kind"], d["metadata"]["name"])] = d
+    nats = docs[("StatefulSet", "beangate-nats")]
+    check(nats["spec"]["replicas"] == 3, "the NATS StatefulSet has 3 replicas")
+    pair = docs[("StatefulSet", "beangate")]
+    check(pair["spec"]["replicas"] == 2, "the beangate StatefulSet has 2 replicas")
+    container = pair["spec"]["template"]["spec"]["containers"][0]
+    check(container["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness on /readyz")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    check(all("beangate-nats-%d" % i in env["BEANGATE_REPLICATE"] for i in range(3)),
+          "BEANGATE_REPLICATE names the three NATS nodes")
+    svc = docs[("Service", "beangate")]
+    check(svc["spec"]["selector"] == pair["spec"]["template"]["metadata"]["labels"],
+          "the Service selects the pair's pods")
+
+
+TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_sigterm_hands_over, test_failover,
+         test_kubernetes_manifests]
 
 if __name__ == "__main__":
     ARGS = parse_args(arg_parser(__doc__), sys.argv)
