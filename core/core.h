@@ -794,6 +794,14 @@ struct bg_process_info {
     int binlog_enabled;         /* -b */
     uint64_t binlog_bytes;      /* bytes in the log's segment files */
     int64_t binlog_sync_age_ms; /* since the log last synced; -1: no log, or -F (never) */
+    /* replication (--replicate), for /metrics */
+    int repl_enabled;
+    const char *repl_role;      /* "standby", "taking_over", "primary", "lost" */
+    int repl_primary;           /* 1 while this node serves as the primary */
+    uint64_t repl_applied_seq, repl_published_seq, repl_stream_last_seq;
+    uint64_t repl_messages_published, repl_publish_retries, repl_purges;
+    uint64_t repl_lease_renewals, repl_lease_failures;
+    int64_t repl_lease_age_ms;  /* since the primary last renewed its lease; -1: not primary */
 };
 
 void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,

@@ -104,6 +104,12 @@ void gateway_stop(struct gateway *gw);
 /* /readyz answers 200 once the server says it serves (listeners up), and
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
+/* Replication: whether this node serves. state(arg, detail, size) returns
+ * NULL while it does, else a problem code ("STANDBY", "LOST_LEADERSHIP")
+ * with the detail written to detail; then /readyz and every API route
+ * (the rows that take a token) answer 503 with them. NULL gw: no-op. */
+typedef const char *(*gw_role_fn)(void *arg, char *detail, size_t size);
+void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg);
 /* Install push delivery's hooks (copied). NULL gw does nothing. */
 void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
 
@@ -221,6 +227,8 @@ struct gateway {
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
     struct gw_cors *cors;         /* NULL: CORS off */
+    gw_role_fn role;              /* gateway_set_role; NULL: always serving */
+    void *role_arg;
 };
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
@@ -429,6 +437,9 @@ void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned st
                         double seconds);
 /* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
 int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
+/* Replication: the problem code (and detail) a request gets while this
+ * node does not serve, or NULL (metrics.c, beside /readyz; gateway_set_role). */
+const char *gw_role_refusal(const struct gateway *gw, char *detail, size_t size);
 /* The handlers of /metrics, /livez and /readyz. */
 int gw_handle_metrics(struct gw_request *r);
 int gw_handle_livez(struct gw_request *r);

@@ -193,6 +193,9 @@ static int dispatch(struct gw_request *r)
         snprintf(detail, sizeof detail, "allowed: %s", allow);
         return gw_reply_problem_header(r->conn, 405, "METHOD_NOT_ALLOWED", detail, "Allow", allow);
     }
+    char detail[160];
+    const char *role = m->route->auth == GW_AUTH_TOKEN ? gw_role_refusal(r->gw, detail, sizeof detail) : NULL;
+    if (role) return gw_reply_problem(r->conn, 503, role, detail); /* a standby changes nothing */
     if (!r->counted) r->commands = 1;
     /* the handler reads job states (reservation checks, GET): bring the
      * engine up to now first, whether or not the loop's timer ran */
@@ -333,6 +336,13 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
     log_event(BG_LOG_WARN, "http_server_error", "msg=%s", log_str(msg));
+}
+
+void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg)
+{
+    if (!gw) return;
+    gw->role = state;
+    gw->role_arg = arg;
 }
 
 void gateway_set_ready(struct gateway *gw, int ready)

@@ -186,6 +186,53 @@ static int counter(struct bg_buf *b, const char *name, const char *help, uint64_
     return rc;
 }
 
+/* Replication's families (--replicate): the role, the stream's sequences
+ * and lag, acknowledgements, purges, the lease. */
+static int render_replication(struct bg_buf *b, const struct bg_process_info *pi)
+{
+    static const char *const roles[] = {"standby", "taking_over", "primary", "lost"};
+    int rc = family(b, "beangate_replication_role", "gauge",
+                    "1 for this node's replication role (standby, taking_over, primary, lost).");
+    for (size_t i = 0; rc == 0 && i < sizeof roles / sizeof roles[0]; i++)
+        rc = sample1(b, "beangate_replication_role", "role", roles[i],
+                     pi->repl_role && strcmp(pi->repl_role, roles[i]) == 0);
+    if (rc == 0)
+        rc = gauge(b, "beangate_replication_primary", "1 while this node serves as the primary, else 0.",
+                   (uint64_t)pi->repl_primary);
+    if (rc == 0)
+        rc = gauge(b, "beangate_replication_stream_last_seq",
+                   "The stream's last sequence as this node last saw it.", pi->repl_stream_last_seq);
+    if (rc == 0)
+        rc = gauge(b, "beangate_replication_applied_seq",
+                   "A standby: the last message of the stream applied.", pi->repl_applied_seq);
+    if (rc == 0)
+        rc = gauge(b, "beangate_replication_lag_messages",
+                   "A standby: messages seen in the stream and not applied yet.",
+                   pi->repl_primary || pi->repl_stream_last_seq < pi->repl_applied_seq
+                       ? 0 : pi->repl_stream_last_seq - pi->repl_applied_seq);
+    if (rc == 0)
+        rc = counter(b, "beangate_replication_messages_published_total",
+                     "Messages of log records the stream acknowledged (each a quorum's).",
+                     pi->repl_messages_published);
+    if (rc == 0)
+        rc = counter(b, "beangate_replication_publish_retries_total",
+                     "Publishes tried again (no quorum, a leader election, a lost connection).",
+                     pi->repl_publish_retries);
+    if (rc == 0)
+        rc = counter(b, "beangate_replication_purges_total",
+                     "Purges of the stream behind a complete snapshot.", pi->repl_purges);
+    if (rc == 0)
+        rc = counter(b, "beangate_replication_lease_renewals_total", "Renewals of the leadership lease.",
+                     pi->repl_lease_renewals);
+    if (rc == 0)
+        rc = counter(b, "beangate_replication_lease_failures_total",
+                     "Renewals of the lease that failed.", pi->repl_lease_failures);
+    if (rc == 0 && pi->repl_lease_age_ms >= 0)
+        rc = gauge(b, "beangate_replication_lease_age_ms",
+                   "Milliseconds since the primary last renewed its lease.", (uint64_t)pi->repl_lease_age_ms);
+    return rc;
+}
+
 static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now)
 {
     const struct bg_engine *e = gw->engine;
@@ -242,7 +289,7 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                    e->draining ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_ready", "1 when /readyz answers 200, else 0.",
-                   gw->ready && !e->draining && !e->journal_broken ? 1 : 0);
+                   gw->ready && !e->draining && !e->journal_broken && !gw_role_refusal(gw, NULL, 0) ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_binlog_failed",
                    "1 while the write-ahead log cannot write (puts are refused), else 0.",
@@ -267,6 +314,7 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
             rc = gauge(b, "beangate_binlog_torn_records",
                        "Torn or corrupt tails dropped at the last recovery.", pi.binlog_torn);
     }
+    if (rc == 0 && pi.repl_enabled) rc = render_replication(b, &pi);
     if (rc == 0)
         rc = gauge(b, "beangate_max_job_size_bytes", "The maximum job size (-z).", e->max_job_size);
     if (rc == 0) rc = family(b, "beangate_uptime_seconds", "gauge", "Seconds since the server started.");
@@ -408,9 +456,17 @@ int gw_handle_livez(struct gw_request *r)
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }
 
+const char *gw_role_refusal(const struct gateway *gw, char *detail, size_t size)
+{
+    return gw->role ? gw->role(gw->role_arg, detail, size) : NULL;
+}
+
 int gw_handle_readyz(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
+    char detail[160];
+    const char *role = gw_role_refusal(gw, detail, sizeof detail);
+    if (role) return gw_reply_problem(r->conn, 503, role, detail);
     if (gw->engine->draining)
         return gw_reply_problem(r->conn, 503, "DRAINING", "the server is draining: no new jobs");
     if (!gw->ready)

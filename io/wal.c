@@ -32,10 +32,11 @@
 #include "loop.h"
 #include "wal.h"
 #include "eventlog.h"
+#include "repl.h"
 
 struct wal_batch {
     struct bg_buf data;
-    int fd;                    /* where data goes */
+    int fd;                    /* where data goes on disk; -1: no disk */
     uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
     int sync;
@@ -43,6 +44,12 @@ struct wal_batch {
     int sync_close;            /* sync close_fd before writing data (not with -F) */
     int sync_dir;              /* a segment was created: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
+    /* replication (cfg.repl) */
+    int repl_rc;               /* repl_append's result: 0, REPL_FENCED, REPL_STOPPED */
+    uint64_t first_seq;        /* the stream sequence of data's first message */
+    int snapshot_first;        /* data holds a snapshot's first records */
+    uint64_t purge_before;     /* remove the stream's messages before this one (0: none) */
+    int purged;                /* ... and it was done */
 };
 
 struct wal {
@@ -85,6 +92,19 @@ struct wal {
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
     struct wal_hold *hold_head, *hold_tail; /* replies waiting, by mark */
+    /* replication: the stream is a sink too, and without a directory the
+     * only one; total_bytes is then the bytes of the stream */
+    struct repl *repl;
+    int writing;               /* this node logs (a standby only applies) */
+    int repl_dead;             /* the stream refused an append: nothing more goes */
+    uint64_t purge_seq;        /* the newest snapshot's first message */
+    uint64_t purge_bytes;      /* the stream's bytes before it */
+    uint64_t purge_due;        /* its snapshot is complete: purge before it */
+    /* standby */
+    uint64_t applied_seq;      /* the last message applied */
+    uint64_t *resync_ids;      /* sorted: jobs alive when a purge overtook this standby */
+    uint8_t *resync_seen;      /* ... written again since (by the snapshot, or anew) */
+    size_t resync_count;
 };
 
 #define RETRY_SECONDS 1
@@ -237,7 +257,7 @@ const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted,
 
 /* Write all of b->data at the end of b->fd; then sync as asked. On failure
  * the partial write is cut off again, so a retry starts clean. */
-static int flush_batch(struct wal_batch *b, int dir_fd)
+static int flush_to_disk(struct wal_batch *b, int dir_fd)
 {
     /* a segment is complete on disk before anything goes into the next:
      * after a crash of the machine only the newest may end torn */
@@ -268,6 +288,22 @@ static int flush_batch(struct wal_batch *b, int dir_fd)
     return 0;
 }
 
+/* The flusher's work on one batch: the disk (if any), then the stream (if
+ * replicating): the batch is done when every sink has it. An errno of the
+ * disk, or 0 (b->repl_rc says how the stream took it). */
+static int flush_batch(struct wal_batch *b, int dir_fd, struct repl *repl)
+{
+    if (b->fd >= 0) {
+        int e = flush_to_disk(b, dir_fd);
+        if (e) return e;
+    }
+    if (repl) {
+        b->purged = b->purge_before && repl_purge(repl, b->purge_before) == 0;
+        b->repl_rc = b->data.len ? repl_append(repl, bg_buf_head(&b->data), b->data.len, &b->first_seq) : 0;
+    }
+    return 0;
+}
+
 static void *flusher_main(void *arg)
 {
     struct wal *w = arg;
@@ -277,7 +313,7 @@ static void *flusher_main(void *arg)
         if (!w->has_work && w->stop) break;
         w->has_work = 0;
         pthread_mutex_unlock(&w->lock);
-        w->batch.error = flush_batch(&w->batch, w->dir_fd);
+        w->batch.error = flush_batch(&w->batch, w->dir_fd, w->repl);
         uint64_t one = 1;
         if (write(w->notify_fd, &one, sizeof one) != sizeof one) { /* the loop polls anyway */ }
         pthread_mutex_lock(&w->lock);
@@ -362,7 +398,7 @@ static int snapshot_begin(struct wal *w)
         return BG_OUT_OF_MEMORY;
     }
     size_t n = bg_engine_job_ids(e, ids);
-    if (rotate(w) != 0) {
+    if (w->cfg.dir && rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
         return BG_IO_ERROR;
@@ -398,14 +434,18 @@ static int rotate(struct wal *w)
 
 void wal_kick(struct wal *w)
 {
-    if (!w || w->busy) return;
+    if (!w || w->busy || !w->writing || w->repl_dead) return;
     bg_time now = loop_now();
-    int sync_due = w->cfg.fsync_never ? 0
+    int disk = w->cfg.dir != NULL;
+    /* without a disk, a batch is done when the stream acknowledged it */
+    int sync_due = !disk ? 1
+                 : w->cfg.fsync_never ? 0
                  : w->cfg.fsync_ms == 0 ? 1
                  : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
     struct wal_batch *b = &w->batch;
     int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !w->snap_ids && !w->force_snapshot && !(w->unsynced && sync_due)) {
+    if (!retry && w->pending.len == 0 && !w->snap_ids && !w->force_snapshot && !(w->unsynced && sync_due) &&
+        !w->purge_due) {
         if (w->unsynced && !w->cfg.fsync_never) {
             /* the tail of a burst is synced when its time comes */
             bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
@@ -421,6 +461,8 @@ void wal_kick(struct wal *w)
         int compact = (w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size || w->force_snapshot) &&
                       !w->compact_seq && !w->snap_ids;
         if (compact && snapshot_begin(w) != 0) return;
+        b->snapshot_first = compact;
+        b->purge_before = w->purge_due;
         if (w->snap_ids && snapshot_step(w) != 0) {
             free(w->snap_ids); /* a later compaction starts over */
             w->snap_ids = NULL;
@@ -428,7 +470,7 @@ void wal_kick(struct wal *w)
             return;
         }
         {
-            uint64_t *size = segment_size_at(w, w->cur_index);
+            uint64_t *size = disk ? segment_size_at(w, w->cur_index) : NULL;
             if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
                 !snapshot_in_progress(w) && rotate(w) != 0) {
                 note_failure(w, errno, "create_segment");
@@ -449,18 +491,20 @@ void wal_kick(struct wal *w)
             bg_buf_consume(&w->pending, take);
             w->pending_records -= records;
         }
-        b->fd = w->cur_fd;
-        b->offset = *segment_size_at(w, w->cur_index);
+        b->fd = disk ? w->cur_fd : -1;
+        b->offset = disk ? *segment_size_at(w, w->cur_index) : 0;
         b->end_seq = w->appended_seq - w->pending_records;
         /* the batch that completes a snapshot is synced at once: the older
          * segments can go as soon as it is on disk */
-        if (w->compact_seq && b->end_seq >= w->compact_seq) sync_due = !w->cfg.fsync_never;
+        if (w->compact_seq && b->end_seq >= w->compact_seq) sync_due = !disk || !w->cfg.fsync_never;
         b->sync_dir |= w->dir_dirty;
         w->dir_dirty = 0;
     }
     /* retrying: the same batch again; what was appended since waits */
     b->sync = sync_due;
     b->error = 0;
+    b->repl_rc = 0;
+    b->purged = 0;
     submit(w);
 }
 
@@ -476,13 +520,32 @@ static int batch_done(struct wal *w)
         note_failure(w, b->error, b->sync ? "write_or_sync" : "write");
         return b->error;
     }
+    if (b->repl_rc) {
+        /* another node appended (repl has told the server), or stopping:
+         * this batch and everything after it stay unacknowledged */
+        w->repl_dead = 1;
+        w->engine->journal_broken = 1;
+        return EPERM;
+    }
     if (w->failed_errno) {
         log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
         w->failed_errno = 0;
         w->engine->journal_broken = 0;
     }
-    uint64_t *size = segment_size_at(w, w->cur_index);
-    if (size && b->fd == w->cur_fd) *size += b->data.len;
+    if (b->fd >= 0) {
+        uint64_t *size = segment_size_at(w, w->cur_index);
+        if (size && b->fd == w->cur_fd) *size += b->data.len;
+    }
+    if (w->repl) {
+        if (b->purged) {
+            if (!w->cfg.dir) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
+            w->purge_due = 0;
+        }
+        if (b->snapshot_first && b->data.len) {
+            w->purge_seq = b->first_seq;
+            w->purge_bytes = w->total_bytes;
+        }
+    }
     w->total_bytes += b->data.len;
     w->written_seq = b->end_seq;
     if (b->sync) {
@@ -495,9 +558,12 @@ static int batch_done(struct wal *w)
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        segments_drop_below(w, w->compact_index);
+        if (w->cfg.dir) {
+            segments_drop_below(w, w->compact_index);
+            w->dir_dirty = 1; /* the next batch syncs the directory */
+        }
+        if (w->repl && w->purge_seq) w->purge_due = w->purge_seq; /* the stream likewise */
         w->compact_seq = 0;
-        w->dir_dirty = 1; /* the next batch syncs the directory */
     }
     return 0;
 }
@@ -506,7 +572,8 @@ static int batch_done(struct wal *w)
 
 uint64_t wal_mark(const struct wal *w)
 {
-    int wait = w && w->cfg.fsync_ms == 0 && !w->cfg.fsync_never && !w->failed_errno;
+    int wait = w && w->writing && w->cfg.fsync_ms == 0 && (!w->cfg.dir || !w->cfg.fsync_never) &&
+               !w->failed_errno;
     return wait ? w->appended_seq : 0;
 }
 
@@ -570,6 +637,7 @@ static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
 
 int wal_chown(struct wal *w, unsigned uid, unsigned gid)
 {
+    if (!w->cfg.dir) return 0;
     if (fchown(w->dir_fd, uid, gid) != 0 || fchown(w->lock_fd, uid, gid) != 0) goto fail;
     for (uint64_t i = w->first_index; i <= w->cur_index; i++) {
         char name[64];
@@ -584,7 +652,7 @@ fail:
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
 {
-    if (!w) return;
+    if (!w || !w->cfg.dir) return; /* replication only: no segments */
     pi->binlog_oldest = w->first_index;
     pi->binlog_current = w->cur_index;
     pi->binlog_migrated = w->records_migrated;
@@ -700,6 +768,10 @@ struct seg_report {
  * scratch engine, a line per segment on stdout). */
 struct recovery {
     int check;
+    int copy_only;               /* replicating: the stream is the log; the
+                                  * directory's segments are not read, and the
+                                  * snapshot taken when this node becomes
+                                  * primary supersedes them */
     int accept_damage;           /* --log-recover-damaged */
     bg_time now;
     uint64_t wall;
@@ -1091,6 +1163,12 @@ static int recover(struct wal *w, struct recovery *rc)
     /* start at the newest segment holding a complete snapshot, if any */
     size_t start = 0;
     int snapshot = 0;
+    if (rc->copy_only) {
+        w->first_index = n ? indexes[0] : 1;
+        w->cur_index = n ? indexes[n - 1] : 0;
+        free(indexes);
+        return 0;
+    }
     for (size_t i = n; i-- > 0 && !snapshot;) {
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
@@ -1169,16 +1247,10 @@ static int recover(struct wal *w, struct recovery *rc)
     return 0;
 }
 
-/* wal_open's work on a zeroed w: 0, or an outcome after a message (what
- * is open then is closed by open_failed). */
-static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
-                     struct event_base *base, bg_time now, uint64_t wall)
+/* The directory's part of wal_open: lock, recover (unless replicating),
+ * start a new segment. 0, or an outcome after a message. */
+static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, uint64_t wall)
 {
-    w->cfg = *cfg;
-    w->engine = e;
-    w->base = base;
-    w->batch.close_fd = -1;
-    w->cur_fd = w->lock_fd = w->notify_fd = -1;
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return BG_IO_ERROR;
@@ -1193,7 +1265,8 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
         return BG_IO_ERROR;
     }
-    struct recovery rc = {.accept_damage = cfg->recover_damaged, .now = now, .wall = wall};
+    struct recovery rc = {.accept_damage = cfg->recover_damaged, .copy_only = cfg->repl != NULL,
+                          .now = now, .wall = wall};
     int r = recover(w, &rc);
     if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
@@ -1205,6 +1278,35 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->cur_index++;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
     fsync(w->dir_fd);
+    return 0;
+}
+
+/* From now on the engine's changes are logged (a server without
+ * replication: at once; a standby: once it is primary). */
+static void start_writing(struct wal *w)
+{
+    w->engine->journal = &wal_journal_ops;
+    w->engine->journal_ctx = w;
+    w->writing = 1;
+    /* damage was accepted, or the local copy of a replicated log starts
+     * now: a snapshot supersedes what the directory holds, so that the
+     * next start finds a clean log */
+    if (w->force_snapshot) wal_kick(w);
+}
+
+/* wal_open's work on a zeroed w: 0, or an outcome after a message (what
+ * is open then is closed by open_failed). */
+static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engine *e,
+                     struct event_base *base, bg_time now, uint64_t wall)
+{
+    w->cfg = *cfg;
+    w->engine = e;
+    w->base = base;
+    w->repl = cfg->repl;
+    w->batch.close_fd = -1;
+    w->cur_fd = w->lock_fd = w->notify_fd = w->dir_fd = -1;
+    int r;
+    if (cfg->dir && (r = open_dir(w, cfg, now, wall)) != 0) return r;
     w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
@@ -1218,11 +1320,8 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->retry_timer = evtimer_new(base, timer_kick_cb, w);
     event_add(w->notify_ev, NULL);
     w->last_sync = now;
-    e->journal = &wal_journal_ops;
-    e->journal_ctx = w;
-    /* damage was accepted: a snapshot of what was recovered supersedes the
-     * damaged segments, so that the next start finds a clean log */
-    if (w->force_snapshot) wal_kick(w);
+    /* a standby logs nothing until it becomes primary (wal_start_writing) */
+    if (!w->repl) start_writing(w);
     return 0;
 }
 
@@ -1291,7 +1390,7 @@ int wal_check(const char *dir)
 
 void wal_close(struct wal *w)
 {
-    if (!w || w->dir_fd <= 0) return;
+    if (!w) return;
     /* finish: wait for the flusher, then write what is left, synced */
     for (int round = 0; round < 2; round++) {
         pthread_mutex_lock(&w->lock);
@@ -1303,20 +1402,23 @@ void wal_close(struct wal *w)
             while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
             if (batch_done(w) != 0) break; /* the disk refuses: nothing more can go */
         }
-        if (round == 0 && w->pending.len) {
+        if (round == 0 && w->pending.len && w->writing && !w->repl_dead) {
             bg_buf_clear(&w->batch.data);
             struct bg_buf swap = w->batch.data;
             w->batch.data = w->pending;
             w->pending = swap;
             w->pending_records = 0;
-            w->batch.fd = w->cur_fd;
-            w->batch.offset = *segment_size_at(w, w->cur_index);
+            w->batch.fd = w->cfg.dir ? w->cur_fd : -1;
+            w->batch.offset = w->cfg.dir ? *segment_size_at(w, w->cur_index) : 0;
             w->batch.end_seq = w->appended_seq;
-            w->batch.sync = !w->cfg.fsync_never;
+            w->batch.sync = !w->cfg.dir || !w->cfg.fsync_never;
+            w->batch.purge_before = 0;
+            w->batch.snapshot_first = 0;
+            w->batch.repl_rc = 0;
             submit(w);
         }
     }
-    if (!w->cfg.fsync_never) fdatasync(w->cur_fd);
+    if (w->cfg.dir && !w->cfg.fsync_never) fdatasync(w->cur_fd);
     pthread_mutex_lock(&w->lock);
     w->stop = 1;
     pthread_cond_signal(&w->cond);
@@ -1338,5 +1440,95 @@ void wal_close(struct wal *w)
     free(w->segment_sizes);
     free(w->damaged_indexes);
     free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
+    free(w->resync_ids);
+    free(w->resync_seen);
     free(w);
+}
+
+/* ---- replication: the standby's side ------------------------------------ */
+
+static void resync_drop(struct wal *w);
+
+void wal_start_writing(struct wal *w, uint64_t stream_bytes)
+{
+    resync_drop(w);
+    bg_engine_restore_finish(w->engine);
+    if (w->cfg.dir) w->force_snapshot = 1;
+    else w->total_bytes = stream_bytes;
+    start_writing(w);
+}
+
+/* A purge overtook this standby: the messages before seq are gone, and seq
+ * begins a snapshot (the primary purges only there). Note the jobs alive
+ * now: any that the snapshot does not write again was deleted meanwhile. */
+static int resync_begin(struct wal *w, uint64_t seq)
+{
+    struct bg_engine *e = w->engine;
+    log_event(BG_LOG_WARN, "replication_resync", "applied_seq=%llu next_seq=%llu jobs=%zu",
+              (unsigned long long)w->applied_seq, (unsigned long long)seq, e->job_count);
+    resync_drop(w);
+    w->resync_ids = malloc((e->job_count ? e->job_count : 1) * sizeof *w->resync_ids);
+    w->resync_seen = calloc(e->job_count ? e->job_count : 1, 1);
+    if (!w->resync_ids || !w->resync_seen) return BG_OUT_OF_MEMORY;
+    w->resync_count = bg_engine_job_ids(e, w->resync_ids);
+    qsort(w->resync_ids, w->resync_count, sizeof *w->resync_ids, index_less);
+    return 0;
+}
+
+/* The snapshot is complete: forget the jobs it did not write. */
+static void resync_finish(struct wal *w)
+{
+    size_t gone = 0;
+    for (size_t i = 0; i < w->resync_count; i++) {
+        if (w->resync_seen[i]) continue;
+        struct bg_job *j = bg_job_find(w->engine, w->resync_ids[i]);
+        if (!j) continue;
+        w->live_bytes -= job_record_size(j);
+        bg_engine_restore_delete(w->engine, w->resync_ids[i]);
+        gone++;
+    }
+    log_event(BG_LOG_WARN, "replication_resynced", "seq=%llu jobs_dropped=%zu jobs=%zu",
+              (unsigned long long)w->applied_seq, gone, w->engine->job_count);
+    resync_drop(w);
+}
+
+static void resync_drop(struct wal *w)
+{
+    free(w->resync_ids);
+    free(w->resync_seen);
+    w->resync_ids = NULL;
+    w->resync_seen = NULL;
+    w->resync_count = 0;
+}
+
+int wal_apply(struct wal *w, uint64_t seq, const char *data, size_t len)
+{
+    if (w->applied_seq && seq != w->applied_seq + 1 && resync_begin(w, seq) != 0) {
+        log_event(BG_LOG_ERROR, "replication_apply_failed", "seq=%llu error=%s", (unsigned long long)seq,
+                  log_str("out of memory"));
+        return BG_OUT_OF_MEMORY;
+    }
+    /* the same reader and the same apply_record as a start from disk */
+    struct recovery rc = {.now = loop_now(), .wall = loop_wall_now()};
+    struct seg_report s = {.index = seq};
+    size_t at = 0, used;
+    struct bg_journal_record rec;
+    w->applied_seq = seq;
+    while (at < len) {
+        int r = bg_journal_decode(data + at, len - at, &rec, &used);
+        if (r != 0) {
+            log_event(BG_LOG_ERROR, "replication_apply_failed", "seq=%llu offset=%zu error=%s",
+                      (unsigned long long)seq, at, bg_outcome_word(r));
+            return BG_CORRUPT;
+        }
+        if (apply_record(w, &rc, &s, &rec) != 0) return BG_OUT_OF_MEMORY;
+        if (w->resync_ids && rec.type == BG_REC_JOB) {
+            uint64_t *hit = bsearch(&rec.job.id, w->resync_ids, w->resync_count, sizeof rec.job.id, index_less);
+            if (hit) w->resync_seen[hit - w->resync_ids] = 1;
+        }
+        if (w->resync_ids && rec.type == BG_REC_SNAPSHOT_END) resync_finish(w);
+        at += used;
+    }
+    w->total_bytes += len;
+    return 0;
 }

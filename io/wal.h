@@ -8,12 +8,18 @@
 
 #include "../core/core.h"
 
+struct repl;
+
 struct wal_config {
-    const char *dir;
+    const char *dir;           /* NULL: no disk (only with repl) */
     int fsync_ms;              /* 0: sync every batch (durable replies); >0 at most that often */
     int fsync_never;           /* -F */
     uint64_t segment_size;     /* -s */
     int recover_damaged;       /* --log-recover-damaged: start with what is readable */
+    /* --replicate (io/repl.h): the stream is a sink of every batch, and the
+     * log: with it the directory is not read at start (the stream is), and
+     * nothing is logged until wal_start_writing (a standby only applies) */
+    struct repl *repl;
 };
 
 /* The log (defined in wal.c only). */
@@ -64,6 +70,17 @@ void wal_close(struct wal *w);
 int wal_chown(struct wal *w, unsigned uid, unsigned gid);
 /* binlog-* figures for stats. */
 void wal_stats(const struct wal *w, struct bg_process_info *pi);
+
+/* Replication, a standby: apply the records of the stream's message seq to
+ * the engine (the reader and the apply of a start from disk). When seq does
+ * not follow the last one applied, a purge went past this standby: the
+ * jobs the snapshot at seq does not write again are dropped once its end is
+ * read. 0, BG_CORRUPT (a record cannot be read) or BG_OUT_OF_MEMORY. */
+int wal_apply(struct wal *w, uint64_t seq, const char *data, size_t len);
+/* Replication: this node is primary now; log from here on. The local copy
+ * (a directory) begins with a snapshot; without one, stream_bytes is what
+ * the stream holds (for compaction). */
+void wal_start_writing(struct wal *w, uint64_t stream_bytes);
 
 /* The engine's hooks (engine->journal = &wal_journal_ops). */
 extern const struct bg_journal_ops wal_journal_ops;

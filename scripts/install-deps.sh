@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Install what building and testing beangate needs on Debian 12, skipping
 # what is already there. Usage: scripts/install-deps.sh [build|test]
-#   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle
+#   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle, libnats
+#          (replication through NATS JetStream; beangate builds without it)
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
 #          reference), python3, curl and jq (the shell examples of
 #          docs/http.md), node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
 #          chromium + chromium-driver + python3-selenium (the dashboard's
 #          browser tests), haproxy (the sharding test's proxy, Debian's
-#          HAProxy 2.6) and python3-yaml (its check of the Kubernetes
-#          manifests)
+#          HAProxy 2.6), python3-yaml (its check of the Kubernetes
+#          manifests) and nats-server (the replication tests' JetStream
+#          cluster)
 set -euo pipefail
 mode="${1:-test}"
 
-pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev)
+pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev libnats-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
-           gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml)
+           gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml
+           nats-server)
 fi
 
 missing=()
@@ -36,8 +39,8 @@ sudo_cmd=()
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 # Installing Debian's beanstalkd must not start it as a service on 11300,
-# gearman-job-server a gearmand on 4730, nor haproxy its default
-# /etc/haproxy/haproxy.cfg: the tests pick their own ports
+# gearman-job-server a gearmand on 4730, nats-server one on 4222, nor haproxy
+# its default /etc/haproxy/haproxy.cfg: the tests pick their own ports
 # and must not share a machine with a stray server. policy-rc.d tells the
 # packages not to start anything.
 policy=/usr/sbin/policy-rc.d
@@ -58,7 +61,7 @@ fi
 if [ -s /run/haproxy.pid ] && command -v invoke-rc.d >/dev/null; then
     "${sudo_cmd[@]}" invoke-rc.d --force haproxy stop >&2 || true
 fi
-for service in gearman-job-server haproxy; do
+for service in gearman-job-server haproxy nats-server; do
     if command -v systemctl >/dev/null && systemctl is-active --quiet "$service" 2>/dev/null; then
         "${sudo_cmd[@]}" systemctl disable --now "$service" >&2 || true
     fi

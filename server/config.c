@@ -156,6 +156,29 @@ static const struct setting settings[] = {
      .help = "this instance is K of N shards (docs/scaling.md): its job ids are\n"
              "K mod N, and its HTTP gateway takes puts and reservations only for\n"
              "tubes whose CRC-32 mod N is K (421 WRONG_SHARD for others)"},
+    {0, "--replicate", "BEANGATE_REPLICATE", "URLS", K_STRING, .key = "replicate", FIELD(replicate),
+     .help = "replicate the log through NATS JetStream (docs/scaling.md, High\n"
+             "availability): URLS is nats://HOST:PORT[,nats://HOST:PORT...]. The node\n"
+             "starts as a standby and serves once it holds the lease; with -f 0 a reply\n"
+             "waits until a quorum of the stream's replicas has the change"},
+    {0, "--replicate-stream", "BEANGATE_REPLICATE_STREAM", "NAME", K_STRING, .def = "beangate",
+     .key = "replicate_stream", FIELD(replicate_stream),
+     .help = "the JetStream stream (subject NAME.log; lease bucket NAME_lease)"},
+    {0, "--replicate-node-id", "BEANGATE_REPLICATE_NODE_ID", "ID", K_STRING,
+     .key = "replicate_node_id", FIELD(replicate_node_id),
+     .help = "this node's name in the lease (default: the host name and the\n"
+             "beanstalk port)"},
+    {0, "--replicate-lease-ms", "BEANGATE_REPLICATE_LEASE_MS", "MS", K_NUMBER, .min = 100,
+     .max = 600000, .def = "2000", .key = "replicate_lease_ms", FIELD(replicate_lease_ms),
+     .help = "the leadership lease's time to live: a standby takes over this long\n"
+             "after the primary last renewed it"},
+    {0, "--replicate-renew-ms", "BEANGATE_REPLICATE_RENEW_MS", "MS", K_NUMBER, .min = 10,
+     .max = 300000, .def = "500", .key = "replicate_renew_ms", FIELD(replicate_renew_ms),
+     .help = "how often the primary renews the lease (less than the lease's\n"
+             "time); a standby tries to take it as often, at least every 100 ms"},
+    {0, "--replicate-replicas", "BEANGATE_REPLICATE_REPLICAS", "N", K_NUMBER, .min = 1, .max = 5,
+     .def = "3", .key = "replicate_replicas", FIELD(replicate_replicas),
+     .help = "replicas of the stream and the lease bucket when beangate creates them"},
     {'v', "--version", NULL, NULL, K_VERSION, .help = "print the version and exit"},
     {'h', "--help", NULL, NULL, K_HELP, .help = "print this help and exit"},
     {0, "--healthcheck", NULL, "HOST:PORT", K_COMMAND, .arg_optional = 1,

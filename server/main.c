@@ -19,6 +19,7 @@
 #include "../gateway/gateway.h"
 #include "../io/loop.h"
 #include "../io/wal.h"
+#include "../io/repl.h"
 #include "../io/eventlog.h"
 #include "push.h"
 
@@ -38,6 +39,22 @@ void server_process_info(struct server *srv, struct bg_process_info *pi)
     pi->binlog_sync_age_ms = -1;
     pi->gearman_connections = gearman_connections(srv->gearman);
     wal_stats(srv->wal, pi);
+    if (srv->repl) {
+        struct repl_stats st;
+        repl_get_stats(srv->repl, &st);
+        pi->repl_enabled = 1;
+        pi->repl_role = repl_role_name(st.role);
+        pi->repl_primary = st.role == REPL_PRIMARY && srv->serving;
+        pi->repl_applied_seq = st.applied_seq;
+        pi->repl_published_seq = st.published_seq;
+        pi->repl_stream_last_seq = st.stream_last_seq;
+        pi->repl_messages_published = st.messages_published;
+        pi->repl_publish_retries = st.publish_retries;
+        pi->repl_purges = st.purges;
+        pi->repl_lease_renewals = st.lease_renewals;
+        pi->repl_lease_failures = st.lease_failures;
+        pi->repl_lease_age_ms = st.lease_age_ms;
+    }
 }
 
 /* Process facts for the gateway's GET /stats. */
@@ -210,8 +227,15 @@ static void print_startup_block(const struct server *srv, const struct server_co
         printf("  gearman    %s%s\n", addr,
                cfg->gearman_admin_shutdown ? " (admin shutdown on)" : "");
     }
+    if (cfg->replicate)
+        printf("  replicated NATS JetStream stream %s at %s, %s; this node (%s) is primary\n",
+               cfg->replicate_stream, cfg->replicate,
+               cfg->fsync_ms == 0 && !(cfg->log_dir && cfg->fsync_never)
+                   ? "replies wait for a quorum (-f 0)" : "replies do not wait for it (-f 0 makes them)",
+               cfg->replicate_node_id);
     if (!cfg->log_dir) {
-        printf("  log        in memory only: jobs are lost when beangate stops (-b DIR keeps them)\n");
+        if (!cfg->replicate)
+            printf("  log        in memory only: jobs are lost when beangate stops (-b DIR keeps them)\n");
     } else {
         char dir[PATH_MAX];
         const char *shown = realpath(cfg->log_dir, dir) ? dir : cfg->log_dir;
@@ -233,6 +257,95 @@ static void print_startup_block(const struct server *srv, const struct server_co
     fflush(stdout);
 }
 
+/* The subscriptions, checked (and their secrets read) before anything starts. */
+static struct push_setup push_setup;
+
+/* Open the listeners (beanstalk, Gearman), drop privileges, start push
+ * delivery and say the server is ready: at start, or once a standby of a
+ * replicated log is primary. 0, or the exit status after a message. */
+static int serve(struct server *srv, const struct server_config *cfg)
+{
+    if (beanstalk_start(srv, cfg) != 0) return 111;
+    if (cfg->gearman_enabled && !(srv->gearman = gearman_start(srv, cfg))) return 111;
+    /* every socket is open: privileged ports work, then privileges go */
+    if (cfg->user && become_user(cfg->user, srv->wal) != 0) return 111;
+    log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv->listen_desc[0] ? srv->listen_desc : cfg->listen_addr), log_str(srv->listen_desc[0] ? "-" : cfg->port));
+    if (push_setup.count) {
+        srv->push = push_start(&push_setup, srv->base, &srv->engine, loop_now, after_gateway_run, srv);
+        if (!srv->push) return 1;
+        struct gw_push_hooks hooks = {srv->push, push_subscriptions_json, push_job_error_json, push_metrics,
+                                      push_owns_client};
+        gateway_set_push(srv->gateway, &hooks);
+    }
+    push_setup_free(&push_setup); /* the secrets now live only in the keyed HMAC states */
+    srv->serving = 1;
+    gateway_set_ready(srv->gateway, 1); /* /readyz: 200 from now on */
+    print_startup_block(srv, cfg);
+    return 0;
+}
+
+/* ---- replication: the standby and the takeover -------------------------- */
+
+/* A message of the stream, on a standby. */
+static int standby_apply(void *arg, uint64_t seq, const char *data, size_t len)
+{
+    struct server *srv = arg;
+    int rc = wal_apply(srv->wal, seq, data, len);
+    loop_engine_changed();
+    return rc;
+}
+
+/* This node holds the lease and has fenced the old primary: serve. */
+static void became_primary(void *arg, uint64_t seq, uint64_t stream_bytes)
+{
+    struct server *srv = arg;
+    wal_start_writing(srv->wal, stream_bytes);
+    log_event(BG_LOG_WARN, "replication_serving", "node=%s seq=%llu jobs=%zu", log_str(srv->cfg->replicate_node_id),
+              (unsigned long long)seq, srv->engine.job_count);
+    int rc = serve(srv, srv->cfg);
+    if (rc != 0) {
+        srv->exit_status = rc;
+        loop_stop();
+    }
+    loop_engine_changed();
+}
+
+/* Another node is primary, or this one cannot tell: stop at once. Replies
+ * still held are never sent (the connections close), so nothing this node
+ * did not get into the stream is acknowledged. */
+static void lost_leadership(void *arg, const char *why)
+{
+    struct server *srv = arg;
+    srv->engine.journal_broken = 1; /* no put from now on */
+    repl_stop(srv->repl);           /* nor any append */
+    log_event(BG_LOG_ERROR, "replication_lost", "node=%s why=%s action=exit status=%d",
+              log_str(srv->cfg->replicate_node_id), log_str(why), SERVER_LOST_EXIT);
+    srv->exit_status = SERVER_LOST_EXIT;
+    srv->lost = 1;
+    loop_stop();
+}
+
+/* The gateway asks: is this node serving? NULL if so, else the problem's
+ * code, with the detail in out. */
+static const char *replication_state(void *arg, char *out, size_t size)
+{
+    struct server *srv = arg;
+    struct repl_stats st;
+    repl_get_stats(srv->repl, &st);
+    if (srv->lost || st.role == REPL_LOST) {
+        snprintf(out, size, "lost leadership: another node is primary; this one stops");
+        return "LOST_LEADERSHIP";
+    }
+    if (st.role == REPL_PRIMARY && srv->serving) return NULL;
+    if (st.role == REPL_STANDBY)
+        snprintf(out, size, "standby: applied the stream up to sequence %llu (last seen %llu)",
+                 (unsigned long long)st.applied_seq, (unsigned long long)st.stream_last_seq);
+    else
+        snprintf(out, size, "taking over: applying the stream to its end (sequence %llu applied)",
+                 (unsigned long long)st.applied_seq);
+    return "STANDBY";
+}
+
 int main(int argc, char **argv)
 {
     struct server_config cfg;
@@ -242,13 +355,11 @@ int main(int argc, char **argv)
     if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg, cfg.http_port);
     if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
 
-    /* the subscriptions are checked (and their secrets read) before anything starts */
     struct push_source push_sources[BG_PUSH_SUBSCRIPTIONS_MAX + 1];
     size_t push_source_count = 0;
     for (size_t i = 0; i < cfg.push_spec_count; i++)
         push_sources[push_source_count++] =
             (struct push_source){cfg.push_specs[i], cfg.push_from_env ? "BEANGATE_PUSH" : "--push"};
-    static struct push_setup push_setup;
     if ((r = push_setup_load(&push_setup, push_sources, push_source_count, cfg.push_file,
                              cfg.push_grace_s)) != 0)
         return r;
@@ -259,7 +370,18 @@ int main(int argc, char **argv)
     srv.listen_fd = -1;
     srv.verbose = cfg.verbose;
     srv.started_at = loop_now();
+    srv.cfg = &cfg;
     if (describe_host(&srv) != 0) return 1;
+    char node_id[300];
+    if (cfg.replicate && !cfg.replicate_node_id) {
+        snprintf(node_id, sizeof node_id, "%s-%s", srv.hostname[0] ? srv.hostname : "beangate", cfg.port);
+        cfg.replicate_node_id = node_id;
+    }
+    if (cfg.replicate && cfg.replicate_renew_ms >= cfg.replicate_lease_ms) {
+        log_event(BG_LOG_ERROR, "bad_flag", "flag=--replicate-renew-ms value=%u msg=%s", cfg.replicate_renew_ms,
+                  log_str("must be less than --replicate-lease-ms"));
+        return SERVER_USAGE_EXIT;
+    }
     if (bg_engine_init(&srv.engine, cfg.max_job_size, srv.hash_key) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
@@ -277,13 +399,19 @@ int main(int argc, char **argv)
     event_add(srv.sig_usr1, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
-    if (cfg.log_dir) {
+    if (cfg.replicate) {
+        struct repl_config rcfg = {cfg.replicate, cfg.replicate_stream, cfg.replicate_node_id,
+                                   cfg.replicate_lease_ms, cfg.replicate_renew_ms, cfg.replicate_replicas,
+                                   bg_journal_job_record_size(BG_TUBE_NAME_MAX, cfg.max_job_size + 2)};
+        struct repl_events ev = {&srv, standby_apply, became_primary, lost_leadership};
+        if (repl_open(&srv.repl, &rcfg, srv.base, &ev) != 0) return 111;
+    }
+    if (cfg.log_dir || cfg.replicate) {
         struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
-                                  cfg.log_recover_damaged};
+                                  cfg.log_recover_damaged, srv.repl};
         if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
         loop_set_changed_hook(hand_log_batch, srv.wal);
     }
-    if (beanstalk_start(&srv, &cfg) != 0) return 111;
 
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
@@ -297,33 +425,29 @@ int main(int argc, char **argv)
         if (!srv.gateway)
             log_event(BG_LOG_WARN, "http_not_started", "reason=default_port_busy port=%s beanstalk=served", log_str(cfg.http_port));
     }
-    if (cfg.gearman_enabled && !(srv.gearman = gearman_start(&srv, &cfg))) return 111;
-    /* every socket is open: privileged ports work, then privileges go */
-    if (cfg.user && become_user(cfg.user, srv.wal) != 0) return 111;
-    log_event(BG_LOG_INFO, "listening", "addr=%s port=%s", log_str(srv.listen_desc[0] ? srv.listen_desc : cfg.listen_addr), log_str(srv.listen_desc[0] ? "-" : cfg.port));
-
-    if (push_setup.count) {
-        srv.push = push_start(&push_setup, srv.base, &srv.engine, loop_now, after_gateway_run, &srv);
-        if (!srv.push) return 1;
-        struct gw_push_hooks hooks = {srv.push, push_subscriptions_json, push_job_error_json, push_metrics,
-                                      push_owns_client};
-        gateway_set_push(srv.gateway, &hooks);
+    if (srv.repl) {
+        /* a standby listens only on HTTP (/readyz says why it is not ready)
+         * until it is primary; then serve() opens the other ports */
+        gateway_set_role(srv.gateway, replication_state, &srv);
+        printf("beangate %s is a standby of NATS JetStream stream %s at %s (node %s); it serves once "
+               "it holds the lease\n", BEANGATE_VERSION, cfg.replicate_stream, cfg.replicate, cfg.replicate_node_id);
+        fflush(stdout);
+    } else if ((r = serve(&srv, &cfg)) != 0) {
+        return r;
     }
-    push_setup_free(&push_setup); /* the secrets now live only in the keyed HMAC states */
-
-    gateway_set_ready(srv.gateway, 1); /* /readyz: 200 from now on */
-    print_startup_block(&srv, &cfg);
     loop_run();
 
     push_free(srv.push); /* jobs still in flight go back to ready before the log closes */
     gateway_stop(srv.gateway);
     gearman_stop(srv.gearman);
     beanstalk_stop(&srv);
+    repl_stop_within(srv.repl, 5000); /* the last batch gets 5 s to reach the stream */
     wal_close(srv.wal);
+    repl_close(srv.repl);
     bg_engine_destroy(&srv.engine);
     event_free(srv.sig_usr1);
     event_free(srv.sig_term);
     event_free(srv.sig_int);
     loop_free();
-    return 0;
+    return srv.exit_status;
 }

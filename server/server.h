@@ -10,6 +10,7 @@
 #include "../io/conn.h"
 
 #define SERVER_USAGE_EXIT 5      /* beanstalkd's status for a usage error */
+#define SERVER_LOST_EXIT 75      /* replication: leadership lost (EX_TEMPFAIL: start again) */
 
 /* ---- config.c: flags ---------------------------------------------------- */
 
@@ -61,6 +62,13 @@ struct server_config {
      * tubes whose CRC-32 mod N is K). "0/1" by default: not sharded */
     const char *shard;
     uint32_t shard_index, shard_count;
+    /* replication through NATS JetStream (io/repl.h) */
+    const char *replicate;       /* --replicate nats://h:p,...; NULL: off */
+    const char *replicate_stream; /* default "beangate" */
+    const char *replicate_node_id; /* default: the host name and the beanstalk port */
+    uint32_t replicate_lease_ms; /* default 2000 */
+    uint32_t replicate_renew_ms; /* default 500 */
+    uint32_t replicate_replicas; /* default 3 */
 };
 
 /* A command given as the first argument (cfg->command) reads only the
@@ -120,6 +128,11 @@ struct server {
     struct gateway *gateway;     /* NULL with --no-http */
     struct gearman *gearman;     /* NULL unless --gearman-port/--gearman-listen */
     struct push *push;           /* NULL unless subscriptions are configured */
+    struct repl *repl;           /* NULL without --replicate */
+    int serving;                 /* the listeners are open (a standby: once primary) */
+    int lost;                    /* replication: leadership lost, stopping */
+    int exit_status;             /* main's status once the loop has stopped */
+    const struct server_config *cfg; /* the settings (for a standby's takeover) */
 };
 
 /* Fill process facts for `stats`. */

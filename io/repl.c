@@ -1,0 +1,725 @@
+/* repl.c - the log replicated through NATS JetStream (libnats 3.4): the
+ * flusher's sink (repl_append, repl_purge), the leadership lease, the
+ * standby's reading of the stream and the takeover. repl.h says what each
+ * thread does; docs/scaling.md "High availability" says why. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include "../core/core.h"
+#include "eventlog.h"
+#include "repl.h"
+
+#define LEASE_KEY "primary"
+#define TAKEOVER_HEADER "Beangate-Takeover"
+#define QUEUE_CAP 1024           /* messages handed to the loop, not yet applied */
+#define HEADER_ROOM 512          /* a message's headers, subject and framing */
+#define RETRY_NS (50 * 1000000ull)
+
+struct queued {
+    natsMsg *msg;
+    uint64_t seq;
+};
+
+struct repl {
+    struct repl_config cfg;
+    char *servers, *stream, *node_id;   /* copies */
+    char subject[160], bucket[160], nonce[17];
+    struct repl_events ev;
+    natsOptions *opts;
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    size_t max_msg;              /* data bytes in one message */
+    /* the thread */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    int stopping;                /* under mu */
+    uint64_t stop_at_ns;         /* under mu: stopping from then on (0: never) */
+    /* standby -> loop */
+    struct queued queue[QUEUE_CAP];
+    size_t q_head, q_len;
+    uint64_t handed_seq;         /* thread: the last message queued */
+    uint64_t applied_seq;        /* loop: the last message applied (under mu) */
+    int ev_primary, ev_lost;     /* under mu: events for the loop */
+    uint64_t ev_seq, ev_bytes;
+    char ev_why[128];
+    int notify_fd;
+    struct event *notify_ev;
+    /* the lease (thread) */
+    uint64_t lease_rev;
+    uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent */
+    int unconfirmed;             /* renewals have failed for a lease time (said) */
+    /* primary (flusher) */
+    uint64_t last_seq;           /* the stream's last sequence as this node knows it */
+    uint64_t msg_counter;
+    /* stats (under mu) */
+    struct repl_stats st;
+};
+
+int repl_available(void) { return 1; }
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int is_stopping(struct repl *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int s = r->stopping || (r->stop_at_ns && mono_ns() >= r->stop_at_ns);
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+static const char *status_text(natsStatus s)
+{
+    const char *t = nats_GetLastError(NULL);
+    return t && *t ? t : natsStatus_GetText(s);
+}
+
+const char *repl_role_name(enum repl_role role)
+{
+    switch (role) {
+    case REPL_STANDBY: return "standby";
+    case REPL_TAKING_OVER: return "taking_over";
+    case REPL_PRIMARY: return "primary";
+    case REPL_LOST: return "lost";
+    }
+    return "?";
+}
+
+static void set_role(struct repl *r, enum repl_role role)
+{
+    pthread_mutex_lock(&r->mu);
+    r->st.role = role;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void wake_loop(struct repl *r)
+{
+    uint64_t one = 1;
+    if (write(r->notify_fd, &one, sizeof one) != sizeof one) { /* the counter is full: it wakes anyway */ }
+}
+
+/* Tell the loop that leadership is lost (once). */
+static void post_lost(struct repl *r, const char *why)
+{
+    pthread_mutex_lock(&r->mu);
+    if (!r->ev_lost) {
+        r->ev_lost = 1;
+        snprintf(r->ev_why, sizeof r->ev_why, "%s", why);
+        r->st.role = REPL_LOST;
+    }
+    pthread_mutex_unlock(&r->mu);
+    wake_loop(r);
+}
+
+/* ---- the lease ------------------------------------------------------------ */
+
+/* Try to take the lease (it exists only while a primary renews it). 1 won,
+ * 0 not (someone holds it, or NATS cannot be reached). */
+static int lease_try_take(struct repl *r)
+{
+    uint64_t rev = 0, sent = mono_ns();
+    natsStatus s = kvStore_CreateString(&rev, r->kv, LEASE_KEY, r->node_id);
+    if (s != NATS_OK) return 0;
+    r->lease_rev = rev;
+    r->lease_sent_ns = sent;
+    r->unconfirmed = 0;
+    log_event(BG_LOG_WARN, "replication_lease_taken", "node=%s bucket=%s revision=%" PRIu64,
+              log_str(r->node_id), log_str(r->bucket), rev);
+    return 1;
+}
+
+/* Renew the lease if it is due. 0 held, -1 lost (posted). */
+static int lease_renew_due(struct repl *r)
+{
+    uint64_t now = mono_ns();
+    if (now - r->lease_sent_ns < (uint64_t)r->cfg.renew_ms * 1000000ull) return 0;
+    uint64_t rev = 0;
+    jsErrCode jerr = 0;
+    natsStatus s = kvStore_UpdateString(&rev, r->kv, LEASE_KEY, r->node_id, r->lease_rev);
+    if (s == NATS_OK) {
+        if (r->unconfirmed) log_event(BG_LOG_WARN, "replication_lease_confirmed", "node=%s", log_str(r->node_id));
+        r->unconfirmed = 0;
+        r->lease_rev = rev;
+        r->lease_sent_ns = now;
+        pthread_mutex_lock(&r->mu);
+        r->st.lease_renewals++;
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    (void)jerr;
+    pthread_mutex_lock(&r->mu);
+    r->st.lease_failures++;
+    pthread_mutex_unlock(&r->mu);
+    /* the key changed under us: it expired (then nobody else may hold it
+     * yet, and it can be taken again) or another node took it */
+    kvEntry *e = NULL;
+    natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
+    if (g == NATS_NOT_FOUND) {
+        if (lease_try_take(r)) return 0;
+    } else if (g == NATS_OK) {
+        const char *holder = kvEntry_ValueString(e);
+        int mine = holder && strcmp(holder, r->node_id) == 0 && kvEntry_Revision(e) == r->lease_rev;
+        char who[96];
+        snprintf(who, sizeof who, "%s", holder ? holder : "?");
+        kvEntry_Destroy(e);
+        if (!mine) {
+            char why[128];
+            snprintf(why, sizeof why, "the lease is held by %s", who);
+            post_lost(r, why);
+            return -1;
+        }
+    }
+    /* NATS cannot say (no quorum, a leader election, no connection): go on.
+     * Nothing unreplicated is acknowledged anyway, and if another node
+     * takes the lease meanwhile, its takeover fences this one's next
+     * append, and the next renewal that gets through finds the key taken */
+    if (!r->unconfirmed && mono_ns() - r->lease_sent_ns >= (uint64_t)r->cfg.lease_ms * 1000000ull) {
+        r->unconfirmed = 1;
+        log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64
+                  " error=%s", log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000,
+                  log_str(status_text(s)));
+    }
+    return 0;
+}
+
+/* ---- standby: the stream to the loop -------------------------------------- */
+
+/* Subscribe to the stream from sequence `from` (0: its first message). */
+static natsStatus subscribe_from(struct repl *r, natsSubscription **sub, uint64_t from)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = r->stream;
+    so.Ordered = true;
+    if (from) {
+        so.Config.DeliverPolicy = js_DeliverByStartSequence;
+        so.Config.OptStartSeq = from;
+    } else {
+        so.Config.DeliverPolicy = js_DeliverAll;
+    }
+    jsErrCode jerr = 0;
+    return js_SubscribeSync(sub, r->js, r->subject, NULL, &so, &jerr);
+}
+
+/* Wait up to wait_ns for the next message and queue it for the loop (when
+ * the queue has room). 1 queued, 0 nothing. */
+static int pump_one(struct repl *r, natsSubscription *sub, uint64_t wait_ns)
+{
+    pthread_mutex_lock(&r->mu);
+    while (r->q_len == QUEUE_CAP && !r->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&r->cond, &r->mu, &ts);
+    }
+    int full = r->q_len == QUEUE_CAP;
+    pthread_mutex_unlock(&r->mu);
+    if (full) return 0;
+    natsMsg *m = NULL;
+    if (natsSubscription_NextMsg(&m, sub, (int64_t)(wait_ns / 1000000) + 1) != NATS_OK) return 0;
+    jsMsgMetaData *meta = NULL;
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) { /* a status or control message */
+        natsMsg_Destroy(m);
+        return 0;
+    }
+    uint64_t seq = meta->Sequence.Stream;
+    jsMsgMetaData_Destroy(meta);
+    pthread_mutex_lock(&r->mu);
+    r->queue[(r->q_head + r->q_len) % QUEUE_CAP] = (struct queued){m, seq};
+    r->q_len++;
+    r->handed_seq = seq;
+    if (seq > r->st.stream_last_seq) r->st.stream_last_seq = seq;
+    pthread_mutex_unlock(&r->mu);
+    wake_loop(r);
+    return 1;
+}
+
+/* Sleep ns or until stopping. */
+static void nap(struct repl *r, uint64_t ns)
+{
+    pthread_mutex_lock(&r->mu);
+    if (!r->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t t = (uint64_t)ts.tv_nsec + ns;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        pthread_cond_timedwait(&r->cond, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The stream's last sequence and bytes. 0 or -1. */
+static int stream_state(struct repl *r, uint64_t *last, uint64_t *bytes)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    if (js_GetStreamInfo(&si, r->js, r->stream, NULL, &jerr) != NATS_OK) return -1;
+    *last = si->State.LastSeq;
+    if (bytes) *bytes = si->State.Bytes;
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+/* Publish one message (data may be empty: the takeover) with the expected
+ * last sequence r->last_seq (none when it is 0: a stream never written).
+ * Retries what may be passing (no quorum, a leader election, a lost
+ * connection) until it is stored or refused. 0 (r->last_seq is its
+ * sequence), REPL_FENCED or REPL_STOPPED. Any thread that owns publishing. */
+static int publish_one(struct repl *r, const char *data, size_t len, int takeover, int *retried)
+{
+    char id[128];
+    snprintf(id, sizeof id, "%s.%s.%" PRIu64, r->node_id, r->nonce, ++r->msg_counter);
+    for (int attempt = 0;; attempt++) {
+        if (is_stopping(r)) return REPL_STOPPED;
+        natsMsg *m = NULL;
+        natsStatus s = natsMsg_Create(&m, r->subject, NULL, data, (int)len);
+        if (s == NATS_OK && takeover) s = natsMsgHeader_Set(m, TAKEOVER_HEADER, r->node_id);
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MsgId = id;
+        po.ExpectLastSeq = r->last_seq;
+        po.MaxWait = 2000;
+        jsPubAck *pa = NULL;
+        jsErrCode jerr = 0;
+        if (s == NATS_OK) s = js_PublishMsg(&pa, r->js, m, &po, &jerr);
+        natsMsg_Destroy(m);
+        if (s == NATS_OK) {
+            r->last_seq = pa->Sequence;
+            jsPubAck_Destroy(pa);
+            pthread_mutex_lock(&r->mu);
+            r->st.published_seq = r->last_seq;
+            if (r->last_seq > r->st.stream_last_seq) r->st.stream_last_seq = r->last_seq;
+            r->st.messages_published++;
+            pthread_mutex_unlock(&r->mu);
+            if (*retried) log_event(BG_LOG_WARN, "replication_publish_recovered", "seq=%" PRIu64, r->last_seq);
+            *retried = 0;
+            return 0;
+        }
+        if (jerr == JSStreamWrongLastSequenceErr) {
+            /* an earlier try of this very message may have been stored
+             * with its acknowledgement lost: then the stream ends with it */
+            uint64_t last = 0;
+            natsMsg *tail = NULL;
+            const char *tail_id = NULL;
+            int ours = attempt > 0 && stream_state(r, &last, NULL) == 0 &&
+                       js_GetMsg(&tail, r->js, r->stream, last, NULL, &jerr) == NATS_OK &&
+                       natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id &&
+                       strcmp(tail_id, id) == 0;
+            if (tail) natsMsg_Destroy(tail);
+            if (ours) {
+                r->last_seq = last;
+                continue; /* counted as stored: the next attempt is a duplicate, acknowledged */
+            }
+            return REPL_FENCED;
+        }
+        if (!*retried)
+            log_event(BG_LOG_WARN, "replication_publish_retry", "error=%s expected_last_seq=%" PRIu64,
+                      log_str(status_text(s)), r->last_seq);
+        *retried = 1;
+        pthread_mutex_lock(&r->mu);
+        r->st.publish_retries++;
+        pthread_mutex_unlock(&r->mu);
+        nap(r, RETRY_NS);
+    }
+}
+
+int repl_append(struct repl *r, const char *data, size_t len, uint64_t *first_seq)
+{
+    size_t at = 0;
+    int first = 1, retried = 0;
+    while (at < len) {
+        size_t take = 0;
+        while (at + take < len) {
+            size_t span = bg_journal_record_span(data + at + take, len - at - take);
+            if (take && take + span > r->max_msg) break;
+            take += span;
+        }
+        int rc = publish_one(r, data + at, take, 0, &retried);
+        if (rc != 0) return rc;
+        if (first && first_seq) *first_seq = r->last_seq;
+        first = 0;
+        at += take;
+    }
+    return 0;
+}
+
+int repl_purge(struct repl *r, uint64_t seq)
+{
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Purge.Sequence = seq;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PurgeStream(r->js, r->stream, &o, &jerr);
+    if (s != NATS_OK) {
+        log_event(BG_LOG_WARN, "replication_purge_failed", "before_seq=%" PRIu64 " error=%s", seq,
+                  log_str(status_text(s)));
+        return BG_IO_ERROR;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->st.purges++;
+    pthread_mutex_unlock(&r->mu);
+    log_event(BG_LOG_INFO, "replication_purged", "before_seq=%" PRIu64, seq);
+    return 0;
+}
+
+/* ---- the thread: standby, takeover, primary -------------------------------- */
+
+static uint64_t applied(struct repl *r)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t a = r->applied_seq;
+    pthread_mutex_unlock(&r->mu);
+    return a;
+}
+
+/* Holding the lease: read and apply the stream to its end, then append the
+ * takeover message with that end as the expected last sequence. 0 primary,
+ * -1 stopping or lost. */
+static int take_over(struct repl *r, natsSubscription *sub)
+{
+    set_role(r, REPL_TAKING_OVER);
+    uint64_t began = mono_ns();
+    for (;;) {
+        if (is_stopping(r) || lease_renew_due(r) != 0) return -1;
+        uint64_t last = 0, bytes = 0;
+        if (stream_state(r, &last, &bytes) != 0) {
+            nap(r, RETRY_NS);
+            continue;
+        }
+        /* read up to the end, renewing the lease meanwhile */
+        while (r->handed_seq < last && !is_stopping(r)) {
+            if (lease_renew_due(r) != 0) return -1;
+            pump_one(r, sub, 50000000ull);
+        }
+        while (applied(r) < last && !is_stopping(r)) {
+            if (lease_renew_due(r) != 0) return -1;
+            nap(r, 2000000ull);
+        }
+        r->last_seq = last;
+        int retried = 0;
+        int rc = publish_one(r, "", 0, 1, &retried);
+        if (rc == REPL_STOPPED) return -1;
+        if (rc == REPL_FENCED) continue; /* the old primary appended meanwhile: read on */
+        pthread_mutex_lock(&r->mu);
+        r->st.role = REPL_PRIMARY;
+        r->ev_primary = 1;
+        r->ev_seq = r->last_seq;
+        r->ev_bytes = bytes;
+        r->applied_seq = r->last_seq;
+        pthread_mutex_unlock(&r->mu);
+        log_event(BG_LOG_WARN, "replication_primary", "node=%s takeover_seq=%" PRIu64 " catch_up_ms=%" PRIu64,
+                  log_str(r->node_id), r->last_seq, (mono_ns() - began) / 1000000);
+        wake_loop(r);
+        return 0;
+    }
+}
+
+static void *repl_main(void *arg)
+{
+    struct repl *r = arg;
+    natsSubscription *sub = NULL;
+    while (!is_stopping(r) && subscribe_from(r, &sub, 0) != NATS_OK) {
+        log_event(BG_LOG_WARN, "replication_subscribe_retry", "stream=%s error=%s", log_str(r->stream),
+                  log_str(status_text(NATS_ERR)));
+        sub = NULL;
+        nap(r, 500000000ull);
+    }
+    uint64_t poll_ns = (uint64_t)(r->cfg.renew_ms < 100 ? r->cfg.renew_ms : 100) * 1000000ull;
+    uint64_t next_try = 0;
+    int primary = 0;
+    while (!is_stopping(r)) {
+        if (!primary) {
+            uint64_t now = mono_ns();
+            if (now >= next_try) {
+                next_try = now + poll_ns;
+                if (lease_try_take(r)) {
+                    if (take_over(r, sub) != 0) break;
+                    primary = 1;
+                    natsSubscription_Unsubscribe(sub);
+                    natsSubscription_Destroy(sub);
+                    sub = NULL;
+                    continue;
+                }
+            }
+            uint64_t wait = next_try > now ? next_try - now : 0;
+            while (pump_one(r, sub, wait) && mono_ns() < next_try) {} /* drain what is there */
+        } else {
+            if (lease_renew_due(r) != 0) break;
+            nap(r, (uint64_t)r->cfg.renew_ms * 1000000ull / 4 + 1);
+        }
+    }
+    if (sub) {
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    }
+    return NULL;
+}
+
+/* ---- the loop's side ----------------------------------------------------- */
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct repl *r = arg;
+    uint64_t n;
+    if (read(fd, &n, sizeof n) != sizeof n) { /* spurious */ }
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        if (!r->q_len || r->ev_lost) {
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        struct queued q = r->queue[r->q_head];
+        r->q_head = (r->q_head + 1) % QUEUE_CAP;
+        r->q_len--;
+        pthread_mutex_unlock(&r->mu);
+        int rc = r->ev.apply(r->ev.arg, q.seq, natsMsg_GetData(q.msg), (size_t)natsMsg_GetDataLength(q.msg));
+        natsMsg_Destroy(q.msg);
+        if (rc != 0) {
+            post_lost(r, "the standby cannot apply the stream");
+            break;
+        }
+        pthread_mutex_lock(&r->mu);
+        r->applied_seq = q.seq;
+        r->st.applied_seq = q.seq;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_lock(&r->mu);
+    int primary = r->ev_primary, lost = r->ev_lost;
+    r->ev_primary = 0;
+    uint64_t seq = r->ev_seq, bytes = r->ev_bytes;
+    char why[sizeof r->ev_why];
+    memcpy(why, r->ev_why, sizeof why);
+    if (lost) r->ev_lost = 2; /* said */
+    pthread_mutex_unlock(&r->mu);
+    if (lost == 1) {
+        r->ev.lost(r->ev.arg, why);
+        return;
+    }
+    if (primary) r->ev.primary(r->ev.arg, seq, bytes);
+}
+
+/* ---- open and close ------------------------------------------------------- */
+
+/* Split "a,b,c" into the options' server list. */
+static natsStatus set_servers(natsOptions *o, char *list)
+{
+    const char *urls[32];
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t && n < 32; t = strtok_r(NULL, ",", &save))
+        if (*t) urls[n++] = t;
+    if (!n) return NATS_INVALID_ARG;
+    return natsOptions_SetServers(o, urls, n);
+}
+
+static int open_failed(struct repl *r, const char *op, natsStatus s)
+{
+    log_event(BG_LOG_ERROR, "replication_open_failed", "servers=%s op=%s error=%s",
+              log_str(r->cfg.servers), op, log_str(status_text(s)));
+    return BG_IO_ERROR;
+}
+
+/* Connect, find or make the stream and the lease bucket. 0 or BG_IO_ERROR. */
+static int connect_all(struct repl *r)
+{
+    char *list = strdup(r->servers);
+    if (!list) return BG_OUT_OF_MEMORY;
+    natsStatus s = natsOptions_Create(&r->opts);
+    if (s == NATS_OK) s = set_servers(r->opts, list);
+    free(list);
+    if (s == NATS_OK) s = natsOptions_SetName(r->opts, r->node_id);
+    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(r->opts, -1);
+    if (s == NATS_OK) s = natsOptions_SetReconnectWait(r->opts, 100);
+    if (s == NATS_OK) s = natsOptions_SetTimeout(r->opts, 1000);
+    if (s == NATS_OK) s = natsOptions_SetPingInterval(r->opts, 1000);
+    if (s == NATS_OK) s = natsOptions_SetMaxPingsOut(r->opts, 2);
+    if (s != NATS_OK) return open_failed(r, "options", s);
+    if ((s = natsConnection_Connect(&r->nc, r->opts)) != NATS_OK) return open_failed(r, "connect", s);
+    int64_t payload = natsConnection_GetMaxPayload(r->nc);
+    if (payload <= HEADER_ROOM || (uint64_t)(payload - HEADER_ROOM) < r->cfg.max_record) {
+        log_event(BG_LOG_ERROR, "replication_open_failed",
+                  "servers=%s op=check_max_payload max_payload=%" PRId64 " largest_record=%" PRIu64
+                  " msg=%s", log_str(r->cfg.servers), payload, r->cfg.max_record,
+                  log_str("a job of the maximum size (-z) would not fit in one NATS message: lower -z "
+                          "or raise the NATS servers' max_payload"));
+        return BG_BAD_FORMAT;
+    }
+    r->max_msg = (size_t)(payload - HEADER_ROOM);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = 5000;
+    if ((s = natsConnection_JetStream(&r->js, r->nc, &jo)) != NATS_OK) return open_failed(r, "jetstream", s);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = r->stream;
+    const char *subjects[1] = {r->subject};
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_FileStorage;
+    sc.Replicas = (int64_t)r->cfg.replicas;
+    sc.DenyDelete = true;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    /* several tries: a cluster that has just started elects its meta leader first */
+    for (int i = 0; i < 50; i++) {
+        s = js_AddStream(&si, r->js, &sc, NULL, &jerr);
+        if (s == NATS_OK || jerr == JSStreamNameExistErr) break;
+        nats_Sleep(200);
+    }
+    if (s != NATS_OK && jerr == JSStreamNameExistErr) s = js_GetStreamInfo(&si, r->js, r->stream, NULL, &jerr);
+    if (s != NATS_OK) return open_failed(r, "stream", s);
+    if (si->Config && si->Config->Replicas != (int64_t)r->cfg.replicas)
+        log_event(BG_LOG_WARN, "replication_replicas_differ", "stream=%s replicas=%" PRId64 " asked=%u",
+                  log_str(r->stream), si->Config->Replicas, r->cfg.replicas);
+    r->st.stream_last_seq = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = r->bucket;
+    kc.History = 1;
+    kc.TTL = (int64_t)r->cfg.lease_ms * 1000000; /* nanoseconds: the stream's max age */
+    kc.StorageType = js_MemoryStorage;
+    kc.Replicas = (int)r->cfg.replicas;
+    for (int i = 0; i < 50; i++) {
+        s = js_CreateKeyValue(&r->kv, r->js, &kc);
+        if (s == NATS_OK) break;
+        if (js_KeyValue(&r->kv, r->js, r->bucket) == NATS_OK) { /* it exists, made with other settings */
+            kvStatus *ks = NULL;
+            if (kvStore_Status(&ks, r->kv) == NATS_OK) {
+                if (kvStatus_TTL(ks) != kc.TTL)
+                    log_event(BG_LOG_WARN, "replication_lease_ttl_differs",
+                              "bucket=%s ttl_ms=%" PRId64 " asked_ms=%u", log_str(r->bucket),
+                              kvStatus_TTL(ks) / 1000000, r->cfg.lease_ms);
+                kvStatus_Destroy(ks);
+            }
+            s = NATS_OK;
+            break;
+        }
+        nats_Sleep(200);
+    }
+    if (s != NATS_OK) return open_failed(r, "lease_bucket", s);
+    return 0;
+}
+
+static void free_all(struct repl *r)
+{
+    for (size_t i = 0; i < r->q_len; i++) natsMsg_Destroy(r->queue[(r->q_head + i) % QUEUE_CAP].msg);
+    if (r->kv) kvStore_Destroy(r->kv);
+    if (r->js) jsCtx_Destroy(r->js);
+    if (r->nc) {
+        natsConnection_Close(r->nc);
+        natsConnection_Destroy(r->nc);
+    }
+    if (r->opts) natsOptions_Destroy(r->opts);
+    if (r->notify_ev) event_free(r->notify_ev);
+    if (r->notify_fd >= 0) close(r->notify_fd);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cond);
+    free(r->servers);
+    free(r->stream);
+    free(r->node_id);
+    free(r);
+}
+
+int repl_open(struct repl **out, const struct repl_config *cfg, struct event_base *base,
+              const struct repl_events *ev)
+{
+    struct repl *r = calloc(1, sizeof *r);
+    if (!r) return BG_OUT_OF_MEMORY;
+    r->cfg = *cfg;
+    r->ev = *ev;
+    r->notify_fd = -1;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cond, NULL);
+    r->servers = strdup(cfg->servers);
+    r->stream = strdup(cfg->stream);
+    r->node_id = strdup(cfg->node_id);
+    r->st.lease_age_ms = -1;
+    unsigned char raw[8] = {0};
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) { /* the pid and time below still differ */ }
+    snprintf(r->nonce, sizeof r->nonce, "%02x%02x%02x%02x%08x", raw[0], raw[1], raw[2], raw[3],
+             (unsigned)(raw[4] | raw[5] << 8 | raw[6] << 16) ^ (unsigned)getpid() ^ (unsigned)mono_ns());
+    snprintf(r->subject, sizeof r->subject, "%s.log", cfg->stream);
+    snprintf(r->bucket, sizeof r->bucket, "%s_lease", cfg->stream);
+    int rc = !r->servers || !r->stream || !r->node_id ? BG_OUT_OF_MEMORY : connect_all(r);
+    if (rc == 0) {
+        r->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        r->notify_ev = r->notify_fd >= 0 ? event_new(base, r->notify_fd, EV_READ | EV_PERSIST, notify_cb, r) : NULL;
+        if (!r->notify_ev || event_add(r->notify_ev, NULL) != 0) rc = BG_IO_ERROR;
+    }
+    if (rc == 0 && pthread_create(&r->thread, NULL, repl_main, r) != 0) rc = BG_IO_ERROR;
+    if (rc != 0) {
+        free_all(r);
+        return rc;
+    }
+    r->thread_started = 1;
+    log_event(BG_LOG_INFO, "replication_standby", "node=%s stream=%s lease_ms=%u", log_str(r->node_id),
+              log_str(r->stream), r->cfg.lease_ms);
+    *out = r;
+    return 0;
+}
+
+void repl_stop(struct repl *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stopping = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void repl_stop_within(struct repl *r, uint32_t ms)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop_at_ns = mono_ns() + (uint64_t)ms * 1000000ull;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void repl_get_stats(const struct repl *r, struct repl_stats *out)
+{
+    struct repl *m = (struct repl *)r;
+    pthread_mutex_lock(&m->mu);
+    *out = m->st;
+    if (m->st.role == REPL_PRIMARY) out->lease_age_ms = (int64_t)((mono_ns() - m->lease_sent_ns) / 1000000);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void repl_close(struct repl *r)
+{
+    if (!r) return;
+    repl_stop(r);
+    if (r->thread_started) pthread_join(r->thread, NULL);
+    /* give the lease up: a standby takes over at once instead of after it expires */
+    pthread_mutex_lock(&r->mu);
+    int held = r->st.role == REPL_PRIMARY || r->st.role == REPL_TAKING_OVER;
+    pthread_mutex_unlock(&r->mu);
+    if (held && r->kv) {
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, r->kv, LEASE_KEY) == NATS_OK) {
+            if (kvEntry_Revision(e) == r->lease_rev) kvStore_Delete(r->kv, LEASE_KEY);
+            kvEntry_Destroy(e);
+        }
+    }
+    free_all(r);
+}

@@ -1,0 +1,123 @@
+"""A NATS JetStream cluster on loopback for the replication tests and
+benchmarks: N nats-server processes with free client and cluster ports, a
+store directory each under a temporary directory, routes to one another.
+Nodes can be killed (SIGKILL) and started again with their store. Python 3
+standard library only; needs the nats-server binary (Debian: nats-server).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+CONF = """server_name: %(name)s
+listen: 127.0.0.1:%(port)d
+http: 127.0.0.1:%(mport)d
+jetstream {
+  store_dir: "%(store)s"
+  max_memory_store: 268435456
+  max_file_store: 2147483648
+}
+cluster {
+  name: beangate-test
+  listen: 127.0.0.1:%(cport)d
+  routes: [%(routes)s]
+}
+"""
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def nats_server_binary():
+    return shutil.which("nats-server") or ("/usr/bin/nats-server" if os.path.exists("/usr/bin/nats-server") else None)
+
+
+class Cluster:
+    def __init__(self, workdir, size=3):
+        self.workdir = workdir
+        self.binary = nats_server_binary()
+        self.nodes = []
+        for i in range(size):
+            self.nodes.append({"name": "n%d" % (i + 1), "port": _free_port(), "cport": _free_port(),
+                               "mport": _free_port(), "proc": None, "log": None})
+        for n in self.nodes:
+            n["store"] = os.path.join(workdir, n["name"])
+            os.makedirs(n["store"], exist_ok=True)
+            routes = ", ".join("nats-route://127.0.0.1:%d" % m["cport"] for m in self.nodes if m is not n)
+            n["conf"] = os.path.join(workdir, n["name"] + ".conf")
+            with open(n["conf"], "w") as f:
+                f.write(CONF % dict(n, routes=routes))
+
+    def urls(self):
+        return ",".join("nats://127.0.0.1:%d" % n["port"] for n in self.nodes)
+
+    def start(self, i):
+        n = self.nodes[i]
+        n["log"] = open(os.path.join(self.workdir, n["name"] + ".log"), "ab")
+        n["proc"] = subprocess.Popen([self.binary, "-c", n["conf"]], stdout=n["log"], stderr=subprocess.STDOUT)
+
+    def start_all(self):
+        for i in range(len(self.nodes)):
+            self.start(i)
+
+    def kill(self, i):
+        n = self.nodes[i]
+        if n["proc"] and n["proc"].poll() is None:
+            n["proc"].send_signal(signal.SIGKILL)
+            n["proc"].wait(timeout=10)
+        n["proc"] = None
+        if n["log"]:
+            n["log"].close()
+            n["log"] = None
+
+    def stop_all(self):
+        for i in range(len(self.nodes)):
+            self.kill(i)
+
+    def stream_state(self, stream, only=None):
+        """The stream's state (messages, bytes, first_seq, last_seq) as a running
+        node's (or node `only`'s) monitoring endpoint reports it, or None."""
+        import json
+        import urllib.request
+        for i, n in enumerate(self.nodes):
+            if not n["proc"] or (only is not None and i != only):
+                continue
+            try:
+                url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true" % n["mport"]
+                data = json.loads(urllib.request.urlopen(url, timeout=2).read())
+            except (OSError, ValueError):
+                continue
+            for acc in data.get("account_details") or []:
+                for sd in acc.get("stream_detail") or []:
+                    if sd.get("name") == stream and sd.get("state"):
+                        return sd["state"]
+        return None
+
+    def healthy(self, i):
+        """GET /healthz?js-enabled-only... not on the client port: the cluster
+        is ready when every running node accepts connections and JetStream
+        answers (checked by the caller through beangate)."""
+        n = self.nodes[i]
+        try:
+            with socket.create_connection(("127.0.0.1", n["port"]), timeout=0.5) as s:
+                s.settimeout(0.5)
+                return s.recv(4096).startswith(b"INFO ")
+        except OSError:
+            return False
+
+    def wait_up(self, timeout=15.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.healthy(i) for i, n in enumerate(self.nodes) if n["proc"]):
+                return True
+            time.sleep(0.05)
+        return False
