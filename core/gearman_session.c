@@ -980,6 +980,12 @@ size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time
     return off;
 }
 
+void gm_session_refuse(struct gm_session *s, const char *code, const char *text)
+{
+    reply_error(s, code, text);
+    s->stream.closing = 1;
+}
+
 int gm_session_init(struct gm_server *g, struct gm_session *s, int peer_fd, const char *peer_addr)
 {
     memset(s, 0, sizeof *s);

@@ -132,6 +132,20 @@ static int describe_host(struct server *srv)
     return 0;
 }
 
+/* --max-connections 0: the open-file limit less an eighth, at least 32
+ * descriptors left for the log, the HTTP gateway and push (logged). */
+static uint64_t max_connections(uint64_t given)
+{
+    if (given) return given;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+    uint64_t files = (uint64_t)rl.rlim_cur, spare = files / 8 < 32 ? 32 : files / 8;
+    uint64_t n = files > spare ? files - spare : 1;
+    log_event(BG_LOG_INFO, "max_connections", "value=%llu open_file_limit=%llu from=default",
+              (unsigned long long)n, (unsigned long long)files);
+    return n;
+}
+
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
  * (default 127.0.0.1 and the HTTP port of the settings, http_port) and exit
  * 0 if it answers 200, else 1. Docker's HEALTHCHECK uses this: a slim image
@@ -260,6 +274,10 @@ int main(int argc, char **argv)
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
         return 1;
     }
+    srv.engine.max_job_memory = cfg.max_job_memory; /* before the log's jobs come back */
+    struct conn_config conns = {max_connections(cfg.max_connections), cfg.max_connections_per_ip,
+                                {srv.hash_key[0], srv.hash_key[1]}};
+    conn_configure(&conns);
     if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;
