@@ -82,6 +82,7 @@ struct conn {
     struct wal_hold hold;        /* queued at the log while held */
     uint8_t peer_eof, read_paused, held, queue;
     uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
+    uint8_t phase;               /* the stream's phase when last scheduled */
     alignas(max_align_t) unsigned char session[]; /* starts with a struct bg_stream */
 };
 
@@ -172,30 +173,31 @@ static int addr_table_grow(void)
     return 0;
 }
 
-/* May a connection from sa be opened? 0 (*entry: its address's count, to
- * take one of, or NULL), or the reason it is refused. */
-static int admit(const struct sockaddr_storage *sa, struct addr_count **entry)
+/* May a connection from sa be opened? 1 (*entry: its address's count, to
+ * take one of, or NULL), or 0 with *why set. */
+static int admit(const struct sockaddr_storage *sa, struct addr_count **entry, enum conn_reason *why)
 {
     *entry = NULL;
-    if (shared.cfg.max_connections && shared.counters.open >= shared.cfg.max_connections)
-        return CONN_MAX_CONNECTIONS;
+    *why = CONN_MAX_CONNECTIONS;
+    if (shared.cfg.max_connections && shared.counters.open >= shared.cfg.max_connections) return 0;
+    *why = CONN_MAX_PER_IP;
     uint8_t addr[16];
     size_t len = shared.cfg.max_per_ip ? addr_bytes(sa, addr) : 0;
-    if (!len) return 0;
+    if (!len) return 1;
     if (shared.addrs >= (shared.buckets ? shared.mask + 1 : 0) && addr_table_grow() != 0 && !shared.buckets)
-        return CONN_MAX_PER_IP; /* no table at all: cannot count, so refuse */
+        return 0; /* no table at all: cannot count, so refuse */
     struct addr_count **slot = addr_slot(addr, len);
     if (!*slot) {
         struct addr_count *a = calloc(1, sizeof *a);
-        if (!a) return CONN_MAX_PER_IP;
+        if (!a) return 0;
         a->len = (uint8_t)len;
         memcpy(a->addr, addr, len);
         *slot = a;
         shared.addrs++;
     }
-    if ((*slot)->count >= shared.cfg.max_per_ip) return CONN_MAX_PER_IP;
+    if ((*slot)->count >= shared.cfg.max_per_ip) return 0;
     *entry = *slot;
-    return 0;
+    return 1;
 }
 
 /* Give back a connection's count of its address (an entry admit made for
@@ -270,10 +272,15 @@ static void conn_schedule(struct conn *c)
         queue_leave(c);
         return;
     }
-    /* the clock starts again: entering the queue; a request completed (a
-     * new one may have begun); body bytes came in; any traffic while idle */
-    int restart = c->queue != which ||
-                  (which == QUEUE_REQUEST ? consumed || (s->phase == BG_PHASE_BODY && was_read) : active);
+    /* the clock starts again: entering the queue or a phase (a line that
+     * turns out over-long, a body); a request completed (a new one may have
+     * begun); body bytes came in; any traffic while idle. Bytes of an
+     * over-long line that are thrown away do not count. */
+    int phase = s->phase;
+    int restart = c->queue != which || (which == QUEUE_IDLE && active) ||
+                  (which == QUEUE_REQUEST && (phase != c->phase || (phase == BG_PHASE_NONE && consumed) ||
+                                              (phase == BG_PHASE_BODY && (consumed || was_read))));
+    c->phase = (uint8_t)phase;
     if (restart) queue_join(c, which, loop_now());
 }
 
@@ -666,13 +673,13 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         }
         cs->accept_pause = 0;
         struct addr_count *addr;
-        int refused = admit(&sa, &addr);
-        if (refused) {
+        enum conn_reason why;
+        if (!admit(&sa, &addr, &why)) {
             /* closed at once: beanstalk has no word for it, and beanstalkd
              * too just closes at its fixed limits */
             char peer[INET6_ADDRSTRLEN];
             peer_address(&sa, peer);
-            note_limit(cs->proto, (enum conn_reason)refused, fd, peer);
+            note_limit(cs->proto, why, fd, peer);
             close(fd);
             continue;
         }
