@@ -46,6 +46,33 @@ static void gateway_process_info(void *arg, struct bg_process_info *pi)
     server_process_info(arg, pi);
 }
 
+/* /metrics families of the connection layer's limits and of job memory. */
+static int server_metrics(void *arg, struct bg_buf *b)
+{
+    struct server *srv = arg;
+    struct conn_counters n;
+    conn_get_counters(&n);
+    int rc = bg_buf_printf(b, "# HELP beangate_connections_rejected_total Beanstalk and Gearman connections "
+                              "refused at accept or closed by a limit, by reason.\n"
+                              "# TYPE beangate_connections_rejected_total counter\n");
+    for (int r = 0; rc == 0 && r < CONN_REASON_COUNT; r++)
+        rc = bg_buf_printf(b, "beangate_connections_rejected_total{reason=\"%s\"} %llu\n",
+                           conn_reason_name((enum conn_reason)r), (unsigned long long)n.closed[r]);
+    if (rc == 0)
+        rc = bg_buf_printf(b, "# HELP beangate_accept_paused_total Times accepting paused at the open-file limit.\n"
+                              "# TYPE beangate_accept_paused_total counter\n"
+                              "beangate_accept_paused_total %llu\n"
+                              "# HELP beangate_job_memory_bytes Bytes held by jobs (each its body + 112).\n"
+                              "# TYPE beangate_job_memory_bytes gauge\n"
+                              "beangate_job_memory_bytes %llu\n"
+                              "# HELP beangate_max_job_memory_bytes The job-memory ceiling (--max-job-memory); 0: none.\n"
+                              "# TYPE beangate_max_job_memory_bytes gauge\n"
+                              "beangate_max_job_memory_bytes %llu\n",
+                           (unsigned long long)n.accept_paused, (unsigned long long)srv->engine.job_memory,
+                           (unsigned long long)srv->engine.max_job_memory);
+    return rc;
+}
+
 /* The gateway changed the queue: the next deadline may have moved. */
 static void after_gateway_run(void *arg)
 {
@@ -300,7 +327,8 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s};
+                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
+                                      server_metrics};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
