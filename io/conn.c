@@ -435,7 +435,8 @@ static ssize_t read_in(struct conn *c)
 {
     size_t room = sizeof shared.in;
     size_t in_max = c->cs->proto->limits.in_max;
-    if (c->in.len && in_max > c->in.len && in_max - c->in.len < room) room = in_max - c->in.len;
+    /* what the session does not consume is kept: never more than in_max */
+    if (in_max > c->in.len && in_max - c->in.len < room) room = in_max - c->in.len;
     ssize_t n = read(c->peer.fd, shared.in, room);
     if (n > 0) {
         c->was_read = 1;
