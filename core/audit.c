@@ -35,10 +35,11 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
     static const char *none = "";
     *broken = none;
     struct state_counts total = {{0}, 0};
-    uint64_t jobs = 0;
+    uint64_t jobs = 0, memory = 0;
     for (size_t b = 0; b <= e->jobs_mask; b++)
         for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
             jobs++;
+            memory += BG_JOB_MEMORY(j->body_size);
             CHECK(j->id < e->next_id, "a job id was never given out");
             CHECK(bg_shard_of_id(j->id, e->shard_count) == e->shard_index,
                   "a job id of another shard's class");
@@ -53,6 +54,8 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
     CHECK(e->shard_count >= 1 && e->shard_index < e->shard_count &&
               bg_shard_of_id(e->next_id, e->shard_count) == e->shard_index,
           "the next id is not of this shard's class");
+    /* jobs whose body is still arriving count too, so at least the table's */
+    CHECK(e->job_memory >= memory, "job_memory is below what the jobs hold");
     CHECK(e->ready_count == total.by_state[BG_JOB_READY], "ready_count is off");
     CHECK(e->delayed_count == total.by_state[BG_JOB_DELAYED], "delayed_count is off");
     CHECK(e->reserved_count == total.by_state[BG_JOB_RESERVED], "reserved_count is off");

@@ -33,6 +33,7 @@ const char *bg_outcome_word(int outcome)
     case BG_TORN: return "TORN";
     case BG_CORRUPT: return "CORRUPT";
     case BG_IO_ERROR: return "IO_ERROR";
+    case BG_MEMORY_CEILING: return "OUT_OF_MEMORY"; /* beanstalk's word for a refused put */
     default: return "INTERNAL_ERROR";
     }
 }
@@ -389,7 +390,7 @@ static void finish_put(struct bg_session *s, bg_time now)
     s->in_job = NULL;
     s->state = BG_WANT_COMMAND;
     if (memcmp(j->body + j->body_size - 2, "\r\n", 2) != 0) {
-        bg_job_discard(j);
+        bg_job_discard(s->client.engine, j);
         reply_word(s, BG_EXPECTED_CRLF);
         return;
     }
@@ -631,7 +632,7 @@ int bg_session_init(struct bg_engine *e, struct bg_session *s,
 
 void bg_session_close(struct bg_session *s, bg_time now)
 {
-    if (s->in_job) bg_job_discard(s->in_job);
+    if (s->in_job) bg_job_discard(s->client.engine, s->in_job);
     s->in_job = NULL;
     bg_client_close(&s->client, now);
     bg_buf_free(&s->stream.out);
@@ -659,7 +660,7 @@ static size_t find_line_end(const char *in, size_t len)
     return cr && cr[1] == '\n' ? (size_t)(cr - in) + 2 : 0;
 }
 
-size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now)
+static size_t feed_requests(struct bg_session *s, const char *in, size_t len, bg_time now)
 {
     size_t used = 0;
     for (;;) {
@@ -718,4 +719,14 @@ size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time
             return used;
         }
     }
+}
+
+size_t bg_session_feed(struct bg_session *s, const char *in, size_t len, bg_time now)
+{
+    size_t used = feed_requests(s, in, len, now);
+    /* for the request deadline: a body arrives as it comes, an over-long
+     * line is being thrown away */
+    s->stream.phase = s->state == BG_WANT_BODY || s->state == BG_SKIP_BYTES ? BG_PHASE_BODY
+                    : s->state == BG_WANT_ENDLINE ? BG_PHASE_HEADER : BG_PHASE_NONE;
+    return used;
 }

@@ -68,6 +68,8 @@ enum bg_outcome {
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
     BG_IO_ERROR = -17,    /* a system call failed; errno is left set for the message */
+    BG_MEMORY_CEILING = -18, /* the jobs held reach the job-memory ceiling (--max-job-memory):
+                              * beanstalk answers OUT_OF_MEMORY, HTTP 503 OUT_OF_MEMORY */
 };
 
 /* The name of an outcome, e.g. "NOT_FOUND": the beanstalk word where
@@ -134,10 +136,21 @@ struct bg_stream {
     uint8_t blocked;            /* waiting (a blocked reserve): input stays buffered */
     uint8_t closing;            /* no more input: write out, then close */
     uint8_t overflow;           /* out passed out_max: close without writing */
+    uint8_t phase;              /* enum bg_stream_phase, set by each feed */
     /* Output was appended outside the session's own feed (a wait ended,
      * another session's result): the connection must run. NULL: none. */
     void (*output_ready)(struct bg_stream *s);
     void *owner;                /* the connection layer's object */
+};
+
+/* Where a session stands in its peer's request after a feed, for the
+ * connection layer's request deadline (--request-timeout). */
+enum bg_stream_phase {
+    BG_PHASE_NONE = 0,  /* at a request boundary: unconsumed input is a partial request */
+    BG_PHASE_HEADER,    /* inside a request line or header the session discards as it
+                         * comes (an over-long beanstalk line): it must end in time */
+    BG_PHASE_BODY,      /* inside a body the session takes as it comes (a put's body,
+                         * a Gearman packet's arguments): it must keep arriving */
 };
 
 /* Tell s's connection that output came from outside its feed. */
@@ -285,6 +298,10 @@ struct bg_engine {
                                  * lowered by every push, made exact by each
                                  * tick; catching up is one compare with it */
     uint32_t max_job_size;
+    /* bytes held by jobs, BG_JOB_MEMORY each (jobs whose body is still
+     * arriving and jobs restored from the log included), and the ceiling
+     * on it (0: none; bg_engine_job_fits) */
+    uint64_t job_memory, max_job_memory;
     uint8_t draining;
     uint8_t journal_broken;     /* the log cannot write: puts are refused */
     const struct bg_journal_ops *journal;
@@ -389,12 +406,24 @@ int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);
  * nothing). The client must not be waiting. 0 or BG_NOT_FOUND. */
 int bg_client_unwatch(struct bg_client *c, const char *name);
 
+/* What a job of body_size bytes (CRLF included) counts against the
+ * job-memory ceiling: its 112-byte header and its body. */
+#define BG_JOB_MEMORY(body_size) (sizeof(struct bg_job) + (uint64_t)(body_size))
+/* 1 if a new job of body_size bytes (CRLF included) fits under the
+ * job-memory ceiling (always, without one), else 0. */
+int bg_engine_job_fits(const struct bg_engine *e, uint32_t body_size);
+/* 1 while not even an empty job fits under the ceiling: every put is
+ * refused (/readyz says so). Jobs restored from the log may hold more
+ * than the ceiling; puts are refused until enough are deleted. */
+int bg_engine_memory_full(const struct bg_engine *e);
 /* Allocate a job (id assigned now, as the reference does) with room for
- * body_size bytes incl. CRLF; the caller fills body. NULL: out of memory. */
+ * body_size bytes incl. CRLF; the caller fills body. It counts against the
+ * job-memory ceiling from now on. NULL: out of memory, or the job does not
+ * fit under the ceiling (bg_engine_job_fits tells which). */
 struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
-/* Discard a job made by bg_job_new that never entered the engine. */
-void bg_job_discard(struct bg_job *j);
+/* Discard a job made by bg_job_new on e that never entered the engine. */
+void bg_job_discard(struct bg_engine *e, struct bg_job *j);
 /* Enter a new job into tube `t`: 0 (BG_BURIED if a heap could not grow),
  * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
  * write: journal_broken) or BG_OUT_OF_MEMORY. */
@@ -458,7 +487,7 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
 /* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
  * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
- * BG_DRAINING, BG_LOG_UNAVAILABLE or BG_OUT_OF_MEMORY. For front-ends that have the body in
+ * BG_DRAINING, BG_LOG_UNAVAILABLE, BG_MEMORY_CEILING or BG_OUT_OF_MEMORY. For front-ends that have the body in
  * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id);

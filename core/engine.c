@@ -41,10 +41,22 @@ static int client_wake_less(const void *a, const void *b)
     return ((const struct bg_client *)a)->wake_at < ((const struct bg_client *)b)->wake_at;
 }
 
-/* Give a job's memory back (it came from bg_job_alloc). */
-static inline void job_mem_free(struct bg_job *j)
+/* docs/operations.md gives what a job counts against --max-job-memory */
+_Static_assert(sizeof(struct bg_job) == 112, "a job's header is 112 bytes (docs/operations.md)");
+
+/* A job's memory from bg_job_alloc, counted in e->job_memory; NULL: none. */
+static struct bg_job *job_mem_alloc(struct bg_engine *e, uint32_t body_size)
 {
-    bg_job_free_sized(j, sizeof *j + j->body_size);
+    struct bg_job *j = bg_job_alloc(BG_JOB_MEMORY(body_size));
+    if (j) e->job_memory += BG_JOB_MEMORY(body_size);
+    return j;
+}
+
+/* Give a job's memory back (it came from job_mem_alloc). */
+static inline void job_mem_free(struct bg_engine *e, struct bg_job *j)
+{
+    e->job_memory -= BG_JOB_MEMORY(j->body_size);
+    bg_job_free_sized(j, BG_JOB_MEMORY(j->body_size));
 }
 
 /* now + s seconds, saturating instead of wrapping. */
@@ -510,7 +522,7 @@ static void job_free(struct bg_engine *e, struct bg_job *j)
 {
     job_table_remove(e, j);
     tube_unref(e, j->tube);
-    job_mem_free(j);
+    job_mem_free(e, j);
 }
 
 /* Tell the log about a saved job, if there is a log. */
@@ -556,7 +568,7 @@ void bg_engine_destroy(struct bg_engine *e)
         struct bg_job *j = e->jobs[i];
         while (j) {
             struct bg_job *next = j->hash_next;
-            job_mem_free(j);
+            job_mem_free(e, j);
             j = next;
         }
     }
@@ -819,8 +831,9 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now)
 {
     /* every job may sit in the timer heap: keep room for all of them */
+    if (!bg_engine_job_fits(e, body_size)) return NULL;
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return NULL;
-    struct bg_job *j = bg_job_alloc(sizeof *j + body_size);
+    struct bg_job *j = job_mem_alloc(e, body_size);
     if (!j) return NULL;
     memset(j, 0, sizeof *j);
     j->id = e->next_id;
@@ -834,21 +847,30 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
     return j;
 }
 
-void bg_job_discard(struct bg_job *j) { if (j) job_mem_free(j); }
+void bg_job_discard(struct bg_engine *e, struct bg_job *j) { if (j) job_mem_free(e, j); }
+
+int bg_engine_job_fits(const struct bg_engine *e, uint32_t body_size)
+{
+    uint64_t need = BG_JOB_MEMORY(body_size);
+    return !e->max_job_memory ||
+           (e->job_memory <= e->max_job_memory && need <= e->max_job_memory - e->job_memory);
+}
+
+int bg_engine_memory_full(const struct bg_engine *e) { return !bg_engine_job_fits(e, 2); }
 
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now)
 {
     struct bg_engine *e = c->engine;
     bg_engine_catch_up(e, now); /* a waiter whose timeout passed must not get the job */
     if (e->draining || e->journal_broken) {
-        job_mem_free(j);
+        job_mem_free(e, j);
         return e->draining ? BG_DRAINING : BG_LOG_UNAVAILABLE;
     }
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not
      * enough when several jobs are made before any is put. */
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) {
-        job_mem_free(j);
+        job_mem_free(e, j);
         return BG_OUT_OF_MEMORY;
     }
     job_table_insert(e, j, t);
@@ -863,7 +885,7 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
 {
     struct bg_tube *t = tube_get(c->engine, tube);
     if (!t) {
-        job_mem_free(j);
+        job_mem_free(c->engine, j);
         return BG_OUT_OF_MEMORY;
     }
     tube_ref(t); /* keep a new tube alive even if the put fails */
@@ -875,6 +897,7 @@ int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_tim
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
                 const void *body, uint32_t len, bg_time now, uint64_t *id)
 {
+    if (!bg_engine_job_fits(c->engine, len + 2)) return BG_MEMORY_CEILING;
     struct bg_job *j = bg_job_new(c->engine, pri, delay_s, ttr_s, len + 2, now);
     if (!j) return BG_OUT_OF_MEMORY;
     if (len) memcpy(j->body, body, len);
@@ -1179,7 +1202,7 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
     if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return BG_OUT_OF_MEMORY;
     struct bg_tube *t = tube_get(e, r->tube);
     if (!t) return BG_OUT_OF_MEMORY;
-    struct bg_job *j = bg_job_alloc(sizeof *j + r->body_len);
+    struct bg_job *j = job_mem_alloc(e, r->body_len); /* counted, never refused */
     if (!j) {
         tube_ref(t);
         tube_unref(e, t); /* frees a tube made for nothing */

@@ -300,6 +300,10 @@ int gm_session_init(struct gm_server *g, struct gm_session *s, int peer_fd, cons
  * output reaches stream.out_limit or the session closes: the bytes
  * consumed. */
 size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time now);
+/* The connection is about to be closed for a limit of the server (a
+ * request deadline, idle time): append an ERROR packet with code and text
+ * (both NUL-terminated) as the session's last word, and close it. */
+void gm_session_refuse(struct gm_session *s, const char *code, const char *text);
 /* Detach: stop listening (a foreground job nobody waits for goes unless a
  * worker runs it), give reserved jobs back, free what s holds. */
 void gm_session_close(struct gm_session *s, bg_time now);

@@ -310,15 +310,10 @@ static uint64_t handle_id(const char *h, uint32_t len)
     return bg_parse_u64(colon + 1, n, UINT64_MAX, &id) == 0 ? id : 0;
 }
 
-/* The leading decimal digits of s[0..len), gearmand's atoi leniency: no
- * digits is 0, and a number above max is max. */
-static uint64_t leading_number(const char *s, uint32_t len, uint64_t max)
-{
-    uint64_t v;
-    size_t n = bg_digits_span(s, len);
-    if (n == 0) return 0;
-    return bg_parse_u64(s, n, max, &v) == 0 ? v : max;
-}
+/* Number arguments (SUBMIT_JOB_EPOCH's time, CAN_DO_TIMEOUT's seconds,
+ * maxqueue's sizes) are read by bg_parse_u64: digits only, within range.
+ * gearmand reads them with atoi (anything else is 0, overflow undefined);
+ * beangate answers an error instead (docs/gearman.md). */
 
 /* The job's data (its body without the stored CRLF). */
 static uint32_t job_data_len(const struct bg_job *j) { return j->body_size - 2; }
@@ -568,6 +563,7 @@ static const char *put_error_code(int outcome)
     switch (outcome) {
     case BG_DRAINING: return "DRAINING";
     case BG_LOG_UNAVAILABLE: return "LOG_UNAVAILABLE";
+    case BG_MEMORY_CEILING: return "OUT_OF_MEMORY";
     default: return "MEMORY_ALLOCATION_FAILURE";
     }
 }
@@ -618,7 +614,12 @@ static void submit(struct gm_session *s, const struct gm_packet *p, bg_time now)
     }
     uint32_t delay = 0;
     if (p->type == GM_SUBMIT_JOB_EPOCH) {
-        uint64_t epoch = leading_number(p->arg[2], p->arg_len[2], UINT64_MAX / 10);
+        uint64_t epoch;
+        if (bg_parse_u64(p->arg[2], p->arg_len[2], UINT64_MAX, &epoch) != 0) {
+            reply_error(s, "INVALID_ARGUMENT",
+                        "SUBMIT_JOB_EPOCH needs the time as decimal Unix seconds (digits only, at most 18446744073709551615)");
+            return;
+        }
         uint64_t wall = g->hooks.wall_s(g->hooks.ctx);
         if (epoch > wall) {
             uint64_t d = epoch - wall;
@@ -634,9 +635,11 @@ static void submit(struct gm_session *s, const struct gm_packet *p, bg_time now)
     int rc = bg_put_copy(&s->client, tube, submit_priority(p->type), delay, GM_SUBMIT_TTR, data, data_len,
                          now, &id);
     if (rc != 0 && rc != BG_BURIED) {
-        reply_error(s, put_error_code(rc), rc == BG_LOG_UNAVAILABLE
-                        ? "the write-ahead log cannot write: no job is taken until it can"
-                        : bg_outcome_word(rc));
+        reply_error(s, put_error_code(rc),
+                    rc == BG_LOG_UNAVAILABLE ? "the write-ahead log cannot write: no job is taken until it can"
+                    : rc == BG_MEMORY_CEILING ? "the jobs held reach the server's job-memory ceiling "
+                                                "(--max-job-memory): no job is taken until some are done"
+                    : bg_outcome_word(rc));
         return;
     }
     if (fg || unique_len) {
@@ -686,9 +689,15 @@ static void run_packet(struct gm_session *s, const struct gm_packet *p, bg_time 
     if (cmd >= 0) bg_count_cmd(s->g->engine, (enum bg_cmd)cmd, 1);
     switch (p->type) {
     case GM_CAN_DO: can_do(s, p->arg[0], p->arg_len[0], 0); break;
-    case GM_CAN_DO_TIMEOUT:
-        can_do(s, p->arg[0], p->arg_len[0], (uint32_t)leading_number(p->arg[1], p->arg_len[1], UINT32_MAX));
+    case GM_CAN_DO_TIMEOUT: {
+        uint64_t timeout;
+        if (bg_parse_u64(p->arg[1], p->arg_len[1], UINT32_MAX, &timeout) != 0)
+            reply_error(s, "INVALID_ARGUMENT",
+                        "CAN_DO_TIMEOUT needs the timeout as decimal seconds (digits only, at most 4294967295)");
+        else
+            can_do(s, p->arg[0], p->arg_len[0], (uint32_t)timeout);
         break;
+    }
     case GM_CANT_DO: {
         char tube[BG_TUBE_NAME_MAX + 1];
         if (gm_function_to_tube(p->arg[0], p->arg_len[0], tube) < 0) break;
@@ -816,6 +825,13 @@ static void admin_maxqueue(struct gm_session *s, const struct gm_admin_line *l)
                     "An incomplete set of arguments was sent to this command ", "maxqueue", 8);
         return;
     }
+    uint64_t max[GM_ADMIN_ARGS_MAX] = {0};
+    for (uint32_t i = 1; i < l->nargs; i++)
+        if (bg_parse_u64(l->arg[i], l->arg_len[i], UINT32_MAX, &max[i]) != 0) {
+            admin_error(s, "INVALID_ARGUMENTS", "maxqueue takes sizes from 0 to 4294967295, digits only, not ",
+                        l->arg[i], l->arg_len[i]);
+            return;
+        }
     char tube[BG_TUBE_NAME_MAX + 1];
     struct gm_function *f = NULL;
     if (gm_function_to_tube(l->arg[0], l->arg_len[0], tube) >= 0) f = function_get(s->g, tube, 1);
@@ -823,7 +839,7 @@ static void admin_maxqueue(struct gm_session *s, const struct gm_admin_line *l)
         admin_error(s, "INVALID_ARGUMENTS", "function name is empty or too long, or too many functions", NULL, 0);
         return;
     }
-    f->max_queue = l->nargs >= 2 ? (uint32_t)leading_number(l->arg[1], l->arg_len[1], UINT32_MAX) : 0;
+    f->max_queue = (uint32_t)max[1]; /* the first size, for every priority; none: no limit */
     admin_text(s, "OK\r\n", 4);
 }
 
@@ -957,7 +973,17 @@ size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time
         }
         off += (size_t)used;
     }
+    /* for the request deadline: a packet whose header is in arrives as it
+     * comes (its arguments may be a large workload); an admin line or a
+     * packet header must arrive whole in time */
+    st->phase = len - off >= GM_HEADER_SIZE && in[off] == '\0' ? BG_PHASE_BODY : BG_PHASE_NONE;
     return off;
+}
+
+void gm_session_refuse(struct gm_session *s, const char *code, const char *text)
+{
+    reply_error(s, code, text);
+    s->stream.closing = 1;
 }
 
 int gm_session_init(struct gm_server *g, struct gm_session *s, int peer_fd, const char *peer_addr)

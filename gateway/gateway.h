@@ -77,6 +77,9 @@ struct gateway_config {
     void (*process_info)(void *arg, struct bg_process_info *pi);
     uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
     const char *cors_origins;     /* comma-separated origins (gw_cors_check); NULL: CORS off */
+    /* more /metrics families from the server (the connection layer's
+     * limits, job memory); arg is log_arg; 0 or BG_OUT_OF_MEMORY. NULL: none */
+    int (*extra_metrics)(void *arg, struct bg_buf *out);
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,

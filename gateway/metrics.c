@@ -289,7 +289,8 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                    e->draining ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_ready", "1 when /readyz answers 200, else 0.",
-                   gw->ready && !e->draining && !e->journal_broken && !gw_role_refusal(gw, NULL, 0) ? 1 : 0);
+                   gw->ready && !e->draining && !e->journal_broken && !bg_engine_memory_full(e) &&
+                           !gw_role_refusal(gw, NULL, 0) ? 1 : 0);
     if (rc == 0)
         rc = gauge(b, "beangate_binlog_failed",
                    "1 while the write-ahead log cannot write (puts are refused), else 0.",
@@ -433,6 +434,7 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
     if (rc == 0) rc = render_tubes(gw, out, now);
     if (rc == 0 && gw->metrics) rc = render_http(gw, out);
     if (rc == 0 && gw->push.metrics) rc = gw->push.metrics(gw->push.arg, out);
+    if (rc == 0 && gw->cfg.extra_metrics) rc = gw->cfg.extra_metrics(gw->cfg.log_arg, out);
     return rc;
 }
 
@@ -474,5 +476,9 @@ int gw_handle_readyz(struct gw_request *r)
     if (gw->engine->journal_broken)
         return gw_reply_problem(r->conn, 503, "LOG_UNAVAILABLE",
                                 "the write-ahead log cannot write: puts are refused until it can");
+    if (bg_engine_memory_full(gw->engine))
+        return gw_reply_problem(r->conn, 503, "OUT_OF_MEMORY",
+                                "the jobs held reach the job-memory ceiling (--max-job-memory): "
+                                "puts are refused until jobs are deleted");
     return gw_reply_json(r->conn, 200, json_pack("{s:s}", "status", "ok"), NULL);
 }

@@ -54,6 +54,8 @@ static const struct gw_problem outcome_problems[] = {
     {BG_DRAINING, 503, "DRAINING", "the server is draining: no new jobs"},
     {BG_OUT_OF_MEMORY, 503, "OUT_OF_MEMORY", "the server is out of memory"},
     {BG_LOG_UNAVAILABLE, 503, "LOG_UNAVAILABLE", "the write-ahead log cannot write"},
+    {BG_MEMORY_CEILING, 503, "OUT_OF_MEMORY",
+     "the jobs held reach the job-memory ceiling (--max-job-memory): no new job until some are deleted"},
 };
 
 struct gw_problem gw_outcome_problem(int outcome)

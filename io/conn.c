@@ -4,7 +4,14 @@
  * complete request in it, and writes all replies in one write(). Sessions
  * only append to their stream's output; only this file touches the
  * sockets of connections.
+ *
+ * Deadlines: every connection of a server that has a request deadline or
+ * an idle timeout is on at most one of two queues, each ordered by
+ * deadline because every deadline on it is `now + the same timeout` taken
+ * when the connection moved to its tail. One timer per server is armed at
+ * the earliest head; it closes what is due and re-arms itself.
  */
+#define _GNU_SOURCE /* accept4 */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
@@ -18,8 +25,22 @@
 
 #include "conn.h"
 #include "eventlog.h"
-#include "listen.h"
 #include "loop.h"
+
+#define ACCEPT_PAUSE_MIN (100 * (BG_SECOND / 1000)) /* first pause at the open-file limit */
+#define ACCEPT_PAUSE_MAX BG_SECOND                 /* it doubles up to this */
+#define LOG_INTERVAL (10 * BG_SECOND)              /* one line per kind of event at most */
+#define SHARED_OUT_KEEP (1u << 20)                 /* the reply buffer shrinks back above this */
+
+enum { QUEUE_NONE, QUEUE_REQUEST, QUEUE_IDLE, QUEUE_COUNT };
+
+struct conn;
+
+/* Connections with a deadline, the earliest first (see the top). */
+struct conn_queue {
+    struct conn *head, *tail;
+    bg_time timeout;
+};
 
 struct conn_server {
     const struct conn_protocol *proto;
@@ -27,24 +48,308 @@ struct conn_server {
     struct wal *wal;
     int fd;
     struct event *accept_ev;
+    struct event *resume_ev;     /* accepting again after a pause at the fd limit */
+    struct event *deadline_ev;   /* at the earliest deadline of the queues */
+    bg_time deadline_at;         /* when deadline_ev fires; 0: not armed */
+    bg_time accept_pause;        /* the last pause at the fd limit; 0: accepting */
+    uint8_t paused;              /* conn_server_pause: no more accepts */
+    struct conn_queue queues[QUEUE_COUNT];
     struct conn *conns;          /* every open connection */
     uint64_t count;              /* how many */
+    struct conn_server *next_server;
+    struct log_limit accept_log;
+};
+
+/* How many connections come from one address (--max-connections-per-ip). */
+struct addr_count {
+    struct addr_count *next;
+    uint32_t count;
+    uint8_t len;                 /* 4 or 16 */
+    uint8_t addr[16];
 };
 
 struct conn {
     struct conn_server *cs;
     struct conn_peer peer;
-    struct event *read_ev, *write_ev;
+    struct event *read_ev, *write_ev; /* write_ev: made at the first short write */
     struct bg_buf in;            /* bytes the session has not consumed */
     struct conn *prev, *next;    /* cs->conns */
+    struct conn *q_prev, *q_next; /* the deadline queue it is on */
+    bg_time deadline;
+    struct addr_count *addr;     /* its address's count, or NULL */
     struct loop_task woken;      /* output came from outside its callback */
     uint64_t mark;               /* replies wait until the log holds this */
     struct wal_hold hold;        /* queued at the log while held */
-    uint8_t peer_eof, read_paused, held;
+    uint8_t peer_eof, read_paused, held, queue;
+    uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
+    uint8_t phase;               /* the stream's phase when last scheduled */
     alignas(max_align_t) unsigned char session[]; /* starts with a struct bg_stream */
 };
 
+/* ---- what every listener shares ----------------------------------------- */
+
+static struct {
+    struct conn_config cfg;
+    struct conn_counters counters;
+    struct conn_server *servers;
+    struct log_limit reason_log[CONN_REASON_COUNT];
+    struct addr_count **buckets; /* keyed by bg_siphash under cfg.hash_key */
+    size_t mask, addrs;
+    char in[CONN_READ_CHUNK];    /* every read() lands here first */
+    struct bg_buf out;           /* replies are built here while a connection has none pending */
+} shared;
+
+static const char *const reason_names[CONN_REASON_COUNT] = {
+    "max_connections", "max_connections_per_ip", "request_timeout", "idle_timeout", "output_limit",
+};
+
+const char *conn_reason_name(enum conn_reason r) { return r < CONN_REASON_COUNT ? reason_names[r] : "-"; }
+
+void conn_configure(const struct conn_config *cfg) { shared.cfg = *cfg; }
+
+void conn_get_counters(struct conn_counters *out) { *out = shared.counters; }
+
+/* Count a refusal or a close for `why`; log it (debug: each one; warn: at
+ * most one line per LOG_INTERVAL and reason, with how many were not). */
+static void note_limit(const struct conn_protocol *p, enum conn_reason why, int fd, const char *peer)
+{
+    shared.counters.closed[why]++;
+    char event[40];
+    snprintf(event, sizeof event, "%s%s", p->event_prefix,
+             why <= CONN_MAX_PER_IP ? "refused" : "dropped");
+    unsigned long long held;
+    if (log_limit_pass(&shared.reason_log[why], loop_now(), LOG_INTERVAL, &held))
+        log_event(BG_LOG_WARN, event, "protocol=%s reason=%s fd=%d peer=%s not_logged=%llu", p->name,
+                  reason_names[why], fd, peer, held);
+    else if (log_enabled(BG_LOG_DEBUG))
+        log_event(BG_LOG_DEBUG, event, "protocol=%s reason=%s fd=%d peer=%s", p->name, reason_names[why],
+                  fd, peer);
+}
+
+/* The address of sa as bytes (an IPv4-mapped IPv6 address as IPv4): its
+ * length, or 0 when it has none (a UNIX socket). */
+static size_t addr_bytes(const struct sockaddr_storage *sa, uint8_t out[16])
+{
+    if (sa->ss_family == AF_INET) {
+        memcpy(out, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        return 4;
+    }
+    if (sa->ss_family != AF_INET6) return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a)) {
+        memcpy(out, a->s6_addr + 12, 4);
+        return 4;
+    }
+    memcpy(out, a->s6_addr, 16);
+    return 16;
+}
+
+/* The slot of addr's entry in the per-address table (*slot NULL: none). */
+static struct addr_count **addr_slot(const uint8_t *addr, size_t len)
+{
+    struct addr_count **slot = &shared.buckets[bg_siphash(shared.cfg.hash_key, addr, len) & shared.mask];
+    while (*slot && !((*slot)->len == len && memcmp((*slot)->addr, addr, len) == 0)) slot = &(*slot)->next;
+    return slot;
+}
+
+/* Double the per-address table (it starts at 64 buckets). 0 or BG_OUT_OF_MEMORY. */
+static int addr_table_grow(void)
+{
+    size_t n = shared.buckets ? (shared.mask + 1) * 2 : 64;
+    struct addr_count **b = calloc(n, sizeof *b);
+    if (!b) return BG_OUT_OF_MEMORY;
+    struct addr_count **old = shared.buckets;
+    size_t old_n = old ? shared.mask + 1 : 0;
+    shared.buckets = b;
+    shared.mask = n - 1;
+    for (size_t i = 0; i < old_n; i++)
+        for (struct addr_count *a = old[i], *next; a; a = next) {
+            next = a->next;
+            struct addr_count **slot = addr_slot(a->addr, a->len);
+            a->next = *slot;
+            *slot = a;
+        }
+    free(old);
+    return 0;
+}
+
+/* May a connection from sa be opened? 1 (*entry: its address's count, to
+ * take one of, or NULL), or 0 with *why set. */
+static int admit(const struct sockaddr_storage *sa, struct addr_count **entry, enum conn_reason *why)
+{
+    *entry = NULL;
+    *why = CONN_MAX_CONNECTIONS;
+    if (shared.cfg.max_connections && shared.counters.open >= shared.cfg.max_connections) return 0;
+    *why = CONN_MAX_PER_IP;
+    uint8_t addr[16];
+    size_t len = shared.cfg.max_per_ip ? addr_bytes(sa, addr) : 0;
+    if (!len) return 1;
+    if (shared.addrs >= (shared.buckets ? shared.mask + 1 : 0) && addr_table_grow() != 0 && !shared.buckets)
+        return 0; /* no table at all: cannot count, so refuse */
+    struct addr_count **slot = addr_slot(addr, len);
+    if (!*slot) {
+        struct addr_count *a = calloc(1, sizeof *a);
+        if (!a) return 0;
+        a->len = (uint8_t)len;
+        memcpy(a->addr, addr, len);
+        *slot = a;
+        shared.addrs++;
+    }
+    if ((*slot)->count >= shared.cfg.max_per_ip) return 0;
+    *entry = *slot;
+    return 1;
+}
+
+/* Give back a connection's count of its address (an entry admit made for
+ * a connection that was not opened has a count of 0): the entry goes with
+ * the last one. NULL: nothing. */
+static void addr_unref(struct addr_count *a)
+{
+    if (!a) return;
+    if (a->count) a->count--;
+    if (a->count) return;
+    struct addr_count **slot = addr_slot(a->addr, a->len);
+    *slot = a->next;
+    free(a);
+    shared.addrs--;
+}
+
+/* ---- deadlines ----------------------------------------------------------- */
+
 static struct bg_stream *stream_of(struct conn *c) { return (struct bg_stream *)c->session; }
+
+static void queue_leave(struct conn *c)
+{
+    if (c->queue == QUEUE_NONE) return;
+    struct conn_queue *q = &c->cs->queues[c->queue];
+    if (c->q_prev) c->q_prev->q_next = c->q_next; else q->head = c->q_next;
+    if (c->q_next) c->q_next->q_prev = c->q_prev; else q->tail = c->q_prev;
+    c->q_prev = c->q_next = NULL;
+    c->queue = QUEUE_NONE;
+}
+
+/* Put c at the tail of queue `which`, due at now + its timeout, and make
+ * sure the server's timer fires by then. */
+static void queue_join(struct conn *c, int which, bg_time now)
+{
+    struct conn_server *cs = c->cs;
+    struct conn_queue *q = &cs->queues[which];
+    queue_leave(c);
+    c->queue = (uint8_t)which;
+    c->deadline = now + q->timeout;
+    c->q_prev = q->tail;
+    if (q->tail) q->tail->q_next = c; else q->head = c;
+    q->tail = c;
+    if (cs->deadline_at == 0 || c->deadline < cs->deadline_at) {
+        bg_time in = c->deadline > now ? c->deadline - now : 0;
+        struct timeval tv = {(time_t)(in / BG_SECOND), (suseconds_t)(in % BG_SECOND / 1000) + 1};
+        event_add(cs->deadline_ev, &tv);
+        cs->deadline_at = c->deadline;
+    }
+}
+
+/* Which queue c belongs on after a callback, and move it there: a request
+ * begun and not complete has a deadline; a connection with nothing to do
+ * may be idle; a session that waits for the server, replies held for the
+ * log and a closing connection have none. */
+static void conn_schedule(struct conn *c)
+{
+    struct conn_server *cs = c->cs;
+    const struct conn_protocol *p = cs->proto;
+    struct bg_stream *s = stream_of(c);
+    int was_read = c->was_read, consumed = c->consumed, active = was_read || c->wrote;
+    c->was_read = c->consumed = c->wrote = 0;
+    int stuck = s->out.len >= p->limits.out_limit; /* the peer does not read its replies */
+    int which = QUEUE_NONE;
+    if (c->held || s->closing || c->peer_eof)
+        which = QUEUE_NONE;
+    else if (!stuck && !s->blocked && (s->phase != BG_PHASE_NONE || c->in.len))
+        which = QUEUE_REQUEST;
+    else if (!s->blocked && !(p->waiting && p->waiting(s)))
+        which = QUEUE_IDLE;
+    if (!cs->queues[which].timeout) which = QUEUE_NONE;
+    if (which == QUEUE_NONE) {
+        queue_leave(c);
+        return;
+    }
+    /* the clock starts again: entering the queue or a phase (a line that
+     * turns out over-long, a body); a request completed (a new one may have
+     * begun); body bytes came in; any traffic while idle. Bytes of an
+     * over-long line that are thrown away do not count. */
+    int phase = s->phase;
+    int restart = c->queue != which || (which == QUEUE_IDLE && active) ||
+                  (which == QUEUE_REQUEST && (phase != c->phase || (phase == BG_PHASE_NONE && consumed) ||
+                                              (phase == BG_PHASE_BODY && (consumed || was_read))));
+    c->phase = (uint8_t)phase;
+    if (restart) queue_join(c, which, loop_now());
+}
+
+static void conn_drop(struct conn *c, enum conn_reason why);
+
+/* The earliest deadline came: close what is due, re-arm for the next. */
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct conn_server *cs = arg;
+    bg_time now = loop_now();
+    cs->deadline_at = 0;
+    bg_time next = 0;
+    for (int q = QUEUE_REQUEST; q < QUEUE_COUNT; q++) {
+        struct conn *c;
+        while ((c = cs->queues[q].head) && c->deadline <= now)
+            conn_drop(c, q == QUEUE_REQUEST ? CONN_REQUEST_TIMEOUT : CONN_IDLE_TIMEOUT);
+        if (c && (!next || c->deadline < next)) next = c->deadline;
+    }
+    if (next) {
+        bg_time in = next - now;
+        struct timeval tv = {(time_t)(in / BG_SECOND), (suseconds_t)(in % BG_SECOND / 1000) + 1};
+        event_add(cs->deadline_ev, &tv);
+        cs->deadline_at = next;
+    }
+    loop_engine_changed();
+}
+
+/* ---- accepting ----------------------------------------------------------- */
+
+/* Accept again on every server that paused at the open-file limit (a
+ * descriptor was just freed). */
+static void accept_resume_all(void)
+{
+    for (struct conn_server *cs = shared.servers; cs; cs = cs->next_server)
+        if (cs->accept_pause && !cs->paused) {
+            event_del(cs->resume_ev);
+            event_add(cs->accept_ev, NULL);
+        }
+}
+
+/* accept() failed for want of descriptors or memory: stop accepting for a
+ * while (100 ms, doubling up to 1 s, or until a connection closes),
+ * instead of being woken again at once for the same pending connection. */
+static void accept_pause(struct conn_server *cs, int err)
+{
+    event_del(cs->accept_ev);
+    cs->accept_pause = cs->accept_pause ? cs->accept_pause * 2 : ACCEPT_PAUSE_MIN;
+    if (cs->accept_pause > ACCEPT_PAUSE_MAX) cs->accept_pause = ACCEPT_PAUSE_MAX;
+    struct timeval tv = {(time_t)(cs->accept_pause / BG_SECOND),
+                         (suseconds_t)(cs->accept_pause % BG_SECOND / 1000)};
+    event_add(cs->resume_ev, &tv);
+    shared.counters.accept_paused++;
+    unsigned long long held;
+    if (log_limit_pass(&cs->accept_log, loop_now(), LOG_INTERVAL, &held))
+        log_event(BG_LOG_WARN, "accept_paused", "protocol=%s error=%s pause_ms=%llu not_logged=%llu "
+                  "msg=\"at the open-file limit: raise it (ulimit -n, LimitNOFILE) or lower --max-connections\"",
+                  cs->proto->name, log_str(strerror(err)),
+                  (unsigned long long)(cs->accept_pause / (BG_SECOND / 1000)), held);
+}
+
+static void resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct conn_server *cs = arg;
+    if (!cs->paused) event_add(cs->accept_ev, NULL);
+}
+
+/* ---- a connection ------------------------------------------------------- */
 
 static void conn_run(struct conn *c);
 
@@ -56,50 +361,104 @@ static void conn_free(struct conn *c)
     cs->proto->close(stream_of(c), loop_now());
     loop_cancel(&c->woken);
     wal_unhold(cs->wal, &c->hold);
+    queue_leave(c);
     if (c->prev) c->prev->next = c->next; else cs->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     cs->count--;
+    shared.counters.open--;
+    addr_unref(c->addr);
     bg_engine_connection_closed(cs->engine);
     event_free(c->read_ev);
-    event_free(c->write_ev);
+    if (c->write_ev) event_free(c->write_ev);
     close(c->peer.fd);
     bg_buf_free(&c->in);
     free(c);
+    accept_resume_all();
 }
 
+/* The peer went away or broke the stream: routine, logged at debug. */
+static void conn_lost(struct conn *c, const char *why)
+{
+    if (log_enabled(BG_LOG_DEBUG)) {
+        char event[32];
+        snprintf(event, sizeof event, "%sclosed", c->cs->proto->event_prefix);
+        log_event(BG_LOG_DEBUG, event, "protocol=%s fd=%d peer=%s reason=%s", c->cs->proto->name, c->peer.fd,
+                  c->peer.addr, why);
+    }
+    conn_free(c);
+}
+
+static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
+
 /* Write what the socket takes of out; arm the write event if some is
- * left, else disarm it. 0, or BG_IO_ERROR when the peer is gone. */
+ * left, else disarm it. 0, or BG_IO_ERROR when the peer is gone (or the
+ * write event cannot be made). */
 static int write_out(struct conn *c, struct bg_buf *out)
 {
     while (out->len) {
         ssize_t n = write(c->peer.fd, bg_buf_head(out), out->len);
         if (n > 0) {
             bg_buf_consume(out, (size_t)n);
+            c->wrote = 1;
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!c->write_ev)
+                c->write_ev = event_new(loop_base(), c->peer.fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
+            if (!c->write_ev) return BG_IO_ERROR;
             event_add(c->write_ev, NULL);
             return 0;
         }
         return BG_IO_ERROR;
     }
-    event_del(c->write_ev);
+    if (c->write_ev) event_del(c->write_ev);
     return 0;
 }
 
-/* One read() onto c->in; sets peer_eof at the end of the stream. 0, or
- * BG_IO_ERROR on a read error, or BG_OUT_OF_MEMORY. */
-static int read_in(struct conn *c)
+/* The layer closes c for `why`: the protocol's last word, what can be
+ * written at once, then close. */
+static void conn_drop(struct conn *c, enum conn_reason why)
 {
-    size_t chunk = c->cs->proto->limits.read_chunk;
-    char *tail = bg_buf_reserve(&c->in, chunk);
-    if (!tail) return BG_OUT_OF_MEMORY;
-    ssize_t n = read(c->peer.fd, tail, chunk);
-    if (n > 0) c->in.len += (size_t)n;
-    else if (n == 0) c->peer_eof = 1;
+    struct bg_stream *s = stream_of(c);
+    note_limit(c->cs->proto, why, c->peer.fd, c->peer.addr);
+    if (why != CONN_OUTPUT_LIMIT && c->cs->proto->limit_hit) {
+        c->cs->proto->limit_hit(s, why, loop_now());
+        if (!c->held) write_out(c, &s->out);
+    }
+    conn_free(c);
+}
+
+/* One read() into the shared buffer: how many bytes (0 at the end of the
+ * stream, which sets peer_eof, or when nothing was there), or BG_IO_ERROR. */
+static ssize_t read_in(struct conn *c)
+{
+    size_t room = sizeof shared.in;
+    size_t in_max = c->cs->proto->limits.in_max;
+    /* what the session does not consume is kept: never more than in_max */
+    if (in_max > c->in.len && in_max - c->in.len < room) room = in_max - c->in.len;
+    ssize_t n = read(c->peer.fd, shared.in, room);
+    if (n > 0) {
+        c->was_read = 1;
+        return n;
+    }
+    if (n == 0) c->peer_eof = 1;
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return BG_IO_ERROR;
     return 0;
+}
+
+/* Let the session run on in[0..len): the bytes consumed (none while it is
+ * blocked or closing). Notes the log mark its replies wait for. */
+static size_t feed(struct conn *c, const char *in, size_t len)
+{
+    struct bg_stream *s = stream_of(c);
+    if (!len || s->blocked || s->closing) return 0;
+    uint64_t before = wal_mark(c->cs->wal);
+    size_t used = c->cs->proto->feed(s, in, len, loop_now());
+    uint64_t mark = wal_mark(c->cs->wal);
+    if (mark > before) c->mark = mark;
+    if (used) c->consumed = 1;
+    return used;
 }
 
 /* The log holds what c's replies report: let them go. */
@@ -124,62 +483,107 @@ static int conn_flush(struct conn *c)
     return write_out(c, &stream_of(c)->out);
 }
 
+/* While a connection has no output pending, its replies are built in the
+ * shared buffer: 1 if c now uses it (give it back with own_output). */
+static int borrow_output(struct conn *c)
+{
+    struct bg_stream *s = stream_of(c);
+    if (s->out.data) return 0;
+    s->out = shared.out;
+    shared.out = (struct bg_buf){0};
+    return 1;
+}
+
+/* Give the shared buffer back; what the socket did not take is copied into
+ * c's own buffer. 0, or BG_OUT_OF_MEMORY (replies lost: close). */
+static int own_output(struct conn *c)
+{
+    struct bg_stream *s = stream_of(c);
+    struct bg_buf own = {0};
+    int rc = s->out.len ? bg_buf_append(&own, bg_buf_head(&s->out), s->out.len) : 0;
+    shared.out = s->out;
+    bg_buf_clear(&shared.out);
+    if (shared.out.cap > SHARED_OUT_KEEP) bg_buf_free(&shared.out); /* a huge stats reply */
+    s->out = own;
+    return rc;
+}
+
 /* Let the session run on buffered input, write the replies, and decide
- * whether to keep reading. Frees c when the connection is over. */
-static void conn_run(struct conn *c)
+ * whether to keep reading. Frees c when the connection is over. fresh:
+ * bytes just read into the shared buffer (only when c->in is empty: fed
+ * from there, the rest kept in c->in), else NULL. */
+static void conn_run_fresh(struct conn *c, const char *fresh, size_t fresh_len)
 {
     const struct conn_protocol *p = c->cs->proto;
     struct bg_stream *s = stream_of(c);
     if (s->overflow) {
-        char event[32];
-        snprintf(event, sizeof event, "%sdropped", p->event_prefix);
-        log_event(BG_LOG_WARN, event, "protocol=%s fd=%d peer=%s reason=output_limit", p->name, c->peer.fd,
-                  c->peer.addr);
-        conn_free(c);
+        conn_drop(c, CONN_OUTPUT_LIMIT);
         return;
     }
-    for (;;) {
-        size_t used = 0;
-        int woke = 0;
-        if (c->in.len && !s->blocked && !s->closing) {
-            uint64_t before = wal_mark(c->cs->wal);
-            used = p->feed(s, bg_buf_head(&c->in), c->in.len, loop_now());
-            bg_buf_consume(&c->in, used);
-            uint64_t mark = wal_mark(c->cs->wal);
-            if (mark > before) c->mark = mark;
+    int borrowed = borrow_output(c);
+    if (fresh_len) {
+        size_t used = feed(c, fresh, fresh_len);
+        if (used < fresh_len && bg_buf_append(&c->in, fresh + used, fresh_len - used) != 0) {
+            if (borrowed) own_output(c);
+            conn_lost(c, "out_of_memory");
+            return;
         }
+    }
+    int gone = 0;
+    for (;;) {
+        int full = s->out.len >= p->limits.out_limit; /* the feed stops at once */
+        size_t used = feed(c, bg_buf_head(&c->in), c->in.len);
+        bg_buf_consume(&c->in, used);
+        int woke = 0;
         if (c->peer_eof && s->blocked && p->peer_eof) {
             p->peer_eof(s, loop_now()); /* e.g. TIMED_OUT; later requests still run */
             woke = 1;
         }
         if (conn_flush(c) != 0) {
-            conn_free(c);
-            return;
+            gone = 1;
+            break;
         }
         /* feeding paused at the output limit and the socket took it all:
          * go on with the input already buffered */
-        if (!((used || woke) && s->out.len == 0 && c->in.len)) break;
+        if (!((used || woke || full) && s->out.len == 0 && c->in.len)) break;
         if (c->held) break;
+    }
+    if (c->in.len == 0) bg_buf_free(&c->in);
+    if (borrowed && own_output(c) != 0) gone = 1;
+    if (!borrowed && s->out.len == 0) bg_buf_free(&s->out);
+    if (gone) {
+        conn_lost(c, "write_failed");
+        return;
     }
     int done_reading = c->peer_eof && !s->blocked;
     if ((s->closing || done_reading) && s->out.len == 0) {
-        conn_free(c);
+        conn_lost(c, s->closing ? "quit" : "peer_closed");
         return;
     }
     /* back-pressure: a peer that does not read its replies is not served */
     int pause = s->closing || c->peer_eof || s->out.len >= p->limits.out_limit ||
-                c->in.len >= p->limits.in_limit;
+                c->in.len >= p->limits.in_max;
     if (pause && !c->read_paused) event_del(c->read_ev);
     if (!pause && c->read_paused) event_add(c->read_ev, NULL);
     c->read_paused = (uint8_t)pause;
+    conn_schedule(c);
 }
+
+static void conn_run(struct conn *c) { conn_run_fresh(c, NULL, 0); }
 
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct conn *c = arg;
-    if (read_in(c) != 0) conn_free(c);
-    else conn_run(c);
+    ssize_t n = read_in(c);
+    if (n < 0) {
+        conn_lost(c, "read_error");
+    } else if (n > 0 && c->in.len) {
+        if (bg_buf_append(&c->in, shared.in, (size_t)n) != 0) conn_lost(c, "out_of_memory");
+        else conn_run(c);
+    } else {
+        conn_run_fresh(c, shared.in, (size_t)n);
+    }
     loop_engine_changed();
 }
 
@@ -206,15 +610,17 @@ static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRS
     if (!addr || !inet_ntop(sa->ss_family, addr, out, INET6_ADDRSTRLEN)) strcpy(out, "-");
 }
 
-/* Make a connection of an accepted socket. */
-static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_storage *sa)
+/* Make a connection of an accepted socket (non-blocking already), counted
+ * in its address's entry (NULL: none). */
+static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_storage *sa,
+                      struct addr_count *addr)
 {
     const struct conn_protocol *p = cs->proto;
-    listen_set_nonblocking(fd);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct conn *c = calloc(1, sizeof *c + p->session_size);
     if (!c) {
+        addr_unref(addr);
         close(fd);
         return;
     }
@@ -222,8 +628,11 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     c->peer.fd = fd;
     peer_address(sa, c->peer.addr);
     struct bg_stream *s = stream_of(c);
-    if (p->open(p->ctx, s, &c->peer, loop_now()) != 0) {
+    c->read_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, conn_read_cb, c);
+    if (!c->read_ev || p->open(p->ctx, s, &c->peer, loop_now()) != 0) {
+        if (c->read_ev) event_free(c->read_ev);
         free(c);
+        addr_unref(addr);
         close(fd);
         return;
     }
@@ -232,14 +641,15 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     s->output_ready = stream_output_ready;
     s->owner = c;
     c->woken.run = conn_woken;
-    c->read_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, conn_read_cb, c);
-    c->write_ev = event_new(loop_base(), fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
     c->next = cs->conns;
     if (cs->conns) cs->conns->prev = c;
     cs->conns = c;
     cs->count++;
+    shared.counters.open++;
+    if ((c->addr = addr)) addr->count++;
     bg_engine_connection_opened(cs->engine);
     event_add(c->read_ev, NULL);
+    conn_schedule(c); /* idle from the start */
     if (log_enabled(BG_LOG_DEBUG)) {
         char event[32];
         snprintf(event, sizeof event, "%saccepted", p->event_prefix);
@@ -250,13 +660,31 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
 static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 {
     (void)what;
+    struct conn_server *cs = arg;
     for (int i = 0; i < CONN_ACCEPT_BATCH; i++) {
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
         memset(&sa, 0, sizeof sa);
-        int fd = accept(lfd, (struct sockaddr *)&sa, &len);
-        if (fd < 0) return; /* EAGAIN, or a transient error such as EMFILE */
-        conn_open(arg, fd, &sa);
+        int fd = accept4(lfd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                accept_pause(cs, errno);
+            return; /* EAGAIN: none left; anything else: try at the next wake-up */
+        }
+        cs->accept_pause = 0;
+        struct addr_count *addr;
+        enum conn_reason why;
+        if (!admit(&sa, &addr, &why)) {
+            /* closed at once: beanstalk has no word for it, and beanstalkd
+             * too just closes at its fixed limits */
+            char peer[INET6_ADDRSTRLEN];
+            peer_address(&sa, peer);
+            note_limit(cs->proto, why, fd, peer);
+            close(fd);
+            continue;
+        }
+        conn_open(cs, fd, &sa, addr);
     }
 }
 
@@ -269,17 +697,31 @@ int conn_server_start(struct conn_server **out, const struct conn_protocol *p, i
     cs->engine = e;
     cs->wal = w;
     cs->fd = fd;
+    cs->queues[QUEUE_REQUEST].timeout = p->limits.request_timeout;
+    cs->queues[QUEUE_IDLE].timeout = p->limits.idle_timeout;
     cs->accept_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, accept_cb, cs);
-    if (!cs->accept_ev) {
+    cs->resume_ev = evtimer_new(loop_base(), resume_cb, cs);
+    cs->deadline_ev = evtimer_new(loop_base(), deadline_cb, cs);
+    if (!cs->accept_ev || !cs->resume_ev || !cs->deadline_ev) {
+        if (cs->accept_ev) event_free(cs->accept_ev);
+        if (cs->resume_ev) event_free(cs->resume_ev);
+        if (cs->deadline_ev) event_free(cs->deadline_ev);
         free(cs);
         return BG_OUT_OF_MEMORY;
     }
     event_add(cs->accept_ev, NULL);
+    cs->next_server = shared.servers;
+    shared.servers = cs;
     *out = cs;
     return 0;
 }
 
-void conn_server_pause(struct conn_server *cs) { event_del(cs->accept_ev); }
+void conn_server_pause(struct conn_server *cs)
+{
+    cs->paused = 1;
+    event_del(cs->accept_ev);
+    event_del(cs->resume_ev);
+}
 
 int conn_server_fd(const struct conn_server *cs) { return cs->fd; }
 
@@ -291,7 +733,12 @@ void conn_server_stop(struct conn_server *cs)
     /* stop accepting first, then answer every blocked session (as when its
      * peer half-closes) and send what can be sent without blocking;
      * reservations go back to ready as the sessions close */
-    event_del(cs->accept_ev);
+    conn_server_pause(cs);
+    for (struct conn_server **p = &shared.servers; *p; p = &(*p)->next_server)
+        if (*p == cs) {
+            *p = cs->next_server;
+            break;
+        }
     for (struct conn *c = cs->conns; c; c = c->next) {
         struct bg_stream *s = stream_of(c);
         if (s->blocked && cs->proto->peer_eof) cs->proto->peer_eof(s, loop_now());
@@ -299,6 +746,14 @@ void conn_server_stop(struct conn_server *cs)
     }
     while (cs->conns) conn_free(cs->conns);
     event_free(cs->accept_ev);
+    event_free(cs->resume_ev);
+    event_free(cs->deadline_ev);
     close(cs->fd);
     free(cs);
+    if (!shared.servers) {
+        bg_buf_free(&shared.out);
+        free(shared.buckets);
+        shared.buckets = NULL;
+        shared.mask = shared.addrs = 0;
+    }
 }

@@ -1,11 +1,21 @@
 /* conn.h - the connection layer: every byte-stream protocol (beanstalk,
- * Gearman) is served by it. It accepts, reads (one read() per readable
- * event), feeds the bytes to the protocol's session, writes all replies of
- * a batch with one write(), applies back-pressure, runs sessions that got
- * output from elsewhere (the loop's deferred tasks), holds replies until
- * the write-ahead log has them on disk (-f 0), and counts connections in
- * the engine's stats. A protocol brings a pure session (core/) and plugs
- * it in with a struct conn_protocol; nothing else touches its sockets.
+ * Gearman) is served by it. It accepts (within the connection limits, and
+ * backing off at the open-file limit), reads (one read() per readable event,
+ * into one loop-wide buffer), feeds the bytes to the protocol's session,
+ * writes all replies of a batch with one write(), applies back-pressure and
+ * the per-connection limits (bytes each way, a request deadline, idle
+ * time), runs sessions that got output from elsewhere (the loop's deferred
+ * tasks), holds replies until the write-ahead log has them on disk (-f 0),
+ * and counts connections in the engine's stats. A protocol brings a pure
+ * session (core/) and plugs it in with a struct conn_protocol; nothing else
+ * touches its sockets.
+ *
+ * Memory: a connection keeps no buffer while it has nothing pending. Reads
+ * go to one loop-wide buffer and are fed from there; only the unconsumed
+ * tail (half a line, half a packet) is copied into the connection's own
+ * input buffer. Replies are built in one loop-wide buffer too, and only
+ * what the socket does not take at once is copied into the connection's
+ * own output buffer. Both are freed once empty.
  */
 #ifndef BEANGATE_CONN_H
 #define BEANGATE_CONN_H
@@ -15,8 +25,7 @@
 #include "../core/core.h"
 #include "wal.h"
 
-#define CONN_READ_CHUNK 65536          /* bytes read per read() */
-#define CONN_OUT_HIGH_WATER (4u << 20) /* stop feeding and reading while more is unsent */
+#define CONN_READ_CHUNK 65536          /* the loop-wide read buffer: bytes per read() */
 #define CONN_ACCEPT_BATCH 64           /* connections accepted per wake-up */
 
 /* Who is on the other end, for a session that shows it (Gearman's
@@ -27,15 +36,49 @@ struct conn_peer {
     char addr[INET6_ADDRSTRLEN];
 };
 
-/* What a protocol allows one connection. The place for every per-connection
- * limit of a protocol (issue 13 adds bytes per direction, a line deadline,
- * idle time and per-address caps here). */
+/* What a protocol allows one connection (docs/operations.md, "Limits"). */
 struct conn_limits {
-    size_t read_chunk;         /* bytes per read() */
-    size_t in_limit;           /* reading pauses while this much input is unconsumed */
+    size_t in_max;             /* reading pauses while this much input is unconsumed */
     size_t out_limit;          /* the stream's out_limit: feeding and reading pause */
-    size_t out_max;            /* the stream's out_max (0: none): past it, dropped */
+    size_t out_max;            /* the stream's out_max (0: none): output others append
+                                * past it drops the connection */
+    bg_time request_timeout;   /* a request line, header or packet header must be in
+                                * within this of its first byte, and a body must keep
+                                * coming (no gap this long); 0: no deadline */
+    bg_time idle_timeout;      /* closed after this long without a byte either way,
+                                * unless the session waits for the server (a blocked
+                                * reserve); 0: never */
 };
+
+/* Why the layer refused a connection or closed one itself. */
+enum conn_reason {
+    CONN_MAX_CONNECTIONS,      /* refused: --max-connections reached */
+    CONN_MAX_PER_IP,           /* refused: --max-connections-per-ip reached */
+    CONN_REQUEST_TIMEOUT,      /* closed: a request not complete in time */
+    CONN_IDLE_TIMEOUT,         /* closed: idle for --idle-timeout */
+    CONN_OUTPUT_LIMIT,         /* closed: output others appended passed out_max */
+    CONN_REASON_COUNT
+};
+/* "max_connections", "request_timeout", ...: the log's and the metrics' name. */
+const char *conn_reason_name(enum conn_reason r);
+
+/* What every listener of the process shares: they draw on one budget of
+ * descriptors. */
+struct conn_config {
+    uint64_t max_connections;  /* beanstalk and Gearman connections at once; 0: no limit */
+    uint64_t max_per_ip;       /* of them from one client address (UNIX peers exempt); 0: no limit */
+    uint64_t hash_key[2];      /* the keyed hash of the per-address table (random) */
+};
+/* Set the shared limits (before the first conn_server_start). */
+void conn_configure(const struct conn_config *cfg);
+
+/* The layer's counters since the start, every listener together. */
+struct conn_counters {
+    uint64_t open;                         /* connections open now */
+    uint64_t closed[CONN_REASON_COUNT];    /* refused or closed, by reason */
+    uint64_t accept_paused;                /* times accepting paused at the open-file limit */
+};
+void conn_get_counters(struct conn_counters *out);
 
 /* One protocol's session, as the connection layer drives it. The session
  * is session_size bytes and starts with its struct bg_stream. */
@@ -57,6 +100,13 @@ struct conn_protocol {
     void (*peer_eof)(struct bg_stream *s, bg_time now);
     /* Release everything the session holds. */
     void (*close)(struct bg_stream *s, bg_time now);
+    /* Nonzero while the session waits for the server on its peer's behalf
+     * besides a blocked stream (reservations held, a sleeping worker, a
+     * result awaited): such a connection is never idle. NULL: never. */
+    int (*waiting)(const struct bg_stream *s);
+    /* The layer is about to close the connection for `why`: append a last
+     * word if the protocol has one (NULL: closed without one). */
+    void (*limit_hit)(struct bg_stream *s, enum conn_reason why, bg_time now);
 };
 
 /* One listening socket and the connections accepted from it. */

@@ -77,6 +77,19 @@ const char *log_str(const char *s)
     return out;
 }
 
+int log_limit_pass(struct log_limit *l, unsigned long long now, unsigned long long interval,
+                   unsigned long long *held_back)
+{
+    if (now < l->next_at) {
+        l->held_back++;
+        return 0;
+    }
+    *held_back = l->held_back;
+    l->held_back = 0;
+    l->next_at = now + interval;
+    return 1;
+}
+
 void log_event(enum bg_log_level level, const char *event, const char *fmt, ...)
 {
     if (!log_enabled(level)) return;

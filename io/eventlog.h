@@ -26,6 +26,19 @@ int log_enabled(enum bg_log_level level);
 /* Write one event line if its level is enabled. fmt may be NULL or "". */
 void log_event(enum bg_log_level level, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* At most one line per interval for one kind of event (an accept that
+ * fails at the open-file limit, connections refused by a limit): a client
+ * must not be able to fill the log. */
+struct log_limit {
+    unsigned long long next_at;     /* no line before this (ns, the caller's clock) */
+    unsigned long long held_back;   /* events not written since the last line */
+};
+/* 1 if a line may be written at `now` (ns): *held_back gets how many
+ * events were not written since the last line; else 0 (this one is
+ * counted). */
+int log_limit_pass(struct log_limit *l, unsigned long long now, unsigned long long interval,
+                   unsigned long long *held_back);
+
 /* s as a logfmt value: as is when it is a plain word, otherwise in double
  * quotes with \" \\ \n \r \t and \xHH escapes. NULL gives "-". The result
  * lives in a per-thread ring of 8 buffers of 512 bytes (longer values are

@@ -10,8 +10,6 @@
 #include "../io/eventlog.h"
 #include "../io/listen.h"
 
-#define BEANSTALK_IN_LIMIT (64u << 10) /* buffered input while blocked */
-
 static void session_process_info(struct bg_session *s, struct bg_process_info *pi)
 {
     server_process_info(s->io_owner, pi);
@@ -38,19 +36,29 @@ static void beanstalk_peer_eof(struct bg_stream *s, bg_time now)
 
 static void beanstalk_close(struct bg_stream *s, bg_time now) { bg_session_close((struct bg_session *)s, now); }
 
+/* A connection that holds reservations is working, not idle. */
+static int beanstalk_waiting(const struct bg_stream *s)
+{
+    return ((const struct bg_session *)s)->client.reserved_head != NULL;
+}
+
 int beanstalk_start(struct server *srv, const struct server_config *cfg)
 {
     static struct conn_protocol proto = {
         .name = "beanstalk",
         .event_prefix = "",
         .session_size = sizeof(struct bg_session),
-        .limits = {CONN_READ_CHUNK, BEANSTALK_IN_LIMIT, CONN_OUT_HIGH_WATER, 0},
         .open = beanstalk_open,
         .feed = beanstalk_feed,
         .peer_eof = beanstalk_peer_eof,
         .close = beanstalk_close,
+        .waiting = beanstalk_waiting,
+        /* no limit_hit: beanstalk has no word for a closed connection */
     };
     proto.ctx = srv;
+    /* a line is at most 224 bytes and a body goes straight into its job:
+     * only commands sent behind a blocked reserve wait in the input */
+    proto.limits = server_conn_limits(cfg, 0);
     int fd = listen_inherited();
     if (fd >= 0) {
         snprintf(srv->listen_desc, sizeof srv->listen_desc, "systemd-fd-3");

@@ -80,6 +80,40 @@ static const struct setting settings[] = {
     {'z', NULL, "BEANGATE_MAX_JOB_SIZE", "BYTES", K_NUMBER, .max = BG_JOB_SIZE_LIMIT, .clamp = 1,
      .def = "65535", .key = "max_job_size", FIELD(max_job_size),
      .help = "maximum job size in bytes"},
+    /* ---- limits of the beanstalk and Gearman ports (issue 13; docs/operations.md, Limits) ---- */
+    {0, "--max-connections", "BEANGATE_MAX_CONNECTIONS", "N", K_NUMBER, .max = UINT32_MAX, .def = "0",
+     .key = "max_connections", FIELD(max_connections),
+     .help = "beanstalk and Gearman connections open at once; one more is closed\n"
+             "at once. 0: the open-file limit less an eighth (at least 32 left for\n"
+             "the log, HTTP and push)"},
+    {0, "--max-connections-per-ip", "BEANGATE_MAX_CONNECTIONS_PER_IP", "N", K_NUMBER, .max = UINT32_MAX,
+     .def = "0", .key = "max_connections_per_ip", FIELD(max_connections_per_ip),
+     .help = "of those, from one client address (UNIX socket peers are not\n"
+             "counted); 0: no limit"},
+    {0, "--request-timeout", "BEANGATE_REQUEST_TIMEOUT", "SECONDS", K_NUMBER, .max = 86400, .def = "60",
+     .key = "request_timeout", FIELD(request_timeout_s),
+     .help = "a command line or Gearman packet header must be complete this long\n"
+             "after its first byte, and a body must not pause longer; else the\n"
+             "connection is closed. 0: no deadline"},
+    {0, "--idle-timeout", "BEANGATE_IDLE_TIMEOUT", "SECONDS", K_NUMBER, .max = 31536000, .def = "0",
+     .key = "idle_timeout", FIELD(idle_timeout_s),
+     .help = "close a connection silent this long that waits for nothing (a\n"
+             "blocked reserve, a reserved job or a sleeping worker is not idle).\n"
+             "0: never, as beanstalkd"},
+    {0, "--max-input-buffer", "BEANGATE_MAX_INPUT_BUFFER", "BYTES", K_NUMBER, .min = 1024,
+     .max = BG_JOB_SIZE_LIMIT, .def = "65536", .key = "max_input_buffer", FIELD(max_input_buffer),
+     .help = "unprocessed bytes kept per connection (commands sent behind a\n"
+             "blocked reserve); reading stops there. Gearman keeps at least one\n"
+             "packet of the largest size"},
+    {0, "--max-output-buffer", "BEANGATE_MAX_OUTPUT_BUFFER", "BYTES", K_NUMBER, .min = 1024,
+     .max = BG_JOB_SIZE_LIMIT, .def = "65536", .key = "max_output_buffer", FIELD(max_output_buffer),
+     .help = "unsent reply bytes per connection; past it no more requests are read\n"
+             "(one reply may go over). Gearman results for a client that does not\n"
+             "read close it one largest packet beyond"},
+    {0, "--max-job-memory", "BEANGATE_MAX_JOB_MEMORY", "BYTES", K_NUMBER, .max = UINT64_MAX, .def = "0",
+     .key = "max_job_memory", FIELD(max_job_memory),
+     .help = "bytes all jobs may hold (each its body + 112); a put beyond gets\n"
+             "OUT_OF_MEMORY (HTTP 503) and /readyz 503 while full. 0: no ceiling"},
     {'V', NULL, "BEANGATE_VERBOSE", "N", K_COUNT, .max = 100, .def = "0", .key = "verbose",
      FIELD(verbose),
      .help = "more messages, may be repeated: none, warnings and errors; -V, info\n"
@@ -780,4 +814,21 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     if ((rc = load_tokens(cfg)) != 0) return rc;
     log_config(cfg);
     return 0;
+}
+
+struct conn_limits server_conn_limits(const struct server_config *cfg, size_t per_request_max)
+{
+    struct conn_limits l = {
+        .in_max = (size_t)cfg->max_input_buffer,
+        .out_limit = (size_t)cfg->max_output_buffer,
+        .request_timeout = (bg_time)cfg->request_timeout_s * BG_SECOND,
+        .idle_timeout = (bg_time)cfg->idle_timeout_s * BG_SECOND,
+    };
+    if (per_request_max) {
+        /* a request is parsed whole: room for the largest and a read more */
+        if (l.in_max < per_request_max + CONN_READ_CHUNK) l.in_max = per_request_max + CONN_READ_CHUNK;
+        /* what other sessions send (results) may pass the limit by one packet */
+        l.out_max = l.out_limit + per_request_max;
+    }
+    return l;
 }

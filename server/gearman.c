@@ -11,7 +11,6 @@
 #include "../io/loop.h"
 
 #define GM_IN_SLACK 4096               /* header + function + unique + NULs */
-#define GM_OUT_HARD_LIMIT (64u << 20)  /* results for a client that does not read */
 #define GM_SWEEP_MS 100                /* a sweep step runs this often */
 #define GM_SWEEP_BUCKETS 1024          /* record buckets looked at per step */
 
@@ -70,6 +69,24 @@ static size_t gearman_feed(struct bg_stream *s, const char *in, size_t len, bg_t
 
 static void gearman_close(struct bg_stream *s, bg_time now) { gm_session_close((struct gm_session *)s, now); }
 
+/* A sleeping worker, a worker holding a job and a client awaiting results
+ * wait for the server: not idle. */
+static int gearman_waiting(const struct bg_stream *s)
+{
+    const struct gm_session *g = (const struct gm_session *)s;
+    return g->sleeping || g->listening_count || g->client.reserved_head;
+}
+
+/* The connection is closed for a limit: an ERROR packet says which. */
+static void gearman_limit_hit(struct bg_stream *s, enum conn_reason why, bg_time now)
+{
+    (void)now;
+    gm_session_refuse((struct gm_session *)s, why == CONN_REQUEST_TIMEOUT ? "REQUEST_TIMEOUT" : "IDLE_TIMEOUT",
+                      why == CONN_REQUEST_TIMEOUT
+                          ? "the request did not arrive in time (--request-timeout): closing"
+                          : "the connection was idle too long (--idle-timeout): closing");
+}
+
 /* Every GM_SWEEP_MS: one bounded step of the sweep; a graceful shutdown
  * ends when it says no worker holds a job. */
 static void sweep_cb(evutil_socket_t fd, short what, void *arg)
@@ -109,14 +126,15 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         .name = "gearman",
         .event_prefix = "gearman_",
         .session_size = sizeof(struct gm_session),
-        /* input is bounded by one packet (the parser says when a size is
-         * too big) and a read */
-        .limits = {CONN_READ_CHUNK, (size_t)max_packet + GM_HEADER_SIZE + CONN_READ_CHUNK,
-                   CONN_OUT_HIGH_WATER, GM_OUT_HARD_LIMIT},
+        /* input holds at least one packet of the largest size (the parser
+         * says when a size is too big) and a read */
+        .limits = server_conn_limits(cfg, (size_t)max_packet + GM_HEADER_SIZE),
         .ctx = g,
         .open = gearman_open,
         .feed = gearman_feed,
         .close = gearman_close,
+        .waiting = gearman_waiting,
+        .limit_hit = gearman_limit_hit,
     };
     int fd = listen_tcp(cfg->gearman_listen, cfg->gearman_port);
     if (fd < 0 || conn_server_start(&g->conns, &g->proto, fd, &srv->engine, srv->wal) != 0) {

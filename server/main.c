@@ -63,6 +63,33 @@ static void gateway_process_info(void *arg, struct bg_process_info *pi)
     server_process_info(arg, pi);
 }
 
+/* /metrics families of the connection layer's limits and of job memory. */
+static int server_metrics(void *arg, struct bg_buf *b)
+{
+    struct server *srv = arg;
+    struct conn_counters n;
+    conn_get_counters(&n);
+    int rc = bg_buf_printf(b, "# HELP beangate_connections_rejected_total Beanstalk and Gearman connections "
+                              "refused at accept or closed by a limit, by reason.\n"
+                              "# TYPE beangate_connections_rejected_total counter\n");
+    for (int r = 0; rc == 0 && r < CONN_REASON_COUNT; r++)
+        rc = bg_buf_printf(b, "beangate_connections_rejected_total{reason=\"%s\"} %llu\n",
+                           conn_reason_name((enum conn_reason)r), (unsigned long long)n.closed[r]);
+    if (rc == 0)
+        rc = bg_buf_printf(b, "# HELP beangate_accept_paused_total Times accepting paused at the open-file limit.\n"
+                              "# TYPE beangate_accept_paused_total counter\n"
+                              "beangate_accept_paused_total %llu\n"
+                              "# HELP beangate_job_memory_bytes Bytes held by jobs (each its body + 112).\n"
+                              "# TYPE beangate_job_memory_bytes gauge\n"
+                              "beangate_job_memory_bytes %llu\n"
+                              "# HELP beangate_max_job_memory_bytes The job-memory ceiling (--max-job-memory); 0: none.\n"
+                              "# TYPE beangate_max_job_memory_bytes gauge\n"
+                              "beangate_max_job_memory_bytes %llu\n",
+                           (unsigned long long)n.accept_paused, (unsigned long long)srv->engine.job_memory,
+                           (unsigned long long)srv->engine.max_job_memory);
+    return rc;
+}
+
 /* The gateway changed the queue: the next deadline may have moved. */
 static void after_gateway_run(void *arg)
 {
@@ -147,6 +174,20 @@ static int describe_host(struct server *srv)
         snprintf(srv->platform, sizeof srv->platform, "%s", u.machine);
     }
     return 0;
+}
+
+/* --max-connections 0: the open-file limit less an eighth, at least 32
+ * descriptors left for the log, the HTTP gateway and push (logged). */
+static uint64_t max_connections(uint64_t given)
+{
+    if (given) return given;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+    uint64_t files = (uint64_t)rl.rlim_cur, spare = files / 8 < 32 ? 32 : files / 8;
+    uint64_t n = files > spare ? files - spare : 1;
+    log_event(BG_LOG_INFO, "max_connections", "value=%llu open_file_limit=%llu from=default",
+              (unsigned long long)n, (unsigned long long)files);
+    return n;
 }
 
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
@@ -388,6 +429,10 @@ int main(int argc, char **argv)
     }
     /* before the log is read: recovered ids must be of this shard's class */
     if (bg_engine_set_shard(&srv.engine, cfg.shard_index, cfg.shard_count) != 0) return SERVER_USAGE_EXIT;
+    srv.engine.max_job_memory = cfg.max_job_memory; /* before the log's jobs come back */
+    struct conn_config conns = {max_connections(cfg.max_connections), cfg.max_connections_per_ip,
+                                {srv.hash_key[0], srv.hash_key[1]}};
+    conn_configure(&conns);
     if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);
         return 1;
@@ -417,7 +462,7 @@ int main(int argc, char **argv)
         struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
                                       cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
                                       srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
-                                      cfg.http_cors_origins};
+                                      cfg.http_cors_origins, server_metrics};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

@@ -30,6 +30,14 @@ struct server_config {
     const char *port;            /* "11300" */
     const char *user;            /* -u, or NULL */
     uint32_t max_job_size;       /* -z */
+    /* limits of the beanstalk and Gearman ports (docs/operations.md, Limits) */
+    uint64_t max_connections;    /* 0: from the open-file limit (server_max_connections) */
+    uint64_t max_connections_per_ip; /* 0: none */
+    uint64_t request_timeout_s;  /* 0: none */
+    uint64_t idle_timeout_s;     /* 0: none */
+    uint64_t max_input_buffer;   /* bytes */
+    uint64_t max_output_buffer;  /* bytes */
+    uint64_t max_job_memory;     /* bytes; 0: no ceiling */
     int verbose;                 /* -V count, or BEANGATE_VERBOSE=N */
     const char *http_listen;     /* --http-listen, default 127.0.0.1 */
     const char *http_port;       /* --http-port, default 11301 */
@@ -80,6 +88,11 @@ struct server_config {
  * (log.h) and, with -V, logs the effective configuration (never a token's
  * value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
+
+/* The connection limits cfg gives a byte-stream protocol (beanstalk.c,
+ * gearman.c); per_request_max: the most one request may need buffered
+ * (Gearman: one packet of the largest size; beanstalk: 0). */
+struct conn_limits server_conn_limits(const struct server_config *cfg, size_t per_request_max);
 
 /* ---- beanstalk.c: the beanstalk listener ------------------------------ */
 

@@ -1283,14 +1283,6 @@ FRONTEND = "front-end scenario, beangate only"
 SHUTDOWN = "admin shutdown with --gearman-admin-shutdown (gearmand 1.1.20 has no shutdown), beangate only"
 
 
-def proc_rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1])
-    raise Fail("no VmRSS for pid %d" % pid)
-
-
 def bs_stats_http(srv):
     """(beanstalk `stats` dict, GET /stats JSON), taken back to back on a
     new beanstalk connection that stays open for both."""
@@ -1736,7 +1728,7 @@ def test_slow_reader_backpressure(srv):
         except OSError as e:
             state["error"] = e
 
-    rss0 = proc_rss_kib(srv.proc.pid)
+    rss0 = testlib.rss_kib(srv.proc.pid)
     t = threading.Thread(target=send_all, daemon=True)
     t.start()
     # wait until the sender is stuck (the server stopped reading it)
@@ -1747,7 +1739,7 @@ def test_slow_reader_backpressure(srv):
             last, since = state["sent"], time.monotonic()
         time.sleep(0.05)  # the condition is no progress for 0.5 s: look every 50 ms
     check(state["sent"] < n, "the server took all %d packets without being read (sent %d)" % (n, state["sent"]))
-    grown = proc_rss_kib(srv.proc.pid) - rss0
+    grown = testlib.rss_kib(srv.proc.pid) - rss0
     check(grown < 64 * 1024, "server RSS grew by %d KiB for an unread client (sent %d packets)"
           % (grown, state["sent"]))
     t0 = time.monotonic()

@@ -50,6 +50,15 @@ def free_port():
 
 # The environment without any BEANGATE_* variable, plus extra: a server
 # started by a test sees only the settings the test gives it.
+def rss_kib(pid):
+    """The resident set of process pid in KiB (VmRSS of /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
 def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
     env.update(extra or {})

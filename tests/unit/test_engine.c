@@ -2125,6 +2125,120 @@ static void test_put_while_log_unavailable(void **state)
     put_job(&w->fc[0], "y", 0, 0, 60, T0);
 }
 
+/* ---- the job-memory ceiling (--max-job-memory) --------------------------- */
+
+/* A session's reply, as a string (the test's own copy), then cleared. */
+static const char *session_reply(struct bg_session *s)
+{
+    static char text[256];
+    size_t n = s->stream.out.len < sizeof text - 1 ? s->stream.out.len : sizeof text - 1;
+    memcpy(text, bg_buf_head(&s->stream.out), n);
+    text[n] = '\0';
+    bg_buf_clear(&s->stream.out);
+    return text;
+}
+
+/* Each job counts its 112-byte header and its body (CRLF included); a put
+ * that lands exactly on the ceiling is taken, one byte over is refused, for
+ * bg_put_copy (HTTP, Gearman) and the beanstalk session alike; a delete
+ * makes room again. */
+static void test_job_memory_ceiling_exact(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct bg_client *c = &w->fc[0].client;
+    assert_int_equal(BG_JOB_MEMORY(12), 124);
+    e->max_job_memory = 3 * BG_JOB_MEMORY(12);
+    uint64_t a, b, id;
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789", 10, T0, &a), BG_OK);
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789", 10, T0, &b), BG_OK);
+    assert_int_equal(e->job_memory, 2 * BG_JOB_MEMORY(12));
+    /* one byte over: refused, nothing taken, no id used up */
+    uint64_t next_id = e->next_id;
+    assert_int_equal(bg_engine_job_fits(e, 13), 0);
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789x", 11, T0, &id), BG_MEMORY_CEILING);
+    assert_null(bg_job_new(e, 0, 0, 60, 13, T0));
+    assert_int_equal(e->next_id, next_id);
+    assert_int_equal(e->job_count, 2);
+    assert_int_equal(bg_engine_memory_full(e), 0);
+    /* exactly at the ceiling: taken; now not even an empty job fits */
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789", 10, T0, &id), BG_OK);
+    assert_int_equal(e->job_memory, e->max_job_memory);
+    assert_int_equal(bg_engine_memory_full(e), 1);
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "", 0, T0, &id), BG_MEMORY_CEILING);
+    /* beanstalk: OUT_OF_MEMORY after the body, which is read and dropped */
+    struct bg_session s;
+    assert_int_equal(bg_session_init(e, &s, NULL, NULL), BG_OK);
+    const char put[] = "put 0 0 60 1\r\nx\r\nlist-tube-used\r\n";
+    assert_int_equal(bg_session_feed(&s, put, sizeof put - 1, T0), sizeof put - 1);
+    assert_string_equal(session_reply(&s), "OUT_OF_MEMORY\r\nUSING default\r\n");
+    /* a delete makes room again */
+    assert_int_equal(bg_delete(c, a, T0), BG_OK);
+    assert_int_equal(e->job_memory, 2 * BG_JOB_MEMORY(12));
+    assert_int_equal(bg_engine_memory_full(e), 0);
+    const char put10[] = "put 0 0 60 10\r\n0123456789\r\n";
+    assert_int_equal(bg_session_feed(&s, put10, sizeof put10 - 1, T0), sizeof put10 - 1);
+    assert_int_equal(strncmp(session_reply(&s), "INSERTED ", 9), 0);
+    assert_int_equal(e->job_memory, e->max_job_memory);
+    bg_session_close(&s, T0);
+    check_world(w);
+}
+
+/* A put whose body is still arriving holds its job's memory already (a
+ * slow client cannot get around the ceiling); closing gives it back. */
+static void test_job_memory_counts_bodies_in_flight(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    e->max_job_memory = BG_JOB_MEMORY(102) + BG_JOB_MEMORY(2) - 1;
+    struct bg_session s1, s2;
+    assert_int_equal(bg_session_init(e, &s1, NULL, NULL), BG_OK);
+    assert_int_equal(bg_session_init(e, &s2, NULL, NULL), BG_OK);
+    const char head[] = "put 0 0 60 100\r\nabc";
+    assert_int_equal(bg_session_feed(&s1, head, sizeof head - 1, T0), sizeof head - 1);
+    assert_int_equal(s1.stream.phase, BG_PHASE_BODY);
+    assert_int_equal(e->job_memory, BG_JOB_MEMORY(102));
+    assert_int_equal(e->job_count, 0);
+    /* the other connection's empty job would go one byte over */
+    const char put0[] = "put 0 0 60 0\r\n\r\n";
+    assert_int_equal(bg_session_feed(&s2, put0, sizeof put0 - 1, T0), sizeof put0 - 1);
+    assert_string_equal(session_reply(&s2), "OUT_OF_MEMORY\r\n");
+    assert_int_equal(s2.stream.phase, BG_PHASE_NONE);
+    bg_session_close(&s1, T0);
+    assert_int_equal(e->job_memory, 0);
+    assert_int_equal(bg_session_feed(&s2, put0, sizeof put0 - 1, T0), sizeof put0 - 1);
+    assert_int_equal(strncmp(session_reply(&s2), "INSERTED ", 9), 0);
+    bg_session_close(&s2, T0);
+    check_world(w);
+}
+
+/* Jobs restored from the log are all kept, even above the ceiling; puts
+ * are refused until deletes bring the total below it. */
+static void test_job_memory_restore_over_ceiling(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    e->max_job_memory = 2 * BG_JOB_MEMORY(8);
+    for (uint64_t id = 1; id <= 4; id++) {
+        struct bg_journal_job r = {.id = id, .tube = "t", .state = BG_JOB_READY, .ttr_s = 60,
+                                   .body_len = 8, .body = "stored\r\n"};
+        assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    }
+    bg_engine_restore_finish(e);
+    assert_int_equal(e->job_count, 4);
+    assert_int_equal(e->job_memory, 4 * BG_JOB_MEMORY(8));
+    assert_int_equal(bg_engine_memory_full(e), 1);
+    uint64_t id;
+    assert_int_equal(bg_put_copy(&w->fc[0].client, "t", 0, 0, 60, "x", 1, T0, &id), BG_MEMORY_CEILING);
+    for (uint64_t k = 1; k <= 2; k++) assert_int_equal(bg_delete(&w->fc[0].client, k, T0), BG_OK);
+    assert_int_equal(bg_engine_memory_full(e), 1); /* exactly at it: still no room */
+    assert_int_equal(bg_delete(&w->fc[0].client, 3, T0), BG_OK);
+    assert_int_equal(bg_engine_memory_full(e), 0);
+    assert_int_equal(bg_put_copy(&w->fc[0].client, "t", 0, 0, 60, "stored", 6, T0, &id), BG_OK);
+    assert_int_equal(id, 5);
+    check_world(w);
+}
+
 /* ---- entry points for front-ends that keep state beside the queue ------- */
 
 /* The log's view: the last update record of a job. */
@@ -2316,7 +2430,7 @@ static void test_job_new_out_of_memory(void **state)
         if (j) {
             /* the nth allocation was not needed (timer room already there) */
             assert_true(nth > 1);
-            bg_job_discard(j);
+            bg_job_discard(&w->engine, j);
             continue;
         }
         assert_int_equal(e->next_id, next_id);
@@ -3062,6 +3176,9 @@ int main(void)
         ENGINE_TEST(test_catch_up_close_counts_expired_ttr),
         ENGINE_TEST(test_catch_up_due_at_bound),
         ENGINE_TEST(test_put_while_log_unavailable),
+        ENGINE_TEST(test_job_memory_ceiling_exact),
+        ENGINE_TEST(test_job_memory_counts_bodies_in_flight),
+        ENGINE_TEST(test_job_memory_restore_over_ceiling),
         ENGINE_TEST(test_set_ttr_is_logged),
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),

@@ -603,6 +603,83 @@ static void test_submit_job_epoch_is_a_delay(void **state)
     assert_int_equal(w->e.ready_count, 1);
 }
 
+/* Numbers are strict (issue 13): gearmand's atoi makes "abc" delay 0 and
+ * "maxqueue f -1" OK; beangate answers an error and changes nothing. */
+static void test_numbers_are_strict(void **state)
+{
+    struct world *w = *state;
+    static const char *const bad_epochs[] = {"abc", "", "-5", "+5", " 5", "5x", "18446744073709551616",
+                                             "99999999999999999999999"};
+    for (size_t k = 0; k < sizeof bad_epochs / sizeof bad_epochs[0]; k++) {
+        send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "f", "", bad_epochs[k], "data");
+        struct reply r = take(w, 0, GM_ERROR, 2);
+        if (strcmp(r.arg[0], "INVALID_ARGUMENT") != 0) fail_msg("epoch \"%s\": %s", bad_epochs[k], r.arg[0]);
+        assert_non_null(strstr(r.arg[1], "SUBMIT_JOB_EPOCH"));
+        nothing(w, 0);
+    }
+    assert_int_equal(w->e.job_count, 0);
+    /* the largest number is taken: a delay cut to the longest the engine keeps */
+    send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "f", "", "18446744073709551615", "far");
+    take(w, 0, GM_JOB_CREATED, 1);
+    assert_int_equal(bg_job_find(&w->e, 1)->delay_s, UINT32_MAX);
+    static const char *const bad_timeouts[] = {"abc", "", "-1", "4294967296", "10s"};
+    for (size_t k = 0; k < sizeof bad_timeouts / sizeof bad_timeouts[0]; k++) {
+        send_req(w, 1, GM_CAN_DO_TIMEOUT, 2, "f", bad_timeouts[k]);
+        struct reply r = take(w, 1, GM_ERROR, 2);
+        if (strcmp(r.arg[0], "INVALID_ARGUMENT") != 0) fail_msg("timeout \"%s\": %s", bad_timeouts[k], r.arg[0]);
+    }
+    assert_int_equal(w->s[1].ability_count, 0);
+    send_req(w, 1, GM_CAN_DO_TIMEOUT, 2, "f", "4294967295");
+    nothing(w, 1);
+    assert_int_equal(w->s[1].ability_count, 1);
+    admin_expect(w, 2, "maxqueue f -1\n",
+                 "ERR INVALID_ARGUMENTS maxqueue+takes+sizes+from+0+to+4294967295,+digits+only,+not+-1\r\n");
+    admin_expect(w, 2, "maxqueue f abc\n",
+                 "ERR INVALID_ARGUMENTS maxqueue+takes+sizes+from+0+to+4294967295,+digits+only,+not+abc\r\n");
+    admin_expect(w, 2, "maxqueue f 1 2x\n",
+                 "ERR INVALID_ARGUMENTS maxqueue+takes+sizes+from+0+to+4294967295,+digits+only,+not+2x\r\n");
+    admin_expect(w, 2, "maxqueue f 4294967296\n",
+                 "ERR INVALID_ARGUMENTS maxqueue+takes+sizes+from+0+to+4294967295,+digits+only,+not+4294967296\r\n");
+    admin_expect(w, 2, "maxqueue f 1\n", "OK\r\n");
+    /* the limit is 1 and one job is queued: the next submit is refused */
+    send_req(w, 0, GM_SUBMIT_JOB_BG, 3, "f", "", "x");
+    assert_string_equal(take(w, 0, GM_ERROR, 2).arg[0], "QUEUE_ERROR");
+}
+
+/* The job-memory ceiling: an ERROR packet OUT_OF_MEMORY that names it. */
+static void test_submit_over_memory_ceiling(void **state)
+{
+    struct world *w = *state;
+    w->e.max_job_memory = BG_JOB_MEMORY(3);
+    submit(w, 0, GM_SUBMIT_JOB_BG, "f", "", "x");
+    send_req(w, 0, GM_SUBMIT_JOB_BG, 3, "f", "", "");
+    struct reply r = take(w, 0, GM_ERROR, 2);
+    assert_string_equal(r.arg[0], "OUT_OF_MEMORY");
+    assert_non_null(strstr(r.arg[1], "--max-job-memory"));
+    assert_int_equal(w->e.job_count, 1);
+}
+
+/* The phase the request deadline reads: a packet whose header is in is
+ * a body in progress; a partial header or admin line is not. */
+static void test_feed_phase(void **state)
+{
+    struct world *w = *state;
+    struct bg_buf b = {0};
+    const char *arg[3] = {"f", "", "some data"};
+    uint32_t len[3] = {1, 0, 9};
+    assert_int_equal(gm_encode_request(&b, GM_SUBMIT_JOB_BG, 3, arg, len), 0);
+    assert_int_equal(gm_session_feed(&w->s[0], bg_buf_head(&b), 5, w->now), 0);
+    assert_int_equal(w->s[0].stream.phase, BG_PHASE_NONE);
+    assert_int_equal(gm_session_feed(&w->s[0], bg_buf_head(&b), GM_HEADER_SIZE + 3, w->now), 0);
+    assert_int_equal(w->s[0].stream.phase, BG_PHASE_BODY);
+    assert_int_equal(gm_session_feed(&w->s[0], bg_buf_head(&b), b.len, w->now), b.len);
+    assert_int_equal(w->s[0].stream.phase, BG_PHASE_NONE);
+    assert_int_equal(gm_session_feed(&w->s[0], "stat", 4, w->now), 0);
+    assert_int_equal(w->s[0].stream.phase, BG_PHASE_NONE);
+    bg_buf_free(&b);
+    take(w, 0, GM_JOB_CREATED, 1);
+}
+
 static void test_refusals(void **state)
 {
     struct world *w = *state;
@@ -701,6 +778,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_can_do_timeout_is_the_ttr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submit_job_epoch_is_a_delay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_numbers_are_strict, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_submit_over_memory_ceiling, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feed_phase, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shutdown, setup, teardown),
         cmocka_unit_test_setup_teardown(test_output_limit_overflows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_stops_at_out_limit_and_partial_input, setup, teardown),
