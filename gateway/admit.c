@@ -312,11 +312,12 @@ static void hand_over(struct gw_conn *c)
     } /* else gw_conn_closed freed it */
 }
 
-/* Bytes of the first head arrived (edge-triggered): look at them without
- * reading; once the head is complete, judge it and hand the socket over. */
+/* Bytes of the first head arrived (edge-triggered), or the client closed:
+ * look at them without reading; once the head is complete, judge it and
+ * hand the socket over (a client that closed after a whole head, a
+ * half-close, is still answered). */
 static void pending_cb(evutil_socket_t fd, short what, void *arg)
 {
-    (void)what;
     struct gw_conn *c = arg;
     struct gw_admit *a = &c->gw->admit;
     size_t max = c->gw->cfg.max_header_size;
@@ -333,6 +334,11 @@ static void pending_cb(evutil_socket_t fd, short what, void *arg)
         snprintf(detail, sizeof detail, "the request head is larger than %zu bytes", max);
         note(c->gw, GW_CLOSED_BAD_HEAD, c, detail);
         refuse(c, 431, "HEADERS_TOO_LARGE", detail);
+        return;
+    }
+    if (!end && (what & EV_CLOSED)) {
+        note(c->gw, GW_CLOSED_CLIENT, c, "closed during its first head");
+        conn_free(c);
         return;
     }
     if (!end) return;
@@ -392,7 +398,7 @@ static void admit_one(struct gateway *gw, int fd, const struct sockaddr_storage 
     memcpy(&c->sa, ss, len);
     c->sa_len = len;
     c->deadline_ev = evtimer_new(gw->base, deadline_cb, c);
-    c->read_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST | EV_ET, pending_cb, c);
+    c->read_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST | EV_ET | EV_CLOSED, pending_cb, c);
     if (!c->deadline_ev || !c->read_ev) {
         conn_free(c);
         note(gw, GW_REFUSED_FD_LIMIT, NULL, "out of memory");
@@ -463,8 +469,12 @@ void gw_conn_started(struct gateway *gw, struct MHD_Connection *mhd, void **sock
 
 void gw_conn_closed(struct gateway *gw, void *socket_context)
 {
-    (void)gw;
-    if (socket_context) conn_free(socket_context);
+    struct gw_conn *c = socket_context;
+    if (!c) return;
+    /* closed by libmicrohttpd, not by us, between a later head's first byte
+     * and its end: the client left (libmicrohttpd says so at debug level) */
+    if (c->counted && c->head_started) note(gw, GW_CLOSED_CLIENT, c, "closed during a later head");
+    conn_free(c);
 }
 
 static struct gw_conn *conn_of(struct MHD_Connection *mhd)
@@ -479,6 +489,7 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd)
     struct gw_conn *c = conn_of(mhd);
     if (!c) return;
     wait_leave(c);
+    c->head_started = 0;
     if (c->read_ev) event_del(c->read_ev);
     event_del(c->deadline_ev);
 }
@@ -489,6 +500,7 @@ static void next_head_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct gw_conn *c = arg;
+    c->head_started = 1;
     if (c->counted) event_add(c->deadline_ev, c->gw->admit.header_tv);
 }
 

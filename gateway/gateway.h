@@ -243,6 +243,7 @@ struct gw_conn {
     uint8_t waiting;              /* no request in progress: on the waiting lists (evictable) */
     uint8_t counted;              /* in the open counts (not closed by us yet) */
     uint8_t lingering;            /* answered and shut: reading what is left, then closed */
+    uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
 };

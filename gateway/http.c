@@ -314,6 +314,9 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r) return;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, gw->now());
     else gw_conn_request_ended(gw, conn);
+    if (toe == MHD_REQUEST_TERMINATED_WITH_ERROR || toe == MHD_REQUEST_TERMINATED_READ_ERROR ||
+        toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT || toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
+        gw_conn_count(gw, GW_CLOSED_CLIENT); /* the client left or stalled mid-request */
     release_body(gw, r);
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
     bg_time now = gw->now();
@@ -369,7 +372,8 @@ static int random_key(void *key, size_t n)
 
 /* The starts of libmicrohttpd's messages about what a client did: it left
  * mid-request, reset, or sent what libmicrohttpd refused itself. Routine
- * for a server: counted (GW_CLOSED_CLIENT), logged at debug level. */
+ * for a server: logged at debug level (a request it cut is counted by
+ * completed_cb, a first head by admit.c). */
 static const char *const client_messages[] = {
     "Connection was closed by remote side",
     "Socket has been disconnected when reading",
@@ -393,14 +397,13 @@ static const char *const client_messages[] = {
  * level (and counted), anything else as a warning. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    struct gateway *gw = cls;
+    (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
     for (size_t i = 0; i < sizeof client_messages / sizeof client_messages[0]; i++) {
         if (strncmp(msg, client_messages[i], strlen(client_messages[i])) != 0) continue;
-        gw_conn_count(gw, GW_CLOSED_CLIENT);
         log_event(BG_LOG_DEBUG, "http_client_error", "msg=%s", log_str(msg));
         return;
     }
