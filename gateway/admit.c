@@ -30,10 +30,13 @@
  */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received */
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -42,6 +45,7 @@
 #include "../io/eventlog.h"
 
 #define ACCEPT_BATCH 64           /* connections accepted per wake-up */
+#define TCP_STATE_ESTABLISHED 1   /* tcpi_state: the kernel's TCP_ESTABLISHED (not in linux/tcp.h) */
 
 static const char *const event_names[GW_CONN_EVENTS] = {
     "connections", "address", "fd_limit", "evicted", "header_timeout", "bad_head", "client",
@@ -197,7 +201,7 @@ static void note(struct gateway *gw, enum gw_conn_event e, const struct gw_conn 
     bg_time now = gw->now();
     if (a->logged_at[e] && now - a->logged_at[e] < (bg_time)GW_ACCEPT_LOG_INTERVAL_S * BG_SECOND) return;
     log_event(BG_LOG_WARN, "http_connections_refused",
-              "reason=%s refused=%llu open=%llu max=%u max_per_address=%u msg=%s", event_names[e],
+              "reason=%s refused=%llu open=%llu max=%u max_per_ip=%u msg=%s", event_names[e],
               (unsigned long long)a->unlogged[e], (unsigned long long)a->open,
               gw->cfg.max_connections, gw->cfg.max_per_address, log_str(msg));
     a->logged_at[e] = now;
@@ -456,6 +460,28 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
     }
 }
 
+/* Bytes of data the kernel has taken in on this TCP connection (its FIN,
+ * which the kernel counts as one, is not data; a connection that ended by
+ * a reset is one short); 0 if it cannot say. */
+static uint64_t data_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
+        return 0;
+    int fin = ti.tcpi_state != TCP_STATE_ESTABLISHED;
+    return ti.tcpi_bytes_received - (fin && ti.tcpi_bytes_received ? 1 : 0);
+}
+
+/* Bytes of a later head that came since the last request ended: read by
+ * libmicrohttpd (the socket is its too) or waiting in the kernel. */
+static uint64_t later_head_bytes(const struct gw_conn *c)
+{
+    uint64_t now = data_received(c->fd);
+    return now > c->received_at_end ? now - c->received_at_end : 0;
+}
+
 /* ---- libmicrohttpd's side -------------------------------------------------- */
 
 void gw_conn_started(struct gateway *gw, struct MHD_Connection *mhd, void **socket_context)
@@ -472,8 +498,11 @@ void gw_conn_closed(struct gateway *gw, void *socket_context)
     struct gw_conn *c = socket_context;
     if (!c) return;
     /* closed by libmicrohttpd, not by us, between a later head's first byte
-     * and its end: the client left (libmicrohttpd says so at debug level) */
-    if (c->counted && c->head_started) note(gw, GW_CLOSED_CLIENT, c, "closed during a later head");
+     * and its end: the client left (libmicrohttpd says so at debug level).
+     * libmicrohttpd may have read the head's bytes and the end together
+     * before next_head_cb ran; its socket is still open here. */
+    if (c->counted && (c->head_started || (c->waiting && later_head_bytes(c))))
+        note(gw, GW_CLOSED_CLIENT, c, "closed during a later head");
     conn_free(c);
 }
 
@@ -494,12 +523,21 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd)
     event_del(c->deadline_ev);
 }
 
-/* The first byte of a keep-alive connection's next head: its deadline runs. */
+/* The first byte of a keep-alive connection's next head: its deadline runs.
+ * The end of the stream with nothing sent is no head (libmicrohttpd closes
+ * the connection). A next head that came before the last request ended
+ * (libmicrohttpd notes the end a turn late) is not seen until a later byte
+ * of it: stalled, it waits for the idle timeout. */
 static void next_head_cb(evutil_socket_t fd, short what, void *arg)
 {
-    (void)fd;
     (void)what;
     struct gw_conn *c = arg;
+    char byte;
+    ssize_t n = 1;
+    if (!later_head_bytes(c) && (n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT)) != 1) {
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) event_add(c->read_ev, NULL);
+        return; /* nothing yet; or the end, or a reset */
+    }
     c->head_started = 1;
     if (c->counted) event_add(c->deadline_ev, c->gw->admit.header_tv);
 }
@@ -510,6 +548,10 @@ void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
     if (!c || !c->counted) return;
     if (!c->read_ev) c->read_ev = event_new(gw->base, c->fd, EV_READ, next_head_cb, c);
     if (!c->read_ev) return;
+    int unread = 0; /* bytes of the next head may wait in the kernel already */
+    if (ioctl(c->fd, FIONREAD, &unread) != 0 || unread < 0) unread = 0;
+    c->received_at_end = data_received(c->fd);
+    c->received_at_end -= (uint64_t)unread < c->received_at_end ? (uint64_t)unread : c->received_at_end;
     wait_enter(c);
     event_add(c->read_ev, NULL);
 }

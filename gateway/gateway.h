@@ -50,7 +50,7 @@
 #define GW_MAX_CONNECTIONS_DEFAULT 1024   /* --http-max-connections */
 #define GW_IDLE_TIMEOUT_DEFAULT_S 60      /* --http-idle-timeout */
 #define GW_HEADER_TIMEOUT_DEFAULT_S 10    /* --http-header-timeout */
-#define GW_MAX_HEADER_DEFAULT 16384       /* --http-max-header-size: bytes of a request head */
+#define GW_MAX_HEADER_DEFAULT 8192       /* --http-max-header-size: bytes of a request head */
 #define GW_BODY_BUFFER_DEFAULT (64u << 20) /* --http-max-body-buffer: bodies buffered at once */
 #define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
@@ -244,6 +244,7 @@ struct gw_conn {
     uint8_t counted;              /* in the open counts (not closed by us yet) */
     uint8_t lingering;            /* answered and shut: reading what is left, then closed */
     uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
+    uint64_t received_at_end;     /* TCP bytes received when the last request ended */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
 };
@@ -251,7 +252,7 @@ struct gw_conn {
 /* Why a connection was refused or closed by the gateway (counters). */
 enum gw_conn_event {
     GW_REFUSED_CONNECTIONS,       /* --http-max-connections, nothing to evict: 503 */
-    GW_REFUSED_ADDRESS,           /* --http-max-connections-per-address, nothing to evict: 503 */
+    GW_REFUSED_ADDRESS,           /* --http-max-connections-per-ip, nothing to evict: 503 */
     GW_REFUSED_FD_LIMIT,          /* accept failed: no descriptor (or memory) left */
     GW_CLOSED_EVICTED,            /* the oldest waiting connection, for a new one */
     GW_CLOSED_HEADER_TIMEOUT,     /* no complete head within --http-header-timeout: 408 */

@@ -505,11 +505,12 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     /* no listening socket of its own: admit.c accepts and hands connections
      * over. Its connection cap is only a backstop above admit.c's count
      * (connections it shut are still libmicrohttpd's until its next run);
-     * its memory per connection holds a head of max_header_size bytes (the
-     * read buffer starts at half of it) and the header records. */
+     * its memory per connection (zeroed whole at each request, so resident
+     * while the connection lives) holds a head of max_header_size bytes, its
+     * header records and a response's head. */
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      MHD_USE_NO_LISTEN_SOCKET;
-    size_t memory = 2 * (size_t)gw->cfg.max_header_size + 8192;
+    size_t memory = (size_t)gw->cfg.max_header_size + 8192;
     gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, gw, /* must be first */
                                   MHD_OPTION_NOTIFY_COMPLETED, completed_cb, gw,
@@ -536,7 +537,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw_run(gw);
     log_event(BG_LOG_INFO, "http_listening",
               "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u max_connections=%u "
-              "max_connections_per_address=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
+              "max_connections_per_ip=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
               "max_body_buffer=%llu",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
               cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,

@@ -115,8 +115,8 @@ static const struct setting settings[] = {
      .max = 1000000, .def = "1024", .key = "http_max_connections", FIELD(http_max_connections),
      .help = "HTTP connections open at most; at the limit a new one takes the slot of\n"
              "the longest idle (or still sending its head), else gets 503"},
-    {0, "--http-max-connections-per-address", "BEANGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "N",
-     K_NUMBER, .max = 1000000, .def = "0", .key = "http_max_connections_per_address",
+    {0, "--http-max-connections-per-ip", "BEANGATE_HTTP_MAX_CONNECTIONS_PER_IP", "N",
+     K_NUMBER, .max = 1000000, .def = "0", .key = "http_max_connections_per_ip",
      FIELD(http_max_per_address),
      .help = "HTTP connections open at most from one client address (0: no cap\n"
              "of its own); the same rule at the limit"},
@@ -128,7 +128,7 @@ static const struct setting settings[] = {
      .max = 86400, .def = "60", .key = "http_idle_timeout", FIELD(http_idle_timeout_s),
      .help = "an HTTP connection with nothing sent or received for this long is closed"},
     {0, "--http-max-header-size", "BEANGATE_HTTP_MAX_HEADER_SIZE", "BYTES", K_NUMBER,
-     .min = 1024, .max = 1048576, .def = "16384", .key = "http_max_header_size",
+     .min = 1024, .max = 1048576, .def = "8192", .key = "http_max_header_size",
      FIELD(http_max_header_size),
      .help = "bytes of an HTTP request line and headers at most (431 above)"},
     {0, "--http-max-body-buffer", "BEANGATE_HTTP_MAX_BODY_BUFFER", "BYTES", K_NUMBER,

@@ -36,7 +36,7 @@ struct server_config {
     int http_explicit;           /* HTTP address or port given (flag or env) */
     int max_wait_s;              /* --http-max-wait: longest long-poll, default 30 */
     uint32_t http_max_connections;   /* --http-max-connections */
-    uint32_t http_max_per_address;   /* --http-max-connections-per-address (0: none) */
+    uint32_t http_max_per_address;   /* --http-max-connections-per-ip (0: none) */
     uint32_t http_header_timeout_s;  /* --http-header-timeout */
     uint32_t http_idle_timeout_s;    /* --http-idle-timeout */
     uint32_t http_max_header_size;   /* --http-max-header-size */
