@@ -6,8 +6,13 @@
  * Files, from the top layer down. A file uses only what files of a lower
  * layer define, so there is no circle (tests/http/gateway_layers.py):
  *   http.c      the daemon, its wiring into libevent, the request lifecycle:
- *               match once, token and body limit, dispatch, counters, replies
- *               held for the log. The only file that speaks MHD_Result.
+ *               match once, token, framing and body limits, dispatch,
+ *               counters, replies held for the log. The only file that
+ *               speaks MHD_Result.
+ *   admit.c     the listening socket and every connection's life outside a
+ *               request: accept with limits (overall, per address), the
+ *               first request head checked before libmicrohttpd gets the
+ *               socket, header deadlines, eviction, the fd-limit back-off
  *   router.c    the route table (path pattern, method, handler, body limit,
  *               auth rule, command counter) and URL matching
  *   routes.c    the handlers of the queue's resources: engine calls
@@ -17,7 +22,9 @@
  *               long-poll suspension, wake-up and the watch on its socket
  *   reply.c     responses: JSON, problem+json (status titles; the table of
  *               outcome -> status, code, detail), empty, raw job, bytes
- *   json.c      rendering of jobs, tubes and stats
+ *   json.c      rendering of jobs, tubes and stats; base64
+ *   framing.c   where a request's body ends: Content-Length and
+ *               Transfer-Encoding judged once, for raw heads and parsed ones
  *   tube_page.c one page of the tubes' statistics (GET /stats/tubes)
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
@@ -29,6 +36,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#include <sys/socket.h>
 
 #include "../core/core.h"
 #include "../io/wal.h"
@@ -38,14 +46,28 @@
 #define GW_MAX_WAIT_LIMIT_S 3600  /* the largest cap one may set */
 #define GW_DEFAULT_PRIORITY 2147483648u /* 2^31, as common clients use */
 #define GW_DEFAULT_TTR 60
-#define GW_CONNECTION_LIMIT 1024
-#define GW_IDLE_TIMEOUT_S 60
+/* The limits of HTTP connections (docs/operations.md, "Limits"); each is a
+ * setting (server/config.c) with this default. */
+#define GW_MAX_CONNECTIONS_DEFAULT 1024   /* --http-max-connections */
+#define GW_IDLE_TIMEOUT_DEFAULT_S 60      /* --http-idle-timeout */
+#define GW_HEADER_TIMEOUT_DEFAULT_S 10    /* --http-header-timeout */
+#define GW_MAX_HEADER_DEFAULT 8192       /* --http-max-header-size: bytes of a request head */
+#define GW_BODY_BUFFER_DEFAULT (64u << 20) /* --http-max-body-buffer: bodies buffered at once */
+#define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
+#define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
+#define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
+#define GW_ACCEPT_BACKOFF_MS 250          /* accept pauses this long at the fd limit */
+#define GW_ACCEPT_LOG_INTERVAL_S 10       /* a refusal at a limit is logged at most this often */
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
 #define GW_IDEMPOTENCY_KEY_MAX 128
 #define GW_IDEMPOTENCY_STORED_MAX (GW_IDEMPOTENCY_KEY_MAX + 4) /* a batch entry's "KEY#99" */
 #define GW_IDEMPOTENCY_MAX 100000     /* keys remembered at most */
 #define GW_BATCH_MAX 100              /* entries in a batch put or reserve */
-#define GW_BATCH_BODY_MAX (32u << 20) /* bytes of JSON in a batch put */
+/* The bytes of JSON a batch put may send: GW_BATCH_MAX entries, each a job
+ * of max_job_size bytes as base64 (4 characters per 3 bytes) and
+ * GW_BATCH_ENTRY_SLACK bytes of keys, numbers and spaces. */
+#define GW_BATCH_ENTRY_SLACK 256
+uint64_t gw_batch_body_limit(uint64_t max_job_size);
 
 #define GW_AUTH_TOKEN_MAX 512         /* bytes in one bearer token */
 #define GW_AUTH_TOKENS_MAX 256        /* tokens configured at most */
@@ -80,6 +102,13 @@ struct gateway_config {
     /* more /metrics families from the server (the connection layer's
      * limits, job memory); arg is log_arg; 0 or BG_OUT_OF_MEMORY. NULL: none */
     int (*extra_metrics)(void *arg, struct bg_buf *out);
+    /* limits (0: the GW_*_DEFAULT) */
+    uint32_t max_connections;     /* open connections at most */
+    uint32_t max_per_address;     /* ... from one client address (0: no cap of its own) */
+    uint32_t header_timeout_s;    /* a request's head must be complete within this */
+    uint32_t idle_timeout_s;      /* a connection with nothing going on is closed after this */
+    uint32_t max_header_size;     /* bytes of a request head */
+    uint64_t max_body_buffer;     /* bytes of request bodies buffered at once, all requests */
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,
@@ -113,6 +142,8 @@ void gateway_set_ready(struct gateway *gw, int ready);
  * (the rows that take a token) answer 503 with them. NULL gw: no-op. */
 typedef const char *(*gw_role_fn)(void *arg, char *detail, size_t size);
 void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg);
+/* The gateway's listening socket (for the startup block's address). */
+int gateway_listen_fd(const struct gateway *gw);
 /* Install push delivery's hooks (copied). NULL gw does nothing. */
 void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
 
@@ -131,7 +162,7 @@ enum gw_body_limit {
     GW_BODY_NONE,   /* the route reads none: a body is dropped, not kept
                      * (above the max job size it is refused, as for a job) */
     GW_BODY_JOB,    /* one job: the max job size (-z) */
-    GW_BODY_BATCH,  /* a batch put's JSON: GW_BATCH_BODY_MAX */
+    GW_BODY_BATCH,  /* a batch put's JSON: gw_batch_body_limit(-z) */
 };
 
 /* Who may call a route when bearer tokens are configured (without tokens
@@ -182,6 +213,8 @@ struct gw_request {
     uint64_t body_limit;          /* bytes of body accepted (from the row) */
     int keep_body;                /* the handler reads the body (not GW_BODY_NONE) */
     int body_too_big;
+    int body_refused;             /* over --http-max-body-buffer: 503, the body dropped */
+    uint64_t body_reserved;       /* bytes of gw->body_buffered held for this body */
     int responded;
     /* long-poll */
     struct bg_client waiter;
@@ -207,6 +240,69 @@ struct gw_request {
     int held;
 };
 
+/* ---- admit.c: connections outside a request ------------------------------ */
+
+/* Connections from one client address (a table keyed by bg_siphash). */
+struct gw_addr {
+    struct gw_addr *next;         /* in its bucket */
+    unsigned char key[17];        /* family, then 4 or 16 address bytes */
+    uint32_t count;               /* its open connections */
+    uint32_t refs;                /* connections that point to it (closing ones too) */
+    struct gw_conn *wait_head, *wait_tail; /* its waiting connections, oldest first */
+};
+
+/* One client connection. Before the hand-over it is admit.c's alone (its
+ * first request head arrives); after it, libmicrohttpd owns the socket and
+ * this is the connection's socket context, until libmicrohttpd closes it. */
+struct gw_conn {
+    struct gateway *gw;
+    int fd;
+    struct MHD_Connection *mhd;   /* NULL before the hand-over */
+    struct gw_addr *addr;
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+    struct event *read_ev;        /* before: the head arriving; after: the next request's first byte */
+    struct event *deadline_ev;    /* the header deadline; while lingering, the linger's end */
+    uint8_t waiting;              /* no request in progress: on the waiting lists (evictable) */
+    uint8_t counted;              /* in the open counts (not closed by us yet) */
+    uint8_t lingering;            /* answered and shut: reading what is left, then closed */
+    uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
+    uint64_t received_at_end;     /* TCP bytes received when the last request ended */
+    struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
+    struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
+};
+
+/* Why a connection was refused or closed by the gateway (counters). */
+enum gw_conn_event {
+    GW_REFUSED_CONNECTIONS,       /* --http-max-connections, nothing to evict: 503 */
+    GW_REFUSED_ADDRESS,           /* --http-max-connections-per-ip, nothing to evict: 503 */
+    GW_REFUSED_FD_LIMIT,          /* accept failed: no descriptor (or memory) left */
+    GW_CLOSED_EVICTED,            /* the oldest waiting connection, for a new one */
+    GW_CLOSED_HEADER_TIMEOUT,     /* no complete head within --http-header-timeout: 408 */
+    GW_CLOSED_BAD_HEAD,           /* a first head refused before libmicrohttpd (400, 413, 431, 501, 505) */
+    GW_CLOSED_CLIENT,             /* the client left mid-request or broke the protocol (libmicrohttpd's word) */
+    GW_CONN_EVENTS
+};
+
+struct gw_admit {
+    int listen_fd;
+    struct event *listen_ev, *backoff_ev;
+    uint64_t open;                /* connections counted (pending and in libmicrohttpd) */
+    uint64_t lingering;
+    struct gw_addr **buckets;
+    size_t nbuckets;              /* a power of two */
+    uint64_t hash_key[2];
+    struct gw_conn *wait_head, *wait_tail;
+    struct gw_conn *linger_head;  /* refused connections read and dropped for a while */
+    const struct timeval *header_tv; /* the header timeout, a common timeout of the base */
+    char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
+    struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
+    int adding_started;
+    uint64_t events[GW_CONN_EVENTS];
+    bg_time logged_at[GW_CONN_EVENTS]; /* the last warning of each (rate-limited) */
+    uint64_t unlogged[GW_CONN_EVENTS];
+};
+
 struct gateway {
     struct bg_engine *engine;
     struct event_base *base;
@@ -227,12 +323,34 @@ struct gateway {
     int ready;                    /* gateway_set_ready */
     bg_time started_at;
     uint64_t in_flight;           /* requests begun and not completed */
+    uint64_t body_buffered;       /* bytes held for request bodies (body_reserved summed) */
+    struct gw_admit admit;
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
     struct gw_cors *cors;         /* NULL: CORS off */
     gw_role_fn role;              /* gateway_set_role; NULL: always serving */
     void *role_arg;
 };
+
+/* Start accepting on listening socket fd (non-blocking; taken over). 0, or
+ * BG_OUT_OF_MEMORY / BG_IO_ERROR after a log line. */
+int gw_admit_start(struct gateway *gw, int fd);
+/* Close the listener and every connection libmicrohttpd does not own. */
+void gw_admit_stop(struct gateway *gw);
+/* Free what gw_admit_start made, once libmicrohttpd closed its connections. */
+void gw_admit_free(struct gateway *gw);
+/* libmicrohttpd's connection notices: started (the connection being added
+ * becomes c's socket context) and closed (it is freed). */
+void gw_conn_started(struct gateway *gw, struct MHD_Connection *c, void **socket_context);
+void gw_conn_closed(struct gateway *gw, void *socket_context);
+/* A request's head is complete (its first access-handler call): the
+ * connection is busy, neither waiting nor under a header deadline. */
+void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c);
+/* A request is over and the connection stays open: it waits for the next
+ * head (idle time, then the header deadline from its first byte). */
+void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c);
+/* Count a connection event (libmicrohttpd's notices of clients too). */
+void gw_conn_count(struct gateway *gw, enum gw_conn_event e);
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
 
@@ -279,6 +397,9 @@ int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const ch
 /* The same with one more header (name may be NULL). */
 int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
                          const char *location, const char *name, const char *value);
+/* The application/problem+json text of a problem (malloc'd; NULL: out of
+ * memory). */
+char *gw_problem_text(unsigned status, const char *code, const char *detail);
 /* application/problem+json; a 503 carries Retry-After: 5. */
 int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
                      const char *detail);
@@ -510,9 +631,40 @@ int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_pa
 extern const char gw_openapi_yaml[];
 extern const size_t gw_openapi_yaml_len;
 
+/* framing.c: where a request's body ends */
+struct gw_framing {
+    unsigned lengths;             /* Content-Length fields seen */
+    unsigned codings;             /* Transfer-Encoding fields seen */
+    uint64_t length;              /* the first Content-Length */
+    int length_bad;               /* one is not decimal digits */
+    int length_huge;              /* one does not fit in 64 bits */
+    int length_conflict;          /* two disagree */
+    int chunked;                  /* the one Transfer-Encoding is exactly chunked */
+};
+/* Take one header field (name any case; value with its spaces) into f. */
+void gw_framing_field(struct gw_framing *f, const char *name, size_t name_len, const char *value,
+                      size_t value_len);
+/* 0 if the fields frame the body soundly, else the problem's status (400
+ * conflicting or malformed Content-Length, or with Transfer-Encoding; 413
+ * a length past 64 bits; 501 a transfer coding other than chunked), *p set. */
+unsigned gw_framing_verdict(const struct gw_framing *f, struct gw_problem *p);
+/* The length of the request head at the start of buf[0..n), through its
+ * blank line (CRLF or LF line ends; empty lines before it are skipped);
+ * 0 while it is not complete. */
+size_t gw_head_end(const char *buf, size_t n);
+/* A raw head (gw_head_end bytes): the request line (505 for a version other
+ * than HTTP/1.0 or 1.1), header lines (400 for folding, a bad name or no
+ * colon; 431 for more than max_fields) and the framing. 0 or the status,
+ * *p set. */
+unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct gw_problem *p);
+
 /* json.c */
-/* Decode standard base64 (padding optional); NULL if invalid. *n = length. */
-char *gw_base64_decode(const char *text, size_t len, size_t *n);
+/* Decode base64 as RFC 4648 section 4 has it, strictly: the standard
+ * alphabet, padded with '=' to a multiple of 4 characters, nothing else
+ * (no spaces, no line breaks), and the unused bits of the last character
+ * zero (so every byte string has one encoding). NULL if text is not that,
+ * or memory ran out (*bad tells which: 1 invalid, 0 memory). *n = length. */
+char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad);
 json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);

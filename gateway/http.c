@@ -12,9 +12,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gateway.h"
 #include "../io/eventlog.h"
+#include "../io/listen.h"
 
 static void gw_run(struct gateway *gw);
 
@@ -96,26 +98,68 @@ static int needs_token(const struct gateway *gw, const struct gw_match *m)
 }
 
 /* The bytes of body the request's row reads at most (an unmatched request
- * reads none). */
+ * reads none): never more than all bodies together may hold. */
 static uint64_t body_limit(const struct gateway *gw, const struct gw_match *m)
 {
-    switch (m->status == 0 ? m->route->body : GW_BODY_NONE) {
-    case GW_BODY_BATCH: return GW_BATCH_BODY_MAX;
-    case GW_BODY_JOB:
-    case GW_BODY_NONE: break;
-    }
-    return gw->engine->max_job_size;
+    uint64_t limit = gw->engine->max_job_size;
+    if (m->status == 0 && m->route->body == GW_BODY_BATCH) limit = gw_batch_body_limit(limit);
+    return limit < gw->cfg.max_body_buffer ? limit : gw->cfg.max_body_buffer;
 }
 
-/* First call for a request: match its route (once: later calls, a resumed
- * long-poll and a held response use r->match), check its token and its
- * body size. */
+/* Take n more bytes of the bodies' budget (--http-max-body-buffer) for r.
+ * 0, or -1 when they do not fit now. */
+static int reserve_body(struct gateway *gw, struct gw_request *r, uint64_t n)
+{
+    if (n > gw->cfg.max_body_buffer - gw->body_buffered) return -1;
+    gw->body_buffered += n;
+    r->body_reserved += n;
+    return 0;
+}
+
+/* Give r's part of the bodies' budget back. */
+static void release_body(struct gateway *gw, struct gw_request *r)
+{
+    gw->body_buffered -= r->body_reserved;
+    r->body_reserved = 0;
+}
+
+/* Count one framing header field (MHD_get_connection_values' iterator). */
+static enum MHD_Result framing_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    (void)kind;
+    gw_framing_field(cls, key, strlen(key), value ? value : "", value ? strlen(value) : 0);
+    return MHD_YES;
+}
+
+/* Answer a problem that ends the connection (the body, if any, is not
+ * read or kept). */
+static enum MHD_Result refuse_request(struct gw_request *r, unsigned status, const char *code,
+                                      const char *detail)
+{
+    r->body_too_big = 1;
+    r->responded = 1;
+    int rc = gw_reply_problem_header(r->conn, status, code, detail, "Connection", "close");
+    note_status(r);
+    return mhd_result(rc);
+}
+
+/* First call for a request (its head is in): match its route (once: later
+ * calls, a resumed long-poll and a held response use r->match), check its
+ * framing, its token and its body's size against the row's limit and the
+ * budget of all bodies, before any byte of the body is read. */
 static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, const char *url,
                                      const char *method)
 {
     struct MHD_Connection *conn = r->conn;
     gw_match_route(method, url, &r->match);
     r->method = gw_metrics_method_index(method);
+    /* framing first: a request whose body may end elsewhere for a proxy in
+     * front is answered and the connection closed, whoever sends it */
+    struct gw_framing f = {0};
+    struct gw_problem p;
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_field, &f);
+    if (gw_framing_verdict(&f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!gw_auth_check(gw->auth, given)) {
@@ -135,16 +179,22 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     /* the size limit is checked before any of the body is read */
     r->body_limit = body_limit(gw, &r->match);
     r->keep_body = r->match.status == 0 && r->match.route->body != GW_BODY_NONE;
-    /* (libmicrohttpd has answered 400 to a Content-Length that is not a
-     * number; one past 2^64-1 cannot fit any limit) */
-    const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    uint64_t declared = 0;
-    if (len && (bg_parse_u64(len, strlen(len), UINT64_MAX, &declared) != 0 || declared > r->body_limit)) {
+    if (f.lengths && f.length > r->body_limit) {
         r->body_too_big = 1;
         r->responded = 1;
         int rc = gw_reply_problem(conn, 413, "JOB_TOO_BIG", "the body is larger than the limit");
         note_status(r);
         return mhd_result(rc);
+    }
+    /* the declared body is budgeted whole now, so that the bodies being
+     * read never hold more than --http-max-body-buffer together; a chunked
+     * one takes its part as it arrives */
+    if (r->keep_body && f.length && reserve_body(gw, r, f.length) != 0)
+        return refuse_request(r, 503, "BODY_BUFFER_FULL",
+                              "the server holds as many request bodies as it may: retry later");
+    if (r->body_reserved && !bg_buf_reserve(&r->body, r->body_reserved)) {
+        release_body(gw, r);
+        return refuse_request(r, 503, "OUT_OF_MEMORY", "the server is out of memory");
     }
     return MHD_YES;
 }
@@ -185,6 +235,10 @@ static int answer_options(struct gw_request *r)
 static int dispatch(struct gw_request *r)
 {
     const struct gw_match *m = &r->match;
+    if (r->body_refused)
+        return gw_reply_problem_header(r->conn, 503, "BODY_BUFFER_FULL",
+                                       "the server holds as many request bodies as it may: retry later",
+                                       "Connection", "close");
     if (m->status == 404) return gw_reply_problem(r->conn, 404, "NOT_FOUND", "no such route");
     if (m->status == 405 && r->gw->cors && m->method == GW_OPTIONS) return answer_options(r);
     if (m->status == 405) {
@@ -221,17 +275,25 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         r->started = gw->now();
         gw->in_flight++;
         *con_cls = r;
+        gw_conn_request_began(gw, conn);
         return begin_request(gw, r, url, method);
     }
     if (*upload_size) {
-        if (r->keep_body && !r->body_too_big) {
-            if (r->body.len + *upload_size > r->body_limit ||
-                bg_buf_append(&r->body, upload_data, *upload_size) != 0) {
-                r->body_too_big = 1;
-                bg_buf_free(&r->body);
-            }
-        }
+        size_t n = *upload_size;
         *upload_size = 0;
+        if (!r->keep_body || r->body_too_big || r->body_refused) return MHD_YES;
+        if (r->body.len + n > r->body_limit) {
+            r->body_too_big = 1;
+        } else if (r->body.len + n > r->body_reserved &&
+                   reserve_body(gw, r, r->body.len + n - r->body_reserved) != 0) {
+            r->body_refused = 1; /* a chunked body past the budget */
+        } else if (bg_buf_append(&r->body, upload_data, n) == 0) {
+            return MHD_YES;
+        } else {
+            r->body_too_big = 1;
+        }
+        bg_buf_free(&r->body);
+        release_body(gw, r);
         return MHD_YES;
     }
     if (r->responded || r->held) return MHD_YES;
@@ -270,11 +332,15 @@ static void request_durable(struct wal_hold *h)
 static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)conn;
     struct gateway *gw = cls;
     struct gw_request *r = *con_cls;
     if (!r) return;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, gw->now());
+    else gw_conn_request_ended(gw, conn);
+    if (toe == MHD_REQUEST_TERMINATED_WITH_ERROR || toe == MHD_REQUEST_TERMINATED_READ_ERROR ||
+        toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT || toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
+        gw_conn_count(gw, GW_CLOSED_CLIENT); /* the client left or stalled mid-request */
+    release_body(gw, r);
     if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
     bg_time now = gw->now();
     double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
@@ -327,7 +393,31 @@ static int random_key(void *key, size_t n)
     return got == n ? 0 : -1;
 }
 
-/* libmicrohttpd's own error messages, as log events. */
+/* The starts of libmicrohttpd's messages about what a client did: it left
+ * mid-request, reset, or sent what libmicrohttpd refused itself. Routine
+ * for a server: logged at debug level (a request it cut is counted by
+ * completed_cb, a first head by admit.c). */
+static const char *const client_messages[] = {
+    "Connection was closed by remote side",
+    "Socket has been disconnected when reading",
+    "Connection socket is closed when reading",
+    "Failed to send data in request",
+    "Failed to send the response",
+    "Failed to send the chunked response",
+    "Failed to send the footers",
+    "Error processing request",
+    "Failed to parse `Content-Length'",
+    "Too large value of 'Content-Length'",
+    "Received HTTP/1.1 request without",
+    "Not enough memory in pool to allocate header record",
+    "Not enough memory in pool to parse cookies",
+    "Too late to send an error response",
+    "Too late for error response",
+    "WARNING: incomplete upload processing",
+};
+
+/* libmicrohttpd's own messages, as log events: a client's doing at debug
+ * level (and counted), anything else as a warning. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
@@ -335,6 +425,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
+    for (size_t i = 0; i < sizeof client_messages / sizeof client_messages[0]; i++) {
+        if (strncmp(msg, client_messages[i], strlen(client_messages[i])) != 0) continue;
+        log_event(BG_LOG_DEBUG, "http_client_error", "msg=%s", log_str(msg));
+        return;
+    }
     log_event(BG_LOG_WARN, "http_server_error", "msg=%s", log_str(msg));
 }
 
@@ -345,10 +440,20 @@ void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg)
     gw->role_arg = arg;
 }
 
+/* libmicrohttpd's notices of connections (admit.c follows them). */
+static void connection_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) gw_conn_started(cls, conn, socket_context);
+    else gw_conn_closed(cls, *socket_context);
+}
+
 void gateway_set_ready(struct gateway *gw, int ready)
 {
     if (gw) gw->ready = ready != 0;
 }
+
+int gateway_listen_fd(const struct gateway *gw) { return gw ? gw->admit.listen_fd : -1; }
 
 void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks)
 {
@@ -379,35 +484,43 @@ static void free_parts(struct gateway *gw)
     free(gw);
 }
 
+/* The settings left 0 take their defaults. */
+static void limits_defaults(struct gateway_config *c)
+{
+    if (!c->max_wait_s) c->max_wait_s = GW_MAX_WAIT_DEFAULT_S;
+    if (!c->max_connections) c->max_connections = GW_MAX_CONNECTIONS_DEFAULT;
+    if (!c->header_timeout_s) c->header_timeout_s = GW_HEADER_TIMEOUT_DEFAULT_S;
+    if (!c->idle_timeout_s) c->idle_timeout_s = GW_IDLE_TIMEOUT_DEFAULT_S;
+    if (!c->max_header_size) c->max_header_size = GW_MAX_HEADER_DEFAULT;
+    if (!c->max_body_buffer) c->max_body_buffer = GW_BODY_BUFFER_DEFAULT;
+}
+
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg)
 {
-    struct addrinfo hints, *res;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int rc = getaddrinfo(cfg->listen_addr, cfg->port, &hints, &res);
-    if (rc != 0) {
-        log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s error=%s",
-                  log_str(cfg->listen_addr), log_str(cfg->port), log_str(gai_strerror(rc)));
+    int fd = listen_tcp(cfg->listen_addr, cfg->port);
+    if (fd < 0) {
+        log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s",
+                  log_str(cfg->listen_addr), log_str(cfg->port));
         return NULL;
     }
     struct gateway *gw = calloc(1, sizeof *gw);
     uint64_t idempotency_key[4];
     if (!gw || random_key(gw->key.k, sizeof gw->key.k) != 0 ||
         random_key(idempotency_key, sizeof idempotency_key) != 0 ||
+        random_key(gw->admit.hash_key, sizeof gw->admit.hash_key) != 0 ||
         bg_client_init_bare(engine, &gw->holder, &bg_client_ops_never_wait, gw) != 0) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
-        freeaddrinfo(res);
+        close(fd);
         free(gw);
         return NULL;
     }
+    gw->admit.listen_fd = fd;
     gw->engine = engine;
     gw->base = base;
     gw->cfg = *cfg;
-    if (!gw->cfg.max_wait_s) gw->cfg.max_wait_s = GW_MAX_WAIT_DEFAULT_S;
+    limits_defaults(&gw->cfg);
     gw->now = now;
     gw->after_run = after_run;
     gw->after_run_arg = after_run_arg;
@@ -420,24 +533,33 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth) ||
         (cfg->cors_origins && !gw->cors)) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
-        freeaddrinfo(res);
         free_parts(gw);
         return NULL;
     }
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (res->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* no listening socket of its own: admit.c accepts and hands connections
+     * over. Its connection cap is only a backstop above admit.c's count
+     * (connections it shut are still libmicrohttpd's until its next run);
+     * its memory per connection (zeroed whole at each request, so resident
+     * while the connection lives) holds a head of max_header_size bytes, its
+     * header records and a response's head. */
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET;
+    size_t memory = (size_t)gw->cfg.max_header_size + 8192;
     gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, gw, /* must be first */
-                                  MHD_OPTION_SOCK_ADDR, res->ai_addr,
                                   MHD_OPTION_NOTIFY_COMPLETED, completed_cb, gw,
+                                  MHD_OPTION_NOTIFY_CONNECTION, connection_cb, gw,
                                   MHD_OPTION_UNESCAPE_CALLBACK, unescape_cb, gw,
-                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_CONNECTION_LIMIT,
-                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_IDLE_TIMEOUT_S,
+                                  MHD_OPTION_CONNECTION_LIMIT, 2 * gw->cfg.max_connections + 1024,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, gw->cfg.idle_timeout_s,
+                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, memory,
                                   MHD_OPTION_END);
-    freeaddrinfo(res);
-    if (!gw->daemon) {
+    if (!gw->daemon || gw_admit_start(gw, fd) != 0) {
         log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s",
                   log_str(cfg->listen_addr), log_str(cfg->port));
+        gw_admit_stop(gw);
+        if (gw->daemon) MHD_stop_daemon(gw->daemon);
+        gw_admit_free(gw);
         free_parts(gw);
         return NULL;
     }
@@ -449,10 +571,15 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw_reply_set_cors(gw->cors);
     gw_run(gw);
     log_event(BG_LOG_INFO, "http_listening",
-              "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u cors_origins=%s",
+              "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u cors_origins=%s max_connections=%u "
+              "max_connections_per_ip=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
+              "max_body_buffer=%llu",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
               cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
-              log_str(cfg->cors_origins ? cfg->cors_origins : "none"));
+              log_str(cfg->cors_origins ? cfg->cors_origins : "none"),
+              gw->cfg.max_connections, gw->cfg.max_per_address, gw->cfg.header_timeout_s,
+              gw->cfg.idle_timeout_s, gw->cfg.max_header_size,
+              (unsigned long long)gw->cfg.max_body_buffer);
     return gw;
 }
 
@@ -460,8 +587,8 @@ void gateway_stop(struct gateway *gw)
 {
     if (!gw) return;
     gw->ready = 0;
+    gw_admit_stop(gw); /* no new connections */
     /* suspended connections must be resumed before the daemon stops */
-    MHD_quiesce_daemon(gw->daemon);
     for (struct gw_request *r = gw->waiting; r; r = r->next_waiting) {
         if (r->peer_ev) event_free(r->peer_ev);
         r->peer_ev = NULL;
@@ -486,6 +613,7 @@ void gateway_stop(struct gateway *gw)
     }
     MHD_run(gw->daemon);
     MHD_stop_daemon(gw->daemon);
+    gw_admit_free(gw);
     event_free(gw->epoll_ev);
     event_free(gw->timer_ev);
     event_free(gw->run_ev);

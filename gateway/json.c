@@ -27,20 +27,30 @@ static json_t *base64_string(const char *p, size_t n)
     return s;
 }
 
-char *gw_base64_decode(const char *text, size_t len, size_t *n)
+/* The value of a base64 character of the standard alphabet, or -1. */
+static int base64_value(char ch)
 {
-    while (len && text[len - 1] == '=') len--;
-    if (len % 4 == 1) return NULL;
-    char *out = malloc(len * 3 / 4 + 1);
-    if (!out) return NULL;
+    return ch >= 'A' && ch <= 'Z' ? ch - 'A' : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+         : ch >= '0' && ch <= '9' ? ch - '0' + 52 : ch == '+' ? 62 : ch == '/' ? 63 : -1;
+}
+
+char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad)
+{
+    *bad = 1;
+    if (len % 4 != 0) return NULL;
+    size_t pad = len && text[len - 1] == '=' ? (len > 1 && text[len - 2] == '=' ? 2 : 1) : 0;
+    size_t symbols = len - pad;
+    char *out = malloc(len / 4 * 3 + 1);
+    if (!out) {
+        *bad = 0;
+        return NULL;
+    }
     uint32_t acc = 0;
     int bits = 0;
     size_t o = 0;
-    for (size_t i = 0; i < len; i++) {
-        char ch = text[i];
-        int v = ch >= 'A' && ch <= 'Z' ? ch - 'A' : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
-              : ch >= '0' && ch <= '9' ? ch - '0' + 52 : ch == '+' ? 62 : ch == '/' ? 63 : -1;
-        if (v < 0) {
+    for (size_t i = 0; i < symbols; i++) {
+        int v = base64_value(text[i]);
+        if (v < 0) { /* outside the alphabet, or '=' before the end */
             free(out);
             return NULL;
         }
@@ -50,6 +60,12 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n)
             bits -= 8;
             out[o++] = (char)(acc >> bits & 0xff);
         }
+    }
+    /* what is left is the unused low bits of the last character: 2 or 4 of
+     * them with padding, and they must be zero (canonical) */
+    if (bits && (acc & ((1u << bits) - 1)) != 0) {
+        free(out);
+        return NULL;
     }
     *n = o;
     return out;

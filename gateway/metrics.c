@@ -381,6 +381,35 @@ static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
     return rc;
 }
 
+/* The gateway's connections: open, refused and closed by it, and the bodies
+ * it holds (admit.c's counters, GW_CONN_EVENTS). */
+static int render_connections(const struct gateway *gw, struct bg_buf *b)
+{
+    static const char *const refused[] = {"connections", "address", "fd_limit"};
+    static const char *const closed[] = {"evicted", "header_timeout", "bad_head", "client"};
+    const struct gw_admit *a = &gw->admit;
+    int rc = gauge(b, "beangate_http_connections", "HTTP connections open.", a->open);
+    if (rc == 0)
+        rc = family(b, "beangate_http_connections_refused_total", "counter",
+                    "HTTP connections refused at accept: every slot busy in a request (connections, "
+                    "address) or no descriptor left (fd_limit).");
+    for (int i = 0; rc == 0 && i < 3; i++)
+        rc = sample1(b, "beangate_http_connections_refused_total", "reason", refused[i],
+                     a->events[GW_REFUSED_CONNECTIONS + i]);
+    if (rc == 0)
+        rc = family(b, "beangate_http_connections_closed_total", "counter",
+                    "HTTP connections closed early: evicted for a new one, head not complete in time, "
+                    "a first head refused, or the client left or broke the protocol.");
+    for (int i = 0; rc == 0 && i < 4; i++)
+        rc = sample1(b, "beangate_http_connections_closed_total", "reason", closed[i],
+                     a->events[GW_CLOSED_EVICTED + i]);
+    if (rc == 0)
+        rc = gauge(b, "beangate_http_body_buffer_bytes",
+                   "Bytes of request bodies budgeted now (at most --http-max-body-buffer).",
+                   gw->body_buffered);
+    return rc;
+}
+
 static int render_http(const struct gateway *gw, struct bg_buf *b)
 {
     const struct gw_metrics *m = gw->metrics;
@@ -425,6 +454,7 @@ static int render_http(const struct gateway *gw, struct bg_buf *b)
     if (rc == 0)
         rc = gauge(b, "beangate_http_requests_in_flight",
                    "HTTP requests begun and not finished (long-polls included).", gw->in_flight);
+    if (rc == 0) rc = render_connections(gw, b);
     return rc;
 }
 

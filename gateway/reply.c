@@ -19,9 +19,11 @@ static const struct {
     {400, "Bad Request"},           {401, "Unauthorized"},
     {403, "Forbidden"},
     {404, "Not Found"},             {405, "Method Not Allowed"},
-    {409, "Conflict"},              {413, "Content Too Large"},
-    {421, "Misdirected Request"},   {422, "Unprocessable Content"},
-    {500, "Internal Server Error"}, {503, "Service Unavailable"},
+    {408, "Request Timeout"},       {409, "Conflict"},
+    {413, "Content Too Large"},     {421, "Misdirected Request"},
+    {422, "Unprocessable Content"}, {431, "Request Header Fields Too Large"},
+    {500, "Internal Server Error"}, {501, "Not Implemented"},
+    {503, "Service Unavailable"},   {505, "HTTP Version Not Supported"},
 };
 
 const char *gw_status_title(unsigned status)
@@ -137,14 +139,20 @@ int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code
     return gw_reply_problem_header(c, status, code, detail, NULL, NULL);
 }
 
-int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
-                            const char *detail, const char *name, const char *value)
+char *gw_problem_text(unsigned status, const char *code, const char *detail)
 {
     json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title",
                           gw_status_title(status), "status", (int)status, "detail", detail,
                           "code", code);
     char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
+    return text;
+}
+
+int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
+                            const char *detail, const char *name, const char *value)
+{
+    char *text = gw_problem_text(status, code, detail);
     if (!text) return GW_NO_REPLY;
     struct gw_header h[2];
     size_t count = 0;

@@ -48,12 +48,7 @@ int gw_wants_raw(struct gw_request *r)
     return accept && strstr(accept, "application/octet-stream") && !strstr(accept, "json");
 }
 
-unsigned gw_open_connections(const struct gw_request *r)
-{
-    const union MHD_DaemonInfo *info =
-        MHD_get_daemon_info(r->gw->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
-    return info ? info->num_connections : 0;
-}
+unsigned gw_open_connections(const struct gw_request *r) { return (unsigned)r->gw->admit.open; }
 
 unsigned gw_queued_status(const struct gw_request *r)
 {

@@ -147,6 +147,11 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m)
 
 unsigned long gw_match_count(void) { return match_count; }
 
+uint64_t gw_batch_body_limit(uint64_t max_job_size)
+{
+    return GW_BATCH_MAX * ((max_job_size + 2) / 3 * 4 + GW_BATCH_ENTRY_SLACK);
+}
+
 int gw_route_count(void) { return ROUTES; }
 
 const struct gw_route *gw_route_at(int i) { return i >= 0 && i < ROUTES ? &routes[i] : NULL; }

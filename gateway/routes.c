@@ -199,10 +199,14 @@ static json_t *batch_put_one(struct gateway *gw, const char *tube, json_t *entry
     char *decoded = NULL;
     size_t n = text_len;
     if (b64) {
-        decoded = gw_base64_decode(b64, b64_len, &n);
+        int bad;
+        decoded = gw_base64_decode(b64, b64_len, &n, &bad);
+        if (!decoded && !bad) return entry_problem(BG_OUT_OF_MEMORY);
         if (!decoded)
             return json_pack("{s:i, s:s, s:s}", "status", 400, "code", "BAD_FORMAT", "detail",
-                             "body_base64 is not valid base64");
+                             "body_base64 must be standard base64 (RFC 4648): A-Z a-z 0-9 + /, "
+                             "padded with = to a multiple of 4 characters, no spaces or line "
+                             "breaks, the unused bits of the last character zero");
         text = decoded;
     }
     json_t *result = NULL;

@@ -146,6 +146,32 @@ static const struct setting settings[] = {
     {0, "--http-max-wait", "BEANGATE_HTTP_MAX_WAIT", "SECONDS", K_NUMBER, .min = 1, .max = 3600,
      .def = "30", .key = "http_max_wait", FIELD(max_wait_s),
      .help = "longest wait of an HTTP long-poll reserve; a longer timeout is cut"},
+    /* HTTP limits (docs/operations.md, "Limits") */
+    {0, "--http-max-connections", "BEANGATE_HTTP_MAX_CONNECTIONS", "N", K_NUMBER, .min = 1,
+     .max = 1000000, .def = "1024", .key = "http_max_connections", FIELD(http_max_connections),
+     .help = "HTTP connections open at most; at the limit a new one takes the slot of\n"
+             "the longest idle (or still sending its head), else gets 503"},
+    {0, "--http-max-connections-per-ip", "BEANGATE_HTTP_MAX_CONNECTIONS_PER_IP", "N",
+     K_NUMBER, .max = 1000000, .def = "0", .key = "http_max_connections_per_ip",
+     FIELD(http_max_per_address),
+     .help = "HTTP connections open at most from one client address (0: no cap\n"
+             "of its own); the same rule at the limit"},
+    {0, "--http-header-timeout", "BEANGATE_HTTP_HEADER_TIMEOUT", "SECONDS", K_NUMBER, .min = 1,
+     .max = 3600, .def = "10", .key = "http_header_timeout", FIELD(http_header_timeout_s),
+     .help = "a request line and headers must be complete within this (from the\n"
+             "accept, or from the first byte of a later request), else 408"},
+    {0, "--http-idle-timeout", "BEANGATE_HTTP_IDLE_TIMEOUT", "SECONDS", K_NUMBER, .min = 1,
+     .max = 86400, .def = "60", .key = "http_idle_timeout", FIELD(http_idle_timeout_s),
+     .help = "an HTTP connection with nothing sent or received for this long is closed"},
+    {0, "--http-max-header-size", "BEANGATE_HTTP_MAX_HEADER_SIZE", "BYTES", K_NUMBER,
+     .min = 1024, .max = 1048576, .def = "8192", .key = "http_max_header_size",
+     FIELD(http_max_header_size),
+     .help = "bytes of an HTTP request line and headers at most (431 above)"},
+    {0, "--http-max-body-buffer", "BEANGATE_HTTP_MAX_BODY_BUFFER", "BYTES", K_NUMBER,
+     .min = 65536, .max = 1099511627776ull, .def = "67108864", .key = "http_max_body_buffer",
+     FIELD(http_max_body_buffer),
+     .help = "bytes of HTTP request bodies held at once, all requests together; a\n"
+             "request whose body does not fit now gets 503 before it is read"},
     {0, "--http-token-file", "BEANGATE_HTTP_TOKEN_FILE", "PATH", K_STRING,
      .key = "http_token_file", FIELD(http_token_file),
      .help = "bearer tokens for the gateway, one per line (blank lines and\n"

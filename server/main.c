@@ -255,9 +255,7 @@ static void print_startup_block(const struct server *srv, const struct server_co
         printf("  beanstalk  %s%s\n", addr, srv->listen_desc[0] ? " (socket from systemd)" : "");
     }
     if (srv->gateway) {
-        const union MHD_DaemonInfo *info =
-            MHD_get_daemon_info(srv->gateway->daemon, MHD_DAEMON_INFO_LISTEN_FD);
-        bound_address(info ? info->listen_fd : -1, http, sizeof http);
+        bound_address(gateway_listen_fd(srv->gateway), http, sizeof http);
         printf("  http       http://%s/\n", http);
     } else if (cfg->http_enabled) {
         printf("  http       not started: %s:%s is in use (see the warning above)\n",
@@ -459,10 +457,18 @@ int main(int argc, char **argv)
     }
 
     if (cfg.http_enabled) {
-        struct gateway_config gcfg = {cfg.http_listen, cfg.http_port, srv.wal, &srv,
-                                      cfg.http_tokens, cfg.http_token_count, cfg.metrics_auth,
-                                      srv.started_at, gateway_process_info, (uint32_t)cfg.max_wait_s,
-                                      cfg.http_cors_origins, server_metrics};
+        struct gateway_config gcfg = {
+            .listen_addr = cfg.http_listen, .port = cfg.http_port, .wal = srv.wal, .log_arg = &srv,
+            .tokens = cfg.http_tokens, .token_count = cfg.http_token_count,
+            .metrics_auth = cfg.metrics_auth, .started_at = srv.started_at,
+            .process_info = gateway_process_info, .max_wait_s = (uint32_t)cfg.max_wait_s,
+            .max_connections = cfg.http_max_connections,
+            .max_per_address = cfg.http_max_per_address,
+            .header_timeout_s = cfg.http_header_timeout_s,
+            .idle_timeout_s = cfg.http_idle_timeout_s,
+            .max_header_size = cfg.http_max_header_size,
+            .max_body_buffer = cfg.http_max_body_buffer,
+            .cors_origins = cfg.http_cors_origins, .extra_metrics = server_metrics};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

@@ -44,6 +44,12 @@ struct server_config {
     int http_enabled;            /* 0 with --no-http */
     int http_explicit;           /* HTTP address or port given (flag or env) */
     int max_wait_s;              /* --http-max-wait: longest long-poll, default 30 */
+    uint32_t http_max_connections;   /* --http-max-connections */
+    uint32_t http_max_per_address;   /* --http-max-connections-per-ip (0: none) */
+    uint32_t http_header_timeout_s;  /* --http-header-timeout */
+    uint32_t http_idle_timeout_s;    /* --http-idle-timeout */
+    uint32_t http_max_header_size;   /* --http-max-header-size */
+    uint64_t http_max_body_buffer;   /* --http-max-body-buffer */
     const char *http_token_file; /* --http-token-file, or NULL */
     /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
      * gateway is open. They live as long as the process. */

@@ -21,11 +21,12 @@ GATEWAY = os.path.join(HERE, "..", "..", "gateway")
 # runs the request and calls the handler the table gave it.
 LAYERS = [
     ["http.c"],                                     # daemon, libevent, request lifecycle
+    ["admit.c"],                                    # accept, limits, deadlines, the first head
     ["router.c"],                                   # the route table and matching
     ["routes.c", "metrics.c", "ui.c"],              # handlers
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
-     "tube_page.c"],                                 # pages of tubes
+     "tube_page.c", "framing.c"],                    # pages of tubes, body framing
     ["cors.c"],                                     # the origins that reply.c answers with CORS
 ]
 

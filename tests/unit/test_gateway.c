@@ -314,9 +314,10 @@ static void live_start(struct live *l)
     cfg.wal = l->wal;
     l->gw = gateway_start(l->base, &l->engine, &cfg, fake_clock, NULL, NULL);
     assert_non_null(l->gw);
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(l->gw->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    assert_non_null(info);
-    l->port = info->port;
+    struct sockaddr_in bound;
+    socklen_t len = sizeof bound;
+    assert_int_equal(getsockname(gateway_listen_fd(l->gw), (struct sockaddr *)&bound, &len), 0);
+    l->port = ntohs(bound.sin_port);
 }
 
 static void live_stop(struct live *l)
@@ -565,7 +566,8 @@ static void test_json_job_bodies(void **state)
             assert_null(text);
             assert_non_null(b64);
             size_t n;
-            char *raw = gw_base64_decode(json_string_value(b64), json_string_length(b64), &n);
+            int bad;
+            char *raw = gw_base64_decode(json_string_value(b64), json_string_length(b64), &n, &bad);
             assert_non_null(raw);
             assert_int_equal(n, bodies[i].n);
             assert_memory_equal(raw, bodies[i].bytes, n);
@@ -582,27 +584,156 @@ static void test_json_job_bodies(void **state)
     bg_engine_destroy(&e);
 }
 
-/* base64 decoding accepts padded and unpadded input and rejects junk. */
+/* base64 decoding is RFC 4648's standard alphabet, strictly: padded to a
+ * multiple of 4, nothing but the alphabet (no spaces, no line breaks, no
+ * URL-safe - and _), '=' only at the end, and the unused bits of the last
+ * character zero, so that each byte string has one accepted text. */
 static void test_base64_decode(void **state)
 {
     (void)state;
     static const struct { const char *in; const char *out; size_t n; } ok[] = {
-        {"", "", 0}, {"YQ==", "a", 1}, {"YQ", "a", 1}, {"YWI=", "ab", 2}, {"YWJj", "abc", 3},
-        {"AAEC/w==", "\x00\x01\x02\xff", 4}, {"+/+/", "\xfb\xff\xbf", 3},
+        {"", "", 0}, {"YQ==", "a", 1}, {"YWI=", "ab", 2}, {"YWJj", "abc", 3},
+        {"AAEC/w==", "\x00\x01\x02\xff", 4}, {"+/+/", "\xfb\xff\xbf", 3}, {"AA==", "\x00", 1},
+        {"AAA=", "\x00\x00", 2}, {"YWJjZA==", "abcd", 4}, {"YWJjZGVm", "abcdef", 6},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         size_t n;
-        char *raw = gw_base64_decode(ok[i].in, strlen(ok[i].in), &n);
-        assert_non_null(raw);
+        int bad = -1;
+        char *raw = gw_base64_decode(ok[i].in, strlen(ok[i].in), &n, &bad);
+        if (!raw) fail_msg("\"%s\" was refused", ok[i].in);
         assert_int_equal(n, ok[i].n);
         assert_memory_equal(raw, ok[i].out, n);
         free(raw);
     }
-    static const char *const bad[] = {"Y", "YQ=x", "a b=", "Y*==", "\xc3\xa9"};
+    static const struct { const char *in; const char *why; } bad[] = {
+        {"Y", "one character"}, {"YQ", "unpadded"}, {"YWI", "unpadded"}, {"YQ=", "short padding"},
+        {"YQ===", "over-padded"}, {"YQ====", "over-padded"}, {"====", "padding only"},
+        {"YQ=x", "a character after the padding"}, {"Y=Q=", "padding inside"},
+        {"YQ==YQ==", "padding in the middle"}, {"a b=", "a space"}, {"YWJj\n", "a line break"},
+        {" YWJj", "a leading space"}, {"Y*==", "outside the alphabet"}, {"-_-_", "URL-safe alphabet"},
+        {"\xc3\xa9\xc3\xa9", "not ASCII"}, {"YR==", "last bits not zero (2 of 4)"},
+        {"YWJ=", "last bits not zero (2)"}, {"AB==", "last bits not zero"}, {"AAB=", "last bits not zero"},
+    };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t n;
-        assert_null(gw_base64_decode(bad[i], strlen(bad[i]), &n));
+        int why = -1;
+        char *raw = gw_base64_decode(bad[i].in, strlen(bad[i].in), &n, &why);
+        if (raw) fail_msg("\"%s\" (%s) was accepted", bad[i].in, bad[i].why);
+        assert_int_equal(why, 1);
     }
+}
+
+/* ---- framing ------------------------------------------------------------- */
+
+/* Each head: the status the framing check gives it (0: sound), and its code. */
+static void test_head_check(void **state)
+{
+    (void)state;
+    static const struct { const char *head; unsigned status; const char *code; } cases[] = {
+        {"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0, NULL},
+        {"GET / HTTP/1.0\r\n\r\n", 0, NULL},
+        {"\r\nGET / HTTP/1.1\r\n\r\n", 0, NULL},
+        {"GET / HTTP/1.1\nHost: x\n\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\nContent-Length: 3\r\n\r\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\ncontent-length:  3 \r\n\r\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n", 0, NULL},
+        {"POST /t HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: +3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: \r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", 413, "JOB_TOO_BIG"},
+        {"POST /t HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "NOT_IMPLEMENTED"},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501, "NOT_IMPLEMENTED"},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 501,
+         "NOT_IMPLEMENTED"},
+        {"POST /t HTTP/1.1\r\nTransfer-Encoding: identity\r\n\r\n", 501, "NOT_IMPLEMENTED"},
+        {"GET / HTTP/2.0\r\n\r\n", 505, "HTTP_VERSION_NOT_SUPPORTED"},
+        {"GET / HTTP/1.2\r\n\r\n", 505, "HTTP_VERSION_NOT_SUPPORTED"},
+        {"GET / HTTP/10.1\r\n\r\n", 505, "HTTP_VERSION_NOT_SUPPORTED"},
+        {"GET / FTP/1.1\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GARBAGE\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET /\r\n\r\n", 400, "BAD_FORMAT"},
+        {" GET / HTTP/1.1\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET / HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET / HTTP/1.1\r\nX-A: 1\r\n\t2\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET / HTTP/1.1\r\nContent-Length : 3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET / HTTP/1.1\r\n: 3\r\n\r\n", 400, "BAD_FORMAT"},
+        {"GET / HTTP/1.1\r\nno colon\r\n\r\n", 400, "BAD_FORMAT"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *h = cases[i].head;
+        size_t end = gw_head_end(h, strlen(h));
+        if (end != strlen(h)) fail_msg("head %zu: end %zu, want %zu", i, end, strlen(h));
+        struct gw_problem p = {0};
+        unsigned status = gw_head_check(h, end, GW_HEADER_FIELDS_MAX, &p);
+        if (status != cases[i].status) fail_msg("head %zu (%s): status %u, want %u", i, h, status, cases[i].status);
+        if (status) {
+            assert_int_equal(p.status, status);
+            assert_string_equal(p.code, cases[i].code);
+            assert_non_null(p.detail);
+        }
+    }
+    /* incomplete heads have no end yet */
+    static const char *const partial[] = {"", "G", "GET / HTTP/1.1\r\n", "GET / HTTP/1.1\r\nHost: x\r\n\r",
+                                          "\r\n\r\n"};
+    for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++)
+        assert_int_equal(gw_head_end(partial[i], strlen(partial[i])), 0);
+    /* more fields than allowed */
+    char many[4096] = "GET / HTTP/1.1\r\n";
+    for (int i = 0; i <= GW_HEADER_FIELDS_MAX; i++) strcat(many, "X-A: 1\r\n");
+    strcat(many, "\r\n");
+    struct gw_problem p;
+    assert_int_equal(gw_head_check(many, strlen(many), GW_HEADER_FIELDS_MAX, &p), 431);
+    assert_string_equal(p.code, "HEADERS_TOO_LARGE");
+}
+
+/* The same fields, parsed: each field at a time, as libmicrohttpd gives them. */
+static void test_framing_fields(void **state)
+{
+    (void)state;
+    static const struct { const char *fields[3][2]; unsigned status; uint64_t length; } cases[] = {
+        {{{"Host", "x"}}, 0, 0},
+        {{{"Content-Length", "12"}}, 0, 12},
+        {{{"CONTENT-LENGTH", "12"}, {"content-length", " 12"}}, 0, 12},
+        {{{"Content-Length", "1"}, {"Content-Length", "2"}}, 400, 1},
+        {{{"Content-Length", "1"}, {"Transfer-Encoding", "chunked"}}, 400, 1},
+        {{{"Transfer-Encoding", "chunked"}}, 0, 0},
+        {{{"Transfer-Encoding", "x-custom"}}, 501, 0},
+        {{{"Content-Length", "18446744073709551615"}}, 0, UINT64_MAX},
+        {{{"Content-Length", "18446744073709551616"}}, 413, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct gw_framing f = {0};
+        for (int k = 0; k < 3 && cases[i].fields[k][0]; k++)
+            gw_framing_field(&f, cases[i].fields[k][0], strlen(cases[i].fields[k][0]),
+                             cases[i].fields[k][1], strlen(cases[i].fields[k][1]));
+        struct gw_problem p;
+        unsigned status = gw_framing_verdict(&f, &p);
+        if (status != cases[i].status) fail_msg("case %zu: status %u, want %u", i, status, cases[i].status);
+        if (!status) assert_int_equal(f.length, cases[i].length);
+    }
+}
+
+/* A batch put's body limit holds GW_BATCH_MAX jobs of the maximum size as
+ * base64, with room for each entry's keys and numbers. */
+static void test_batch_body_limit(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {0, 1, 2, 3, 4, 65535, 1048576};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint64_t z = sizes[i];
+        uint64_t b64 = (z + 2) / 3 * 4;
+        assert_int_equal(gw_batch_body_limit(z), GW_BATCH_MAX * (b64 + GW_BATCH_ENTRY_SLACK));
+    }
+    /* the default -z: 100 entries of 87380 base64 characters */
+    assert_int_equal(gw_batch_body_limit(65535), 8763600);
 }
 
 /* ---- tokens ------------------------------------------------------------ */
@@ -1073,6 +1204,9 @@ int main(void)
         cmocka_unit_test(test_outcome_problems),
         cmocka_unit_test(test_json_job_bodies),
         cmocka_unit_test(test_base64_decode),
+        cmocka_unit_test(test_head_check),
+        cmocka_unit_test(test_framing_fields),
+        cmocka_unit_test(test_batch_body_limit),
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_cors_origins),
         cmocka_unit_test(test_idempotency),

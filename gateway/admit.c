@@ -1,0 +1,604 @@
+/* admit.c - the gateway's listening socket and every connection's life
+ * outside a request. libmicrohttpd runs without a listening socket of its
+ * own (MHD_USE_NO_LISTEN_SOCKET): this file accepts, and a connection is
+ * handed to libmicrohttpd (MHD_add_connection) once its first request head
+ * is complete and sound. So the accept path is ours:
+ *
+ * - limits: open connections overall and per client address. At a limit,
+ *   the new connection takes the slot of the one that has waited longest
+ *   without a request in progress (an idle keep-alive connection, or one
+ *   still sending its head): in HTTP/1.1 a server may close an idle
+ *   connection at any time (RFC 9112 section 9.8), and one that has not
+ *   sent its head has had its chance. Only when every connection is busy in
+ *   a request is the new one refused: 503 TOO_MANY_CONNECTIONS. So clients
+ *   that connect and send nothing, or a byte now and then, cannot lock
+ *   others out, health checks included;
+ * - a header deadline: a head must be complete within the header timeout,
+ *   counted from the accept for the first request, and from the first byte
+ *   of each later request of a keep-alive connection (until that byte the
+ *   connection is idle: libmicrohttpd's idle timeout); else 408 and close;
+ * - the first head is judged before libmicrohttpd reads it (framing.c):
+ *   malformed or conflicting framing, a version other than 1.0/1.1, a head
+ *   over the size limit are answered here, as problem+json, once;
+ * - at the fd limit, accept pauses (GW_ACCEPT_BACKOFF_MS) instead of
+ *   spinning on a listening socket that stays readable, and says so at most
+ *   once per GW_ACCEPT_LOG_INTERVAL_S.
+ *
+ * Refusals answered here are written, the socket is shut for writing, and
+ * what the client still sends is read and dropped for GW_LINGER_MS, so that
+ * closing does not reset the answer away before the client reads it.
+ */
+#define _GNU_SOURCE /* accept4 */
+#include <errno.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received */
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "gateway.h"
+#include "../io/eventlog.h"
+
+#define ACCEPT_BATCH 64           /* connections accepted per wake-up */
+#define TCP_STATE_ESTABLISHED 1   /* tcpi_state: the kernel's TCP_ESTABLISHED (not in linux/tcp.h) */
+
+static const char *const event_names[GW_CONN_EVENTS] = {
+    "connections", "address", "fd_limit", "evicted", "header_timeout", "bad_head", "client",
+};
+
+/* ---- client addresses --------------------------------------------------- */
+
+/* The key of an address: its family, then its bytes (an IPv4-mapped IPv6
+ * address is the IPv4 one). Returns the key's length. */
+static size_t addr_key(const struct sockaddr_storage *ss, unsigned char key[17])
+{
+    if (ss->ss_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+        return 5;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const unsigned char *b = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(b, mapped, 12) == 0) {
+            key[0] = 4;
+            memcpy(key + 1, b + 12, 4);
+            return 5;
+        }
+        key[0] = 6;
+        memcpy(key + 1, b, 16);
+        return 17;
+    }
+    key[0] = 0;
+    return 1;
+}
+
+static size_t key_len(const unsigned char *key) { return key[0] == 4 ? 5 : key[0] == 6 ? 17 : 1; }
+
+/* The entry of ss's address, made if there is none (one more reference).
+ * NULL: out of memory. */
+static struct gw_addr *addr_ref(struct gw_admit *a, const struct sockaddr_storage *ss)
+{
+    unsigned char key[17];
+    size_t n = addr_key(ss, key);
+    struct gw_addr **slot = &a->buckets[bg_siphash(a->hash_key, key, n) & (a->nbuckets - 1)];
+    struct gw_addr *e;
+    for (e = *slot; e; e = e->next)
+        if (key_len(e->key) == n && memcmp(e->key, key, n) == 0) break;
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e) return NULL;
+        memcpy(e->key, key, n);
+        e->next = *slot;
+        *slot = e;
+    }
+    e->refs++;
+    return e;
+}
+
+static void addr_unref(struct gw_admit *a, struct gw_addr *e)
+{
+    if (--e->refs) return;
+    struct gw_addr **p = &a->buckets[bg_siphash(a->hash_key, e->key, key_len(e->key)) & (a->nbuckets - 1)];
+    while (*p != e) p = &(*p)->next;
+    *p = e->next;
+    free(e);
+}
+
+/* ---- the waiting lists (oldest first): who is evicted first ------------ */
+
+static void wait_enter(struct gw_conn *c)
+{
+    struct gw_admit *a = &c->gw->admit;
+    if (c->waiting || !c->counted) return;
+    c->waiting = 1;
+    c->next = NULL;
+    c->prev = a->wait_tail;
+    if (a->wait_tail) a->wait_tail->next = c; else a->wait_head = c;
+    a->wait_tail = c;
+    struct gw_addr *e = c->addr;
+    c->addr_next = NULL;
+    c->addr_prev = e->wait_tail;
+    if (e->wait_tail) e->wait_tail->addr_next = c; else e->wait_head = c;
+    e->wait_tail = c;
+}
+
+static void wait_leave(struct gw_conn *c)
+{
+    struct gw_admit *a = &c->gw->admit;
+    if (!c->waiting) return;
+    c->waiting = 0;
+    if (c->prev) c->prev->next = c->next; else a->wait_head = c->next;
+    if (c->next) c->next->prev = c->prev; else a->wait_tail = c->prev;
+    struct gw_addr *e = c->addr;
+    if (c->addr_prev) c->addr_prev->addr_next = c->addr_next; else e->wait_head = c->addr_next;
+    if (c->addr_next) c->addr_next->addr_prev = c->addr_prev; else e->wait_tail = c->addr_prev;
+    c->prev = c->next = c->addr_prev = c->addr_next = NULL;
+}
+
+/* ---- counting and closing ----------------------------------------------- */
+
+static void count_open(struct gw_conn *c)
+{
+    c->counted = 1;
+    c->gw->admit.open++;
+    c->addr->count++;
+}
+
+/* c's slot is free again (it is closing). */
+static void uncount(struct gw_conn *c)
+{
+    wait_leave(c);
+    if (!c->counted) return;
+    c->counted = 0;
+    c->gw->admit.open--;
+    c->addr->count--;
+}
+
+static void linger_leave(struct gw_conn *c)
+{
+    struct gw_admit *a = &c->gw->admit;
+    if (!c->lingering) return;
+    c->lingering = 0;
+    a->lingering--;
+    if (c->prev) c->prev->next = c->next; else a->linger_head = c->next;
+    if (c->next) c->next->prev = c->prev;
+}
+
+/* Free c; close its socket unless libmicrohttpd owns it (or closed it). */
+static void conn_free(struct gw_conn *c)
+{
+    struct gw_admit *a = &c->gw->admit;
+    uncount(c);
+    linger_leave(c);
+    if (c->read_ev) event_free(c->read_ev);
+    if (c->deadline_ev) event_free(c->deadline_ev);
+    if (!c->mhd && c->fd >= 0) close(c->fd);
+    if (c->addr) addr_unref(a, c->addr);
+    free(c);
+}
+
+/* Count event e; a refusal is logged as a warning at most once per
+ * GW_ACCEPT_LOG_INTERVAL_S (with how many since the last line), the rest
+ * at debug level. */
+static void note(struct gateway *gw, enum gw_conn_event e, const struct gw_conn *c, const char *msg)
+{
+    struct gw_admit *a = &gw->admit;
+    a->events[e]++;
+    int refusal = e == GW_REFUSED_CONNECTIONS || e == GW_REFUSED_ADDRESS || e == GW_REFUSED_FD_LIMIT;
+    if (!refusal) {
+        if (log_enabled(BG_LOG_DEBUG))
+            log_event(BG_LOG_DEBUG, "http_connection_closed", "reason=%s fd=%d msg=%s",
+                      event_names[e], c ? c->fd : -1, log_str(msg));
+        return;
+    }
+    a->unlogged[e]++;
+    bg_time now = gw->now();
+    if (a->logged_at[e] && now - a->logged_at[e] < (bg_time)GW_ACCEPT_LOG_INTERVAL_S * BG_SECOND) return;
+    log_event(BG_LOG_WARN, "http_connections_refused",
+              "reason=%s refused=%llu open=%llu max=%u max_per_ip=%u msg=%s", event_names[e],
+              (unsigned long long)a->unlogged[e], (unsigned long long)a->open,
+              gw->cfg.max_connections, gw->cfg.max_per_address, log_str(msg));
+    a->logged_at[e] = now;
+    a->unlogged[e] = 0;
+}
+
+void gw_conn_count(struct gateway *gw, enum gw_conn_event e) { gw->admit.events[e]++; }
+
+static void linger_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct gw_conn *c = arg;
+    char sink[4096];
+    if (what & EV_TIMEOUT) {
+        conn_free(c);
+        return;
+    }
+    for (;;) {
+        ssize_t n = recv(fd, sink, sizeof sink, 0);
+        if (n > 0) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        conn_free(c); /* the client's end: it has read the answer */
+        return;
+    }
+}
+
+/* Answer a connection libmicrohttpd does not own with a problem, shut it
+ * for writing and let it linger; its slot is free at once. */
+static void refuse(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+{
+    struct gateway *gw = c->gw;
+    struct gw_admit *a = &gw->admit;
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    char *text = gw_problem_text(status, code, detail);
+    char head[320];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %u %s\r\nContent-Type: application/problem+json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n%s\r\n",
+                     status, gw_status_title(status), text ? strlen(text) : 0,
+                     status == 503 ? "Retry-After: 5\r\n" : "");
+    struct iovec iov[2] = {{head, (size_t)n}, {text, text ? strlen(text) : 0}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    ssize_t sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)sent; /* a kernel buffer takes a few hundred bytes; else the client is gone */
+    free(text);
+    shutdown(c->fd, SHUT_WR);
+    uncount(c);
+    if (c->read_ev) event_free(c->read_ev);
+    c->read_ev = NULL;
+    if (a->lingering >= GW_LINGERING_MAX || !c->deadline_ev) {
+        conn_free(c);
+        return;
+    }
+    c->read_ev = event_new(gw->base, c->fd, EV_READ | EV_PERSIST, linger_cb, c);
+    if (!c->read_ev) {
+        conn_free(c);
+        return;
+    }
+    event_del(c->deadline_ev);
+    event_assign(c->deadline_ev, gw->base, -1, 0, linger_cb, c);
+    struct timeval tv = {GW_LINGER_MS / 1000, (GW_LINGER_MS % 1000) * 1000};
+    event_add(c->read_ev, NULL);
+    event_add(c->deadline_ev, &tv);
+    c->lingering = 1;
+    a->lingering++;
+    c->prev = NULL;
+    c->next = a->linger_head;
+    if (a->linger_head) a->linger_head->prev = c;
+    a->linger_head = c;
+}
+
+/* Shut a connection libmicrohttpd owns: it sees the end and closes it. */
+static void shut(struct gw_conn *c)
+{
+    uncount(c);
+    if (c->read_ev) event_del(c->read_ev);
+    event_del(c->deadline_ev);
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+/* Close the connection that has waited longest on list head `victim` (one
+ * with no request in progress), to make room. 0 if there is none. */
+static int evict(struct gw_conn *victim)
+{
+    if (!victim) return 0;
+    note(victim->gw, GW_CLOSED_EVICTED, victim, "a new connection took its slot");
+    if (victim->mhd) shut(victim);
+    else conn_free(victim);
+    return 1;
+}
+
+/* ---- the first request head --------------------------------------------- */
+
+static void hand_over(struct gw_conn *c)
+{
+    struct gateway *gw = c->gw;
+    struct gw_admit *a = &gw->admit;
+    event_free(c->read_ev);
+    c->read_ev = NULL;
+    event_del(c->deadline_ev);
+    wait_leave(c); /* its head is complete: busy until the request ends */
+    a->adding = c;
+    a->adding_started = 0;
+    int ok = MHD_add_connection(gw->daemon, c->fd, (struct sockaddr *)&c->sa, c->sa_len) == MHD_YES;
+    a->adding = NULL;
+    if (ok) return;
+    log_event(BG_LOG_DEBUG, "http_connection_closed", "reason=add_failed fd=%d error=%s", c->fd,
+              log_str(strerror(errno)));
+    if (!a->adding_started) {
+        c->fd = -1; /* libmicrohttpd closed it */
+        conn_free(c);
+    } /* else gw_conn_closed freed it */
+}
+
+/* Bytes of the first head arrived (edge-triggered), or the client closed:
+ * look at them without reading; once the head is complete, judge it and
+ * hand the socket over (a client that closed after a whole head, a
+ * half-close, is still answered). */
+static void pending_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct gw_conn *c = arg;
+    struct gw_admit *a = &c->gw->admit;
+    size_t max = c->gw->cfg.max_header_size;
+    ssize_t n = recv(fd, a->peek, max + 1, MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) {
+        note(c->gw, GW_CLOSED_CLIENT, c, "closed before a request");
+        conn_free(c);
+        return;
+    }
+    size_t end = gw_head_end(a->peek, (size_t)n);
+    if (end > max || (!end && (size_t)n > max)) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "the request head is larger than %zu bytes", max);
+        note(c->gw, GW_CLOSED_BAD_HEAD, c, detail);
+        refuse(c, 431, "HEADERS_TOO_LARGE", detail);
+        return;
+    }
+    if (!end && (what & EV_CLOSED)) {
+        note(c->gw, GW_CLOSED_CLIENT, c, "closed during its first head");
+        conn_free(c);
+        return;
+    }
+    if (!end) return;
+    struct gw_problem p;
+    if (gw_head_check(a->peek, end, GW_HEADER_FIELDS_MAX, &p)) {
+        note(c->gw, GW_CLOSED_BAD_HEAD, c, p.detail);
+        refuse(c, p.status, p.code, p.detail);
+        return;
+    }
+    hand_over(c);
+}
+
+/* The header deadline passed (or a lingering connection's time is up). */
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_conn *c = arg;
+    static const char detail[] = "the request head was not complete in time";
+    note(c->gw, GW_CLOSED_HEADER_TIMEOUT, c, detail);
+    if (!c->mhd) {
+        refuse(c, 408, "HEADER_TIMEOUT", detail);
+        return;
+    }
+    /* no response is under way on it (it waits for a head): a 408, best
+     * effort, then libmicrohttpd sees the end */
+    char *text = gw_problem_text(408, "HEADER_TIMEOUT", detail);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/problem+json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n", text ? strlen(text) : 0);
+    struct iovec iov[2] = {{head, (size_t)n}, {text, text ? strlen(text) : 0}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    ssize_t sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)sent;
+    free(text);
+    shut(c);
+}
+
+/* ---- accepting ------------------------------------------------------------ */
+
+/* Take in accepted socket fd from ss: within the limits (evicting the
+ * longest waiting connection at one), or refused. */
+static void admit_one(struct gateway *gw, int fd, const struct sockaddr_storage *ss, socklen_t len)
+{
+    struct gw_admit *a = &gw->admit;
+    struct gw_conn *c = calloc(1, sizeof *c);
+    if (c) c->addr = addr_ref(a, ss);
+    if (!c || !c->addr) {
+        free(c);
+        close(fd);
+        note(gw, GW_REFUSED_FD_LIMIT, NULL, "out of memory");
+        return;
+    }
+    c->gw = gw;
+    c->fd = fd;
+    memcpy(&c->sa, ss, len);
+    c->sa_len = len;
+    c->deadline_ev = evtimer_new(gw->base, deadline_cb, c);
+    c->read_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST | EV_ET | EV_CLOSED, pending_cb, c);
+    if (!c->deadline_ev || !c->read_ev) {
+        conn_free(c);
+        note(gw, GW_REFUSED_FD_LIMIT, NULL, "out of memory");
+        return;
+    }
+    uint32_t per_address = gw->cfg.max_per_address;
+    if (per_address && c->addr->count >= per_address && !evict(c->addr->wait_head)) {
+        note(gw, GW_REFUSED_ADDRESS, c, "every connection of this address is busy in a request");
+        refuse(c, 503, "TOO_MANY_CONNECTIONS",
+               "this client address has as many connections open as allowed, each in a request");
+        return;
+    }
+    if (a->open >= gw->cfg.max_connections && !evict(a->wait_head)) {
+        note(gw, GW_REFUSED_CONNECTIONS, c, "every connection is busy in a request");
+        refuse(c, 503, "TOO_MANY_CONNECTIONS",
+               "the server has as many connections open as allowed, each in a request");
+        return;
+    }
+    count_open(c);
+    wait_enter(c);
+    event_add(c->deadline_ev, a->header_tv);
+    event_add(c->read_ev, NULL); /* a head already there is reported at once */
+}
+
+static void backoff_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_admit *a = arg;
+    event_add(a->listen_ev, NULL);
+}
+
+static void accept_cb(evutil_socket_t lfd, short what, void *arg)
+{
+    (void)what;
+    struct gateway *gw = arg;
+    struct gw_admit *a = &gw->admit;
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            admit_one(gw, fd, &ss, len);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            /* the listening socket stays readable: pause instead of spinning */
+            note(gw, GW_REFUSED_FD_LIMIT, NULL, strerror(errno));
+            event_del(a->listen_ev);
+            struct timeval tv = {0, GW_ACCEPT_BACKOFF_MS * 1000};
+            event_add(a->backoff_ev, &tv);
+        }
+        break;
+    }
+}
+
+/* Bytes of data the kernel has taken in on this TCP connection (its FIN,
+ * which the kernel counts as one, is not data; a connection that ended by
+ * a reset is one short); 0 if it cannot say. */
+static uint64_t data_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
+        return 0;
+    int fin = ti.tcpi_state != TCP_STATE_ESTABLISHED;
+    return ti.tcpi_bytes_received - (fin && ti.tcpi_bytes_received ? 1 : 0);
+}
+
+/* Bytes of a later head that came since the last request ended: read by
+ * libmicrohttpd (the socket is its too) or waiting in the kernel. */
+static uint64_t later_head_bytes(const struct gw_conn *c)
+{
+    uint64_t now = data_received(c->fd);
+    return now > c->received_at_end ? now - c->received_at_end : 0;
+}
+
+/* ---- libmicrohttpd's side -------------------------------------------------- */
+
+void gw_conn_started(struct gateway *gw, struct MHD_Connection *mhd, void **socket_context)
+{
+    struct gw_conn *c = gw->admit.adding;
+    *socket_context = c;
+    if (!c) return;
+    c->mhd = mhd;
+    gw->admit.adding_started = 1;
+}
+
+void gw_conn_closed(struct gateway *gw, void *socket_context)
+{
+    struct gw_conn *c = socket_context;
+    if (!c) return;
+    /* closed by libmicrohttpd, not by us, between a later head's first byte
+     * and its end: the client left (libmicrohttpd says so at debug level).
+     * libmicrohttpd may have read the head's bytes and the end together
+     * before next_head_cb ran; its socket is still open here. */
+    if (c->counted && (c->head_started || (c->waiting && later_head_bytes(c))))
+        note(gw, GW_CLOSED_CLIENT, c, "closed during a later head");
+    conn_free(c);
+}
+
+static struct gw_conn *conn_of(struct MHD_Connection *mhd)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mhd, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd)
+{
+    (void)gw;
+    struct gw_conn *c = conn_of(mhd);
+    if (!c) return;
+    wait_leave(c);
+    c->head_started = 0;
+    if (c->read_ev) event_del(c->read_ev);
+    event_del(c->deadline_ev);
+}
+
+/* The first byte of a keep-alive connection's next head: its deadline runs.
+ * The end of the stream with nothing sent is no head (libmicrohttpd closes
+ * the connection). A next head that came before the last request ended
+ * (libmicrohttpd notes the end a turn late) is not seen until a later byte
+ * of it: stalled, it waits for the idle timeout. */
+static void next_head_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_conn *c = arg;
+    char byte;
+    ssize_t n = 1;
+    if (!later_head_bytes(c) && (n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT)) != 1) {
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) event_add(c->read_ev, NULL);
+        return; /* nothing yet; or the end, or a reset */
+    }
+    c->head_started = 1;
+    if (c->counted) event_add(c->deadline_ev, c->gw->admit.header_tv);
+}
+
+void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
+{
+    struct gw_conn *c = conn_of(mhd);
+    if (!c || !c->counted) return;
+    if (!c->read_ev) c->read_ev = event_new(gw->base, c->fd, EV_READ, next_head_cb, c);
+    if (!c->read_ev) return;
+    int unread = 0; /* bytes of the next head may wait in the kernel already */
+    if (ioctl(c->fd, FIONREAD, &unread) != 0 || unread < 0) unread = 0;
+    c->received_at_end = data_received(c->fd);
+    c->received_at_end -= (uint64_t)unread < c->received_at_end ? (uint64_t)unread : c->received_at_end;
+    wait_enter(c);
+    event_add(c->read_ev, NULL);
+}
+
+/* ---- start and stop -------------------------------------------------------- */
+
+int gw_admit_start(struct gateway *gw, int fd)
+{
+    struct gw_admit *a = &gw->admit;
+    a->listen_fd = fd;
+    a->nbuckets = 64;
+    while (a->nbuckets < gw->cfg.max_connections && a->nbuckets < (1u << 20)) a->nbuckets *= 2;
+    a->buckets = calloc(a->nbuckets, sizeof *a->buckets);
+    a->peek = malloc((size_t)gw->cfg.max_header_size + 1);
+    struct timeval tv = {(time_t)gw->cfg.header_timeout_s, 0};
+    a->header_tv = event_base_init_common_timeout(gw->base, &tv);
+    a->listen_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST, accept_cb, gw);
+    a->backoff_ev = evtimer_new(gw->base, backoff_cb, a);
+    if (!a->buckets || !a->peek || !a->header_tv || !a->listen_ev || !a->backoff_ev ||
+        event_add(a->listen_ev, NULL) != 0) {
+        log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP listener\"");
+        return BG_OUT_OF_MEMORY;
+    }
+    return 0;
+}
+
+void gw_admit_stop(struct gateway *gw)
+{
+    struct gw_admit *a = &gw->admit;
+    if (a->listen_ev) event_free(a->listen_ev);
+    if (a->backoff_ev) event_free(a->backoff_ev);
+    a->listen_ev = a->backoff_ev = NULL;
+    if (a->listen_fd >= 0) close(a->listen_fd);
+    a->listen_fd = -1;
+    for (struct gw_conn *c = a->wait_head, *next; c; c = next) {
+        next = c->next;
+        if (!c->mhd) conn_free(c);
+    }
+    while (a->linger_head) conn_free(a->linger_head);
+}
+
+/* Free the table and the buffer (every connection is gone). */
+void gw_admit_free(struct gateway *gw)
+{
+    struct gw_admit *a = &gw->admit;
+    free(a->buckets);
+    free(a->peek);
+    a->buckets = NULL;
+    a->peek = NULL;
+}
