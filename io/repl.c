@@ -40,6 +40,7 @@ struct repl {
     jsCtx *js;
     kvStore *kv;
     size_t max_msg;              /* data bytes in one message */
+    jsOptions quick;             /* the standby's requests: a bounded wait (quick_wait_ms) */
     /* the thread */
     pthread_t thread;
     int thread_started;
@@ -85,10 +86,20 @@ static int is_stopping(struct repl *r)
     return s;
 }
 
-static const char *status_text(natsStatus s)
+/* What a failed NATS call said, as the log fields `error=... status=...
+ * js_error=N`: libnats's text for this thread's last error when that error
+ * is this call's status (it names the cause: "no responders", JetStream's
+ * description), else the status's name; the status's name; and the
+ * JetStream error code (0: none). Written into buf, which is returned. Call
+ * it before any other NATS call on the thread. */
+static const char *nats_error_fields(char *buf, size_t n, natsStatus s, jsErrCode jerr)
 {
-    const char *t = nats_GetLastError(NULL);
-    return t && *t ? t : natsStatus_GetText(s);
+    natsStatus last = NATS_OK;
+    const char *text = nats_GetLastError(&last);
+    if (!text || !*text || last != s) text = natsStatus_GetText(s);
+    snprintf(buf, n, "error=%s status=%s js_error=%d", log_str(text), log_str(natsStatus_GetText(s)),
+             (int)jerr);
+    return buf;
 }
 
 const char *repl_role_name(enum repl_role role)
@@ -151,7 +162,6 @@ static int lease_renew_due(struct repl *r)
     uint64_t now = mono_ns();
     if (now - r->lease_sent_ns < (uint64_t)r->cfg.renew_ms * 1000000ull) return 0;
     uint64_t rev = 0;
-    jsErrCode jerr = 0;
     natsStatus s = kvStore_UpdateString(&rev, r->kv, LEASE_KEY, r->node_id, r->lease_rev);
     if (s == NATS_OK) {
         if (r->unconfirmed) log_event(BG_LOG_WARN, "replication_lease_confirmed", "node=%s", log_str(r->node_id));
@@ -163,7 +173,8 @@ static int lease_renew_due(struct repl *r)
         pthread_mutex_unlock(&r->mu);
         return 0;
     }
-    (void)jerr;
+    char err[256];
+    nats_error_fields(err, sizeof err, s, 0);
     pthread_mutex_lock(&r->mu);
     r->st.lease_failures++;
     pthread_mutex_unlock(&r->mu);
@@ -192,35 +203,61 @@ static int lease_renew_due(struct repl *r)
      * append, and the next renewal that gets through finds the key taken */
     if (!r->unconfirmed && mono_ns() - r->lease_sent_ns >= (uint64_t)r->cfg.lease_ms * 1000000ull) {
         r->unconfirmed = 1;
-        log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64
-                  " error=%s", log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000,
-                  log_str(status_text(s)));
+        log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64 " %s",
+                  log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000, err);
     }
     return 0;
 }
 
 /* ---- standby: the stream to the loop -------------------------------------- */
 
-/* Subscribe to the stream from sequence `from` (0: its first message). */
-static natsStatus subscribe_from(struct repl *r, natsSubscription **sub, uint64_t from)
+/* How long a standby's request to NATS (subscribing, the stream's state, a
+ * message by sequence) may wait for its answer: a quarter of the lease
+ * time, 100 ms to 1 s. No answer in that time is a failure that is retried,
+ * so a request that is never answered (nats-server 2.9.10 may place the
+ * consumer of a subscription on a server that is down) delays the lease
+ * and the takeover by that much only. */
+static int quick_wait_ms(const struct repl_config *cfg)
+{
+    uint32_t ms = cfg->lease_ms / 4;
+    return (int)(ms < 100 ? 100 : ms > 1000 ? 1000 : ms);
+}
+
+/* The ordered consumer's idle heartbeat: libnats makes the consumer again
+ * when none came for two of them (its server went down), so a standby whose
+ * consumer was on a lost server reads on after about 2 s (10 s with
+ * libnats's default of 5 s). */
+#define ORDERED_HEARTBEAT_NS (1000 * 1000000ll)
+
+/* Subscribe (an ordered consumer) to the stream from the message after
+ * r->handed_seq (from its first message before any was handed), waiting
+ * r->quick for the consumer. NULL when it failed (logged: the caller tries
+ * again). Standby thread. */
+static natsSubscription *subscribe_next(struct repl *r)
 {
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = r->stream;
     so.Ordered = true;
-    if (from) {
+    so.Config.Heartbeat = ORDERED_HEARTBEAT_NS;
+    if (r->handed_seq) {
         so.Config.DeliverPolicy = js_DeliverByStartSequence;
-        so.Config.OptStartSeq = from;
+        so.Config.OptStartSeq = r->handed_seq + 1;
     } else {
         so.Config.DeliverPolicy = js_DeliverAll;
     }
+    natsSubscription *sub = NULL;
     jsErrCode jerr = 0;
-    return js_SubscribeSync(sub, r->js, r->subject, NULL, &so, &jerr);
+    natsStatus s = js_SubscribeSync(&sub, r->js, r->subject, &r->quick, &so, &jerr);
+    if (s == NATS_OK) return sub;
+    char err[256];
+    log_event(BG_LOG_WARN, "replication_subscribe_retry", "stream=%s from_seq=%" PRIu64 " %s",
+              log_str(r->stream), r->handed_seq + 1, nats_error_fields(err, sizeof err, s, jerr));
+    return NULL;
 }
 
-/* Wait up to wait_ns for the next message and queue it for the loop (when
- * the queue has room). 1 queued, 0 nothing. */
-static int pump_one(struct repl *r, natsSubscription *sub, uint64_t wait_ns)
+/* Wait until the loop's queue has room (or stopping). 1 room, 0 stopping. */
+static int queue_room(struct repl *r)
 {
     pthread_mutex_lock(&r->mu);
     while (r->q_len == QUEUE_CAP && !r->stopping) {
@@ -230,9 +267,37 @@ static int pump_one(struct repl *r, natsSubscription *sub, uint64_t wait_ns)
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&r->cond, &r->mu, &ts);
     }
-    int full = r->q_len == QUEUE_CAP;
+    int room = r->q_len < QUEUE_CAP;
     pthread_mutex_unlock(&r->mu);
-    if (full) return 0;
+    return room;
+}
+
+/* Queue message m (stream sequence seq) for the loop, which applies the
+ * messages in the order queued: the next one after r->handed_seq, or a
+ * later one when a purge removed those between. A message already handed
+ * (the subscription delivers what was fetched by sequence) is dropped. The
+ * queue has room (queue_room). 1 queued, 0 dropped. */
+static int queue_msg(struct repl *r, natsMsg *m, uint64_t seq)
+{
+    if (seq <= r->handed_seq) {
+        natsMsg_Destroy(m);
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->queue[(r->q_head + r->q_len) % QUEUE_CAP] = (struct queued){m, seq};
+    r->q_len++;
+    r->handed_seq = seq;
+    if (seq > r->st.stream_last_seq) r->st.stream_last_seq = seq;
+    pthread_mutex_unlock(&r->mu);
+    wake_loop(r);
+    return 1;
+}
+
+/* Wait up to wait_ns for the subscription's next message and queue it for
+ * the loop (when the queue has room). 1 queued, 0 nothing. */
+static int pump_one(struct repl *r, natsSubscription *sub, uint64_t wait_ns)
+{
+    if (!queue_room(r)) return 0;
     natsMsg *m = NULL;
     if (natsSubscription_NextMsg(&m, sub, (int64_t)(wait_ns / 1000000) + 1) != NATS_OK) return 0;
     jsMsgMetaData *meta = NULL;
@@ -242,14 +307,7 @@ static int pump_one(struct repl *r, natsSubscription *sub, uint64_t wait_ns)
     }
     uint64_t seq = meta->Sequence.Stream;
     jsMsgMetaData_Destroy(meta);
-    pthread_mutex_lock(&r->mu);
-    r->queue[(r->q_head + r->q_len) % QUEUE_CAP] = (struct queued){m, seq};
-    r->q_len++;
-    r->handed_seq = seq;
-    if (seq > r->st.stream_last_seq) r->st.stream_last_seq = seq;
-    pthread_mutex_unlock(&r->mu);
-    wake_loop(r);
-    return 1;
+    return queue_msg(r, m, seq);
 }
 
 /* Sleep ns or until stopping. */
@@ -267,14 +325,16 @@ static void nap(struct repl *r, uint64_t ns)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* The stream's last sequence and bytes. 0 or -1. */
-static int stream_state(struct repl *r, uint64_t *last, uint64_t *bytes)
+/* The stream's last sequence, and (when not NULL) its bytes and first
+ * sequence, asked with options o (NULL: the context's). 0 or -1. */
+static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *bytes, uint64_t *first)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
-    if (js_GetStreamInfo(&si, r->js, r->stream, NULL, &jerr) != NATS_OK) return -1;
+    if (js_GetStreamInfo(&si, r->js, r->stream, o, &jerr) != NATS_OK) return -1;
     *last = si->State.LastSeq;
     if (bytes) *bytes = si->State.Bytes;
+    if (first) *first = si->State.FirstSeq;
     jsStreamInfo_Destroy(si);
     return 0;
 }
@@ -320,7 +380,7 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
             uint64_t last = 0;
             natsMsg *tail = NULL;
             const char *tail_id = NULL;
-            int ours = attempt > 0 && stream_state(r, &last, NULL) == 0 &&
+            int ours = attempt > 0 && stream_state(r, NULL, &last, NULL, NULL) == 0 &&
                        js_GetMsg(&tail, r->js, r->stream, last, NULL, &jerr) == NATS_OK &&
                        natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id &&
                        strcmp(tail_id, id) == 0;
@@ -331,9 +391,11 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
             }
             return REPL_FENCED;
         }
-        if (!*retried)
-            log_event(BG_LOG_WARN, "replication_publish_retry", "error=%s expected_last_seq=%" PRIu64,
-                      log_str(status_text(s)), r->last_seq);
+        if (!*retried) {
+            char err[256];
+            log_event(BG_LOG_WARN, "replication_publish_retry", "%s expected_last_seq=%" PRIu64,
+                      nats_error_fields(err, sizeof err, s, jerr), r->last_seq);
+        }
         *retried = 1;
         pthread_mutex_lock(&r->mu);
         r->st.publish_retries++;
@@ -370,8 +432,9 @@ int repl_purge(struct repl *r, uint64_t seq)
     jsErrCode jerr = 0;
     natsStatus s = js_PurgeStream(r->js, r->stream, &o, &jerr);
     if (s != NATS_OK) {
-        log_event(BG_LOG_WARN, "replication_purge_failed", "before_seq=%" PRIu64 " error=%s", seq,
-                  log_str(status_text(s)));
+        char err[256];
+        log_event(BG_LOG_WARN, "replication_purge_failed", "before_seq=%" PRIu64 " %s", seq,
+                  nats_error_fields(err, sizeof err, s, jerr));
         return BG_IO_ERROR;
     }
     pthread_mutex_lock(&r->mu);
@@ -391,8 +454,35 @@ static uint64_t applied(struct repl *r)
     return a;
 }
 
+/* Fetch the message after r->handed_seq by its sequence (the stream's
+ * leader answers: no consumer is needed) and queue it; when a purge
+ * removed it, the stream's first message instead. 1 queued, 0 not (NATS
+ * did not answer in time, or stopping: the caller tries again). */
+static int fetch_next(struct repl *r)
+{
+    if (!queue_room(r)) return 0;
+    uint64_t seq = r->handed_seq + 1, last = 0, first = 0;
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetMsg(&m, r->js, r->stream, seq, &r->quick, &jerr);
+    if (s != NATS_OK && jerr == JSNoMessageFoundErr &&
+        stream_state(r, &r->quick, &last, NULL, &first) == 0 && first > seq && first <= last) {
+        seq = first;
+        s = js_GetMsg(&m, r->js, r->stream, seq, &r->quick, &jerr);
+    }
+    if (s != NATS_OK) {
+        char err[256];
+        log_event(BG_LOG_WARN, "replication_fetch_retry", "stream=%s seq=%" PRIu64 " %s", log_str(r->stream),
+                  seq, nats_error_fields(err, sizeof err, s, jerr));
+        return 0;
+    }
+    return queue_msg(r, m, seq);
+}
+
 /* Holding the lease: read and apply the stream to its end, then append the
- * takeover message with that end as the expected last sequence. 0 primary,
+ * takeover message with that end as the expected last sequence. The
+ * messages come from the subscription (NULL: none) while it delivers them,
+ * else by sequence: a standby takes over without a consumer. 0 primary,
  * -1 stopping or lost. */
 static int take_over(struct repl *r, natsSubscription *sub)
 {
@@ -401,14 +491,16 @@ static int take_over(struct repl *r, natsSubscription *sub)
     for (;;) {
         if (is_stopping(r) || lease_renew_due(r) != 0) return -1;
         uint64_t last = 0, bytes = 0;
-        if (stream_state(r, &last, &bytes) != 0) {
+        if (stream_state(r, &r->quick, &last, &bytes, NULL) != 0) {
             nap(r, RETRY_NS);
             continue;
         }
         /* read up to the end, renewing the lease meanwhile */
         while (r->handed_seq < last && !is_stopping(r)) {
             if (lease_renew_due(r) != 0) return -1;
-            pump_one(r, sub, 50000000ull);
+            if (sub && pump_one(r, sub, 50000000ull)) continue;
+            sub = NULL; /* it has nothing for now: the rest by sequence */
+            if (!fetch_next(r)) nap(r, RETRY_NS);
         }
         while (applied(r) < last && !is_stopping(r)) {
             if (lease_renew_due(r) != 0) return -1;
@@ -433,44 +525,55 @@ static int take_over(struct repl *r, natsSubscription *sub)
     }
 }
 
+static void drop_subscription(natsSubscription **sub)
+{
+    if (!*sub) return;
+    natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}
+
+/* The thread: a standby tries the lease every poll (at most 100 ms) and,
+ * between tries, reads the stream through its subscription; a failed
+ * subscribe is tried again a quick wait later, never in place of the
+ * lease. Then primary: renew the lease until lost or stopping. */
 static void *repl_main(void *arg)
 {
     struct repl *r = arg;
     natsSubscription *sub = NULL;
-    while (!is_stopping(r) && subscribe_from(r, &sub, 0) != NATS_OK) {
-        log_event(BG_LOG_WARN, "replication_subscribe_retry", "stream=%s error=%s", log_str(r->stream),
-                  log_str(status_text(NATS_ERR)));
-        sub = NULL;
-        nap(r, 500000000ull);
-    }
     uint64_t poll_ns = (uint64_t)(r->cfg.renew_ms < 100 ? r->cfg.renew_ms : 100) * 1000000ull;
-    uint64_t next_try = 0;
+    uint64_t resubscribe_ns = (uint64_t)quick_wait_ms(&r->cfg) * 1000000ull;
+    uint64_t next_try = 0, next_subscribe = 0;
     int primary = 0;
     while (!is_stopping(r)) {
-        if (!primary) {
-            uint64_t now = mono_ns();
-            if (now >= next_try) {
-                next_try = now + poll_ns;
-                if (lease_try_take(r)) {
-                    if (take_over(r, sub) != 0) break;
-                    primary = 1;
-                    natsSubscription_Unsubscribe(sub);
-                    natsSubscription_Destroy(sub);
-                    sub = NULL;
-                    continue;
-                }
-            }
-            uint64_t wait = next_try > now ? next_try - now : 0;
-            while (pump_one(r, sub, wait) && mono_ns() < next_try) {} /* drain what is there */
-        } else {
+        if (primary) {
             if (lease_renew_due(r) != 0) break;
             nap(r, (uint64_t)r->cfg.renew_ms * 1000000ull / 4 + 1);
+            continue;
+        }
+        if (!sub && mono_ns() >= next_subscribe) {
+            sub = subscribe_next(r);
+            if (!sub) next_subscribe = mono_ns() + resubscribe_ns;
+        }
+        uint64_t now = mono_ns();
+        if (now >= next_try) {
+            next_try = now + poll_ns;
+            if (lease_try_take(r)) {
+                if (take_over(r, sub) != 0) break;
+                primary = 1;
+                drop_subscription(&sub);
+                continue;
+            }
+            now = mono_ns();
+        }
+        uint64_t wait = next_try > now ? next_try - now : 0;
+        if (sub) {
+            while (pump_one(r, sub, wait) && mono_ns() < next_try) {} /* drain what is there */
+        } else {
+            nap(r, wait);
         }
     }
-    if (sub) {
-        natsSubscription_Unsubscribe(sub);
-        natsSubscription_Destroy(sub);
-    }
+    drop_subscription(&sub);
     return NULL;
 }
 
@@ -532,10 +635,11 @@ static natsStatus set_servers(natsOptions *o, char *list)
     return natsOptions_SetServers(o, urls, n);
 }
 
-static int open_failed(struct repl *r, const char *op, natsStatus s)
+static int open_failed(struct repl *r, const char *op, natsStatus s, jsErrCode jerr)
 {
-    log_event(BG_LOG_ERROR, "replication_open_failed", "servers=%s op=%s error=%s",
-              log_str(r->cfg.servers), op, log_str(status_text(s)));
+    char err[256];
+    log_event(BG_LOG_ERROR, "replication_open_failed", "servers=%s op=%s %s", log_str(r->cfg.servers), op,
+              nats_error_fields(err, sizeof err, s, jerr));
     return BG_IO_ERROR;
 }
 
@@ -553,8 +657,8 @@ static int connect_all(struct repl *r)
     if (s == NATS_OK) s = natsOptions_SetTimeout(r->opts, 1000);
     if (s == NATS_OK) s = natsOptions_SetPingInterval(r->opts, 1000);
     if (s == NATS_OK) s = natsOptions_SetMaxPingsOut(r->opts, 2);
-    if (s != NATS_OK) return open_failed(r, "options", s);
-    if ((s = natsConnection_Connect(&r->nc, r->opts)) != NATS_OK) return open_failed(r, "connect", s);
+    if (s != NATS_OK) return open_failed(r, "options", s, 0);
+    if ((s = natsConnection_Connect(&r->nc, r->opts)) != NATS_OK) return open_failed(r, "connect", s, 0);
     int64_t payload = natsConnection_GetMaxPayload(r->nc);
     if (payload <= HEADER_ROOM || (uint64_t)(payload - HEADER_ROOM) < r->cfg.max_record) {
         log_event(BG_LOG_ERROR, "replication_open_failed",
@@ -568,7 +672,9 @@ static int connect_all(struct repl *r)
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = 5000;
-    if ((s = natsConnection_JetStream(&r->js, r->nc, &jo)) != NATS_OK) return open_failed(r, "jetstream", s);
+    jsOptions_Init(&r->quick);
+    r->quick.Wait = quick_wait_ms(&r->cfg);
+    if ((s = natsConnection_JetStream(&r->js, r->nc, &jo)) != NATS_OK) return open_failed(r, "jetstream", s, 0);
     jsStreamConfig sc;
     jsStreamConfig_Init(&sc);
     sc.Name = r->stream;
@@ -587,7 +693,7 @@ static int connect_all(struct repl *r)
         nats_Sleep(200);
     }
     if (s != NATS_OK && jerr == JSStreamNameExistErr) s = js_GetStreamInfo(&si, r->js, r->stream, NULL, &jerr);
-    if (s != NATS_OK) return open_failed(r, "stream", s);
+    if (s != NATS_OK) return open_failed(r, "stream", s, jerr);
     if (si->Config && si->Config->Replicas != (int64_t)r->cfg.replicas)
         log_event(BG_LOG_WARN, "replication_replicas_differ", "stream=%s replicas=%" PRId64 " asked=%u",
                   log_str(r->stream), si->Config->Replicas, r->cfg.replicas);
@@ -617,7 +723,7 @@ static int connect_all(struct repl *r)
         }
         nats_Sleep(200);
     }
-    if (s != NATS_OK) return open_failed(r, "lease_bucket", s);
+    if (s != NATS_OK) return open_failed(r, "lease_bucket", s, 0);
     return 0;
 }
 

@@ -25,7 +25,12 @@ cluster {
   listen: 127.0.0.1:%(cport)d
   routes: [%(routes)s]
 }
-"""
+%(auth)s"""
+
+# a user that may not create consumers (the JetStream API's consumer requests
+# go unanswered, as when the server chosen for a consumer is down)
+USER_CONF = "    {user: %s, password: %s%s}\n"
+NO_CONSUMERS = ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\"]}}"
 
 
 def _free_port():
@@ -42,23 +47,32 @@ def nats_server_binary():
 
 
 class Cluster:
-    def __init__(self, workdir, size=3):
+    """users: None (no authorization), or {name: may_create_consumers} (the
+    password is the name); urls(user) then logs in as that user."""
+
+    def __init__(self, workdir, size=3, users=None):
         self.workdir = workdir
+        self.users = users
         self.binary = nats_server_binary()
         self.nodes = []
         for i in range(size):
             self.nodes.append({"name": "n%d" % (i + 1), "port": _free_port(), "cport": _free_port(),
                                "mport": _free_port(), "proc": None, "log": None})
+        auth = ""
+        if users:
+            auth = "authorization {\n  users: [\n%s  ]\n}\n" % "".join(
+                USER_CONF % (name, name, "" if consumers else NO_CONSUMERS) for name, consumers in users.items())
         for n in self.nodes:
             n["store"] = os.path.join(workdir, n["name"])
             os.makedirs(n["store"], exist_ok=True)
             routes = ", ".join("nats-route://127.0.0.1:%d" % m["cport"] for m in self.nodes if m is not n)
             n["conf"] = os.path.join(workdir, n["name"] + ".conf")
             with open(n["conf"], "w") as f:
-                f.write(CONF % dict(n, routes=routes))
+                f.write(CONF % dict(n, routes=routes, auth=auth))
 
-    def urls(self):
-        return ",".join("nats://127.0.0.1:%d" % n["port"] for n in self.nodes)
+    def urls(self, user=None):
+        login = "%s:%s@" % (user, user) if user else ""
+        return ",".join("nats://%s127.0.0.1:%d" % (login, n["port"]) for n in self.nodes)
 
     def start(self, i):
         n = self.nodes[i]

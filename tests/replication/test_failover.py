@@ -20,6 +20,10 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
   and does not listen on the beanstalk port.
 - sigterm_hands_over: SIGTERM on the primary gives the lease up; the
   standby serves at once, not after the lease time.
+- takeover_without_consumer: a standby whose consumer is never created (as
+  when nats-server 2.9.10 places it on a server that is down) reads the
+  purged stream by sequence at takeover, in time and with every job, and
+  logs the real error of each subscribe it tries.
 - kubernetes_manifests: contrib/kubernetes/ha/ parses, and wires the pair's
   Service and readiness probe to /readyz.
 
@@ -66,8 +70,8 @@ def http_get(port, path):
 class Node:
     """One beangate process of the pair; started again with the same ports."""
 
-    def __init__(self, world, name, extra=()):
-        self.world, self.name, self.extra = world, name, list(extra)
+    def __init__(self, world, name, extra=(), user=None):
+        self.world, self.name, self.extra, self.user = world, name, list(extra), user
         self.port, self.http = free_port(), free_port()
         self.proc, self.starts, self.err_path, self.killed = None, 0, None, False
 
@@ -78,7 +82,7 @@ class Node:
         err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(
             [ARGS.binary, "-p", str(self.port), "--http-port", str(self.http), "-f", "0",
-             "--replicate", self.world.cluster.urls(), "--replicate-stream", self.world.stream,
+             "--replicate", self.world.cluster.urls(self.user), "--replicate-stream", self.world.stream,
              "--replicate-node-id", self.name, "--replicate-lease-ms", str(LEASE_MS),
              "--replicate-renew-ms", str(RENEW_MS)] + self.extra,
             stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
@@ -114,13 +118,13 @@ class Node:
 class World:
     """The NATS cluster and two beangate nodes; stopped by close()."""
 
-    def __init__(self, extra=()):
+    def __init__(self, extra=(), users=None, node_users=(None, None)):
         self.tmp = tempfile.mkdtemp(prefix="bg-repl-")
         self.stream = "bgtest"
-        self.cluster = Cluster(self.tmp, 3)
+        self.cluster = Cluster(self.tmp, 3, users)
         self.cluster.start_all()
         check(self.cluster.wait_up(), "the NATS cluster did not come up")
-        self.nodes = [Node(self, "a", extra), Node(self, "b", extra)]
+        self.nodes = [Node(self, "a", extra, node_users[0]), Node(self, "b", extra, node_users[1])]
         self.logs = []
 
     def start_pair(self):
@@ -556,6 +560,56 @@ def test_sigterm_hands_over():
     check(all(found[i] == b"%02d" % (i - 1) for i in range(1, 51)), "jobs missing after the handover")
 
 
+def test_takeover_without_consumer():
+    """A standby that cannot get a consumer on the stream still takes over in
+    time, with every acknowledged change: it reads the stream by sequence.
+    nats-server 2.9.10 places a new consumer on any of the stream's servers,
+    one that is down too, and never answers then; here the standby's NATS
+    user may not create consumers, so no subscription ever succeeds. The
+    stream is purged first (release churn, -s 64 KiB): the standby starts
+    reading at the snapshot the purge left. Its log says why it could not
+    subscribe, with libnats's status, not just "Error"."""
+    global WORLD
+    WORLD = world = World(extra=["-s", "65536"], users={"full": True, "noconsumer": False},
+                          node_users=("full", "noconsumer"))
+    world.start_pair()
+    a, b = world.nodes
+    conn = Conn(a.port)
+    bodies = {}
+    for i in range(40):
+        body = b"job-%02d-%s" % (i, os.urandom(4).hex().encode())
+        reply = conn.cmd(b"put 0 0 120 %d" % len(body), body)
+        check(reply.startswith(b"INSERTED "), "put: %r" % reply)
+        bodies[int(reply.split()[1])] = body
+    deleted = sorted(bodies)[:10]
+    for jid in deleted:
+        check(conn.cmd(b"delete %d" % jid) == b"DELETED", "delete %d" % jid)
+    for _ in range(1500):
+        reply = conn.cmd(b"reserve-with-timeout 1")
+        check(reply.startswith(b"RESERVED"), "reserve: %r" % reply)
+        conn.body(int(reply.split()[2]))
+        check(conn.cmd(b"release %s 0 0" % reply.split()[1]) == b"RELEASED", "release")
+    st = wait_until(lambda: world.cluster.stream_state(world.stream), "the stream's state", timeout=10)
+    check(st["first_seq"] > 1, "the stream was not purged (first seq %d)" % st["first_seq"])
+    wait_until(lambda: "event=replication_subscribe_retry" in b.stderr(), "b to fail subscribing", timeout=20)
+    check(_applied(b) == 0, "b applied the stream up to %d without a consumer" % _applied(b))
+    t0 = time.monotonic()
+    a.kill()
+    wait_until(b.primary, "b to take over without a consumer", timeout=10)
+    took = time.monotonic() - t0
+    found = Conn(b.port).peek_many(sorted(bodies))
+    live = {i: body for i, body in bodies.items() if i not in deleted}
+    lost = [i for i, body in live.items() if found.get(i) != body]
+    back = [i for i in deleted if found.get(i) is not None]
+    check(not lost and not back, "after the takeover: missing or changed %s, deletes back %s" % (lost, back))
+    retry = next(l for l in b.stderr().splitlines() if "event=replication_subscribe_retry" in l)
+    check(" status=" in retry and " js_error=" in retry and "error=Error " not in retry,
+          "the subscribe retry does not say what failed: %s" % retry)
+    print("  b (no consumer; stream purged up to %d) took over %.2f s after a was killed, %d jobs, %d deletes "
+          "absent; it logged: %s" % (st["first_seq"], took, len(live), len(deleted), retry.split("event=")[1]))
+    check(took < FAILOVER_LIMIT_S, "the takeover took %.2f s" % took)
+
+
 def test_kubernetes_manifests():
     """contrib/kubernetes/ha/ parses as YAML, its Service selects the pair and
     its readiness probe is /readyz (no cluster here to apply it to)."""
@@ -583,8 +637,8 @@ def test_kubernetes_manifests():
           "the Service selects the pair's pods")
 
 
-TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_sigterm_hands_over, test_failover,
-         test_kubernetes_manifests]
+TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_sigterm_hands_over,
+         test_takeover_without_consumer, test_failover, test_kubernetes_manifests]
 
 if __name__ == "__main__":
     ARGS = parse_args(arg_parser(__doc__), sys.argv)
