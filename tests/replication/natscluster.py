@@ -10,7 +10,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from testlib import free_port  # noqa: E402
 
 CONF = """server_name: %(name)s
 listen: 127.0.0.1:%(port)d
@@ -33,15 +37,6 @@ USER_CONF = "    {user: %s, password: %s%s}\n"
 NO_CONSUMERS = ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\"]}}"
 
 
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def nats_server_binary():
     return shutil.which("nats-server") or ("/usr/bin/nats-server" if os.path.exists("/usr/bin/nats-server") else None)
 
@@ -56,8 +51,8 @@ class Cluster:
         self.binary = nats_server_binary()
         self.nodes = []
         for i in range(size):
-            self.nodes.append({"name": "n%d" % (i + 1), "port": _free_port(), "cport": _free_port(),
-                               "mport": _free_port(), "proc": None, "log": None})
+            self.nodes.append({"name": "n%d" % (i + 1), "port": free_port(), "cport": free_port(),
+                               "mport": free_port(), "proc": None, "log": None})
         auth = ""
         if users:
             auth = "authorization {\n  users: [\n%s  ]\n}\n" % "".join(
