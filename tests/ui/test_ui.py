@@ -844,6 +844,18 @@ def relative_luminance_js():
       return bad;"""
 
 
+# Open in browser b each view a page-wide check walks (overview, tubes, the
+# tube's view, subscriptions, then each job of job_ids), wait for its first poll, and yield its path.
+def opened_views(b, s, tube, job_ids):
+    views = [("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
+             ("/subscriptions", "Subscriptions")] + [("/jobs/%d" % j, "Job %d" % j) for j in job_ids]
+    for path, heading in views:
+        b.open(s, path)
+        b.heading(heading)
+        b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+        yield path
+
+
 def buried_by_push(s):
     """A job of ui-push-fail, buried after its one attempt got a 500: its
     view shows a last delivery error."""
@@ -864,12 +876,7 @@ def test_contrast():
     jid = s.put(tube, b'{"a": 1}')
     s.put(tube, b"later", delay=600)
     failed = buried_by_push(s)
-    for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
-                          ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
-                          ("/jobs/%d" % jid, "Job %d" % jid)):
-        b.open(s, path)
-        b.heading(heading)
-        b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+    for path in opened_views(b, s, tube, (failed, jid)):
         bad = b.js(relative_luminance_js())
         check_eq(bad, [], "texts below AA contrast on %s" % path)
     b.button("Delete").click()   # the job view's
@@ -887,12 +894,7 @@ def test_phone_width():
     failed = buried_by_push(s)
     b.d.set_window_size(390, 844)
     try:
-        for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
-                              ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
-                              ("/jobs/%d" % jid, "Job %d" % jid)):
-            b.open(s, path)
-            b.heading(heading)
-            b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+        for path in opened_views(b, s, tube, (failed, jid)):
             widths = b.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
             check(widths[0] <= widths[1], "%s at 390 px: page %d px wide, screen %d" % (path, widths[0], widths[1]))
     finally:
