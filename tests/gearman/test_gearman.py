@@ -92,18 +92,11 @@ def wait_until(fn, what, timeout=5.0):
 
 # ------------------------------------------------------------------ Gearman client
 
-class Gear:
+class Gear(testlib.LineSocket):
     """One Gearman connection (binary packets and admin text lines)."""
 
     def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
-        self.buf = b""
-
-    def close(self):
-        try:
-            self.s.close()
-        except OSError:
-            pass
+        super().__init__(port, READ_TIMEOUT, "gearman", Fail)
 
     def send(self, kind, *args):
         self.s.sendall(packet(kind, *args))
@@ -205,41 +198,18 @@ class Gear:
 
 # ------------------------------------------------------------------ beanstalk client
 
-class Beanstalk:
+class Beanstalk(testlib.LineSocket):
     def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
-        self.buf = b""
-
-    def close(self):
-        self.s.close()
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            d = self.s.recv(65536)
-            if not d:
-                raise Fail("beanstalk connection closed")
-            self.buf += d
-        i = self.buf.index(b"\r\n")
-        line, self.buf = self.buf[:i], self.buf[i + 2:]
-        return line
-
-    def _body(self, n):
-        while len(self.buf) < n + 2:
-            d = self.s.recv(65536)
-            if not d:
-                raise Fail("beanstalk connection closed")
-            self.buf += d
-        body, self.buf = self.buf[:n], self.buf[n + 2:]
-        return body
+        super().__init__(port, READ_TIMEOUT, "beanstalk", Fail)
 
     def cmd(self, line, data=None):
         """Returns (reply line, body or None)."""
         self.s.settimeout(READ_TIMEOUT + 5)
         self.s.sendall(b(line) + b"\r\n" + (b(data) + b"\r\n" if data is not None else b""))
-        reply = self._line()
+        reply = self.line()
         parts = reply.split(b" ")
         if parts[0] in (b"RESERVED", b"FOUND", b"OK"):
-            return reply, self._body(int(parts[-1]))
+            return reply, self.body(int(parts[-1]))
         return reply, None
 
     def put(self, tube, body, pri):

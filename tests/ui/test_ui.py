@@ -38,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from testlib import SANITIZER_MARKERS, check, check_eq, free_port, signal_and_wait  # noqa: E402
+from testlib import SANITIZER_MARKERS, LineSocket, check, check_eq, free_port, signal_and_wait  # noqa: E402
 
 SKIP_EXIT = 77
 START_TIMEOUT = 15.0
@@ -174,23 +174,14 @@ def quote(tube):
     return urllib.parse.quote(tube, safe="")
 
 
-class Beanstalk:
+class Beanstalk(LineSocket):
     """A beanstalk TCP connection, for jobs put and buried over the other protocol."""
 
     def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            check(chunk, "beanstalk: connection closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
+        super().__init__(port, HTTP_TIMEOUT)
 
     def cmd(self, text):
-        self.sock.sendall(text if isinstance(text, bytes) else text.encode())
+        self.s.sendall(text if isinstance(text, bytes) else text.encode())
         return self.line()
 
     def put(self, tube, body):
@@ -207,9 +198,6 @@ class Beanstalk:
         jid = int(reply.split()[1])
         check_eq(self.cmd("bury %d 0\r\n" % jid), b"BURIED", "beanstalk bury")
         return jid
-
-    def close(self):
-        self.sock.close()
 
 
 # ---- a push receiver -----------------------------------------------------------------
