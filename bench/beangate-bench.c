@@ -1145,6 +1145,32 @@ static void warn_short(const char *name, struct bench *b, uint64_t wanted)
                 name, b->timed_out, b->completed, wanted);
 }
 
+/* Run b to its end and print its report under name, after the warnings that
+ * apply: the queue ran dry before b->limit ops, the server closed keep-alive connections. */
+static void run_and_report(struct bench *b, const char *name)
+{
+    struct hist *h = calloc(1, sizeof *h);
+    double s = bench_run(b, h);
+    warn_short(name, b, b->limit);
+    if (b->reconnects)
+        note("  %s: the server closed keep-alive connections %" PRIu64 " times\n", name, b->reconnects);
+    report(name, b->completed, s, h);
+    free(h);
+}
+
+/* The plan of one tube, *tube (its tube_names points at tube), watched and
+ * holding jobs jobs. */
+static struct bench one_tube_plan(char **tube, uint64_t jobs)
+{
+    struct bench plan = {0};
+    plan.tube_names = tube;
+    plan.ntubes = 1;
+    plan.watched = 1;
+    plan.tube_jobs = 1;
+    plan.watched_jobs = jobs;
+    return plan;
+}
+
 static void run_put(void)
 {
     struct bench b = {0};
@@ -1152,10 +1178,7 @@ static void run_put(void)
     for (int i = 0; i < b.nconns; i++) setup_use(&b, &b.conns[i], opt.tube);
     make_put_block(&b, opt.depth);
     b.limit = count_bound();
-    struct hist *h = calloc(1, sizeof *h);
-    double s = bench_run(&b, h);
-    report("put", b.completed, s, h);
-    free(h);
+    run_and_report(&b, "put");
     free(b.put_block);
     bench_close(&b);
 }
@@ -1170,23 +1193,14 @@ static void run_consume(const char *name, struct bench *plan, uint64_t jobs, int
     bench_open(&b, &mode_rd, opt.port, conns, opt.depth);
     for (int i = 0; i < b.nconns; i++) setup_watch(&b, &b.conns[i], plan->tube_names, watch);
     b.limit = plan->watched_jobs;
-    struct hist *h = calloc(1, sizeof *h);
-    double s = bench_run(&b, h);
-    warn_short(name, &b, plan->watched_jobs);
-    report(name, b.completed, s, h);
-    free(h);
+    run_and_report(&b, name);
     bench_close(&b);
 }
 
 static void run_reserve_delete(void)
 {
     char *t = tube_name("");
-    struct bench plan = {0};
-    plan.tube_names = &t;
-    plan.ntubes = 1;
-    plan.watched = 1;
-    plan.tube_jobs = 1;
-    plan.watched_jobs = prefill_count();
+    struct bench plan = one_tube_plan(&t, prefill_count());
     run_consume("reserve-delete", &plan, plan.watched_jobs, 1, opt.conns);
     free(t);
 }
@@ -1202,10 +1216,7 @@ static void run_cycle(void)
     }
     make_put_block(&b, 1);
     b.limit = count_bound();
-    struct hist *h = calloc(1, sizeof *h);
-    double s = bench_run(&b, h);
-    report("cycle", b.completed, s, h);
-    free(h);
+    run_and_report(&b, "cycle");
     free(t);
     free(b.put_block);
     bench_close(&b);
@@ -1220,12 +1231,7 @@ static void run_tubes(void)
 
     /* baseline: one tube holding the jobs, consumers watching it */
     char *one = tube_name("-one");
-    struct bench plan = {0};
-    plan.tube_names = &one;
-    plan.ntubes = 1;
-    plan.watched = 1;
-    plan.tube_jobs = 1;
-    plan.watched_jobs = jobs;
+    struct bench plan = one_tube_plan(&one, jobs);
     run_consume("tubes-T1-W1", &plan, jobs, 1, opt.conns);
     free(one);
 
@@ -1287,11 +1293,7 @@ static void run_http_put(void)
     b.put_block = req.p;
     b.put_len = req.len;
     b.limit = count_bound();
-    struct hist *h = calloc(1, sizeof *h);
-    double s = bench_run(&b, h);
-    if (b.reconnects) note("  http-put: the server closed keep-alive connections %" PRIu64 " times\n", b.reconnects);
-    report("http-put", b.completed, s, h);
-    free(h);
+    run_and_report(&b, "http-put");
     free(t);
     free(req.p);
     free(b.put_at);
@@ -1301,12 +1303,7 @@ static void run_http_put(void)
 static void run_http_reserve_delete(void)
 {
     char *t = tube_name("-httprd");
-    struct bench plan = {0};
-    plan.tube_names = &t;
-    plan.ntubes = 1;
-    plan.watched = 1;
-    plan.tube_jobs = 1;
-    plan.watched_jobs = prefill_count();
+    struct bench plan = one_tube_plan(&t, prefill_count());
     if (!opt.no_prefill) {
         note("  http-reserve-delete prefills over beanstalk TCP at %s:%s\n", opt.host, opt.port);
         prefill(&plan, plan.watched_jobs);
@@ -1320,12 +1317,7 @@ static void run_http_reserve_delete(void)
     http_setup(&b);
     b.http_tube = t;
     b.limit = plan.watched_jobs;
-    struct hist *h = calloc(1, sizeof *h);
-    double s = bench_run(&b, h);
-    warn_short("http-reserve-delete", &b, plan.watched_jobs);
-    if (b.reconnects) note("  http-reserve-delete: the server closed keep-alive connections %" PRIu64 " times\n", b.reconnects);
-    report("http-reserve-delete", b.completed, s, h);
-    free(h);
+    run_and_report(&b, "http-reserve-delete");
     free(t);
     bench_close(&b);
 }

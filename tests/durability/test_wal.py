@@ -60,7 +60,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import check, first_difference, free_port, signal_and_wait  # noqa: E402
+from testlib import check, close_quietly, first_difference, free_port, signal_and_wait  # noqa: E402
 
 BINARY = None             # set from argv[1]
 NO_HTTP = []              # ["--no-http"] when the binary has the gateway
@@ -126,10 +126,7 @@ class Conn:
         sock.settimeout(timeout)
 
     def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        close_quietly(self.sock)
 
     def send(self, data):
         try:

@@ -92,18 +92,11 @@ def wait_until(fn, what, timeout=5.0):
 
 # ------------------------------------------------------------------ Gearman client
 
-class Gear:
+class Gear(testlib.LineSocket):
     """One Gearman connection (binary packets and admin text lines)."""
 
     def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
-        self.buf = b""
-
-    def close(self):
-        try:
-            self.s.close()
-        except OSError:
-            pass
+        super().__init__(port, READ_TIMEOUT, "gearman", Fail)
 
     def send(self, kind, *args):
         self.s.sendall(packet(kind, *args))
@@ -205,41 +198,18 @@ class Gear:
 
 # ------------------------------------------------------------------ beanstalk client
 
-class Beanstalk:
+class Beanstalk(testlib.LineSocket):
     def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT)
-        self.buf = b""
-
-    def close(self):
-        self.s.close()
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            d = self.s.recv(65536)
-            if not d:
-                raise Fail("beanstalk connection closed")
-            self.buf += d
-        i = self.buf.index(b"\r\n")
-        line, self.buf = self.buf[:i], self.buf[i + 2:]
-        return line
-
-    def _body(self, n):
-        while len(self.buf) < n + 2:
-            d = self.s.recv(65536)
-            if not d:
-                raise Fail("beanstalk connection closed")
-            self.buf += d
-        body, self.buf = self.buf[:n], self.buf[n + 2:]
-        return body
+        super().__init__(port, READ_TIMEOUT, "beanstalk", Fail)
 
     def cmd(self, line, data=None):
         """Returns (reply line, body or None)."""
         self.s.settimeout(READ_TIMEOUT + 5)
         self.s.sendall(b(line) + b"\r\n" + (b(data) + b"\r\n" if data is not None else b""))
-        reply = self._line()
+        reply = self.line()
         parts = reply.split(b" ")
         if parts[0] in (b"RESERVED", b"FOUND", b"OK"):
-            return reply, self._body(int(parts[-1]))
+            return reply, self.body(int(parts[-1]))
         return reply, None
 
     def put(self, tube, body, pri):
@@ -515,6 +485,19 @@ def tool_worker(srv, args):
     return spawn([GEARMAN, "-h", "127.0.0.1", "-p", str(srv.port), "-w"] + args)
 
 
+# Worker w (a new Gear connection) says CAN_DO fn and GRAB_JOB (GRAB_JOB_UNIQ
+# when unique is given): it must be assigned job handle with args data; returns w.
+def worker_gets(w, fn, handle, *data, unique=None):
+    w.send("CAN_DO", fn)
+    if unique is None:
+        w.send("GRAB_JOB")
+        w.expect("JOB_ASSIGN", [handle, fn] + list(data))
+    else:
+        w.send("GRAB_JOB_UNIQ")
+        w.expect("JOB_ASSIGN_UNIQ", [handle, fn, unique] + list(data))
+    return w
+
+
 def wait_connections(srv, n, what):
     """Wait until `workers` lists n connections besides the admin one that
     asks (the server has seen the others close)."""
@@ -621,10 +604,7 @@ def test_submit_assign_and_forwarding(srv):
     n = check_handle(h, srv)
     if not is_beangate():
         check_eq(n, 1, "gearmand's first handle number")  # beangate: the beanstalk job id
-    w = srv.conn()
-    w.send("CAN_DO", "reverse")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "reverse", "hello"])
+    w = worker_gets(srv.conn(), "reverse", h, "hello")
     o = srv.conn()
     o.send("GET_STATUS", h)
     o.expect("STATUS_RES", [h, 1, 1, 0, 0])
@@ -700,10 +680,7 @@ def test_unique_coalescing(srv):
     other = c3.submit("g", "d4", unique="U")
     check(other != h, "same unique, other function: another job")
     check_eq(srv.status().get("f"), (1, 0, 0), "one job for three submits")
-    w = srv.conn()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB_UNIQ")
-    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "U", "d1"])
+    w = worker_gets(srv.conn(), "f", h, "d1", unique="U")
     check_eq(c4.submit("f", "d5", unique="U"), h, "same function+unique while running")
     w.send("WORK_COMPLETE", h, "res")
     for c in (c1, c2, c4):
@@ -720,10 +697,7 @@ def test_unique_coalescing(srv):
 def test_work_fail(srv):
     c = srv.conn()
     h = c.submit("f", "x")
-    w = srv.conn()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "f", "x"])
+    w = worker_gets(srv.conn(), "f", h, "x")
     w.send("WORK_FAIL", h)
     c.expect("WORK_FAIL", [h])
     check_eq(srv.status().get("f"), (0, 0, 1), "status after WORK_FAIL")
@@ -805,10 +779,7 @@ def test_noop_does_not_take_the_job(srv):
     check_eq(srv.status().get("f"), (1, 0, 1), "status after the NOOP, before GRAB_JOB")
     c.send("GET_STATUS", h)
     c.expect("STATUS_RES", [h, 1, 0, 0, 0])
-    w2 = srv.conn()
-    w2.send("CAN_DO", "f")
-    w2.send("GRAB_JOB")
-    w2.expect("JOB_ASSIGN", [h, "f", "x"])
+    w2 = worker_gets(srv.conn(), "f", h, "x")
     w1.send("GRAB_JOB")
     w1.expect("NO_JOB", [])
 
@@ -861,10 +832,7 @@ def test_can_do_timeout_expiry_requeues(srv):
     wait_until(lambda: srv.status().get("f") == (1, 0, 1), "the job back in the queue after 1 s", timeout=4)
     c.send("GET_STATUS", h)
     c.expect("STATUS_RES", [h, 1, 0, 0, 0])
-    w2 = srv.conn()
-    w2.send("CAN_DO", "f")
-    w2.send("GRAB_JOB")
-    w2.expect("JOB_ASSIGN", [h, "f", "x"])
+    w2 = worker_gets(srv.conn(), "f", h, "x")
     w1.send("WORK_COMPLETE", h, "late")
     w1.expect("ERROR", ["JOB_NOT_FOUND", "Job given in work result not found"])
     c.expect_nothing("no result from the timed-out worker")
@@ -877,10 +845,7 @@ def test_grab_job_uniq_and_all(srv):
     c = srv.conn()
     h1 = c.submit("u", "d1", unique="uniq-1", kind="SUBMIT_JOB_BG")
     h2 = c.submit("u", "d2", unique="uniq-2", kind="SUBMIT_JOB_BG")
-    w = srv.conn()
-    w.send("CAN_DO", "u")
-    w.send("GRAB_JOB_UNIQ")
-    w.expect("JOB_ASSIGN_UNIQ", [h1, "u", "uniq-1", "d1"])
+    w = worker_gets(srv.conn(), "u", h1, "d1", unique="uniq-1")
     # the gearman tool's worker sends GRAB_JOB_ALL; gearmand answers JOB_ASSIGN_UNIQ
     w.send("GRAB_JOB_ALL")
     w.expect("JOB_ASSIGN_UNIQ", [h2, "u", "uniq-2", "d2"])
@@ -932,10 +897,7 @@ def test_priorities_raw(srv):
 def test_worker_disconnect_requeues(srv):
     c = srv.conn()
     h = c.submit("d", "mid")
-    w = srv.conn()
-    w.send("CAN_DO", "d")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "d", "mid"])
+    w = worker_gets(srv.conn(), "d", h, "mid")
     w.send("WORK_STATUS", h, 1, 3)
     c.expect("WORK_STATUS", [h, 1, 3])
     w.close()
@@ -943,10 +905,7 @@ def test_worker_disconnect_requeues(srv):
     c.expect_nothing("client is not told about the lost worker")
     c.send("GET_STATUS", h)
     c.expect("STATUS_RES", [h, 1, 0, 0, 0])
-    w2 = srv.conn()
-    w2.send("CAN_DO", "d")
-    w2.send("GRAB_JOB")
-    w2.expect("JOB_ASSIGN", [h, "d", "mid"])
+    w2 = worker_gets(srv.conn(), "d", h, "mid")
     w2.send("WORK_COMPLETE", h, "ok")
     c.expect("WORK_COMPLETE", [h, "ok"])
     # background job: the same
@@ -1058,10 +1017,7 @@ def test_malformed_packets(srv):
     # kept whole (gearmand mangles a 64-byte one: 63 bytes + an empty arg)
     c = fresh()
     h = c.submit("f", b"a\0b\0c", unique="u" * 63, kind="SUBMIT_JOB_BG")
-    w = fresh()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB_UNIQ")
-    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "u" * 63, b"a", b"b", b"c"])
+    w = worker_gets(fresh(), "f", h, b"a", b"b", b"c", unique="u" * 63)
 
 
 @test
@@ -1317,10 +1273,7 @@ def test_can_do_timeout_is_ttr(srv):
     check_eq((st["state"], st["ttr"], st["tube"]), ("reserved", "5", "f"), "stats-job after CAN_DO_TIMEOUT f 5")
     check(0 <= int(st["time-left"]) <= 5, "time-left %r within the TTR of 5" % st["time-left"])
     # a worker with a plain CAN_DO keeps the submit TTR
-    w2 = srv.conn()
-    w2.send("CAN_DO", "f")
-    w2.send("GRAB_JOB")
-    w2.expect("JOB_ASSIGN", [h2, "f", "t2"])
+    w2 = worker_gets(srv.conn(), "f", h2, "t2")
     _, st = bs.stats_job(handle_number(h2))
     check_eq((st["state"], st["ttr"]), ("reserved", "86400"), "stats-job after a plain CAN_DO")
     bs.close()
@@ -1344,10 +1297,7 @@ def test_submit_job_epoch_is_delay(srv):
     check_eq((st["state"], st["delay"]), ("ready", "0"), "stats-job of a past epoch")
     # a background job: the submitter hears nothing; a worker gets only the ready one
     c.expect_nothing("SUBMIT_JOB_EPOCH is a background job")
-    w = srv.conn()
-    w.send("CAN_DO", "ep")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [hp, "ep", "past"])
+    w = worker_gets(srv.conn(), "ep", hp, "past")
     w.send("WORK_COMPLETE", hp, "")
     w.send("GRAB_JOB")
     w.expect("NO_JOB", [])
@@ -1384,10 +1334,7 @@ def test_sleeping_worker_closes_after_a_deadline_passed(srv):
             time.sleep(0.05)  # the point: the clock passes while the server is stopped
     finally:
         os.kill(srv.proc.pid, signal.SIGCONT)
-    w2 = srv.conn()
-    w2.send("CAN_DO", "due")
-    w2.send("GRAB_JOB")
-    w2.expect("JOB_ASSIGN", [h, "due", "wakes sleepers"])
+    w2 = worker_gets(srv.conn(), "due", h, "wakes sleepers")
     w2.send("WORK_COMPLETE", h, "")
     c.send("ECHO_REQ", "alive")
     c.expect("ECHO_RES", ["alive"])
@@ -1467,10 +1414,7 @@ def test_admin_shutdown_is_unknown_by_default(srv):
     # submit on a new connection is taken, and a worker gets it
     c = srv.conn()
     h = c.submit("f", "after", kind="SUBMIT_JOB_BG")
-    w = srv.conn()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "f", "after"])
+    w = worker_gets(srv.conn(), "f", h, "after")
     check_eq(srv.proc.poll(), None, "the server still runs after a job")
 
 
@@ -1494,10 +1438,7 @@ def test_admin_shutdown_graceful(srv):
     # a worker holds a job: the server waits for it, refuses new jobs meanwhile
     c = srv.conn()
     h = c.submit("f", "last")
-    w = srv.conn()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "f", "last"])
+    w = worker_gets(srv.conn(), "f", h, "last")
     a = srv.conn()
     check_eq(a.text(b"shutdown graceful\n"), b"OK\n", "admin shutdown graceful")
     c.send("SUBMIT_JOB_BG", "f", "", "late")
@@ -1518,10 +1459,7 @@ def test_get_status_unique_running(srv):
     o = srv.conn()
     o.send("GET_STATUS_UNIQUE", "u6")
     o.expect("STATUS_RES_UNIQUE", ["u6", 1, 0, 0, 0, 1])
-    w = srv.conn()
-    w.send("CAN_DO", "f")
-    w.send("GRAB_JOB_UNIQ")
-    w.expect("JOB_ASSIGN_UNIQ", [h, "f", "u6", "work"])
+    w = worker_gets(srv.conn(), "f", h, "work", unique="u6")
     w.send("WORK_STATUS", h, 1, 4)
     c.expect("WORK_STATUS", [h, 1, 4])
     o.send("GET_STATUS_UNIQUE", "u6")
@@ -1704,10 +1642,7 @@ def test_durable_status_after_restart(srv):
     c.send("GET_STATUS", h)
     c.expect("STATUS_RES", [h, 1, 0, 0, 0])
     check_eq(srv.status().get("dur"), (1, 0, 0), "status after the restart (GET_STATUS knows the job)")
-    w = srv.conn()
-    w.send("CAN_DO", "dur")
-    w.send("GRAB_JOB")
-    w.expect("JOB_ASSIGN", [h, "dur", "again"])
+    w = worker_gets(srv.conn(), "dur", h, "again")
 
 
 @test

@@ -292,15 +292,8 @@ FRAMING = [
 
 # The same framing faults in the second request of a keep-alive connection:
 # libmicrohttpd has read that head, and the gateway's first call refuses it.
-FRAMING_LATER = [
-    ("two different Content-Lengths",
-     b"POST /tubes/t/jobs HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nxyz", 400, "BAD_FORMAT"),
-    ("Content-Length with chunked",
-     b"POST /tubes/t/jobs HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-     400, "BAD_FORMAT"),
-    ("Transfer-Encoding gzip", b"POST /tubes/t/jobs HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\nabc",
-     501, "NOT_IMPLEMENTED"),
-]
+FRAMING_LATER = [next(case for case in FRAMING if case[0] == name) for name in (
+    "two different Content-Lengths", "Content-Length with chunked", "Transfer-Encoding gzip")]
 
 
 def test_framing_errors_answered_once():

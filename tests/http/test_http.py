@@ -54,7 +54,7 @@ import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import SANITIZER_MARKERS, check, first_difference, free_port, signal_and_wait  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, close_quietly, first_difference, free_port, signal_and_wait  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -398,10 +398,7 @@ class Beanstalk:
         self.buf = b""
 
     def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        close_quietly(self.sock)
 
     def __enter__(self):
         return self

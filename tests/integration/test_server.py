@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
-from testlib import SANITIZER_MARKERS, check, first_difference, free_port, signal_and_wait  # noqa: E402
+from testlib import SANITIZER_MARKERS, check, close_quietly, first_difference, free_port, signal_and_wait  # noqa: E402
 
 BINARY = None  # set from argv[1]
 HAS_HTTP = False  # the binary has the HTTP gateway (--http-port): give it a free port too
@@ -252,10 +252,7 @@ class Conn:
         sock.settimeout(timeout)
 
     def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        close_quietly(self.sock)
 
     def send(self, data):
         self.sock.sendall(data)

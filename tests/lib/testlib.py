@@ -103,6 +103,47 @@ def wait_until(fn, what, timeout=5.0, exc=AssertionError, step=0.05, ok=bool):
     raise exc("timed out after %.1f s waiting for %s (last: %s)" % (timeout, what, repr(last)[:600]))
 
 
+# Close sock (a socket, or anything with close()), ignoring an OSError: the peer may be gone.
+def close_quietly(sock):
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+# A TCP connection to 127.0.0.1:port reading CRLF-ended lines and counted
+# bodies (beanstalk's framing); the peer closing raises exc("<what>: connection closed").
+class LineSocket:
+    def __init__(self, port, timeout, what="beanstalk", exc=AssertionError):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+        self.what = what
+        self.exc = exc
+
+    def _fill(self):
+        data = self.s.recv(65536)
+        if not data:
+            raise self.exc("%s: connection closed" % self.what)
+        self.buf += data
+
+    # The next line, without its CRLF.
+    def line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    # The next n bytes, and the CRLF after them (dropped).
+    def body(self, n):
+        while len(self.buf) < n + 2:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def close(self):
+        close_quietly(self.s)
+
+
 class _NotReady(Exception):
     pass
 

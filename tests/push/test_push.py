@@ -487,8 +487,7 @@ def start_example_service(work, secret):
 
 
 def test_signature_verified_by_documented_code():
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         secret = os.path.join(work, "emails.key")
         wrong = os.path.join(work, "wrong.key")
         with open(secret, "w") as f:
@@ -546,14 +545,11 @@ console.log(JSON.stringify([verify(input.secret, input.headers, body),
         check_eq(p.returncode, 0, "node: %s" % p.stderr.decode()[-1000:])
         check_eq(json.loads(p.stdout), [True, False, False, False],
                  "node verify: real, tampered body, 301 s later, wrong secret")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_documented_service_refuses_forgeries():
     """The example service answers 401 to a request without, or with a stale, signature."""
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         secret = os.path.join(work, "k")
         with open(secret, "w") as f:
             f.write("another-test-secret-abcdefghijkl\n")
@@ -578,8 +574,6 @@ def test_documented_service_refuses_forgeries():
         finally:
             service.kill()
             service.communicate()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_restart_with_binlog_midway():
@@ -600,8 +594,7 @@ def test_restart_with_binlog_midway():
             answered[job] = True
         return 204, {}, 0.05
 
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(script) as rx:
             args = (["-b", work, "--push-grace", "5"] + push_arg("bulk", rx.url("/bulk"), concurrency=4)
                     + push_arg("flaky", rx.url("/flaky"), backoff="1..1"))
@@ -626,14 +619,11 @@ def test_restart_with_binlog_midway():
                 check_eq(srv2.job(f)["reserves"], 3, "reserves of the flaky job")
             check_eq(sorted(int(k) for k in answered), sorted(ids), "every job answered 2xx")
             check_eq(late, [], "jobs delivered again after their 2xx")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_kill_with_binlog_loses_nothing():
     """SIGKILL halfway with -f 0: every job still gets a 2xx after the restart."""
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 0.02))) as rx:
             args = ["-b", work, "-f", "0"] + push_arg("k", rx.url("/k"), concurrency=2)
             srv = Server(args).start()
@@ -645,14 +635,11 @@ def test_kill_with_binlog_loses_nothing():
                     wait_deleted(srv2, j, 20)
             delivered = {int(r["headers"]["x-beangate-job-id"]) for r in rx.got("/k") if r["status"] == 204}
             check_eq(sorted(delivered), sorted(ids), "every job answered 2xx")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_sigterm_during_delivery():
     # within the grace: the delivery finishes, the job is deleted, then the server stops
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 1.5))) as rx:
             args = ["-b", work, "--push-grace", "8"] + push_arg("g", rx.url("/g"))
             srv = Server(args).start()
@@ -666,11 +653,8 @@ def test_sigterm_during_delivery():
             with Server(args) as srv2:
                 check_eq(srv2.job(j), None, "the delivered job stays deleted after the restart")
                 check_eq(len(rx.got("/g")), 1, "delivered once")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     # past the grace: the attempt is cut and the job released, not buried
-    work = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 60), 204)) as rx:
             args = ["-b", work, "--push-grace", "1"] + push_arg("h", rx.url("/h"), attempts=1)
             srv = Server(args).start()
@@ -686,8 +670,6 @@ def test_sigterm_during_delivery():
                 check_eq(len(got), 2, "delivered again after the restart")
                 check_eq(got[1]["headers"]["x-beangate-attempt"], "2",
                          "the cut attempt counted as a reservation, and attempts=1 did not bury the job")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_pause_and_other_protocols():
@@ -733,8 +715,7 @@ def test_settings_and_refusals():
             check_eq([s["tube"] for s in srv.http("GET", "/subscriptions")[1]["subscriptions"]], ["f1"],
                      "--push replaces BEANGATE_PUSH")
         # a file, with comments, beside a flag
-        work = tempfile.mkdtemp()
-        try:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
             path = os.path.join(work, "subs")
             with open(path, "w") as f:
                 f.write("# subscriptions\n\ntube=file1 url=%s concurrency=2  # two at a time\n"
@@ -765,8 +746,6 @@ def test_settings_and_refusals():
                 err = p.stderr.decode()
                 check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
                 check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 TESTS = [

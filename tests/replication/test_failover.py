@@ -45,7 +45,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, HERE)
-from testlib import (Skip, arg_parser, check, clean_env, free_port, parse_args, run,  # noqa: E402
+from testlib import (LineSocket, Skip, arg_parser, check, clean_env, free_port, parse_args, run,  # noqa: E402
                      sanitizer_report, wait_until)
 from natscluster import Cluster, nats_server_binary  # noqa: E402
 
@@ -192,28 +192,9 @@ def after(error):
 # ---- a small beanstalk client ------------------------------------------------
 
 
-class Conn:
+class Conn(LineSocket):
     def __init__(self, port, timeout=3.0):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def body(self, n):
-        while len(self.buf) < n + 2:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buf += chunk
-        data, self.buf = self.buf[:n], self.buf[n + 2:]
-        return data
+        super().__init__(port, timeout, "beanstalk", ConnectionError)
 
     def cmd(self, text, body=None):
         self.s.sendall(text + b"\r\n" + (body + b"\r\n" if body is not None else b""))
@@ -235,9 +216,6 @@ class Conn:
                 else:
                     raise AssertionError("peek %d: %r" % (i, line))
         return out
-
-    def close(self):
-        self.s.close()
 
 
 class Load:

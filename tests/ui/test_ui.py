@@ -38,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from testlib import SANITIZER_MARKERS, check, check_eq, free_port, signal_and_wait  # noqa: E402
+from testlib import SANITIZER_MARKERS, LineSocket, check, check_eq, free_port, signal_and_wait  # noqa: E402
 
 SKIP_EXIT = 77
 START_TIMEOUT = 15.0
@@ -174,23 +174,14 @@ def quote(tube):
     return urllib.parse.quote(tube, safe="")
 
 
-class Beanstalk:
+class Beanstalk(LineSocket):
     """A beanstalk TCP connection, for jobs put and buried over the other protocol."""
 
     def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            check(chunk, "beanstalk: connection closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
+        super().__init__(port, HTTP_TIMEOUT)
 
     def cmd(self, text):
-        self.sock.sendall(text if isinstance(text, bytes) else text.encode())
+        self.s.sendall(text if isinstance(text, bytes) else text.encode())
         return self.line()
 
     def put(self, tube, body):
@@ -207,9 +198,6 @@ class Beanstalk:
         jid = int(reply.split()[1])
         check_eq(self.cmd("bury %d 0\r\n" % jid), b"BURIED", "beanstalk bury")
         return jid
-
-    def close(self):
-        self.sock.close()
 
 
 # ---- a push receiver -----------------------------------------------------------------
@@ -844,6 +832,18 @@ def relative_luminance_js():
       return bad;"""
 
 
+# Open in browser b each view a page-wide check walks (overview, tubes, the
+# tube's view, subscriptions, then each job of job_ids), wait for its first poll, and yield its path.
+def opened_views(b, s, tube, job_ids):
+    views = [("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
+             ("/subscriptions", "Subscriptions")] + [("/jobs/%d" % j, "Job %d" % j) for j in job_ids]
+    for path, heading in views:
+        b.open(s, path)
+        b.heading(heading)
+        b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+        yield path
+
+
 def buried_by_push(s):
     """A job of ui-push-fail, buried after its one attempt got a 500: its
     view shows a last delivery error."""
@@ -864,12 +864,7 @@ def test_contrast():
     jid = s.put(tube, b'{"a": 1}')
     s.put(tube, b"later", delay=600)
     failed = buried_by_push(s)
-    for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
-                          ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
-                          ("/jobs/%d" % jid, "Job %d" % jid)):
-        b.open(s, path)
-        b.heading(heading)
-        b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+    for path in opened_views(b, s, tube, (failed, jid)):
         bad = b.js(relative_luminance_js())
         check_eq(bad, [], "texts below AA contrast on %s" % path)
     b.button("Delete").click()   # the job view's
@@ -887,12 +882,7 @@ def test_phone_width():
     failed = buried_by_push(s)
     b.d.set_window_size(390, 844)
     try:
-        for path, heading in (("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
-                              ("/subscriptions", "Subscriptions"), ("/jobs/%d" % failed, "Job %d" % failed),
-                              ("/jobs/%d" % jid, "Job %d" % jid)):
-            b.open(s, path)
-            b.heading(heading)
-            b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+        for path in opened_views(b, s, tube, (failed, jid)):
             widths = b.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
             check(widths[0] <= widths[1], "%s at 390 px: page %d px wide, screen %d" % (path, widths[0], widths[1]))
     finally:

@@ -226,6 +226,15 @@ static struct reply submit(struct world *w, int i, uint32_t type, const char *fn
     return take(w, i, GM_JOB_CREATED, 1);
 }
 
+/* Session i, a worker, says CAN_DO fn and GRAB_JOB: the JOB_ASSIGN it must
+ * get (arg 0 the handle, 1 the function, 2 the data). */
+static struct reply grab_as_worker(struct world *w, int i, const char *fn)
+{
+    send_req(w, i, GM_CAN_DO, 1, fn);
+    send_req(w, i, GM_GRAB_JOB, 0);
+    return take(w, i, GM_JOB_ASSIGN, 3);
+}
+
 /* ---- the flows ----------------------------------------------------------- */
 
 static void test_submit_grab_complete(void **state)
@@ -234,9 +243,7 @@ static void test_submit_grab_complete(void **state)
     struct reply h = submit(w, 0, GM_SUBMIT_JOB, "reverse", "", "hello");
     assert_string_equal(h.arg[0], "H:host:1");
     assert_int_equal(w->e.ready_count, 1);
-    send_req(w, 1, GM_CAN_DO, 1, "reverse");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    struct reply a = take(w, 1, GM_JOB_ASSIGN, 3);
+    struct reply a = grab_as_worker(w, 1, "reverse");
     assert_string_equal(a.arg[0], "H:host:1");
     assert_string_equal(a.arg[1], "reverse");
     assert_string_equal(a.arg[2], "hello");
@@ -287,9 +294,7 @@ static void test_work_fail_and_exception(void **state)
     assert_string_equal(o.arg[0], "exceptions");
     submit(w, 0, GM_SUBMIT_JOB, "f", "u1", "x");
     submit(w, 2, GM_SUBMIT_JOB, "f", "u1", "x"); /* same unique: listens too */
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    struct reply a = take(w, 1, GM_JOB_ASSIGN, 3);
+    struct reply a = grab_as_worker(w, 1, "f");
     send_req(w, 1, GM_WORK_EXCEPTION, 2, a.arg[0], "boom");
     struct reply f = take(w, 0, GM_WORK_FAIL, 2);   /* without the option: a fail */
     assert_int_equal(f.arg_len[1], 0);
@@ -489,9 +494,7 @@ static void test_cancel_job(void **state)
     assert_int_equal(w->e.stat.cmd[BG_CMD_DELETE], 1);
     /* a running job cannot be cancelled */
     h = submit(w, 0, GM_SUBMIT_JOB_BG, "f", "", "y");
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    take(w, 1, GM_JOB_ASSIGN, 3);
+    grab_as_worker(w, 1, "f");
     snprintf(line, sizeof line, "cancel job %s\n", h.arg[0]);
     admin_expect(w, 3, line, "ERR UNKNOWN_JOB\r\n");
 }
@@ -500,9 +503,7 @@ static void test_worker_disconnect_requeues(void **state)
 {
     struct world *w = *state;
     struct reply h = submit(w, 0, GM_SUBMIT_JOB, "f", "", "x");
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    take(w, 1, GM_JOB_ASSIGN, 3);
+    grab_as_worker(w, 1, "f");
     send_req(w, 1, GM_WORK_STATUS, 3, h.arg[0], "5", "10");
     take(w, 0, GM_WORK_STATUS, 3);
     close_session(w, 1);
@@ -512,9 +513,7 @@ static void test_worker_disconnect_requeues(void **state)
     assert_string_equal(st.arg[1], "1");
     assert_string_equal(st.arg[2], "0");
     assert_string_equal(st.arg[3], "0"); /* progress starts again */
-    send_req(w, 2, GM_CAN_DO, 1, "f");
-    send_req(w, 2, GM_GRAB_JOB, 0);
-    take(w, 2, GM_JOB_ASSIGN, 3);
+    grab_as_worker(w, 2, "f");
     send_req(w, 2, GM_WORK_COMPLETE, 2, h.arg[0], "ok");
     take(w, 0, GM_WORK_COMPLETE, 2);
 }
@@ -525,9 +524,7 @@ static void test_client_disconnect(void **state)
     submit(w, 0, GM_SUBMIT_JOB, "f", "", "queued");
     submit(w, 0, GM_SUBMIT_JOB, "f", "", "running");
     submit(w, 0, GM_SUBMIT_JOB_BG, "f", "", "background");
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    struct reply a = take(w, 1, GM_JOB_ASSIGN, 3);
+    struct reply a = grab_as_worker(w, 1, "f");
     assert_string_equal(a.arg[2], "queued");
     /* the client goes: its queued foreground job goes too, the running one
      * and the background one stay */
@@ -713,9 +710,7 @@ static void test_shutdown(void **state)
 {
     struct world *w = *state;
     submit(w, 0, GM_SUBMIT_JOB_BG, "f", "", "x");
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    take(w, 1, GM_JOB_ASSIGN, 3);
+    grab_as_worker(w, 1, "f");
     admin_expect(w, 3, "shutdown graceful\n", "OK\n");
     assert_int_equal(w->stops_graceful, 1);
     assert_int_equal(w->e.draining, 1);
@@ -731,9 +726,7 @@ static void test_output_limit_overflows(void **state)
     struct world *w = *state;
     w->s[0].stream.out_max = 64;
     submit(w, 0, GM_SUBMIT_JOB, "f", "", "x");
-    send_req(w, 1, GM_CAN_DO, 1, "f");
-    send_req(w, 1, GM_GRAB_JOB, 0);
-    take(w, 1, GM_JOB_ASSIGN, 3);
+    grab_as_worker(w, 1, "f");
     for (int k = 0; k < 10; k++) send_req(w, 1, GM_WORK_DATA, 2, "H:host:1", "0123456789abcdef");
     assert_int_equal(w->s[0].stream.overflow, 1);
     assert_true(w->s[0].stream.out.len <= 64 + GM_HEADER_SIZE + 32);
