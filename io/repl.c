@@ -38,7 +38,8 @@ struct repl {
     natsOptions *opts;
     natsConnection *nc;
     jsCtx *js;
-    kvStore *kv;
+    jsCtx *js_quick;             /* the lease's requests: the bounded wait of `quick` */
+    kvStore *kv;                 /* the lease bucket, through js_quick once it exists */
     size_t max_msg;              /* data bytes in one message */
     jsOptions quick;             /* the standby's requests: a bounded wait (quick_wait_ms) */
     /* the thread */
@@ -724,6 +725,15 @@ static int connect_all(struct repl *r)
         nats_Sleep(200);
     }
     if (s != NATS_OK) return open_failed(r, "lease_bucket", s, 0);
+    /* the lease's requests wait a quarter of the lease at most (as the
+     * standby's do): while the bucket elects a leader (a NATS node lost),
+     * a standby tries again soon instead of blocking 5 s on one request */
+    kvStore *quick_kv = NULL;
+    if (natsConnection_JetStream(&r->js_quick, r->nc, &r->quick) == NATS_OK &&
+        js_KeyValue(&quick_kv, r->js_quick, r->bucket) == NATS_OK) {
+        kvStore_Destroy(r->kv);
+        r->kv = quick_kv;
+    }
     return 0;
 }
 
@@ -731,6 +741,7 @@ static void free_all(struct repl *r)
 {
     for (size_t i = 0; i < r->q_len; i++) natsMsg_Destroy(r->queue[(r->q_head + i) % QUEUE_CAP].msg);
     if (r->kv) kvStore_Destroy(r->kv);
+    if (r->js_quick) jsCtx_Destroy(r->js_quick);
     if (r->js) jsCtx_Destroy(r->js);
     if (r->nc) {
         natsConnection_Close(r->nc);
