@@ -52,14 +52,13 @@ import random
 import select
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import testlib  # noqa: E402
 from testlib import free_port, wait_ready  # noqa: E402
 
 REFERENCE_DEFAULT = "/usr/bin/beanstalkd"
@@ -105,16 +104,15 @@ class SetupError(Exception):
     pass
 
 
-class Server:
+class Server(testlib.ServerProcess):
     """One server process listening on a free loopback port."""
 
     def __init__(self, binary, zlimit, label):
+        super().__init__()
         self.binary = binary
         self.zlimit = zlimit
         self.label = label
-        self.proc = None
         self.port = None
-        self.errfile = None
 
     def start(self):
         last = None
@@ -126,14 +124,10 @@ class Server:
             if self.label == "candidate":
                 # e.g. CANDIDATE_ARGS=--no-http: flags only beangate knows
                 args += os.environ.get("CANDIDATE_ARGS", "").split()
-            self.errfile = tempfile.TemporaryFile()
             with _PROCS_LOCK:
                 if STOP.is_set():
                     raise KeyboardInterrupt()
-                self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL,
-                                             stderr=self.errfile)
-                _PROCS.add(self.proc)
+                _PROCS.add(self.spawn(args))
             # wait until it listens (probe with a bare TCP connect that is
             # refused until the listener exists; a refused connect is never
             # seen by the server, so it does not disturb the counters)
@@ -158,11 +152,7 @@ class Server:
         return False
 
     def stderr_text(self):
-        try:
-            self.errfile.seek(0)
-            return self.errfile.read()[-2000:].decode("utf-8", "replace")
-        except Exception:
-            return ""
+        return self.stderr()[-2000:]
 
     def connect(self):
         got = []

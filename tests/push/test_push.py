@@ -137,37 +137,25 @@ def answers(*steps):
 
 # ---- the server ----------------------------------------------------------------------
 
-class Server:
+class Server(testlib.ServerProcess):
     """A beangate process with its own ports and extra arguments."""
 
     def __init__(self, args, env=None):
+        super().__init__()
         self.args = list(args)
         self.env = env
-        self.proc = None
-        self.err = None
         self.out = None
 
     def start(self):
-        for _ in range(3):
+        def launch():
             self.tcp_port, self.http_port = free_port(), free_port()
-            self.err = tempfile.TemporaryFile()
             self.out = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(
-                [BINARY, "-p", str(self.tcp_port), "--http-port", str(self.http_port)] + self.args,
-                stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, env=clean_env(self.env))
-            if testlib.wait_ready(self.proc, lambda: port_open(self.tcp_port) and port_open(self.http_port),
-                                  START_TIMEOUT) == "ok":
-                return self
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            if "cannot listen" not in self.stderr() and "in use" not in self.stderr():
-                break
+            self.spawn([BINARY, "-p", str(self.tcp_port), "--http-port", str(self.http_port)] + self.args,
+                       stdout=self.out, env=clean_env(self.env))
+        if self.start_retrying(launch, lambda: port_open(self.tcp_port) and port_open(self.http_port),
+                               START_TIMEOUT, attempts=3) == "ok":
+            return self
         raise AssertionError("server did not start (status %r): %s" % (self.proc.returncode, self.stderr()[-1500:]))
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode("utf-8", "replace")
 
     def stdout(self):
         self.out.seek(0)
@@ -180,8 +168,7 @@ class Server:
         try:
             status = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
             raise AssertionError("server did not stop within %.0f s of signal %d" % (timeout, sig))
         err = self.stderr()
         bad = [m for m in SANITIZER_MARKERS if m in err]
