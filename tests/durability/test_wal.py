@@ -361,12 +361,8 @@ class Server:
 
     def _wait_ready(self):
         def round_trip():
-            c = Conn(socket.create_connection(("127.0.0.1", self.port), timeout=2.0), 2.0)
-            try:
-                c.send(b"list-tube-used\r\n")
-                return c.read_line() == b"USING default\r\n"
-            finally:
-                c.close()
+            return testlib.uses_default_tube(Conn(socket.create_connection(("127.0.0.1", self.port), timeout=2.0),
+                                                  2.0))
         status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
         if status != "timeout":
             return status

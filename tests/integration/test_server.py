@@ -136,17 +136,10 @@ class Server(testlib.ServerProcess):
     def _wait_ready(self):
         """Wait until a command round trip works (so the loop and the signal
         handlers are installed, not just the listening socket)."""
-        def round_trip():
-            c = self.connect(timeout=2.0)
-            try:
-                c.send(b"list-tube-used\r\n")
-                return c.read_line() == b"USING default\r\n"
-            finally:
-                c.close()
-        status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
+        status = testlib.wait_ready(self.proc, lambda: testlib.uses_default_tube(self.connect(timeout=2.0)),
+                                    START_TIMEOUT)
         if status == "timeout":
-            self.proc.kill()
-            self.proc.wait(5)
+            self.kill()
         return status
 
     def read_stdout(self):

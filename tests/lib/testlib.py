@@ -165,6 +165,16 @@ def wait_ready(proc, ready, timeout, step=0.02, not_yet=(OSError, AssertionError
         return "timeout"
 
 
+# Whether a fresh beanstalk connection (anything with send and read_line; closed here)
+# answers list-tube-used with the default tube: the server's loop runs.
+def uses_default_tube(conn):
+    try:
+        conn.send(b"list-tube-used\r\n")
+        return conn.read_line() == b"USING default\r\n"
+    finally:
+        conn.close()
+
+
 # Whether a server's stderr says it could not bind a port (another process took it meanwhile).
 def port_taken(err):
     return "cannot listen" in err or "in use" in err
