@@ -624,17 +624,23 @@ def test_kill_with_binlog_loses_nothing():
             check_eq(sorted(delivered), sorted(ids), "every job answered 2xx")
 
 
+# Start a server with args, put body on tube (pushed to rx's /tube), SIGTERM it once the
+# delivery has started and check it exits 0: (the job's id, seconds from SIGTERM to exit).
+def sigterm_during_delivery(args, rx, tube, body):
+    srv = Server(args).start()
+    j = srv.put(tube, body)
+    wait_until(lambda: rx.got("/" + tube), "the delivery started", 10)
+    t0 = time.monotonic()
+    check_eq(srv.stop(), 0, "exit status")
+    return j, time.monotonic() - t0
+
+
 def test_sigterm_during_delivery():
     # within the grace: the delivery finishes, the job is deleted, then the server stops
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 1.5))) as rx:
             args = ["-b", work, "--push-grace", "8"] + push_arg("g", rx.url("/g"))
-            srv = Server(args).start()
-            j = srv.put("g", b"finish me")
-            wait_until(lambda: rx.got("/g"), "the delivery started", 10)
-            t0 = time.monotonic()
-            check_eq(srv.stop(), 0, "exit status")
-            took = time.monotonic() - t0
+            j, took = sigterm_during_delivery(args, rx, "g", b"finish me")
             check(0.8 <= took <= 6, "stopped %.2f s after SIGTERM (the delivery held 1.5 s)" % took)
             check_eq(rx.got("/g")[0]["status"], 204, "the delivery finished")
             with Server(args) as srv2:
@@ -644,12 +650,7 @@ def test_sigterm_during_delivery():
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 60), 204)) as rx:
             args = ["-b", work, "--push-grace", "1"] + push_arg("h", rx.url("/h"), attempts=1)
-            srv = Server(args).start()
-            j = srv.put("h", b"cut me")
-            wait_until(lambda: rx.got("/h"), "the delivery started", 10)
-            t0 = time.monotonic()
-            check_eq(srv.stop(), 0, "exit status")
-            took = time.monotonic() - t0
+            j, took = sigterm_during_delivery(args, rx, "h", b"cut me")
             check(0.8 <= took <= 4, "stopped %.2f s after SIGTERM (grace 1 s)" % took)
             with Server(args) as srv2:
                 wait_deleted(srv2, j, 10)
