@@ -449,3 +449,9 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
     if counts["failed"] or not any(counts.values()):
         return 1
     return all_skipped if not counts["passed"] else 0
+
+
+# The whole main of a suite that needs no binary and no hooks: parse argv by the
+# suite's docstring and run its tests under its name; the exit status.
+def main_without_binary(suite, doc, tests, argv, namespace):
+    return run(suite, tests, parse_args(arg_parser(doc, binary=False), argv), namespace=namespace)
