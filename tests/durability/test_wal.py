@@ -1448,6 +1448,19 @@ def newest_segment(d):
     return os.path.join(d, "beangate.%d.wal" % i), segs[i]
 
 
+# A server with -f 0 on a new directory `name` that has taken each body, one put at a
+# time (the i-th with priority pri(i)), its connection closed: (dir, server, {id: body}).
+def server_with_jobs(name, bodies, pri=lambda i: 0):
+    d = new_dir(name)
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jobs = {}
+    for i, body in enumerate(bodies):
+        jobs[put(c, body, pri=pri(i))] = body
+    c.close()
+    return d, srv, jobs
+
+
 # Start srv on a log whose tail was damaged (by `damage`, for the message) and check that its
 # stderr reports a torn tail or corrupt record; a new connection and {id: body or None} of ids.
 def start_on_damaged_log(srv, ids, damage):
@@ -1460,14 +1473,8 @@ def start_on_damaged_log(srv, ids, damage):
 
 
 def test_torn_tail_garbage_appended():
-    d = new_dir("torn_garbage")
-    srv = Server(d, ["-f", "0"]).start()
-    c = srv.connect()
-    jobs = {}
-    for i in range(20):
-        body = b"job %d " % i + bytes(range(i, i + 40))
-        jobs[put(c, body, pri=i)] = body
-    c.close()
+    d, srv, jobs = server_with_jobs("torn_garbage", [b"job %d " % i + bytes(range(i, i + 40)) for i in range(20)],
+                                    pri=lambda i: i)
     srv.stop_checked()
     path, size = newest_segment(d)
     check(size > JOURNAL_HEADER, "the newest segment %s has no records (%d bytes)" % (path, size))
@@ -1490,15 +1497,9 @@ def test_torn_tail_garbage_appended():
 
 
 def test_torn_tail_last_record_cut():
-    d = new_dir("torn_cut")
-    srv = Server(d, ["-f", "0"]).start()
-    c = srv.connect()
-    jobs = {}
-    for i in range(20):
-        body = b"cut test %d " % i + b"x" * (50 + i)
-        jobs[put(c, body)] = body  # one record per synced batch
+    # -f 0 and one put at a time: one record per synced batch
+    d, srv, jobs = server_with_jobs("torn_cut", [b"cut test %d " % i + b"x" * (50 + i) for i in range(20)])
     last = max(jobs)
-    c.close()
     srv.kill()
     path, size = newest_segment(d)
     check(size >= JOURNAL_HEADER + put_record_size("default", len(jobs[last])),
@@ -1518,14 +1519,7 @@ def test_torn_tail_last_record_cut():
 def put_then_kill(name, n, prefix):
     """A server on a new directory with -f 0: n puts of prefix + number, then
     SIGKILL. Returns (dir, server, {id: body})."""
-    d = new_dir(name)
-    srv = Server(d, ["-f", "0"]).start()
-    c = srv.connect()
-    jobs = {}
-    for i in range(n):
-        body = b"%s %d" % (prefix, i)
-        jobs[put(c, body)] = body
-    c.close()
+    d, srv, jobs = server_with_jobs(name, [b"%s %d" % (prefix, i) for i in range(n)])
     srv.kill()
     return d, srv, jobs
 
