@@ -361,12 +361,8 @@ class Server:
 
     def _wait_ready(self):
         def round_trip():
-            c = Conn(socket.create_connection(("127.0.0.1", self.port), timeout=2.0), 2.0)
-            try:
-                c.send(b"list-tube-used\r\n")
-                return c.read_line() == b"USING default\r\n"
-            finally:
-                c.close()
+            return testlib.uses_default_tube(Conn(socket.create_connection(("127.0.0.1", self.port), timeout=2.0),
+                                                  2.0))
         status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
         if status != "timeout":
             return status
@@ -953,6 +949,18 @@ def stats_int(c, key):
     return int(st[key])
 
 
+# Log a compaction test's numbers (st: the stats after its churn; logged: bytes of records
+# written, from the record sizes) and check that a segment was deleted (oldest index > 1).
+def report_compaction(what, st, logged, max_seen, max_after_chunk, end_size, live, bound):
+    log("compaction (%s): ~%d bytes logged, binlog-records-written %s, binlog-records-migrated %s, "
+        "segments %s..%s; dir max %d bytes (sampled every 2 ms), %d after a chunk, %d at the end; live %d; "
+        "bound %d"
+        % (what, logged, st["binlog-records-written"], st["binlog-records-migrated"], st["binlog-oldest-index"],
+           st["binlog-current-index"], max_seen, max_after_chunk, end_size, live, bound))
+    check(int(st["binlog-oldest-index"]) > 1, "binlog-oldest-index is %s: no segment was ever deleted"
+          % st["binlog-oldest-index"])
+
+
 def test_compaction_release_churn():
     n_jobs, iterations, chunk = 100, 20000, 250
     d = new_dir("compact_release")
@@ -995,15 +1003,9 @@ def test_compaction_release_churn():
     # -f 0: the last reply came once its batch was on disk
     st = c.yaml(b"stats")
     end_size = dir_size(d)
-    log("compaction (release churn): %d iterations, ~%d bytes logged (record sizes), binlog-records-written %s, "
-        "binlog-records-migrated %s, segments %s..%s; dir max %d bytes (sampled every 2 ms), %d after a chunk, "
-        "%d at the end; live %d; bound %d"
-        % (iterations, logged, st["binlog-records-written"], st["binlog-records-migrated"],
-           st["binlog-oldest-index"], st["binlog-current-index"], max_seen, max_after_chunk, end_size, live,
-           bound))
+    report_compaction("release churn: %d iterations" % iterations, st, logged, max_seen, max_after_chunk,
+                      end_size, live, bound)
     check(logged > 2 * bound, "the test logged only %d bytes, not enough to need compaction" % logged)
-    check(int(st["binlog-oldest-index"]) > 1, "binlog-oldest-index is %s: no segment was ever deleted"
-          % st["binlog-oldest-index"])
     check(int(st["binlog-records-migrated"]) > 0, "binlog-records-migrated is 0: no compaction")
     check(max_seen <= bound, "the directory reached %d bytes, want <= %d; segments then (index, bytes): %s"
           % (max_seen, bound, sampler.at_max))
@@ -1060,14 +1062,8 @@ def test_compaction_put_delete_churn():
         max_seen = sampler.finish()
     st = c.yaml(b"stats")
     end_size = dir_size(d)
-    log("compaction (put/delete churn): %d pairs, ~%d bytes logged, binlog-records-written %s, "
-        "binlog-records-migrated %s, segments %s..%s; dir max %d bytes (sampled every 2 ms), %d after a chunk, "
-        "%d at the end; live %d; bound %d"
-        % (pairs, logged, st["binlog-records-written"], st["binlog-records-migrated"],
-           st["binlog-oldest-index"], st["binlog-current-index"], max_seen, max_after_chunk, end_size, live,
-           bound))
-    check(int(st["binlog-oldest-index"]) > 1, "binlog-oldest-index is %s: no segment was ever deleted"
-          % st["binlog-oldest-index"])
+    report_compaction("put/delete churn: %d pairs" % pairs, st, logged, max_seen, max_after_chunk, end_size,
+                      live, bound)
     batch = chunk * put_record_size("churn", 100)
     check(max_seen <= bound, "the directory reached %d bytes, want <= %d = 4 * %d + 3 * %d live "
           "(docs/durability.md promises < 2 x live + 2 segments + one batch = %d; but while a snapshot is "
@@ -1092,6 +1088,19 @@ def test_compaction_put_delete_churn():
     srv.stop_checked()
 
 
+# Reserve-job and release job k (body b"K" * 200), ten at a time, until a compaction has
+# deleted a segment (binlog-oldest-index > 1); fails after 2000 releases or 20 s.
+def release_until_compaction(c, k):
+    t_end = time.monotonic() + 20
+    for _ in range(200):
+        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
+        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
+        if int(c.yaml(b"stats")["binlog-oldest-index"]) > 1:
+            return
+        check(time.monotonic() < t_end, "no compaction within 20 s")
+    raise AssertionError("no compaction after 2000 releases with -s 4096")
+
+
 def test_ids_not_reused_after_compaction():
     """Job K lives; job X (a higher id) is put and deleted; then only updates
     of K are logged until a compaction drops the segment with X's records.
@@ -1102,17 +1111,7 @@ def test_ids_not_reused_after_compaction():
     k = put(c, b"K" * 200)
     x = put(c, b"X, deleted")
     c.cmd(b"delete %d\r\n" % x, b"DELETED\r\n")
-    compacted = False
-    t_end = time.monotonic() + 20
-    for i in range(200):
-        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
-        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
-        st = c.yaml(b"stats")
-        if int(st["binlog-oldest-index"]) > 1:
-            compacted = True
-            break
-        check(time.monotonic() < t_end, "no compaction within 20 s")
-    check(compacted, "no compaction after 2000 releases with -s 4096")
+    release_until_compaction(c, k)
     c.close()
     srv.restart(signal.SIGTERM)
     c = srv.connect()
@@ -1138,16 +1137,7 @@ def test_old_segment_back_after_snapshot_is_ignored():
     saved = {name: open(os.path.join(d, name), "rb").read()
              for name in os.listdir(d) if name.endswith(".wal")}
     c.cmd(b"delete %d\r\n" % x, b"DELETED\r\n")
-    compacted = False
-    t_end = time.monotonic() + 20
-    for i in range(200):
-        c.send(b"".join(b"reserve-job %d\r\nrelease %d 0 0\r\n" % (k, k) for _ in range(10)))
-        c.expect((job_reply(b"RESERVED", k, b"K" * 200) + b"RELEASED\r\n") * 10, "reserve-job/release of K")
-        if int(c.yaml(b"stats")["binlog-oldest-index"]) > 1:
-            compacted = True
-            break
-        check(time.monotonic() < t_end, "no compaction within 20 s")
-    check(compacted, "no compaction after 2000 releases with -s 4096")
+    release_until_compaction(c, k)
     c.close()
     srv.stop_checked()
     for name, data in saved.items():  # the deleted segments come back
@@ -1458,27 +1448,40 @@ def newest_segment(d):
     return os.path.join(d, "beangate.%d.wal" % i), segs[i]
 
 
-def test_torn_tail_garbage_appended():
-    d = new_dir("torn_garbage")
+# A server with -f 0 on a new directory `name` that has taken each body, one put at a
+# time (the i-th with priority pri(i)), its connection closed: (dir, server, {id: body}).
+def server_with_jobs(name, bodies, pri=lambda i: 0):
+    d = new_dir(name)
     srv = Server(d, ["-f", "0"]).start()
     c = srv.connect()
     jobs = {}
-    for i in range(20):
-        body = b"job %d " % i + bytes(range(i, i + 40))
-        jobs[put(c, body, pri=i)] = body
+    for i, body in enumerate(bodies):
+        jobs[put(c, body, pri=pri(i))] = body
     c.close()
+    return d, srv, jobs
+
+
+# Start srv on a log whose tail was damaged (by `damage`, for the message) and check that its
+# stderr reports a torn tail or corrupt record; a new connection and {id: body or None} of ids.
+def start_on_damaged_log(srv, ids, damage):
+    srv.start()
+    err = srv.stderr()
+    check(any(e in err for e in ("event=wal_torn_tail", "event=wal_corrupt_record")),
+          "no event=wal_torn_tail / wal_corrupt_record on stderr after %s: %s" % (damage, err[-600:]))
+    c = srv.connect()
+    return c, peek_many(c, sorted(ids))
+
+
+def test_torn_tail_garbage_appended():
+    d, srv, jobs = server_with_jobs("torn_garbage", [b"job %d " % i + bytes(range(i, i + 40)) for i in range(20)],
+                                    pri=lambda i: i)
     srv.stop_checked()
     path, size = newest_segment(d)
     check(size > JOURNAL_HEADER, "the newest segment %s has no records (%d bytes)" % (path, size))
     garbage = bytes(random.Random(SEED + 6).randbytes(37))
     with open(path, "ab") as f:
         f.write(garbage)
-    srv.start()
-    err = srv.stderr()
-    check(any(e in err for e in ("event=wal_torn_tail", "event=wal_corrupt_record")),
-          "no event=wal_torn_tail / wal_corrupt_record on stderr after 37 garbage bytes: %s" % err[-600:])
-    c = srv.connect()
-    got = peek_many(c, sorted(jobs))
+    c, got = start_on_damaged_log(srv, jobs, "37 garbage bytes")
     for jid, body in jobs.items():
         check_eq(got[jid], body, "job %d after the garbage tail" % jid)
     new_id = put(c, b"after the garbage")
@@ -1494,27 +1497,16 @@ def test_torn_tail_garbage_appended():
 
 
 def test_torn_tail_last_record_cut():
-    d = new_dir("torn_cut")
-    srv = Server(d, ["-f", "0"]).start()
-    c = srv.connect()
-    jobs = {}
-    for i in range(20):
-        body = b"cut test %d " % i + b"x" * (50 + i)
-        jobs[put(c, body)] = body  # one record per synced batch
+    # -f 0 and one put at a time: one record per synced batch
+    d, srv, jobs = server_with_jobs("torn_cut", [b"cut test %d " % i + b"x" * (50 + i) for i in range(20)])
     last = max(jobs)
-    c.close()
     srv.kill()
     path, size = newest_segment(d)
     check(size >= JOURNAL_HEADER + put_record_size("default", len(jobs[last])),
           "the newest segment is too short (%d bytes) to hold the last put" % size)
     with open(path, "r+b") as f:
         f.truncate(size - 5)
-    srv.start()
-    err = srv.stderr()
-    check(any(e in err for e in ("event=wal_torn_tail", "event=wal_corrupt_record")),
-          "no event=wal_torn_tail / wal_corrupt_record on stderr after cutting the last record: %s" % err[-600:])
-    c = srv.connect()
-    got = peek_many(c, sorted(jobs))
+    c, got = start_on_damaged_log(srv, jobs, "cutting the last record")
     for jid, body in jobs.items():
         if jid == last:
             check_eq(got[jid], None, "job %d whose record was cut (the reader must not guess)" % jid)
@@ -1527,14 +1519,7 @@ def test_torn_tail_last_record_cut():
 def put_then_kill(name, n, prefix):
     """A server on a new directory with -f 0: n puts of prefix + number, then
     SIGKILL. Returns (dir, server, {id: body})."""
-    d = new_dir(name)
-    srv = Server(d, ["-f", "0"]).start()
-    c = srv.connect()
-    jobs = {}
-    for i in range(n):
-        body = b"%s %d" % (prefix, i)
-        jobs[put(c, body)] = body
-    c.close()
+    d, srv, jobs = server_with_jobs(name, [b"%s %d" % (prefix, i) for i in range(n)])
     srv.kill()
     return d, srv, jobs
 

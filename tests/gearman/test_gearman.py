@@ -246,13 +246,12 @@ def http_req(port, method, path, body=None):
 
 # ------------------------------------------------------------------ servers
 
-class Server:
+class Server(testlib.ServerProcess):
     kind = None
     binary = None
 
     def __init__(self):
-        self.proc = None
-        self.errf = None
+        super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="gearman-test-")
         self.extra = []            # more command line arguments (new_server)
         self.env = None            # more environment variables (new_server)
@@ -260,13 +259,11 @@ class Server:
         self.last_stderr = ""      # its stderr, kept by stop()
 
     def _spawn(self, argv):
-        if self.errf:
-            self.errf.close()
+        if self.err:
+            self.err.close()
         # append: the stderr of a killed and restarted server is kept
-        self.errf = open(os.path.join(self.tmp, "stderr"), "a+b")
         env = dict(os.environ, **self.env) if self.env else None
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self.errf, env=env)
+        self.spawn(argv, env=env, err_file=open(os.path.join(self.tmp, "stderr"), "a+b"))
 
     def _ready(self):
         def echo():
@@ -287,18 +284,6 @@ class Server:
                 return self
             self.kill()
         raise Fail("%s did not start: %s" % (self.argv(), self.stderr()[-800:]))
-
-    def stderr(self):
-        try:
-            self.errf.seek(0)
-            return self.errf.read().decode("utf-8", "replace")
-        except (OSError, ValueError, AttributeError):
-            return ""
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
 
     def restart_after_kill9(self):
         """SIGKILL, then start again with the same arguments (same -b
@@ -329,7 +314,7 @@ class Server:
             problem = "sanitizer report in its stderr (printed below if the test failed): %s" % \
                 sanitizer_report(err).splitlines()[0]
         try:
-            self.errf.close()
+            self.err.close()
         except (OSError, AttributeError):
             pass
         shutil.rmtree(self.tmp, ignore_errors=True)

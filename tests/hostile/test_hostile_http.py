@@ -36,9 +36,7 @@ import os
 import re
 import resource
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -77,34 +75,27 @@ def raise_nofile(want):
 
 # ---- the server ---------------------------------------------------------------------
 
-class Server:
+class Server(testlib.ServerProcess):
     def __init__(self, args=(), nofile=None):
+        super().__init__()
         self.args = list(args)
         self.nofile = nofile
-        self.proc = None
 
     def start(self):
-        for _ in range(5):
+        limit = self.nofile
+
+        def pre():
+            if limit:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        def launch():
             self.tcp_port, self.port = free_port(), free_port()
-            self.err = tempfile.TemporaryFile()
-            argv = [T.binary, "-l", "127.0.0.1", "-p", str(self.tcp_port), "--http-listen", "127.0.0.1",
-                    "--http-port", str(self.port)] + self.args
-            limit = self.nofile
-
-            def pre():
-                if limit:
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=self.err, env=clean_env(), preexec_fn=pre)
-            if testlib.wait_ready(self.proc, lambda: get(self.port, "/livez", 1)[0] == 200,
-                                  START_TIMEOUT) == "ok":
-                return self
-            self.stop()
+            self.spawn([T.binary, "-l", "127.0.0.1", "-p", str(self.tcp_port), "--http-listen", "127.0.0.1",
+                        "--http-port", str(self.port)] + self.args, env=clean_env(), preexec_fn=pre)
+        if self.start_retrying(launch, lambda: get(self.port, "/livez", 1)[0] == 200,
+                               START_TIMEOUT, attempts=5) == "ok":
+            return self
         raise AssertionError("the server did not start: %s" % self.stderr()[-600:])
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode("utf-8", "replace")
 
     def proc_status(self, key):
         with open("/proc/%d/status" % self.proc.pid) as f:

@@ -468,14 +468,13 @@ class Beanstalk:
 
 # ---- the server process (local mode) -------------------------------------------------
 
-class Server:
+class Server(testlib.ServerProcess):
     """One beangate process on free loopback ports."""
 
     def __init__(self, extra=(), http=True):
+        super().__init__()
         self.extra = list(extra)
         self.http = http
-        self.proc = None
-        self.err = None
         self.tcp_port = None
         self.http_port = None
 
@@ -486,48 +485,29 @@ class Server:
         return a + self.extra
 
     def start(self):
-        last = ""
-        for _ in range(5):
+        def launch():
             self.tcp_port, self.http_port = free_port(), free_port()
-            self.err = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=self.err)
-            if self._ready():
-                return self
-            self.stop()
-            last = self.stderr()
-            if "cannot listen" not in last:
-                break
+            self.spawn(self.argv())
+        if self.start_retrying(launch, self._answers, START_TIMEOUT, attempts=5, step=0.05,
+                               not_yet=(OSError, AssertionError, http.client.HTTPException)) == "ok":
+            return self
+        last = self.stderr()
+        self.stop()
         raise AssertionError("server %r did not start: %s" % (self.argv(), last.strip()[-600:]))
 
-    def _ready(self):
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+    def _answers(self):
+        """Whether a beanstalk round trip works and (with HTTP) GET /livez is 200."""
+        with Beanstalk(self.tcp_port) as b:
+            if b.cmd("list-tube-used\r\n") != b"USING default\r\n":
                 return False
+        if self.http:
+            c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
             try:
-                with Beanstalk(self.tcp_port) as b:
-                    if b.cmd("list-tube-used\r\n") != b"USING default\r\n":
-                        continue
-                if self.http:
-                    c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
-                    try:
-                        c.request("GET", "/livez")   # open with bearer tokens too
-                        if c.getresponse().status != 200:
-                            continue
-                    finally:
-                        c.close()
-                return True
-            except (OSError, AssertionError, http.client.HTTPException):
-                time.sleep(0.05)
-        return False
-
-    def stderr(self):
-        try:
-            self.err.seek(0)
-            return self.err.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
+                c.request("GET", "/livez")   # open with bearer tokens too
+                return c.getresponse().status == 200
+            finally:
+                c.close()
+        return True
 
     def stop(self, sig=signal.SIGTERM):
         """Stop the server; returns (exit status or None if it hung, stderr)."""

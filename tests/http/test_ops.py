@@ -48,19 +48,18 @@ BINARY = None
 
 # ---- processes ----------------------------------------------------------------
 
-class Server:
+class Server(testlib.ServerProcess):
     """A beangate process. args: extra flags; env: extra environment.
     tcp_port/http_port: where it is expected to listen (chosen free when the
     flags do not give them, unless ports=False)."""
 
     def __init__(self, args=(), env=None, ports=True, http=True, tcp_port=None, http_port=None):
+        super().__init__()
         self.args = list(args)
         self.env = dict(env or {})
         self.ports = ports
         self.http = http
         self.want_tcp, self.want_http = tcp_port, http_port
-        self.proc = None
-        self.err_file = None
         self.tcp_port = None
         self.http_port = None
         self.stderr_text = ""
@@ -77,30 +76,18 @@ class Server:
                 args = ["--no-http"] + args
         else:
             self.tcp_port, self.http_port = tcp_port, http_port
-        self.err_file = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([BINARY] + args, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self.err_file,
-                                     env=clean_env(self.env))
+        self.spawn([BINARY] + args, env=clean_env(self.env))
         status = testlib.wait_ready(
             self.proc, lambda: port_open(self.tcp_port) and (not self.http_port or port_open(self.http_port)),
             START_TIMEOUT, step=0.05)
         if status == "exited":
             raise AssertionError("server exited with status %r at start; stderr: %s"
-                                 % (self.proc.returncode, self.read_stderr()[-2000:]))
+                                 % (self.proc.returncode, self.stderr()[-2000:]))
         if status == "ok":
             return self
         self.kill()
         raise AssertionError("server did not listen within %.0f s; stderr: %s"
-                             % (START_TIMEOUT, self.read_stderr()[-2000:]))
-
-    def read_stderr(self):
-        self.err_file.seek(0)
-        return self.err_file.read().decode("utf-8", "replace")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+                             % (START_TIMEOUT, self.stderr()[-2000:]))
 
     def stop(self):
         """SIGTERM; returns the exit status (kills after STOP_TIMEOUT)."""
@@ -110,10 +97,10 @@ class Server:
                 self.proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 self.kill()
-                self.stderr_text = self.read_stderr()
+                self.stderr_text = self.stderr()
                 raise AssertionError("server did not stop within %.0f s of SIGTERM (killed)"
                                      % STOP_TIMEOUT)
-        self.stderr_text = self.read_stderr()
+        self.stderr_text = self.stderr()
         return self.proc.returncode
 
     def __enter__(self):
@@ -132,8 +119,8 @@ class Server:
             status = self.stop()
         finally:
             self.kill()
-            if self.err_file:
-                self.err_file.close()
+            if self.err:
+                self.err.close()
         bad = [m for m in SANITIZER_MARKERS if m in self.stderr_text]
         if exc_type is None:
             check(not bad, "sanitizer report on stderr: %s" % self.stderr_text[-3000:])

@@ -293,10 +293,5 @@ TESTS = [
 ]
 
 
-def main(argv):
-    args = testlib.parse_args(testlib.arg_parser(__doc__, binary=False), argv)
-    return testlib.run("first-run", TESTS, args, namespace=globals())
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(testlib.main_without_binary("first-run", __doc__, TESTS, sys.argv, globals()))

@@ -72,18 +72,17 @@ def read_rss_kb(pid):
     return None
 
 
-class Server:
+class Server(testlib.ServerProcess):
     """One beangate process. Use as a context manager: the server is always
     stopped on exit; on a normal exit its shutdown is checked too."""
 
     def __init__(self, args=(), unix_path=None, listen_default=False):
+        super().__init__()
         self.extra = list(args)
         self.unix_path = unix_path
         self.listen_default = listen_default  # pass only -p (no -l)
-        self.proc = None
         self.port = None
         self.http_port = None
-        self.err_file = None
         self.out_file = None
         self.stopped = False
         self.exit_status = None
@@ -115,15 +114,13 @@ class Server:
                 self.http_port = free_port()
                 while self.http_port == self.port:
                     self.http_port = free_port()
-            self.err_file = tempfile.TemporaryFile()
             self.out_file = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL,
-                                         stdout=self.out_file, stderr=self.err_file)
+            self.spawn(self._argv(), stdout=self.out_file)
             status = self._wait_ready()
             if status == "ok":
                 return self
             rc = self.proc.returncode
-            last = self._read_stderr()
+            last = self.stderr()
             if status == "timeout":
                 last = "no answer within %.0f s (killed); stderr: %s" % (START_TIMEOUT, last)
             elif rc < 0:
@@ -139,21 +136,11 @@ class Server:
     def _wait_ready(self):
         """Wait until a command round trip works (so the loop and the signal
         handlers are installed, not just the listening socket)."""
-        def round_trip():
-            c = self.connect(timeout=2.0)
-            try:
-                c.send(b"list-tube-used\r\n")
-                return c.read_line() == b"USING default\r\n"
-            finally:
-                c.close()
-        status = testlib.wait_ready(self.proc, round_trip, START_TIMEOUT)
+        status = testlib.wait_ready(self.proc, lambda: testlib.uses_default_tube(self.connect(timeout=2.0)),
+                                    START_TIMEOUT)
         if status == "timeout":
-            self.proc.kill()
-            self.proc.wait(5)
+            self.kill()
         return status
-
-    def _read_stderr(self):
-        return self._read(self.err_file)
 
     def read_stdout(self):
         """What the server wrote on stdout so far (all of it once stopped)."""
@@ -168,7 +155,7 @@ class Server:
             return ""
 
     def _close_files(self):
-        for f in (self.err_file, self.out_file):
+        for f in (self.err, self.out_file):
             try:
                 f.close()
             except Exception:
@@ -187,7 +174,7 @@ class Server:
         took = time.monotonic() - t0
         self.stopped = True
         self.exit_status = status
-        self.stderr_text = self._read_stderr()
+        self.stderr_text = self.stderr()
         self.stdout_text = self._read(self.out_file)
         self._close_files()
         return status, took, self.stderr_text
@@ -768,7 +755,7 @@ def startup_block(srv, want, absent=()):
     for word in absent:
         check(not any(ln.split()[:1] == [word] for ln in lines[1:]),
               "startup block has a %r line: %r" % (word, lines))
-    err = srv._read_stderr()
+    err = srv.stderr()
     for ln in err.splitlines():
         check(LOG_EVENT.match(ln), "stderr line is not a key=value event: %r" % ln)
     return lines
@@ -788,7 +775,7 @@ def test_startup_block_lists_the_real_listeners():
         docs = [ln for ln in lines if ln.startswith("  docs ")]
         check(len(docs) == 1 and "docs/beangate.1" in docs[0] and http + "openapi.yaml" in docs[0],
               "docs line: %r" % docs)
-        check("event=listening" in srv._read_stderr(), "stderr lost its -V events")
+        check("event=listening" in srv.stderr(), "stderr lost its -V events")
 
 
 def test_startup_block_without_http_and_with_a_log():

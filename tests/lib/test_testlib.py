@@ -249,10 +249,5 @@ TESTS = [
 ]
 
 
-def main(argv):
-    args = testlib.parse_args(testlib.arg_parser(__doc__, binary=False), argv)
-    return testlib.run("testlib", TESTS, args, namespace=globals())
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(testlib.main_without_binary("testlib", __doc__, TESTS, sys.argv, globals()))

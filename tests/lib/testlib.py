@@ -31,6 +31,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -162,6 +163,66 @@ def wait_ready(proc, ready, timeout, step=0.02, not_yet=(OSError, AssertionError
         return wait_until(probe, "the server to be ready", timeout, exc=_NotReady, step=step)
     except _NotReady:
         return "timeout"
+
+
+# Whether a fresh beanstalk connection (anything with send and read_line; closed here)
+# answers list-tube-used with the default tube: the server's loop runs.
+def uses_default_tube(conn):
+    try:
+        conn.send(b"list-tube-used\r\n")
+        return conn.read_line() == b"USING default\r\n"
+    finally:
+        conn.close()
+
+
+# Whether a server's stderr says it could not bind a port (another process took it meanwhile).
+def port_taken(err):
+    return "cannot listen" in err or "in use" in err
+
+
+# A server child process whose stderr goes to a temporary file: spawn it, read its
+# stderr, kill it; start_retrying spawns again on fresh ports after a port clash.
+class ServerProcess:
+    def __init__(self):
+        self.proc = None
+        self.err = None
+
+    # Start argv with stdin closed, stdout to `stdout` and stderr to err_file (open for
+    # reading too), or to a fresh temporary file.
+    def spawn(self, argv, stdout=subprocess.DEVNULL, env=None, err_file=None, **popen):
+        self.err = err_file or tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=self.err,
+                                     env=env, **popen)
+        return self.proc
+
+    # What the process wrote on stderr so far, as text ("" if there is no (open) file).
+    def stderr(self):
+        try:
+            self.err.seek(0)
+            return self.err.read().decode("utf-8", "replace")
+        except (AttributeError, OSError, ValueError):
+            return ""
+
+    # SIGKILL the process if it still runs, and reap it.
+    def kill(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+    # Call launch() (which picks ports and calls spawn) until ready() answers, at most
+    # `attempts` times while retry(stderr) holds after a failed try (which is killed);
+    # the last wait_ready status: "ok", "exited" or "timeout".
+    def start_retrying(self, launch, ready, timeout, attempts, retry=port_taken, **wait):
+        for _ in range(attempts):
+            launch()
+            status = wait_ready(self.proc, ready, timeout, **wait)
+            if status == "ok":
+                break
+            self.kill()
+            if not retry(self.stderr()):
+                break
+        return status
 
 
 # Index of the first byte where got and want differ (the shorter length if one is a prefix of the other).
@@ -388,3 +449,9 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
     if counts["failed"] or not any(counts.values()):
         return 1
     return all_skipped if not counts["passed"] else 0
+
+
+# The whole main of a suite that needs no binary and no hooks: parse argv by the
+# suite's docstring and run its tests under its name; the exit status.
+def main_without_binary(suite, doc, tests, argv, namespace):
+    return run(suite, tests, parse_args(arg_parser(doc, binary=False), argv), namespace=namespace)

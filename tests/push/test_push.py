@@ -137,37 +137,25 @@ def answers(*steps):
 
 # ---- the server ----------------------------------------------------------------------
 
-class Server:
+class Server(testlib.ServerProcess):
     """A beangate process with its own ports and extra arguments."""
 
     def __init__(self, args, env=None):
+        super().__init__()
         self.args = list(args)
         self.env = env
-        self.proc = None
-        self.err = None
         self.out = None
 
     def start(self):
-        for _ in range(3):
+        def launch():
             self.tcp_port, self.http_port = free_port(), free_port()
-            self.err = tempfile.TemporaryFile()
             self.out = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(
-                [BINARY, "-p", str(self.tcp_port), "--http-port", str(self.http_port)] + self.args,
-                stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, env=clean_env(self.env))
-            if testlib.wait_ready(self.proc, lambda: port_open(self.tcp_port) and port_open(self.http_port),
-                                  START_TIMEOUT) == "ok":
-                return self
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            if "cannot listen" not in self.stderr() and "in use" not in self.stderr():
-                break
+            self.spawn([BINARY, "-p", str(self.tcp_port), "--http-port", str(self.http_port)] + self.args,
+                       stdout=self.out, env=clean_env(self.env))
+        if self.start_retrying(launch, lambda: port_open(self.tcp_port) and port_open(self.http_port),
+                               START_TIMEOUT, attempts=3) == "ok":
+            return self
         raise AssertionError("server did not start (status %r): %s" % (self.proc.returncode, self.stderr()[-1500:]))
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode("utf-8", "replace")
 
     def stdout(self):
         self.out.seek(0)
@@ -180,8 +168,7 @@ class Server:
         try:
             status = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
             raise AssertionError("server did not stop within %.0f s of signal %d" % (timeout, sig))
         err = self.stderr()
         bad = [m for m in SANITIZER_MARKERS if m in err]
@@ -637,17 +624,23 @@ def test_kill_with_binlog_loses_nothing():
             check_eq(sorted(delivered), sorted(ids), "every job answered 2xx")
 
 
+# Start a server with args, put body on tube (pushed to rx's /tube), SIGTERM it once the
+# delivery has started and check it exits 0: (the job's id, seconds from SIGTERM to exit).
+def sigterm_during_delivery(args, rx, tube, body):
+    srv = Server(args).start()
+    j = srv.put(tube, body)
+    wait_until(lambda: rx.got("/" + tube), "the delivery started", 10)
+    t0 = time.monotonic()
+    check_eq(srv.stop(), 0, "exit status")
+    return j, time.monotonic() - t0
+
+
 def test_sigterm_during_delivery():
     # within the grace: the delivery finishes, the job is deleted, then the server stops
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 1.5))) as rx:
             args = ["-b", work, "--push-grace", "8"] + push_arg("g", rx.url("/g"))
-            srv = Server(args).start()
-            j = srv.put("g", b"finish me")
-            wait_until(lambda: rx.got("/g"), "the delivery started", 10)
-            t0 = time.monotonic()
-            check_eq(srv.stop(), 0, "exit status")
-            took = time.monotonic() - t0
+            j, took = sigterm_during_delivery(args, rx, "g", b"finish me")
             check(0.8 <= took <= 6, "stopped %.2f s after SIGTERM (the delivery held 1.5 s)" % took)
             check_eq(rx.got("/g")[0]["status"], 204, "the delivery finished")
             with Server(args) as srv2:
@@ -657,12 +650,7 @@ def test_sigterm_during_delivery():
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         with Receiver(answers((204, {}, 60), 204)) as rx:
             args = ["-b", work, "--push-grace", "1"] + push_arg("h", rx.url("/h"), attempts=1)
-            srv = Server(args).start()
-            j = srv.put("h", b"cut me")
-            wait_until(lambda: rx.got("/h"), "the delivery started", 10)
-            t0 = time.monotonic()
-            check_eq(srv.stop(), 0, "exit status")
-            took = time.monotonic() - t0
+            j, took = sigterm_during_delivery(args, rx, "h", b"cut me")
             check(0.8 <= took <= 4, "stopped %.2f s after SIGTERM (grace 1 s)" % took)
             with Server(args) as srv2:
                 wait_deleted(srv2, j, 10)

@@ -68,40 +68,26 @@ def enc(tube):
 
 # ---- processes --------------------------------------------------------------------
 
-class Shard:
+class Shard(testlib.ServerProcess):
     """One beangate instance, --shard k/N, on free loopback ports."""
 
     def __init__(self, k):
+        super().__init__()
         self.k = k
-        self.proc = None
-        self.err = None
         self.tcp_port = self.http_port = None
 
     def start(self, tcp_port=None, http_port=None):
-        for attempt in range(3):  # a free port may be taken meanwhile
+        def launch():   # a free port may be taken meanwhile: each try picks afresh
             self.tcp_port = tcp_port or free_port()
             self.http_port = http_port or free_port()
-            self.err = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(
-                [BINARY, "--shard", "%d/%d" % (self.k, N), "-l", "127.0.0.1", "-p", str(self.tcp_port),
-                 "--http-listen", "127.0.0.1", "--http-port", str(self.http_port)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err, env=clean_env())
-            status = testlib.wait_ready(self.proc, lambda: http_get(self.http_port, "/readyz")[0] == 200,
-                                        START_TIMEOUT, not_yet=(OSError, http.client.HTTPException))
-            if status == "ok":
-                return self
-            self.kill()
-            if attempt == 2 or (tcp_port and http_port):
-                raise AssertionError("shard %d did not start (%s): %s" % (self.k, status, self.stderr()[-800:]))
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode("utf-8", "replace")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.spawn([BINARY, "--shard", "%d/%d" % (self.k, N), "-l", "127.0.0.1", "-p", str(self.tcp_port),
+                        "--http-listen", "127.0.0.1", "--http-port", str(self.http_port)], env=clean_env())
+        status = self.start_retrying(launch, lambda: http_get(self.http_port, "/readyz")[0] == 200,
+                                     START_TIMEOUT, attempts=3, retry=lambda err: not (tcp_port and http_port),
+                                     not_yet=(OSError, http.client.HTTPException))
+        if status == "ok":
+            return self
+        raise AssertionError("shard %d did not start (%s): %s" % (self.k, status, self.stderr()[-800:]))
 
     def stop(self):
         """SIGTERM; the exit status and stderr (a sanitizer report fails)."""
