@@ -358,7 +358,7 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
         jsPubOptions_Init(&po);
         po.MsgId = id;
         po.ExpectLastSeq = r->last_seq;
-        po.MaxWait = 2000;
+        po.MaxWait = r->quick.Wait; /* an answer lost in a leader election is asked again soon */
         jsPubAck *pa = NULL;
         jsErrCode jerr = 0;
         if (s == NATS_OK) s = js_PublishMsg(&pa, r->js, m, &po, &jerr);
