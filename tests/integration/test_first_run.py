@@ -172,17 +172,21 @@ def test_the_parser_sees_every_command():
 
 def fake_tools(tmp, tools):
     """A directory of fake programs: tools maps a name to (exit status of
-    `NAME info`, exit status of anything else); every call is logged."""
+    `NAME info`, exit status of anything else[, exit status of `NAME image`
+    and `NAME pull`, 0 if not given]); every call is logged."""
     d = os.path.join(tmp, "bin")
     os.makedirs(d, exist_ok=True)
     log = os.path.join(tmp, "calls")
-    for name, (info_rc, other_rc) in tools.items():
+    for name, codes in tools.items():
+        info_rc, other_rc, base_rc = (tuple(codes) + (0,))[:3]
         path = os.path.join(d, name)
         with open(path, "w") as f:
             f.write('#!/bin/sh\necho "%s $*" >>%s\n'
                     'if [ "$1" = info ]; then echo "fake %s: no engine here" >&2; exit %d; fi\n'
+                    'if [ "$1" = image ] || [ "$1" = pull ]; then\n'
+                    '  echo "Error: fake %s: no registry here" >&2; exit %d; fi\n'
                     'echo "fake %s: cannot $1" >&2; exit %d\n'
-                    % (name, shlex.quote(log), name, info_rc, name, other_rc))
+                    % (name, shlex.quote(log), name, info_rc, name, base_rc, name, other_rc))
         os.chmod(path, stat.S_IRWXU)
     return d, log
 
@@ -244,6 +248,24 @@ def test_container_stage_uses_a_working_engine():
             check(any(c.startswith(used) for c in calls(log)), "%r: no `%s` call: %r" % (tools, used, calls(log)))
 
 
+def test_container_stage_skips_without_the_base_image():
+    """A working engine that can neither find nor pull the Dockerfile's base
+    image (no network) skips with the reason; a forced engine does not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d, log = fake_tools(tmp, {"docker": (1, 1), "podman": (0, 1, 1)})
+        rc, out, err = run([os.path.join(REPO, "docker/smoke-test")], d)
+        check(rc == SKIP_STATUS, "an engine without the base image: exit %d, want %d; stdout %r stderr %r"
+              % (rc, SKIP_STATUS, out[-800:], err[-800:]))
+        want = ("SKIP container image: podman cannot fetch the base image debian:bookworm-slim: "
+                "Error: fake podman: no registry here")
+        check(want in out.splitlines(), "no line %r in %r" % (want, out))
+        check(not any(c.startswith("podman build") for c in calls(log)), "it built anyway: %r" % calls(log))
+        rc, out, _ = run([os.path.join(REPO, "docker/smoke-test")], d,
+                         env={"DOCKER_SMOKE_ENGINE": os.path.join(d, "podman")})
+        check(rc == 1 and "SKIP" not in out, "a forced engine without the base image: exit %d, stdout %r"
+              % (rc, out[-800:]))
+
+
 def test_only_ci_names_the_ci_wrapper():
     try:
         files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
@@ -288,6 +310,7 @@ TESTS = [
     test_container_stage_skips_without_an_engine,
     test_container_stage_forced_engine_fails,
     test_container_stage_uses_a_working_engine,
+    test_container_stage_skips_without_the_base_image,
     test_only_ci_names_the_ci_wrapper,
     test_every_suite_is_registered_with_ctest,
 ]
