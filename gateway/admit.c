@@ -16,7 +16,10 @@
  * - a header deadline: a head must be complete within the header timeout,
  *   counted from the accept for the first request, and from the first byte
  *   of each later request of a keep-alive connection (until that byte the
- *   connection is idle: libmicrohttpd's idle timeout); else 408 and close;
+ *   connection is idle: libmicrohttpd's idle timeout); else 408 and close.
+ *   Later heads are libmicrohttpd's to read: the bytes of each request are
+ *   counted, and a sweep (sweep_cb) finds the waiting connections that
+ *   have received more, with no cost per request;
  * - the first head is judged before libmicrohttpd reads it (framing.c):
  *   malformed or conflicting framing, a version other than 1.0/1.1, a head
  *   over the size limit are answered here, as problem+json, once;
@@ -474,12 +477,39 @@ static uint64_t data_received(int fd)
     return ti.tcpi_bytes_received - (fin && ti.tcpi_bytes_received ? 1 : 0);
 }
 
-/* Bytes of a later head that came since the last request ended: read by
- * libmicrohttpd (the socket is its too) or waiting in the kernel. */
+/* Bytes the client sent past the requests begun so far: a later head,
+ * read by libmicrohttpd (the socket is its too) or waiting in the kernel. */
 static uint64_t later_head_bytes(const struct gw_conn *c)
 {
     uint64_t now = data_received(c->fd);
-    return now > c->received_at_end ? now - c->received_at_end : 0;
+    return now > c->consumed ? now - c->consumed : 0;
+}
+
+/* Every eighth of the header timeout (GW_SWEEP_MIN_MS to GW_SWEEP_MAX_MS),
+ * while connections of libmicrohttpd's wait between requests: one that
+ * has received bytes past its last request has begun its next head, whose
+ * deadline runs from now (so from its first byte, seen this late at most).
+ * One system call per waiting connection per sweep, none per request. */
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gateway *gw = arg;
+    struct gw_admit *a = &gw->admit;
+    int watched = 0;
+    for (struct gw_conn *c = a->wait_head; c; c = c->next) {
+        if (!c->mhd || c->head_started) continue;
+        if (!later_head_bytes(c)) {
+            watched = 1;
+            continue;
+        }
+        c->head_started = 1;
+        event_add(c->deadline_ev, a->header_tv);
+    }
+    if (!watched) {
+        event_del(a->sweep_ev);
+        a->sweep_armed = 0;
+    }
 }
 
 /* ---- libmicrohttpd's side -------------------------------------------------- */
@@ -499,8 +529,8 @@ void gw_conn_closed(struct gateway *gw, void *socket_context)
     if (!c) return;
     /* closed by libmicrohttpd, not by us, between a later head's first byte
      * and its end: the client left (libmicrohttpd says so at debug level).
-     * libmicrohttpd may have read the head's bytes and the end together
-     * before next_head_cb ran; its socket is still open here. */
+     * The sweep may not have seen the head's bytes yet; the socket is still
+     * open here. */
     if (c->counted && (c->head_started || (c->waiting && later_head_bytes(c))))
         note(gw, GW_CLOSED_CLIENT, c, "closed during a later head");
     conn_free(c);
@@ -512,7 +542,7 @@ static struct gw_conn *conn_of(struct MHD_Connection *mhd)
     return ci ? ci->socket_context : NULL;
 }
 
-void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd)
+void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd, const struct gw_framing *f)
 {
     (void)gw;
     struct gw_conn *c = conn_of(mhd);
@@ -520,47 +550,35 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd)
     wait_leave(c);
     c->head_started = 0;
     event_del(c->deadline_ev);
+    const union MHD_ConnectionInfo *head =
+        MHD_get_connection_info(mhd, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    /* the head from its method through its blank line (empty lines before
+     * it, which a client has no reason to send, are not counted: seen as a
+     * later head, they cost that client's connection a header deadline) */
+    c->consumed += head ? head->header_size : 0;
+    if (f->chunked) c->consumed_unknown = 1;
+    else c->consumed += f->length;
 }
 
-/* New bytes on a keep-alive connection (an edge: each arrival, whoever
- * reads them): between requests, the first byte of the next head, whose
- * deadline then runs. Bytes of a request in progress are not looked at, so
- * a request costs no system call here. The end of the stream with nothing
- * sent is no head (libmicrohttpd closes the connection). A next head that
- * came before the last request ended (libmicrohttpd notes the end a turn
- * late) is not seen until a later byte of it: stalled, it waits for the
- * idle timeout. */
-static void next_head_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    struct gw_conn *c = arg;
-    if (!c->waiting || c->head_started) return;
-    char byte;
-    if (!later_head_bytes(c) && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 1)
-        return; /* nothing new yet (the next arrival is a new edge); or the end, or a reset */
-    c->head_started = 1;
-    if (c->counted) event_add(c->deadline_ev, c->gw->admit.header_tv);
-}
-
-/* A request ended: note how many bytes the connection had received, less
- * those still unread (the next head may wait in the kernel already), and
- * watch for the next head. The watch is made once per connection: an
- * edge-triggered, persistent read event, never taken off between
- * requests (two epoll_ctl calls a request were a third of the gateway's
- * throughput). */
+/* A request ended and the connection stays open: it waits for the next
+ * head, which the sweep looks for. After a chunked body, whose bytes on
+ * the wire are not known, the count is taken from the kernel: all it has
+ * received less what is still unread (a next head may wait there). */
 void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
 {
     struct gw_conn *c = conn_of(mhd);
     if (!c || !c->counted) return;
-    if (!c->read_ev) {
-        c->read_ev = event_new(gw->base, c->fd, EV_READ | EV_PERSIST | EV_ET, next_head_cb, c);
-        if (!c->read_ev || event_add(c->read_ev, NULL) != 0) return;
+    if (c->consumed_unknown) {
+        int unread = 0;
+        if (ioctl(c->fd, FIONREAD, &unread) != 0 || unread < 0) unread = 0;
+        uint64_t got = data_received(c->fd);
+        c->consumed = (uint64_t)unread < got ? got - (uint64_t)unread : 0;
+        c->consumed_unknown = 0;
     }
-    int unread = 0;
-    if (ioctl(c->fd, FIONREAD, &unread) != 0 || unread < 0) unread = 0;
-    c->received_at_end = data_received(c->fd);
-    c->received_at_end -= (uint64_t)unread < c->received_at_end ? (uint64_t)unread : c->received_at_end;
     wait_enter(c);
+    struct gw_admit *a = &gw->admit;
+    if (a->sweep_ev && !a->sweep_armed && event_add(a->sweep_ev, a->sweep_tv) == 0)
+        a->sweep_armed = 1; /* (no sweep once the gateway is stopping) */
 }
 
 /* ---- start and stop -------------------------------------------------------- */
@@ -575,9 +593,16 @@ int gw_admit_start(struct gateway *gw, int fd)
     a->peek = malloc((size_t)gw->cfg.max_header_size + 1);
     struct timeval tv = {(time_t)gw->cfg.header_timeout_s, 0};
     a->header_tv = event_base_init_common_timeout(gw->base, &tv);
+    unsigned sweep_ms = gw->cfg.header_timeout_s * 1000 / 8;
+    if (sweep_ms < GW_SWEEP_MIN_MS) sweep_ms = GW_SWEEP_MIN_MS;
+    if (sweep_ms > GW_SWEEP_MAX_MS) sweep_ms = GW_SWEEP_MAX_MS;
+    struct timeval sweep_tv = {(time_t)(sweep_ms / 1000), (suseconds_t)(sweep_ms % 1000) * 1000};
+    a->sweep_tv = event_base_init_common_timeout(gw->base, &sweep_tv);
+    a->sweep_ev = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw);
     a->listen_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST, accept_cb, gw);
     a->backoff_ev = evtimer_new(gw->base, backoff_cb, a);
-    if (!a->buckets || !a->peek || !a->header_tv || !a->listen_ev || !a->backoff_ev ||
+    if (!a->buckets || !a->peek || !a->header_tv || !a->sweep_tv || !a->sweep_ev || !a->listen_ev ||
+        !a->backoff_ev ||
         event_add(a->listen_ev, NULL) != 0) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP listener\"");
         return BG_OUT_OF_MEMORY;
@@ -590,7 +615,9 @@ void gw_admit_stop(struct gateway *gw)
     struct gw_admit *a = &gw->admit;
     if (a->listen_ev) event_free(a->listen_ev);
     if (a->backoff_ev) event_free(a->backoff_ev);
-    a->listen_ev = a->backoff_ev = NULL;
+    if (a->sweep_ev) event_free(a->sweep_ev);
+    a->listen_ev = a->backoff_ev = a->sweep_ev = NULL;
+    a->sweep_armed = 0;
     if (a->listen_fd >= 0) close(a->listen_fd);
     a->listen_fd = -1;
     for (struct gw_conn *c = a->wait_head, *next; c; c = next) {

@@ -56,6 +56,8 @@
 #define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
 #define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
+#define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
+#define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds */
 #define GW_ACCEPT_BACKOFF_MS 250          /* accept pauses this long at the fd limit */
 #define GW_ACCEPT_LOG_INTERVAL_S 10       /* a refusal at a limit is logged at most this often */
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
@@ -261,13 +263,14 @@ struct gw_conn {
     struct gw_addr *addr;
     struct sockaddr_storage sa;
     socklen_t sa_len;
-    struct event *read_ev;        /* before: the head arriving; after: the next request's first byte */
+    struct event *read_ev;        /* before the hand-over: the head arriving; then only while lingering */
     struct event *deadline_ev;    /* the header deadline; while lingering, the linger's end */
     uint8_t waiting;              /* no request in progress: on the waiting lists (evictable) */
     uint8_t counted;              /* in the open counts (not closed by us yet) */
     uint8_t lingering;            /* answered and shut: reading what is left, then closed */
     uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
-    uint64_t received_at_end;     /* TCP bytes received when the last request ended */
+    uint8_t consumed_unknown;     /* the request in progress has a chunked body: count at its end */
+    uint64_t consumed;            /* TCP bytes of the requests begun so far (heads and bodies) */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
 };
@@ -295,6 +298,9 @@ struct gw_admit {
     struct gw_conn *wait_head, *wait_tail;
     struct gw_conn *linger_head;  /* refused connections read and dropped for a while */
     const struct timeval *header_tv; /* the header timeout, a common timeout of the base */
+    struct event *sweep_ev;       /* looks for later heads on waiting connections */
+    const struct timeval *sweep_tv; /* its period: an eighth of the header timeout (GW_SWEEP_*) */
+    int sweep_armed;
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;
@@ -343,9 +349,11 @@ void gw_admit_free(struct gateway *gw);
  * becomes c's socket context) and closed (it is freed). */
 void gw_conn_started(struct gateway *gw, struct MHD_Connection *c, void **socket_context);
 void gw_conn_closed(struct gateway *gw, void *socket_context);
-/* A request's head is complete (its first access-handler call): the
- * connection is busy, neither waiting nor under a header deadline. */
-void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c);
+struct gw_framing;
+/* A request's head is complete (its first access-handler call), framed
+ * as f says: the connection is busy, neither waiting nor under a header
+ * deadline. */
+void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c, const struct gw_framing *f);
 /* A request is over and the connection stays open: it waits for the next
  * head (idle time, then the header deadline from its first byte). */
 void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c);

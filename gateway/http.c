@@ -159,6 +159,7 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     struct gw_framing f = {0};
     struct gw_problem p;
     MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_field, &f);
+    gw_conn_request_began(gw, conn, &f);
     if (gw_framing_verdict(&f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
@@ -275,7 +276,6 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         r->started = gw->now();
         gw->in_flight++;
         *con_cls = r;
-        gw_conn_request_began(gw, conn);
         return begin_request(gw, r, url, method);
     }
     if (*upload_size) {

@@ -17,7 +17,9 @@ What it shows:
     busy in a request (503 problem+json, Retry-After);
   - /livez and /readyz keep answering under 2,000 slow connections (item 2);
   - the header deadline (408) for a first request and for a later request
-    of a keep-alive connection, and the idle timeout;
+    of a keep-alive connection (sent after an answer or pipelined, after
+    a request with no body, a Content-Length body or a chunked one), and
+    the idle timeout;
   - RSS stays bounded under 100 connections that declare big batch bodies
     (item 4), the budget of buffered bodies (503 BODY_BUFFER_FULL) and the
     body limit of each route (/tubes/batchy/jobs is a job, not a batch);
@@ -388,6 +390,68 @@ def test_header_deadline_and_idle_timeout():
         note("%-24s closed after %.2f s (limit %d s)", what, results[what], limit)
     check(srv.metric("beangate_http_connections_closed_total", reason="header_timeout") >= 3,
           "header timeouts are counted")
+
+
+GET_LIVEZ = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+PUT_LENGTH = b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+PUT_CHUNKED = (b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
+PARTIAL_HEAD = b"GET /liv"
+
+# (what, the first request, then: "later" a partial head after its answer,
+# "pipelined" a partial head sent with it, "idle" nothing)
+LATER_HEAD_CASES = [
+    ("later head after a GET", GET_LIVEZ, "later"),
+    ("pipelined head after a GET", GET_LIVEZ, "pipelined"),
+    ("later head after a body", PUT_LENGTH, "later"),
+    ("pipelined head after a body", PUT_LENGTH, "pipelined"),
+    ("later head after a chunked body", PUT_CHUNKED, "later"),
+    ("idle after a GET", GET_LIVEZ, "idle"),
+    ("idle after a body", PUT_LENGTH, "idle"),
+    ("idle after a chunked body", PUT_CHUNKED, "idle"),
+]
+
+
+def test_later_head_deadline_after_every_kind_of_request():
+    """The bytes of each request are counted (its head, then its body by
+    Content-Length, or from the kernel after a chunked one), so a later
+    head is told from the request before it whatever came first: a stalled
+    later head, sent after the answer or pipelined with the request, is cut
+    by the header deadline (408), and a connection idle after any request
+    is left to the idle timeout."""
+    header_s, idle_s = 2, 5
+    srv = server("--http-header-timeout", str(header_s), "--http-idle-timeout", str(idle_s))
+    closed_after = {}
+
+    def run(what, request, then):
+        s = connect(srv.port)
+        s.sendall(request + (PARTIAL_HEAD if then == "pipelined" else b""))
+        status, _, _, _ = read_response(s)
+        if then == "later":
+            s.sendall(PARTIAL_HEAD)
+        t0 = time.monotonic()
+        raw, closed = read_to_eof(s, idle_s + 4)
+        closed_after[what] = (status, time.monotonic() - t0 if closed else None, raw)
+        s.close()
+
+    threads = [threading.Thread(target=run, args=case) for case in LATER_HEAD_CASES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for what, request, then in LATER_HEAD_CASES:
+        status, after, raw = closed_after[what]
+        check(status in (200, 201), "%s: the first request's status %d" % (what, status))
+        check(after is not None, "%s: the connection was not closed" % what)
+        limit = idle_s if then == "idle" else header_s
+        check(limit - 0.2 <= after <= limit + 2.0,
+              "%s: closed after %.2f s, want about %d s" % (what, after, limit))
+        if then == "idle":
+            check_eq(raw, b"", "%s: an idle connection is closed without an answer" % what)
+        else:
+            check_problem(raw, 408, "HEADER_TIMEOUT", what)
+        note("%-32s closed after %.2f s (%s %d s)", what, after,
+             "idle timeout" if then == "idle" else "header timeout", limit)
 
 
 def tube_waiting(srv, tube):
@@ -803,6 +867,7 @@ def test_base64_is_strict():
 TESTS = [
     test_framing_errors_answered_once,
     test_header_deadline_and_idle_timeout,
+    test_later_head_deadline_after_every_kind_of_request,
     test_recovers_after_connection_limit,
     test_health_under_slow_connections,
     test_rss_bounded_under_declared_bodies,
