@@ -136,6 +136,7 @@ static void wait_leave(struct gw_conn *c)
     struct gw_admit *a = &c->gw->admit;
     if (!c->waiting) return;
     c->waiting = 0;
+    if (a->sweep_cursor == c) a->sweep_cursor = c->next;
     if (c->prev) c->prev->next = c->next; else a->wait_head = c->next;
     if (c->next) c->next->prev = c->prev; else a->wait_tail = c->prev;
     struct gw_addr *e = c->addr;
@@ -485,31 +486,58 @@ static uint64_t later_head_bytes(const struct gw_conn *c)
     return now > c->consumed ? now - c->consumed : 0;
 }
 
-/* Every eighth of the header timeout (GW_SWEEP_MIN_MS to GW_SWEEP_MAX_MS),
- * while connections of libmicrohttpd's wait between requests: one that
- * has received bytes past its last request has begun its next head, whose
- * deadline runs from now (so from its first byte, seen this late at most).
- * One system call per waiting connection per sweep, none per request. */
-static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+/* Look at up to GW_SWEEP_BATCH waiting connections from the sweep's
+ * cursor: one of libmicrohttpd's that has received bytes past its last
+ * request has begun its next head, whose deadline runs from now (so from
+ * its first byte, seen a sweep late at most). The rest of a round follows
+ * on the next turn of the loop, so that other events are served between
+ * batches; at a round's end with no connection left to watch, the sweep
+ * stops until a request ends. One system call per waiting connection per
+ * round, none per request. */
+static void sweep_batch(struct gw_admit *a)
 {
-    (void)fd;
-    (void)what;
-    struct gateway *gw = arg;
-    struct gw_admit *a = &gw->admit;
-    int watched = 0;
-    for (struct gw_conn *c = a->wait_head; c; c = c->next) {
+    int seen = 0;
+    while (a->sweep_cursor && seen < GW_SWEEP_BATCH) {
+        struct gw_conn *c = a->sweep_cursor;
+        a->sweep_cursor = c->next;
         if (!c->mhd || c->head_started) continue;
+        seen++;
         if (!later_head_bytes(c)) {
-            watched = 1;
+            a->sweep_watched = 1;
             continue;
         }
         c->head_started = 1;
         event_add(c->deadline_ev, a->header_tv);
     }
-    if (!watched) {
+    if (a->sweep_cursor) {
+        static const struct timeval next_turn = {0, 0};
+        event_add(a->sweep_more_ev, &next_turn);
+    } else if (!a->sweep_watched) {
         event_del(a->sweep_ev);
         a->sweep_armed = 0;
     }
+}
+
+/* A round of the sweep begins (every eighth of the header timeout,
+ * GW_SWEEP_MIN_MS to GW_SWEEP_MAX_MS, while it is armed), unless the last
+ * one is still going. */
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_admit *a = arg;
+    if (a->sweep_cursor) return;
+    a->sweep_cursor = a->wait_head;
+    a->sweep_watched = 0;
+    sweep_batch(a);
+}
+
+/* The next batch of a round. */
+static void sweep_more_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sweep_batch(arg);
 }
 
 /* ---- libmicrohttpd's side -------------------------------------------------- */
@@ -598,12 +626,12 @@ int gw_admit_start(struct gateway *gw, int fd)
     if (sweep_ms > GW_SWEEP_MAX_MS) sweep_ms = GW_SWEEP_MAX_MS;
     struct timeval sweep_tv = {(time_t)(sweep_ms / 1000), (suseconds_t)(sweep_ms % 1000) * 1000};
     a->sweep_tv = event_base_init_common_timeout(gw->base, &sweep_tv);
-    a->sweep_ev = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw);
+    a->sweep_ev = event_new(gw->base, -1, EV_PERSIST, sweep_cb, a);
+    a->sweep_more_ev = evtimer_new(gw->base, sweep_more_cb, a);
     a->listen_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST, accept_cb, gw);
     a->backoff_ev = evtimer_new(gw->base, backoff_cb, a);
-    if (!a->buckets || !a->peek || !a->header_tv || !a->sweep_tv || !a->sweep_ev || !a->listen_ev ||
-        !a->backoff_ev ||
-        event_add(a->listen_ev, NULL) != 0) {
+    if (!a->buckets || !a->peek || !a->header_tv || !a->sweep_tv || !a->sweep_ev ||
+        !a->sweep_more_ev || !a->listen_ev || !a->backoff_ev || event_add(a->listen_ev, NULL) != 0) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP listener\"");
         return BG_OUT_OF_MEMORY;
     }
@@ -616,8 +644,10 @@ void gw_admit_stop(struct gateway *gw)
     if (a->listen_ev) event_free(a->listen_ev);
     if (a->backoff_ev) event_free(a->backoff_ev);
     if (a->sweep_ev) event_free(a->sweep_ev);
-    a->listen_ev = a->backoff_ev = a->sweep_ev = NULL;
+    if (a->sweep_more_ev) event_free(a->sweep_more_ev);
+    a->listen_ev = a->backoff_ev = a->sweep_ev = a->sweep_more_ev = NULL;
     a->sweep_armed = 0;
+    a->sweep_cursor = NULL;
     if (a->listen_fd >= 0) close(a->listen_fd);
     a->listen_fd = -1;
     for (struct gw_conn *c = a->wait_head, *next; c; c = next) {

@@ -57,7 +57,8 @@
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
 #define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
 #define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
-#define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds */
+#define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds, */
+#define GW_SWEEP_BATCH 256                /* this many per turn of the loop */
 #define GW_ACCEPT_BACKOFF_MS 250          /* accept pauses this long at the fd limit */
 #define GW_ACCEPT_LOG_INTERVAL_S 10       /* a refusal at a limit is logged at most this often */
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
@@ -298,9 +299,12 @@ struct gw_admit {
     struct gw_conn *wait_head, *wait_tail;
     struct gw_conn *linger_head;  /* refused connections read and dropped for a while */
     const struct timeval *header_tv; /* the header timeout, a common timeout of the base */
-    struct event *sweep_ev;       /* looks for later heads on waiting connections */
-    const struct timeval *sweep_tv; /* its period: an eighth of the header timeout (GW_SWEEP_*) */
-    int sweep_armed;
+    struct event *sweep_ev;       /* begins a round of looking for later heads on waiting connections */
+    struct event *sweep_more_ev;  /* the round's next batch, on the loop's next turn */
+    const struct timeval *sweep_tv; /* the rounds' period: an eighth of the header timeout (GW_SWEEP_*) */
+    struct gw_conn *sweep_cursor; /* the next waiting connection of the round; NULL: no round going */
+    int sweep_armed;              /* sweep_ev is pending */
+    int sweep_watched;            /* this round saw a connection still to watch */
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;

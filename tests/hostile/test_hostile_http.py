@@ -418,9 +418,18 @@ def test_later_head_deadline_after_every_kind_of_request():
     head is told from the request before it whatever came first: a stalled
     later head, sent after the answer or pipelined with the request, is cut
     by the header deadline (408), and a connection idle after any request
-    is left to the idle timeout."""
+    is left to the idle timeout. Idle connections ahead of them on the
+    waiting list (more than one batch of the sweep, GW_SWEEP_BATCH 256)
+    do not delay that."""
     header_s, idle_s = 2, 5
     srv = server("--http-header-timeout", str(header_s), "--http-idle-timeout", str(idle_s))
+    crowd = []
+    for _ in range(scale(600, 300)):
+        s = connect(srv.port)
+        s.sendall(GET_LIVEZ)
+        crowd.append(s)
+    for s in crowd:
+        check_eq(read_response(s)[0], 200, "an idle connection's request")
     closed_after = {}
 
     def run(what, request, then):
@@ -439,6 +448,8 @@ def test_later_head_deadline_after_every_kind_of_request():
         t.start()
     for t in threads:
         t.join()
+    for s in crowd:
+        s.close()
     for what, request, then in LATER_HEAD_CASES:
         status, after, raw = closed_after[what]
         check(status in (200, 201), "%s: the first request's status %d" % (what, status))
@@ -450,8 +461,8 @@ def test_later_head_deadline_after_every_kind_of_request():
             check_eq(raw, b"", "%s: an idle connection is closed without an answer" % what)
         else:
             check_problem(raw, 408, "HEADER_TIMEOUT", what)
-        note("%-32s closed after %.2f s (%s %d s)", what, after,
-             "idle timeout" if then == "idle" else "header timeout", limit)
+        note("%-32s closed after %.2f s (%s %d s; %d idle connections waiting before it)", what,
+             after, "idle timeout" if then == "idle" else "header timeout", limit, len(crowd))
 
 
 def tube_waiting(srv, tube):
