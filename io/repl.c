@@ -13,7 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
 #include <nats/nats.h>
+#include <nettle/base64.h>
 
 #include "../core/core.h"
 #include "eventlog.h"
@@ -24,6 +26,11 @@
 #define QUEUE_CAP 1024           /* messages handed to the loop, not yet applied */
 #define HEADER_ROOM 512          /* a message's headers, subject and framing */
 #define RETRY_NS (50 * 1000000ull)
+#define GET_WINDOW 128           /* requests by sequence in flight, at most */
+#define GET_BYTES (16u << 20)    /* ... and about this many bytes of answers */
+#define RESUBSCRIBE_MAX_NS (2000 * 1000000ull)
+
+enum got_state { GOT_NONE, GOT_MESSAGE, GOT_MISSING };
 
 struct queued {
     natsMsg *msg;
@@ -59,6 +66,13 @@ struct repl {
     char ev_why[128];
     int notify_fd;
     struct event *notify_ev;
+    /* reading by sequence (thread) */
+    natsSubscription *get_sub;   /* the answers: get_pattern */
+    char get_inbox[80], get_pattern[96], get_subject[200];
+    natsMsg *got[GET_WINDOW];    /* answers come out of order: by sequence % GET_WINDOW */
+    unsigned char got_state[GET_WINDOW];
+    size_t got_avg_len;          /* the answers' mean size, moving (sets the window) */
+    uint64_t read_by_sequence;   /* messages read so since the start (for the log) */
     /* the lease (thread) */
     uint64_t lease_rev;
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent */
@@ -455,29 +469,148 @@ static uint64_t applied(struct repl *r)
     return a;
 }
 
-/* Fetch the message after r->handed_seq by its sequence (the stream's
- * leader answers: no consumer is needed) and queue it; when a purge
- * removed it, the stream's first message instead. 1 queued, 0 not (NATS
- * did not answer in time, or stopping: the caller tries again). */
-static int fetch_next(struct repl *r)
+/* ---- reading by sequence: no consumer needed ------------------------------ */
+
+/* The stream's leader answers a request for one message by its sequence
+ * ($JS.API.STREAM.MSG.GET) without a consumer, so a standby reads on when
+ * its subscription cannot be made (nats-server 2.9.10 may place the
+ * consumer on a server that is down). One request per round trip is too
+ * slow to catch up thousands of messages within a failover, so up to
+ * GET_WINDOW requests are in flight; each names its sequence in its reply
+ * subject, and answers are put back in order in r->got. */
+
+/* The answer to a request by sequence (JSON: the message with its data in
+ * base64, or an error). 1 and *out (the data, as a message on r->subject)
+ * when it holds the message; 0 when the stream has no message by that
+ * sequence (purged, or not written yet); -1 when it is not understood. */
+static int parse_get_reply(struct repl *r, natsMsg *reply, natsMsg **out)
 {
-    if (!queue_room(r)) return 0;
-    uint64_t seq = r->handed_seq + 1, last = 0, first = 0;
-    natsMsg *m = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_GetMsg(&m, r->js, r->stream, seq, &r->quick, &jerr);
-    if (s != NATS_OK && jerr == JSNoMessageFoundErr &&
-        stream_state(r, &r->quick, &last, NULL, &first) == 0 && first > seq && first <= last) {
-        seq = first;
-        s = js_GetMsg(&m, r->js, r->stream, seq, &r->quick, &jerr);
+    json_error_t jerr;
+    json_t *root = json_loadb(natsMsg_GetData(reply), (size_t)natsMsg_GetDataLength(reply), 0, &jerr);
+    if (!root) return -1;
+    int rc = -1;
+    json_t *err = json_object_get(root, "error"), *msg = json_object_get(root, "message");
+    if (err) {
+        rc = json_integer_value(json_object_get(err, "err_code")) == JSNoMessageFoundErr ? 0 : -1;
+    } else if (json_is_object(msg)) {
+        const char *b64 = json_string_value(json_object_get(msg, "data")); /* absent: empty */
+        size_t in = b64 ? strlen(b64) : 0, len = BASE64_DECODE_LENGTH(in);
+        uint8_t *data = malloc(len ? len : 1);
+        struct base64_decode_ctx ctx;
+        base64_decode_init(&ctx);
+        if (data && base64_decode_update(&ctx, &len, data, in, b64 ? b64 : "") && base64_decode_final(&ctx) &&
+            natsMsg_Create(out, r->subject, NULL, (const char *)data, (int)len) == NATS_OK)
+            rc = 1;
+        free(data);
     }
-    if (s != NATS_OK) {
-        char err[256];
-        log_event(BG_LOG_WARN, "replication_fetch_retry", "stream=%s seq=%" PRIu64 " %s", log_str(r->stream),
-                  seq, nats_error_fields(err, sizeof err, s, jerr));
-        return 0;
+    json_decref(root);
+    return rc;
+}
+
+/* Drop the answers kept for the window (they are asked again). */
+static void forget_got(struct repl *r)
+{
+    for (int i = 0; i < GET_WINDOW; i++) {
+        if (r->got[i]) natsMsg_Destroy(r->got[i]);
+        r->got[i] = NULL;
+        r->got_state[i] = GOT_NONE;
     }
-    return queue_msg(r, m, seq);
+}
+
+/* Ask for message seq; its answer comes to <get_inbox>.<seq>. 0 or -1. */
+static int ask_by_sequence(struct repl *r, uint64_t seq)
+{
+    char reply[128], body[48];
+    snprintf(reply, sizeof reply, "%s.%" PRIu64, r->get_inbox, seq);
+    snprintf(body, sizeof body, "{\"seq\":%" PRIu64 "}", seq);
+    return natsConnection_PublishRequestString(r->nc, r->get_subject, reply, body) == NATS_OK ? 0 : -1;
+}
+
+/* Read the messages after r->handed_seq up to `last` by sequence and queue
+ * them in order, until `until` (monotonic ns). When the next one is gone
+ * (a purge), reading goes on from the stream's first message. 1 when it
+ * reached `last`, 0 when the time ran out, -1 when NATS did not answer
+ * within the quick wait or answered what is not understood (logged; the
+ * caller tries again later). Thread. */
+static int read_by_sequence(struct repl *r, uint64_t last, uint64_t until)
+{
+    if (!r->get_sub && natsConnection_SubscribeSync(&r->get_sub, r->nc, r->get_pattern) != NATS_OK) {
+        r->get_sub = NULL;
+        return -1;
+    }
+    uint64_t next = r->handed_seq + 1, asked = r->handed_seq;
+    forget_got(r); /* answers from an earlier call may still come: they are told apart by sequence */
+    const char *why = NULL;
+    char err[256] = "";
+    while (next <= last && !is_stopping(r)) {
+        size_t window = GET_BYTES / (r->got_avg_len ? r->got_avg_len : 1);
+        window = window < 4 ? 4 : window > GET_WINDOW ? GET_WINDOW : window;
+        while (asked < last && asked < next + window - 1) {
+            if (ask_by_sequence(r, asked + 1) != 0) {
+                why = "publish";
+                break;
+            }
+            asked++;
+        }
+        if (why) break;
+        int slot = (int)(next % GET_WINDOW);
+        if (r->got_state[slot] == GOT_NONE) {
+            if (mono_ns() >= until) break; /* the time ran out */
+            natsMsg *reply = NULL;
+            natsStatus s = natsSubscription_NextMsg(&reply, r->get_sub, (int64_t)r->quick.Wait);
+            if (s != NATS_OK) {
+                nats_error_fields(err, sizeof err, s, 0);
+                why = "answer";
+                break;
+            }
+            const char *dot = strrchr(natsMsg_GetSubject(reply), '.');
+            uint64_t seq = dot ? strtoull(dot + 1, NULL, 10) : 0;
+            if (seq >= next && seq < next + GET_WINDOW && r->got_state[seq % GET_WINDOW] == GOT_NONE) {
+                natsMsg *m = NULL;
+                int pr = parse_get_reply(r, reply, &m);
+                if (pr < 0) {
+                    snprintf(err, sizeof err, "answer=%s", log_str(natsMsg_GetData(reply)));
+                    why = "parse";
+                    natsMsg_Destroy(reply);
+                    break;
+                }
+                size_t len = (size_t)natsMsg_GetDataLength(reply);
+                r->got_avg_len = r->got_avg_len - r->got_avg_len / 8 + len / 8;
+                r->got[seq % GET_WINDOW] = m;
+                r->got_state[seq % GET_WINDOW] = pr ? GOT_MESSAGE : GOT_MISSING;
+            } /* else an answer to an earlier call, or twice asked */
+            natsMsg_Destroy(reply);
+            continue;
+        }
+        if (r->got_state[slot] == GOT_MISSING) {
+            uint64_t l = 0, first = 0;
+            if (stream_state(r, &r->quick, &l, NULL, &first) != 0) {
+                why = "state";
+                break;
+            }
+            if (!(first > next && first <= l)) {
+                snprintf(err, sizeof err, "first_seq=%" PRIu64 " last_seq=%" PRIu64, first, l);
+                why = "missing";
+                break;
+            }
+            forget_got(r); /* purged up to first: read on from there */
+            asked = first - 1;
+            next = first;
+            continue;
+        }
+        if (!queue_room(r)) break;
+        natsMsg *m = r->got[slot];
+        r->got[slot] = NULL;
+        r->got_state[slot] = GOT_NONE;
+        queue_msg(r, m, next);
+        next++;
+        r->read_by_sequence++;
+    }
+    forget_got(r);
+    if (!why) return next > last;
+    log_event(BG_LOG_WARN, "replication_fetch_retry", "stream=%s seq=%" PRIu64 " failed=%s %s", log_str(r->stream),
+              next, why, err);
+    return -1;
 }
 
 /* Holding the lease: read and apply the stream to its end, then append the
@@ -488,7 +621,7 @@ static int fetch_next(struct repl *r)
 static int take_over(struct repl *r, natsSubscription *sub)
 {
     set_role(r, REPL_TAKING_OVER);
-    uint64_t began = mono_ns();
+    uint64_t began = mono_ns(), read_before = r->read_by_sequence;
     for (;;) {
         if (is_stopping(r) || lease_renew_due(r) != 0) return -1;
         uint64_t last = 0, bytes = 0;
@@ -501,7 +634,8 @@ static int take_over(struct repl *r, natsSubscription *sub)
             if (lease_renew_due(r) != 0) return -1;
             if (sub && pump_one(r, sub, 50000000ull)) continue;
             sub = NULL; /* it has nothing for now: the rest by sequence */
-            if (!fetch_next(r)) nap(r, RETRY_NS);
+            uint64_t slice = (uint64_t)r->cfg.renew_ms * 1000000ull / 2 + 1;
+            if (read_by_sequence(r, last, mono_ns() + slice) < 0) nap(r, RETRY_NS);
         }
         while (applied(r) < last && !is_stopping(r)) {
             if (lease_renew_due(r) != 0) return -1;
@@ -519,8 +653,10 @@ static int take_over(struct repl *r, natsSubscription *sub)
         r->ev_bytes = bytes;
         r->applied_seq = r->last_seq;
         pthread_mutex_unlock(&r->mu);
-        log_event(BG_LOG_WARN, "replication_primary", "node=%s takeover_seq=%" PRIu64 " catch_up_ms=%" PRIu64,
-                  log_str(r->node_id), r->last_seq, (mono_ns() - began) / 1000000);
+        log_event(BG_LOG_WARN, "replication_primary",
+                  "node=%s takeover_seq=%" PRIu64 " catch_up_ms=%" PRIu64 " read_by_sequence=%" PRIu64,
+                  log_str(r->node_id), r->last_seq, (mono_ns() - began) / 1000000,
+                  r->read_by_sequence - read_before);
         wake_loop(r);
         return 0;
     }
@@ -535,15 +671,17 @@ static void drop_subscription(natsSubscription **sub)
 }
 
 /* The thread: a standby tries the lease every poll (at most 100 ms) and,
- * between tries, reads the stream through its subscription; a failed
- * subscribe is tried again a quick wait later, never in place of the
- * lease. Then primary: renew the lease until lost or stopping. */
+ * between tries, reads the stream through its subscription, or by
+ * sequence while it has none, so that it is never far behind when it
+ * takes over. A failed subscribe is tried again later (a quick wait, then
+ * doubling up to RESUBSCRIBE_MAX_NS), never in place of the lease. Then
+ * primary: renew the lease until lost or stopping. */
 static void *repl_main(void *arg)
 {
     struct repl *r = arg;
     natsSubscription *sub = NULL;
     uint64_t poll_ns = (uint64_t)(r->cfg.renew_ms < 100 ? r->cfg.renew_ms : 100) * 1000000ull;
-    uint64_t resubscribe_ns = (uint64_t)quick_wait_ms(&r->cfg) * 1000000ull;
+    uint64_t quick_ns = (uint64_t)quick_wait_ms(&r->cfg) * 1000000ull, resubscribe_ns = quick_ns;
     uint64_t next_try = 0, next_subscribe = 0;
     int primary = 0;
     while (!is_stopping(r)) {
@@ -554,7 +692,12 @@ static void *repl_main(void *arg)
         }
         if (!sub && mono_ns() >= next_subscribe) {
             sub = subscribe_next(r);
-            if (!sub) next_subscribe = mono_ns() + resubscribe_ns;
+            if (sub) {
+                resubscribe_ns = quick_ns;
+            } else {
+                next_subscribe = mono_ns() + resubscribe_ns;
+                resubscribe_ns = resubscribe_ns * 2 > RESUBSCRIBE_MAX_NS ? RESUBSCRIBE_MAX_NS : resubscribe_ns * 2;
+            }
         }
         uint64_t now = mono_ns();
         if (now >= next_try) {
@@ -568,10 +711,13 @@ static void *repl_main(void *arg)
             now = mono_ns();
         }
         uint64_t wait = next_try > now ? next_try - now : 0;
+        uint64_t last = 0;
         if (sub) {
             while (pump_one(r, sub, wait) && mono_ns() < next_try) {} /* drain what is there */
+        } else if (stream_state(r, &r->quick, &last, NULL, NULL) == 0 && last > r->handed_seq) {
+            if (read_by_sequence(r, last, next_try) < 0) nap(r, next_try > mono_ns() ? next_try - mono_ns() : 0);
         } else {
-            nap(r, wait);
+            nap(r, next_try > mono_ns() ? next_try - mono_ns() : 0);
         }
     }
     drop_subscription(&sub);
@@ -725,6 +871,12 @@ static int connect_all(struct repl *r)
         nats_Sleep(200);
     }
     if (s != NATS_OK) return open_failed(r, "lease_bucket", s, 0);
+    natsInbox *inbox = NULL;
+    if ((s = natsInbox_Create(&inbox)) != NATS_OK) return open_failed(r, "inbox", s, 0);
+    snprintf(r->get_inbox, sizeof r->get_inbox, "%s", inbox);
+    natsInbox_Destroy(inbox);
+    snprintf(r->get_pattern, sizeof r->get_pattern, "%s.*", r->get_inbox);
+    snprintf(r->get_subject, sizeof r->get_subject, "$JS.API.STREAM.MSG.GET.%s", r->stream);
     /* the lease's requests wait a quarter of the lease at most (as the
      * standby's do): while the bucket elects a leader (a NATS node lost),
      * a standby tries again soon instead of blocking 5 s on one request */
@@ -740,6 +892,8 @@ static int connect_all(struct repl *r)
 static void free_all(struct repl *r)
 {
     for (size_t i = 0; i < r->q_len; i++) natsMsg_Destroy(r->queue[(r->q_head + i) % QUEUE_CAP].msg);
+    forget_got(r);
+    if (r->get_sub) natsSubscription_Destroy(r->get_sub);
     if (r->kv) kvStore_Destroy(r->kv);
     if (r->js_quick) jsCtx_Destroy(r->js_quick);
     if (r->js) jsCtx_Destroy(r->js);
@@ -772,6 +926,7 @@ int repl_open(struct repl **out, const struct repl_config *cfg, struct event_bas
     r->stream = strdup(cfg->stream);
     r->node_id = strdup(cfg->node_id);
     r->st.lease_age_ms = -1;
+    r->got_avg_len = 1024;
     unsigned char raw[8] = {0};
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) { /* the pid and time below still differ */ }
     snprintf(r->nonce, sizeof r->nonce, "%02x%02x%02x%02x%08x", raw[0], raw[1], raw[2], raw[3],

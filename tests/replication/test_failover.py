@@ -32,6 +32,7 @@ without either the suite is skipped (exit 77).
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,6 +54,7 @@ ARGS = None
 LEASE_MS = 1000
 RENEW_MS = 200
 FAILOVER_LIMIT_S = 3.0
+LATE_STANDBY_MESSAGES = 8000
 LOST_EXIT = 75
 
 
@@ -182,9 +184,12 @@ def after(error):
     if WORLD is None:
         return []
     problems = WORLD.close()
-    if error:
+    if error or problems:
         for n in WORLD.nodes:
             print("---- %s's last log lines:\n%s" % (n.name, "\n".join(n.stderr().splitlines()[-15:])))
+        print("---- every node's log (beangate and NATS) is kept in %s" % WORLD.tmp)
+    else:
+        shutil.rmtree(WORLD.tmp, ignore_errors=True)
     WORLD = None
     return problems
 
@@ -570,7 +575,8 @@ def test_takeover_without_consumer():
     st = wait_until(lambda: world.cluster.stream_state(world.stream), "the stream's state", timeout=10)
     check(st["first_seq"] > 1, "the stream was not purged (first seq %d)" % st["first_seq"])
     wait_until(lambda: "event=replication_subscribe_retry" in b.stderr(), "b to fail subscribing", timeout=20)
-    check(_applied(b) == 0, "b applied the stream up to %d without a consumer" % _applied(b))
+    # without a consumer it keeps up by sequence while standby
+    wait_until(lambda: _applied(b) >= st["last_seq"], "b to apply the stream by sequence as a standby", timeout=20)
     t0 = time.monotonic()
     a.kill()
     wait_until(b.primary, "b to take over without a consumer", timeout=10)
@@ -586,6 +592,52 @@ def test_takeover_without_consumer():
     print("  b (no consumer; stream purged up to %d) took over %.2f s after a was killed, %d jobs, %d deletes "
           "absent; it logged: %s" % (st["first_seq"], took, len(live), len(deleted), retry.split("event=")[1]))
     check(took < FAILOVER_LIMIT_S, "the takeover took %.2f s" % took)
+
+
+def _put_many(port, count):
+    """count puts, one at a time (with -f 0 each is its own message in the
+    stream); returns {id: body}."""
+    conn, bodies = Conn(port), {}
+    for i in range(count):
+        body = b"late-%05d" % i
+        reply = conn.cmd(b"put 0 0 600 %d" % len(body), body)
+        check(reply.startswith(b"INSERTED "), "put: %r" % reply)
+        bodies[int(reply.split()[1])] = body
+    conn.close()
+    return bodies
+
+
+def test_late_standby_without_consumer():
+    """A standby started beside a long stream and unable to get a consumer
+    (as when nats-server 2.9.10 places it on a server that is down) is
+    made primary at once: it reads thousands of messages by sequence within
+    the failover limit (many requests in flight, not one per round trip),
+    with every job."""
+    global WORLD
+    WORLD = world = World(users={"full": True, "noconsumer": False}, node_users=("full", "noconsumer"))
+    a, b = world.nodes
+    a.start()
+    wait_until(a.primary, "node a to become primary", timeout=30)
+    t_put = time.monotonic()
+    bodies = _put_many(a.port, LATE_STANDBY_MESSAGES)
+    st = wait_until(lambda: world.cluster.stream_state(world.stream), "the stream's state", timeout=10)
+    check(st["messages"] >= LATE_STANDBY_MESSAGES, "the stream holds %d messages" % st["messages"])
+    put_s = time.monotonic() - t_put
+    b.start()
+    wait_until(b.standby, "b to be a standby", timeout=30)
+    applied = _applied(b)
+    t0 = time.monotonic()
+    a.kill()
+    wait_until(b.primary, "b to take over", timeout=30)
+    took = time.monotonic() - t0
+    found = Conn(b.port).peek_many(sorted(bodies))
+    lost = [i for i, body in bodies.items() if found.get(i) != body]
+    check(not lost, "%d jobs missing or changed after the takeover, e.g. %s" % (len(lost), lost[:10]))
+    primary_line = next((l for l in b.stderr().splitlines() if "event=replication_primary" in l), "")
+    print("  %d messages in the stream (%d puts in %.1f s); b applied up to %d when a was killed, took over "
+          "%.2f s later: %s" % (st["messages"], len(bodies), put_s, applied, took,
+                                primary_line.split("event=")[-1]), flush=True)
+    check(took < FAILOVER_LIMIT_S, "the takeover took %.2f s (limit %.0f s)" % (took, FAILOVER_LIMIT_S))
 
 
 def test_kubernetes_manifests():
@@ -616,7 +668,7 @@ def test_kubernetes_manifests():
 
 
 TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_sigterm_hands_over,
-         test_takeover_without_consumer, test_failover, test_kubernetes_manifests]
+         test_takeover_without_consumer, test_late_standby_without_consumer, test_failover, test_kubernetes_manifests]
 
 if __name__ == "__main__":
     ARGS = parse_args(arg_parser(__doc__), sys.argv)
