@@ -72,7 +72,7 @@ struct repl {
     natsMsg *got[GET_WINDOW];    /* answers come out of order: by sequence % GET_WINDOW */
     unsigned char got_state[GET_WINDOW];
     size_t got_avg_len;          /* the answers' mean size, moving (sets the window) */
-    uint64_t read_by_sequence;   /* messages read so since the start (for the log) */
+    uint64_t read_by_sequence;   /* messages read by sequence since the start (the log) */
     /* the lease (thread) */
     uint64_t lease_rev;
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent */
@@ -517,13 +517,13 @@ static void forget_got(struct repl *r)
     }
 }
 
-/* Ask for message seq; its answer comes to <get_inbox>.<seq>. 0 or -1. */
-static int ask_by_sequence(struct repl *r, uint64_t seq)
+/* Ask for message seq; its answer comes to <get_inbox>.<seq>. */
+static natsStatus ask_by_sequence(struct repl *r, uint64_t seq)
 {
     char reply[128], body[48];
     snprintf(reply, sizeof reply, "%s.%" PRIu64, r->get_inbox, seq);
     snprintf(body, sizeof body, "{\"seq\":%" PRIu64 "}", seq);
-    return natsConnection_PublishRequestString(r->nc, r->get_subject, reply, body) == NATS_OK ? 0 : -1;
+    return natsConnection_PublishRequestString(r->nc, r->get_subject, reply, body);
 }
 
 /* Read the messages after r->handed_seq up to `last` by sequence and queue
@@ -534,19 +534,22 @@ static int ask_by_sequence(struct repl *r, uint64_t seq)
  * caller tries again later). Thread. */
 static int read_by_sequence(struct repl *r, uint64_t last, uint64_t until)
 {
-    if (!r->get_sub && natsConnection_SubscribeSync(&r->get_sub, r->nc, r->get_pattern) != NATS_OK) {
-        r->get_sub = NULL;
-        return -1;
-    }
     uint64_t next = r->handed_seq + 1, asked = r->handed_seq;
     forget_got(r); /* answers from an earlier call may still come: they are told apart by sequence */
     const char *why = NULL;
     char err[256] = "";
-    while (next <= last && !is_stopping(r)) {
+    natsStatus s = NATS_OK;
+    if (!r->get_sub && (s = natsConnection_SubscribeSync(&r->get_sub, r->nc, r->get_pattern)) != NATS_OK) {
+        r->get_sub = NULL;
+        nats_error_fields(err, sizeof err, s, 0);
+        why = "subscribe";
+    }
+    while (!why && next <= last && !is_stopping(r)) {
         size_t window = GET_BYTES / (r->got_avg_len ? r->got_avg_len : 1);
         window = window < 4 ? 4 : window > GET_WINDOW ? GET_WINDOW : window;
         while (asked < last && asked < next + window - 1) {
-            if (ask_by_sequence(r, asked + 1) != 0) {
+            if ((s = ask_by_sequence(r, asked + 1)) != NATS_OK) {
+                nats_error_fields(err, sizeof err, s, 0);
                 why = "publish";
                 break;
             }
@@ -557,7 +560,7 @@ static int read_by_sequence(struct repl *r, uint64_t last, uint64_t until)
         if (r->got_state[slot] == GOT_NONE) {
             if (mono_ns() >= until) break; /* the time ran out */
             natsMsg *reply = NULL;
-            natsStatus s = natsSubscription_NextMsg(&reply, r->get_sub, (int64_t)r->quick.Wait);
+            s = natsSubscription_NextMsg(&reply, r->get_sub, (int64_t)r->quick.Wait);
             if (s != NATS_OK) {
                 nats_error_fields(err, sizeof err, s, 0);
                 why = "answer";
