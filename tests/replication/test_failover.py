@@ -21,9 +21,12 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
 - sigterm_hands_over: SIGTERM on the primary gives the lease up; the
   standby serves at once, not after the lease time.
 - takeover_without_consumer: a standby whose consumer is never created (as
-  when nats-server 2.9.10 places it on a server that is down) reads the
-  purged stream by sequence at takeover, in time and with every job, and
-  logs the real error of each subscribe it tries.
+  when nats-server 2.9.10 places it on a server that is down) keeps up
+  with the purged stream by sequence while standby, takes over in time
+  and with every job, and logs the real error of each subscribe it tries.
+- late_standby_without_consumer: such a standby started beside 8,000
+  messages and made primary at once reads them by sequence (many requests
+  in flight) within the failover limit, with every job.
 - kubernetes_manifests: contrib/kubernetes/ha/ parses, and wires the pair's
   Service and readiness probe to /readyz.
 
