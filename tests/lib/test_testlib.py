@@ -8,12 +8,13 @@ python3 as a real suite runs, and checks its output lines and exit status:
 the registry that cannot miss a test, -k and BEANGATE_TEST_ONLY, the
 PASS/FAIL/SKIP lines and the summary, the exit statuses (0, 1, 2, and a
 suite's own status when everything was skipped), the hooks, the seed; and
-wait_until / wait_ready. It uses the runner itself, so its last line is
+wait_until / wait_ready; free_port. It uses the runner itself, so its last line is
 `testlib: N passed, M failed, K skipped`.
 """
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -217,6 +218,17 @@ def test_wait_until_and_wait_ready():
         p.wait()
 
 
+def test_free_port_never_repeats():
+    """bind(0) hands a closed port out again (5,000 draws from the ~28,000
+    ephemeral ports repeat hundreds of times); free_port never gives one
+    process the same port twice, and each is free to bind."""
+    ports = [testlib.free_port() for _ in range(5000)]
+    check_eq(len(set(ports)), len(ports), "distinct ports in 5,000 draws")
+    for port in ports[-3:]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_doc_block():
     """doc_block returns the code block after its marker, not another one,
     and says which document lacks a marker."""
@@ -245,6 +257,7 @@ TESTS = [
     test_seed_repeats_a_run,
     test_the_binary_argument,
     test_wait_until_and_wait_ready,
+    test_free_port_never_repeats,
     test_doc_block,
 ]
 

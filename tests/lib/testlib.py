@@ -39,14 +39,24 @@ import traceback
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error", "LeakSanitizer")
 
 
-# A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back, close).
+_PORTS_GIVEN = set()
+
+
+# A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back,
+# close), never one this process was given before: the kernel may hand the same
+# port out again once it is closed, and two servers of one test then clash (the
+# replication suite's CI run once got one port for two NATS nodes).
 def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 # The environment without any BEANGATE_* variable, plus extra: a server

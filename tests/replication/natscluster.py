@@ -8,7 +8,6 @@ standard library only; needs the nats-server binary (Debian: nats-server).
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -112,21 +111,40 @@ class Cluster:
         return None
 
     def healthy(self, i):
-        """GET /healthz?js-enabled-only... not on the client port: the cluster
-        is ready when every running node accepts connections and JetStream
-        answers (checked by the caller through beangate)."""
+        """Whether node i runs and its monitoring endpoint says JetStream is
+        current (GET /healthz answers 200 once the node has joined the meta
+        group); a node that cannot bind one of its ports exits, and is not."""
+        import urllib.error
+        import urllib.request
         n = self.nodes[i]
+        if not n["proc"] or n["proc"].poll() is not None:
+            return False
         try:
-            with socket.create_connection(("127.0.0.1", n["port"]), timeout=0.5) as s:
-                s.settimeout(0.5)
-                return s.recv(4096).startswith(b"INFO ")
-        except OSError:
+            with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % n["mport"], timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.HTTPError, OSError):
             return False
 
+    def log_tail(self, i, lines=10):
+        """The last lines node i wrote (its log file), as text."""
+        try:
+            with open(os.path.join(self.workdir, self.nodes[i]["name"] + ".log"), "rb") as f:
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
     def wait_up(self, timeout=15.0):
+        """True once every started node is healthy; otherwise False after
+        timeout, with each node that is not, its exit status and its last log
+        lines printed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(self.healthy(i) for i, n in enumerate(self.nodes) if n["proc"]):
                 return True
             time.sleep(0.05)
+        for i, n in enumerate(self.nodes):
+            if n["proc"] and not self.healthy(i):
+                print("  NATS node %s (ports %d, %d, %d) is not healthy, exit status %s; its last lines:\n%s"
+                      % (n["name"], n["port"], n["cport"], n["mport"], n["proc"].poll(), self.log_tail(i)),
+                      flush=True)
         return False
