@@ -135,12 +135,14 @@ class Cluster:
 
     def wait_up(self, timeout=15.0):
         """True once every started node is healthy; otherwise False after
-        timeout, with each node that is not, its exit status and its last log
-        lines printed."""
+        timeout or as soon as a node has exited, with each node that is not
+        healthy, its exit status and its last log lines printed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(self.healthy(i) for i, n in enumerate(self.nodes) if n["proc"]):
                 return True
+            if any(n["proc"] and n["proc"].poll() is not None for n in self.nodes):
+                break  # a node exited (a port taken, say): it will not come up
             time.sleep(0.05)
         for i, n in enumerate(self.nodes):
             if n["proc"] and not self.healthy(i):
@@ -148,3 +150,20 @@ class Cluster:
                       % (n["name"], n["port"], n["cport"], n["mport"], n["proc"].poll(), self.log_tail(i)),
                       flush=True)
         return False
+
+
+def start_cluster(workdir, size=3, users=None, attempts=3):
+    """A started Cluster whose nodes are all healthy, or None: each of up to
+    `attempts` tries uses fresh ports and a fresh directory under workdir (a
+    port another process took between free_port and nats-server's bind
+    makes that node exit), and a failed try is stopped first."""
+    for attempt in range(1, attempts + 1):
+        sub = os.path.join(workdir, "nats%d" % attempt) if attempt > 1 else workdir
+        os.makedirs(sub, exist_ok=True)
+        cluster = Cluster(sub, size, users)
+        cluster.start_all()
+        if cluster.wait_up():
+            return cluster
+        cluster.stop_all()
+        print("  the NATS cluster did not come up (try %d of %d)" % (attempt, attempts), flush=True)
+    return None

@@ -27,6 +27,8 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
 - late_standby_without_consumer: such a standby started beside 8,000
   messages and made primary at once reads them by sequence (many requests
   in flight) within the failover limit, with every job.
+- cluster_start_survives_a_taken_port: the harness starts the NATS
+  cluster again on fresh ports when a node cannot bind one of its own.
 - kubernetes_manifests: contrib/kubernetes/ha/ parses, and wires the pair's
   Service and readiness probe to /readyz.
 
@@ -51,7 +53,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, HERE)
 from testlib import (LineSocket, Skip, arg_parser, check, clean_env, free_port, parse_args, run,  # noqa: E402
                      sanitizer_report, wait_until)
-from natscluster import Cluster, nats_server_binary  # noqa: E402
+from natscluster import nats_server_binary, start_cluster  # noqa: E402
 
 ARGS = None
 LEASE_MS = 1000
@@ -126,9 +128,8 @@ class World:
     def __init__(self, extra=(), users=None, node_users=(None, None)):
         self.tmp = tempfile.mkdtemp(prefix="bg-repl-")
         self.stream = "bgtest"
-        self.cluster = Cluster(self.tmp, 3, users)
-        self.cluster.start_all()
-        check(self.cluster.wait_up(), "the NATS cluster did not come up")
+        self.cluster = start_cluster(self.tmp, 3, users)
+        check(self.cluster is not None, "the NATS cluster did not come up in 3 tries")
         self.nodes = [Node(self, "a", extra, node_users[0]), Node(self, "b", extra, node_users[1])]
         self.logs = []
 
@@ -643,6 +644,47 @@ def test_late_standby_without_consumer():
     check(took < FAILOVER_LIMIT_S, "the takeover took %.2f s (limit %.0f s)" % (took, FAILOVER_LIMIT_S))
 
 
+def test_cluster_start_survives_a_taken_port():
+    """The harness itself: a NATS node whose cluster port another process
+    holds exits at once; start_cluster notices (not after its 15 s wait) and
+    starts the cluster again on fresh ports, every node healthy."""
+    import natscluster
+    holder, taken = [], []
+    made = natscluster.Cluster.__init__
+
+    def take_a_port(self, workdir, size=3, users=None):
+        made(self, workdir, size, users)
+        if not holder:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", self.nodes[2]["cport"]))
+            s.listen()
+            holder.append(s)
+            taken.append(self.nodes[2]["cport"])
+
+    natscluster.Cluster.__init__ = take_a_port
+    tmp = tempfile.mkdtemp(prefix="bg-repl-ports-")
+    t0 = time.monotonic()
+    try:
+        cluster = start_cluster(tmp, 3)
+    finally:
+        natscluster.Cluster.__init__ = made
+        for s in holder:
+            s.close()
+    took = time.monotonic() - t0
+    check(cluster is not None, "start_cluster gave up")
+    try:
+        check(all(cluster.healthy(i) for i in range(3)), "every node healthy after the retry")
+        check(taken and taken[0] not in [n["cport"] for n in cluster.nodes],
+              "the retry picked fresh ports")
+        check(took < 10, "the clash was noticed at once (%.1f s)" % took)
+        print("  a node's cluster port taken: the cluster came up on fresh ports %.2f s after the first try"
+              % took, flush=True)
+    finally:
+        cluster.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_kubernetes_manifests():
     """contrib/kubernetes/ha/ parses as YAML, its Service selects the pair and
     its readiness probe is /readyz (no cluster here to apply it to)."""
@@ -671,7 +713,8 @@ def test_kubernetes_manifests():
 
 
 TESTS = [test_standby_refuses, test_fencing, test_stream_bounded, test_sigterm_hands_over,
-         test_takeover_without_consumer, test_late_standby_without_consumer, test_failover, test_kubernetes_manifests]
+         test_takeover_without_consumer, test_late_standby_without_consumer, test_failover, test_kubernetes_manifests,
+         test_cluster_start_survives_a_taken_port]
 
 if __name__ == "__main__":
     ARGS = parse_args(arg_parser(__doc__), sys.argv)
