@@ -110,7 +110,11 @@ else
 fi
 
 # ---- 2. server and proxy -------------------------------------------------------------
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# three_free_ports: three distinct free loopback ports on one line (testlib.free_port)
+three_free_ports() {
+    python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from testlib import free_port
+print(free_port(), free_port(), free_port())' "$here/../lib"
+}
 # wait_http URL SECONDS: until GET URL answers 200
 wait_http() {
     python3 - "$1" "$2" <<'EOF'
@@ -131,7 +135,7 @@ EOF
 
 started=0
 for _attempt in 1 2 3; do
-    tcp_port="$(free_port)"; http_port="$(free_port)"; proxy_port="$(free_port)"
+    read -r tcp_port http_port proxy_port < <(three_free_ports)
     "$binary" -l 127.0.0.1 -p "$tcp_port" --http-listen 127.0.0.1 --http-port "$http_port" \
         --push "tube=http-push url=http://127.0.0.1:1/ attempts=1" \
         </dev/null >"$work/server.out" 2>"$work/server.err" &
