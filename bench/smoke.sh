@@ -5,8 +5,9 @@
 # completes without an unexpected reply.
 set -uo pipefail
 G="$1"; B="$2"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port); hport=$(free_port)
+# two distinct free loopback ports (testlib.free_port; two separate bind(0) calls may repeat one)
+read -r port hport < <(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from testlib import free_port
+print(free_port(), free_port())' "$(dirname "$0")/../tests/lib")
 "$G" -l 127.0.0.1 -p "$port" --http-listen 127.0.0.1 --http-port "$hport" 2>/dev/null & pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
 for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
