@@ -53,6 +53,8 @@
 #define GW_HEADER_TIMEOUT_DEFAULT_S 10    /* --http-header-timeout */
 #define GW_MAX_HEADER_DEFAULT 8192       /* --http-max-header-size: bytes of a request head */
 #define GW_BODY_BUFFER_DEFAULT (64u << 20) /* --http-max-body-buffer: bodies buffered at once */
+#define GW_RESPONSE_BUFFER_DEFAULT (64u << 20) /* --http-max-response-buffer: responses held at once */
+#define GW_RESPONSE_SMALL 16384           /* a response of at most this many bytes is never refused */
 #define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
 #define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
@@ -87,6 +89,18 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
     "Location, X-Job-Id, X-Job-Tube, X-Job-Priority, X-Job-Ttr, X-Reservation, "             \
     "Idempotent-Replayed, Retry-After, Allow, WWW-Authenticate, ETag"
 
+/* The responses held: every copied response counts its bytes in `held`
+ * from when it is built until libmicrohttpd has sent it or dropped it with
+ * its connection. While `refusable` is set (the handler of a GET or HEAD
+ * runs: a read, which changed nothing), a response of more than
+ * GW_RESPONSE_SMALL bytes that does not fit under `max` beside those held
+ * is answered 503 RESPONSE_BUFFER_FULL instead (counted in `refused`);
+ * any other response always goes, and counts. */
+struct gw_response_budget {
+    uint64_t held, max, refused;
+    int refusable;
+};
+
 struct gateway_config {
     const char *listen_addr;      /* default 127.0.0.1 */
     const char *port;             /* default 11301 */
@@ -112,6 +126,7 @@ struct gateway_config {
     uint32_t idle_timeout_s;      /* a connection with nothing going on is closed after this */
     uint32_t max_header_size;     /* bytes of a request head */
     uint64_t max_body_buffer;     /* bytes of request bodies buffered at once, all requests */
+    uint64_t max_response_buffer; /* bytes of responses built and not yet sent, all connections */
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,
@@ -334,6 +349,7 @@ struct gateway {
     bg_time started_at;
     uint64_t in_flight;           /* requests begun and not completed */
     uint64_t body_buffered;       /* bytes held for request bodies (body_reserved summed) */
+    struct gw_response_budget responses; /* responses held (reply.c counts them) */
     struct gw_admit admit;
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
@@ -446,6 +462,9 @@ int gw_reply_options(struct MHD_Connection *c, const char *allow, int preflight)
  * Access-Control-Allow-Origin and GW_CORS_EXPOSE_HEADERS. One gateway per
  * process. */
 void gw_reply_set_cors(const struct gw_cors *cors);
+/* Keep the responses' count in b from now on (NULL: none). One gateway
+ * per process. */
+void gw_reply_set_budget(struct gw_response_budget *b);
 
 /* ---- router.c: the route table ------------------------------------------ */
 

@@ -255,7 +255,10 @@ static int dispatch(struct gw_request *r)
     /* the handler reads job states (reservation checks, GET): bring the
      * engine up to now first, whether or not the loop's timer ran */
     bg_engine_catch_up(r->gw->engine, r->gw->now());
+    /* a read changed nothing: its response may be refused for the budget */
+    r->gw->responses.refusable = m->method == GW_GET || m->method == GW_HEAD;
     int rc = m->route->handler(r);
+    r->gw->responses.refusable = 0;
     if (rc < 0 && rc != GW_NO_REPLY) rc = gw_reply_outcome(r->conn, rc);
     count_request(r);
     return rc;
@@ -479,6 +482,7 @@ static void free_parts(struct gateway *gw)
     gw_idempotency_free(gw->idempotency);
     gw_auth_free(gw->auth);
     gw_reply_set_cors(NULL);
+    gw_reply_set_budget(NULL);
     gw_cors_free(gw->cors);
     gw_metrics_free(gw->metrics);
     free(gw);
@@ -493,6 +497,7 @@ static void limits_defaults(struct gateway_config *c)
     if (!c->idle_timeout_s) c->idle_timeout_s = GW_IDLE_TIMEOUT_DEFAULT_S;
     if (!c->max_header_size) c->max_header_size = GW_MAX_HEADER_DEFAULT;
     if (!c->max_body_buffer) c->max_body_buffer = GW_BODY_BUFFER_DEFAULT;
+    if (!c->max_response_buffer) c->max_response_buffer = GW_RESPONSE_BUFFER_DEFAULT;
 }
 
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
@@ -569,17 +574,19 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
     gw_reply_set_cors(gw->cors);
+    gw->responses.max = gw->cfg.max_response_buffer;
+    gw_reply_set_budget(&gw->responses);
     gw_run(gw);
     log_event(BG_LOG_INFO, "http_listening",
               "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u cors_origins=%s max_connections=%u "
               "max_connections_per_ip=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
-              "max_body_buffer=%llu",
+              "max_body_buffer=%llu max_response_buffer=%llu",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
               cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
               log_str(cfg->cors_origins ? cfg->cors_origins : "none"),
               gw->cfg.max_connections, gw->cfg.max_per_address, gw->cfg.header_timeout_s,
               gw->cfg.idle_timeout_s, gw->cfg.max_header_size,
-              (unsigned long long)gw->cfg.max_body_buffer);
+              (unsigned long long)gw->cfg.max_body_buffer, (unsigned long long)gw->cfg.max_response_buffer);
     return gw;
 }
 

@@ -407,6 +407,16 @@ static int render_connections(const struct gateway *gw, struct bg_buf *b)
         rc = gauge(b, "beangate_http_body_buffer_bytes",
                    "Bytes of request bodies budgeted now (at most --http-max-body-buffer).",
                    gw->body_buffered);
+    if (rc == 0)
+        rc = gauge(b, "beangate_http_response_buffer_bytes",
+                   "Bytes of HTTP responses built and not yet sent (reads are refused past "
+                   "--http-max-response-buffer).",
+                   gw->responses.held);
+    if (rc == 0)
+        rc = counter(b, "beangate_http_responses_refused_total",
+                     "GET responses refused with 503 RESPONSE_BUFFER_FULL: over 16 KiB and no room "
+                     "under --http-max-response-buffer.",
+                     gw->responses.refused);
     return rc;
 }
 

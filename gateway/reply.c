@@ -72,6 +72,59 @@ static const struct gw_cors *cors_origins;
 
 void gw_reply_set_cors(const struct gw_cors *cors) { cors_origins = cors; }
 
+/* The responses' budget (gw_reply_set_budget); NULL: not counted. */
+static struct gw_response_budget *budget;
+
+void gw_reply_set_budget(struct gw_response_budget *b) { budget = b; }
+
+/* A response's copy: its size, then its bytes. */
+struct response_copy {
+    size_t n;
+    char bytes[];
+};
+
+/* libmicrohttpd is done with a response: free its copy, and give its
+ * bytes back to the budget. */
+static void free_copy(void *cls)
+{
+    struct response_copy *copy = cls;
+    if (budget) budget->held -= copy->n;
+    free(copy);
+}
+
+/* A response whose body is a copy of n bytes (counted in the budget);
+ * NULL: out of memory, or *refused set: a read's response over the budget
+ * (nothing made). */
+static struct MHD_Response *copied_response(const void *bytes, size_t n, int *refused)
+{
+    *refused = 0;
+    if (budget && budget->refusable && n > GW_RESPONSE_SMALL && budget->held + n > budget->max) {
+        budget->refused++;
+        *refused = 1;
+        return NULL;
+    }
+    struct response_copy *copy = malloc(sizeof *copy + n);
+    if (!copy) return NULL;
+    copy->n = n;
+    if (n) memcpy(copy->bytes, bytes, n);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer_with_free_callback_cls(n, copy->bytes, free_copy, copy);
+    if (!resp) {
+        free(copy);
+        return NULL;
+    }
+    if (budget) budget->held += n;
+    return resp;
+}
+
+/* The answer to a read whose response does not fit the budget. */
+static int reply_over_budget(struct MHD_Connection *c)
+{
+    return gw_reply_problem(c, 503, "RESPONSE_BUFFER_FULL",
+                            "the server holds as many unsent responses as it may "
+                            "(--http-max-response-buffer): retry later");
+}
+
 /* Queue resp (NULL: out of memory) for c with the CORS headers, and let it
  * go. Every response of the gateway leaves through here. */
 static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
@@ -94,12 +147,15 @@ static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_R
 
 /* Queue a response made of n bytes (copied unless copy is 0: then they live
  * as long as the process), with a Content-Type unless type is NULL, and
- * the count headers of h. */
+ * the count headers of h. A copy counts in the responses' budget, and a
+ * read's may be refused for it (503 RESPONSE_BUFFER_FULL instead). */
 static int queue(struct MHD_Connection *c, unsigned status, const void *bytes, size_t n, int copy,
                  const char *type, const struct gw_header *h, size_t count)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        n, (void *)bytes, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
+    int refused = 0;
+    struct MHD_Response *resp = copy ? copied_response(bytes, n, &refused)
+                                     : MHD_create_response_from_buffer(n, (void *)bytes, MHD_RESPMEM_PERSISTENT);
+    if (refused) return reply_over_budget(c);
     if (resp && type) MHD_add_response_header(resp, "Content-Type", type);
     for (size_t i = 0; resp && i < count; i++) MHD_add_response_header(resp, h[i].name, h[i].value);
     return send_response(c, status, resp);
@@ -196,8 +252,9 @@ int gw_reply_static(struct MHD_Connection *c, unsigned status, const void *bytes
 
 int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const char *token)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(j->body_size - 2, (void *)j->body,
-                                                                MHD_RESPMEM_MUST_COPY);
+    int refused = 0;
+    struct MHD_Response *resp = copied_response(j->body, j->body_size - 2, &refused);
+    if (refused) return reply_over_budget(c);
     if (!resp) return GW_NO_REPLY;
     char num[32];
     MHD_add_response_header(resp, "Content-Type", "application/octet-stream");

@@ -172,6 +172,11 @@ static const struct setting settings[] = {
      FIELD(http_max_body_buffer),
      .help = "bytes of HTTP request bodies held at once, all requests together; a\n"
              "request whose body does not fit now gets 503 before it is read"},
+    {0, "--http-max-response-buffer", "BEANGATE_HTTP_MAX_RESPONSE_BUFFER", "BYTES", K_NUMBER,
+     .min = 65536, .max = 1099511627776ull, .def = "67108864", .key = "http_max_response_buffer",
+     FIELD(http_max_response_buffer),
+     .help = "bytes of HTTP responses built and not yet sent, all connections\n"
+             "together; a GET whose response (over 16 KiB) does not fit gets 503"},
     {0, "--http-token-file", "BEANGATE_HTTP_TOKEN_FILE", "PATH", K_STRING,
      .key = "http_token_file", FIELD(http_token_file),
      .help = "bearer tokens for the gateway, one per line (blank lines and\n"

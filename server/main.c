@@ -468,6 +468,7 @@ int main(int argc, char **argv)
             .idle_timeout_s = cfg.http_idle_timeout_s,
             .max_header_size = cfg.http_max_header_size,
             .max_body_buffer = cfg.http_max_body_buffer,
+            .max_response_buffer = cfg.http_max_response_buffer,
             .cors_origins = cfg.http_cors_origins, .extra_metrics = server_metrics};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop

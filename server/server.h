@@ -50,6 +50,7 @@ struct server_config {
     uint32_t http_idle_timeout_s;    /* --http-idle-timeout */
     uint32_t http_max_header_size;   /* --http-max-header-size */
     uint64_t http_max_body_buffer;   /* --http-max-body-buffer */
+    uint64_t http_max_response_buffer; /* --http-max-response-buffer */
     const char *http_token_file; /* --http-token-file, or NULL */
     /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
      * gateway is open. They live as long as the process. */

@@ -23,6 +23,9 @@ What it shows:
   - RSS stays bounded under 100 connections that declare big batch bodies
     (item 4), the budget of buffered bodies (503 BODY_BUFFER_FULL) and the
     body limit of each route (/tubes/batchy/jobs is a job, not a batch);
+  - responses that clients do not read are held within a budget
+    (--http-max-response-buffer, at its limit: 503 RESPONSE_BUFFER_FULL for
+    a large read), and RSS stays bounded under 200 such clients;
   - at the fd limit the process stays idle and logs a bounded number of
     lines, and HTTP is reachable again once the clients go (item 5);
   - clients that leave mid-request are counted, not warned about (item 5);
@@ -666,6 +669,119 @@ def test_rss_bounded_under_declared_bodies():
     check(peak - base < bound, "peak RSS grew by %.1f MB (bound %d MB)" % (peak - base, bound))
 
 
+def long_tubes(srv, n):
+    """Make n tubes of 200-byte names on srv (a job each, over beanstalk);
+    the bytes of GET /tubes's body that lists them (compact JSON and a
+    newline, as the gateway writes it)."""
+    names = ["default"] + ["t%05d" % i + "x" * 194 for i in range(n)]
+    c = socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=IO_TIMEOUT)
+    c.sendall(b"".join(b"use %s\r\nput 0 0 600 1\r\nj\r\n" % name.encode() for name in names[1:]))
+    got = b""
+    while got.count(b"INSERTED") < n:
+        chunk = c.recv(1 << 20)
+        check(chunk, "the server closed while the tubes were made: %r" % got[-200:])
+        got += chunk
+    c.close()
+    return len(json.dumps({"tubes": names}, separators=(",", ":"))) + 1
+
+
+def unread_get(port, path):
+    """A connection that asks GET path and reads only the status line and
+    headers of its answer (a few KB of a receive buffer), then nothing:
+    (socket, status, headers, the body bytes that came with them)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(IO_TIMEOUT)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        check(chunk, "closed before an answer to GET %s" % path)
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
+    return s, int(lines[0].split()[1]), headers, rest
+
+
+# GET /tubes of this many 200-byte names is about 6 MB: more than the kernel
+# takes into one loopback socket's buffers (tcp_wmem's 4 MiB), so a client
+# that does not read leaves most of it unsent, and held by the server.
+RESPONSE_TUBES = 30000
+
+
+def test_response_budget_at_its_limit():
+    """Responses built and not yet sent count against
+    --http-max-response-buffer. With a budget of exactly 2 x S (S: the bytes
+    of GET /tubes), two clients that do not read each hold one, and the
+    third gets 503 RESPONSE_BUFFER_FULL (problem+json, Retry-After, the
+    connection kept); one byte less and the second is refused. Small reads,
+    puts and health are served all along; the bytes come back when the
+    clients leave."""
+    names = ["default"] + ["t%05d" % i + "x" * 194 for i in range(RESPONSE_TUBES)]
+    want = len(json.dumps({"tubes": names}, separators=(",", ":"))) + 1
+    for budget_less, fits in ((0, 2), (1, 1)):
+        srv = server("--http-max-response-buffer", str(2 * want - budget_less))
+        size = long_tubes(srv, RESPONSE_TUBES)
+        check_eq(size, want, "GET /tubes's size, computed")
+        status, body, _ = get(srv.port, "/tubes", 30)
+        check_eq((status, len(body)), (200, size), "GET /tubes read whole")
+        wait_until(lambda: srv.metric("beangate_http_response_buffer_bytes") == 0, "a read response to leave", 5)
+        held = []
+        for k in range(fits):
+            s, status, _, _ = unread_get(srv.port, "/tubes")
+            check_eq(status, 200, "GET /tubes %d of %d with a budget of %d" % (k + 1, fits, 2 * size - budget_less))
+            held.append(s)
+        s, status, headers, rest = unread_get(srv.port, "/tubes")
+        check_eq((status, headers.get("retry-after"), headers.get("content-type")),
+                 (503, "5", "application/problem+json"), "GET /tubes past the budget")
+        body = rest
+        while len(body) < int(headers["content-length"]):
+            body += s.recv(4096)
+        check_eq(json.loads(body)["code"], "RESPONSE_BUFFER_FULL", "the refusal's code")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        check_eq(read_response(s)[0], 200, "the refused client's connection, used again")
+        s.close()
+        # small reads, a put and health go on while the budget is full
+        check_eq(get(srv.port, "/tubes/t00001" + "x" * 194, 5)[0], 200, "GET of one tube")
+        check_eq(get(srv.port, "/tubes/budget/jobs", 5, "POST", b"p")[0], 201, "a put")
+        check_eq(get(srv.port, "/readyz", 5)[0], 200, "/readyz")
+        for s in held:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()  # a reset: the server's next write fails
+        wait_until(lambda: get(srv.port, "/tubes", 30)[0] == 200, "GET /tubes once the clients left", 10)
+        wait_until(lambda: srv.metric("beangate_http_response_buffer_bytes") == 0, "the budget to be free", 10)
+        check(srv.metric("beangate_http_responses_refused_total") >= 1, "the refusal counted")
+        note("GET /tubes of %d bytes, budget %d: %d held unread, the next refused 503 RESPONSE_BUFFER_FULL",
+             size, 2 * size - budget_less, fits)
+
+
+def test_rss_bounded_under_non_reading_clients():
+    """200 clients ask for GET /tubes (about 6 MB each) and read nothing: the
+    default budget (64 MiB) holds the first ones, the rest get 503 at once,
+    and the server's RSS grows by about the budget, not by 200 x 6 MB."""
+    n = scale(200, 50)
+    raise_nofile(n + 200)
+    srv = server()
+    size = long_tubes(srv, RESPONSE_TUBES)
+    base = srv.rss_mb()
+    socks, statuses = [], {}
+    for _ in range(n):
+        s, status, _, _ = unread_get(srv.port, "/tubes")
+        statuses[status] = statuses.get(status, 0) + 1
+        socks.append(s)
+    grown = srv.rss_mb() - base
+    for s in socks:
+        s.close()
+    note("%d clients not reading GET /tubes (%d bytes each; %.0f MB if all were held): %s; server RSS +%.1f MB "
+         "(budget 64 MiB)", n, size, n * size / 1e6, statuses, grown)
+    check(statuses.get(503, 0) >= n - (64 << 20) // size - 1, "only %s were refused" % statuses)
+    check(statuses.get(200, 0) >= 1, "none was served")
+    bound = 64 + 2 * size / 1e6 + 32
+    check(grown < (bound if not T.sanitized else 3 * bound), "RSS grew by %.1f MB (bound %.0f MB)" % (grown, bound))
+
+
 def test_body_budget_and_route_limits():
     """The budget of buffered bodies (503 before the body, Retry-After) and
     each route's own body limit: /tubes/batchy/jobs is a put (-z), not a
@@ -883,6 +999,8 @@ TESTS = [
     test_health_under_slow_connections,
     test_rss_bounded_under_declared_bodies,
     test_body_budget_and_route_limits,
+    test_response_budget_at_its_limit,
+    test_rss_bounded_under_non_reading_clients,
     test_fd_limit_stays_idle,
     test_client_disconnects_are_debug_level,
     test_limits_at_their_limit,
