@@ -6,6 +6,7 @@
  * written (prefix matching, strtoul/strtol), the quirk is reproduced here on
  * purpose and marked "reference:".
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core.h"
@@ -562,7 +563,14 @@ static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_ti
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
         bytes += strlen(t->name) + 3;
     }
-    int rc = bg_buf_printf(&s->stream.out, "OK %zu\r\n---\n", bytes);
+    char head[32];
+    int head_len = snprintf(head, sizeof head, "OK %zu\r\n", bytes);
+    if (!bg_stream_may_reply(&s->stream, (uint64_t)head_len + bytes + 2)) {
+        reply_word(s, BG_OUT_OF_MEMORY);
+        return;
+    }
+    int rc = bg_buf_append(&s->stream.out, head, (size_t)head_len);
+    if (rc == 0) rc = bg_buf_append(&s->stream.out, "---\n", 4);
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
         rc = bg_buf_printf(&s->stream.out, "- %s\n", t->name);

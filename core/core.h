@@ -129,8 +129,20 @@ void bg_buf_free(struct bg_buf *b);
  * Gearman's gm_session) starts with one. The session appends replies to
  * `out` and sets the flags; the connection layer (io/conn.c) writes `out`,
  * feeds input while neither flag is set, and sets the limits and the hook. */
+/* Replies built and not yet sent, every connection of a process together
+ * (the connection layer keeps `held`: its connections' own output). A
+ * command whose reply may be large (list-tubes, list-tubes-watched)
+ * answers OUT_OF_MEMORY instead of a reply of more than BG_REPLY_SMALL
+ * bytes that does not fit under `max` beside those held (counted in
+ * `refused`). */
+struct bg_reply_budget {
+    uint64_t held, max, refused;
+};
+#define BG_REPLY_SMALL 16384        /* a reply of at most this many bytes is never refused */
+
 struct bg_stream {
     struct bg_buf out;          /* reply bytes waiting to be written */
+    struct bg_reply_budget *budget; /* NULL: replies are not counted */
     size_t out_limit;           /* feeding stops while out holds this much; 0: none */
     size_t out_max;             /* output others append past this overflows; 0: none */
     uint8_t blocked;            /* waiting (a blocked reserve): input stays buffered */
@@ -157,6 +169,16 @@ enum bg_stream_phase {
 static inline void bg_stream_wake(struct bg_stream *s)
 {
     if (s->output_ready) s->output_ready(s);
+}
+
+/* Nonzero if a reply of n bytes may be built on s: it is small, or fits
+ * s's budget (always, without one); a refusal is counted. */
+static inline int bg_stream_may_reply(struct bg_stream *s, uint64_t n)
+{
+    struct bg_reply_budget *b = s->budget;
+    if (!b || n <= BG_REPLY_SMALL || b->held + n <= b->max) return 1;
+    b->refused++;
+    return 0;
 }
 
 /* ---- heap.c: binary min-heap of pointers, each item knows its slot ------ */

@@ -910,6 +910,7 @@ static void run_admin(struct gm_session *s, const struct gm_admin_line *l, bg_ti
     }
     int cmd = gm_admin_command(l->cmd);
     if (cmd >= 0) bg_count_cmd(g->engine, (enum bg_cmd)cmd, 1);
+    size_t before = s->stream.out.len;
     switch (l->cmd) {
     case GM_ADMIN_STATUS: admin_status(s); break;
     case GM_ADMIN_WORKERS: admin_workers(s); break;
@@ -924,6 +925,12 @@ static void run_admin(struct gm_session *s, const struct gm_admin_line *l, bg_ti
     default:
         admin_error(s, "UNKNOWN_COMMAND", "Unknown server command", l->word, l->word_len);
         break;
+    }
+    /* a listing (status, workers, show jobs) larger than the replies'
+     * budget allows now is taken back for an error line */
+    if (!bg_stream_may_reply(&s->stream, s->stream.out.len - before)) {
+        s->stream.out.len = before;
+        admin_error(s, "OUT_OF_MEMORY", "the server holds as many unsent replies as it may", NULL, 0);
     }
 }
 

@@ -54,7 +54,6 @@
 #define GW_MAX_HEADER_DEFAULT 8192       /* --http-max-header-size: bytes of a request head */
 #define GW_BODY_BUFFER_DEFAULT (64u << 20) /* --http-max-body-buffer: bodies buffered at once */
 #define GW_RESPONSE_BUFFER_DEFAULT (64u << 20) /* --http-max-response-buffer: responses held at once */
-#define GW_RESPONSE_SMALL 16384           /* a response of at most this many bytes is never refused */
 #define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
 #define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
@@ -93,7 +92,7 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
  * from when it is built until libmicrohttpd has sent it or dropped it with
  * its connection. While `refusable` is set (the handler of a GET or HEAD
  * runs: a read, which changed nothing), a response of more than
- * GW_RESPONSE_SMALL bytes that does not fit under `max` beside those held
+ * BG_REPLY_SMALL bytes that does not fit under `max` beside those held
  * is answered 503 RESPONSE_BUFFER_FULL instead (counted in `refused`);
  * any other response always goes, and counts. */
 struct gw_response_budget {

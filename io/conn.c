@@ -83,6 +83,7 @@ struct conn {
     uint8_t peer_eof, read_paused, held, queue;
     uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
     uint8_t phase;               /* the stream's phase when last scheduled */
+    size_t out_counted;          /* its own output's bytes as counted in shared.replies.held */
     alignas(max_align_t) unsigned char session[]; /* starts with a struct bg_stream */
 };
 
@@ -97,6 +98,7 @@ static struct {
     size_t mask, addrs;
     char in[CONN_READ_CHUNK];    /* every read() lands here first */
     struct bg_buf out;           /* replies are built here while a connection has none pending */
+    struct bg_reply_budget replies; /* the connections' own output, all of them (--max-reply-memory) */
 } shared;
 
 static const char *const reason_names[CONN_REASON_COUNT] = {
@@ -105,9 +107,25 @@ static const char *const reason_names[CONN_REASON_COUNT] = {
 
 const char *conn_reason_name(enum conn_reason r) { return r < CONN_REASON_COUNT ? reason_names[r] : "-"; }
 
-void conn_configure(const struct conn_config *cfg) { shared.cfg = *cfg; }
+void conn_configure(const struct conn_config *cfg)
+{
+    shared.cfg = *cfg;
+    shared.replies.max = cfg->max_reply_memory;
+}
 
-void conn_get_counters(struct conn_counters *out) { *out = shared.counters; }
+void conn_get_counters(struct conn_counters *out)
+{
+    *out = shared.counters;
+    out->reply_memory = shared.replies.held;
+    out->replies_refused = shared.replies.refused;
+}
+
+/* c's own output now holds len bytes: bring the budget's count up to date. */
+static void count_output(struct conn *c, size_t len)
+{
+    shared.replies.held = shared.replies.held - c->out_counted + len;
+    c->out_counted = len;
+}
 
 /* Count a refusal or a close for `why`; log it (debug: each one; warn: at
  * most one line per LOG_INTERVAL and reason, with how many were not). */
@@ -356,6 +374,7 @@ static void conn_run(struct conn *c);
 static void conn_free(struct conn *c)
 {
     struct conn_server *cs = c->cs;
+    count_output(c, 0);
     /* the session first: closing it may call the engine, which may wake
      * sessions (c among them); c leaves the woken list after that */
     cs->proto->close(stream_of(c), loop_now());
@@ -551,6 +570,7 @@ static void conn_run_fresh(struct conn *c, const char *fresh, size_t fresh_len)
     if (c->in.len == 0) bg_buf_free(&c->in);
     if (borrowed && own_output(c) != 0) gone = 1;
     if (!borrowed && s->out.len == 0) bg_buf_free(&s->out);
+    count_output(c, s->out.len);
     if (gone) {
         conn_lost(c, "write_failed");
         return;
@@ -638,6 +658,7 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     }
     s->out_limit = p->limits.out_limit;
     s->out_max = p->limits.out_max;
+    if (shared.replies.max) s->budget = &shared.replies;
     s->output_ready = stream_output_ready;
     s->owner = c;
     c->woken.run = conn_woken;

@@ -67,6 +67,7 @@ const char *conn_reason_name(enum conn_reason r);
 struct conn_config {
     uint64_t max_connections;  /* beanstalk and Gearman connections at once; 0: no limit */
     uint64_t max_per_ip;       /* of them from one client address (UNIX peers exempt); 0: no limit */
+    uint64_t max_reply_memory; /* the budget of replies held unsent, all connections (bg_reply_budget) */
     uint64_t hash_key[2];      /* the keyed hash of the per-address table (random) */
 };
 /* Set the shared limits (before the first conn_server_start). */
@@ -77,6 +78,8 @@ struct conn_counters {
     uint64_t open;                         /* connections open now */
     uint64_t closed[CONN_REASON_COUNT];    /* refused or closed, by reason */
     uint64_t accept_paused;                /* times accepting paused at the open-file limit */
+    uint64_t reply_memory;                 /* bytes of replies held unsent now */
+    uint64_t replies_refused;              /* large replies refused for --max-reply-memory */
 };
 void conn_get_counters(struct conn_counters *out);
 

@@ -110,6 +110,11 @@ static const struct setting settings[] = {
      .help = "unsent reply bytes per connection; past it no more requests are read\n"
              "(one reply may go over). Gearman results for a client that does not\n"
              "read close it one largest packet beyond"},
+    {0, "--max-reply-memory", "BEANGATE_MAX_REPLY_MEMORY", "BYTES", K_NUMBER, .min = 65536,
+     .max = 1099511627776ull, .def = "67108864", .key = "max_reply_memory", FIELD(max_reply_memory),
+     .help = "unsent reply bytes of all beanstalk and Gearman connections together;\n"
+             "a list-tubes (or Gearman status, workers, show jobs) reply over\n"
+             "16 KiB that does not fit gets OUT_OF_MEMORY"},
     {0, "--max-job-memory", "BEANGATE_MAX_JOB_MEMORY", "BYTES", K_NUMBER, .max = UINT64_MAX, .def = "0",
      .key = "max_job_memory", FIELD(max_job_memory),
      .help = "bytes all jobs may hold (each its body + 112); a put beyond gets\n"

@@ -84,9 +84,18 @@ static int server_metrics(void *arg, struct bg_buf *b)
                               "beangate_job_memory_bytes %llu\n"
                               "# HELP beangate_max_job_memory_bytes The job-memory ceiling (--max-job-memory); 0: none.\n"
                               "# TYPE beangate_max_job_memory_bytes gauge\n"
-                              "beangate_max_job_memory_bytes %llu\n",
+                              "beangate_max_job_memory_bytes %llu\n"
+                              "# HELP beangate_reply_memory_bytes Bytes of replies beanstalk and Gearman connections "
+                              "hold unsent (large listings are refused past --max-reply-memory).\n"
+                              "# TYPE beangate_reply_memory_bytes gauge\n"
+                              "beangate_reply_memory_bytes %llu\n"
+                              "# HELP beangate_replies_refused_total Large listings answered OUT_OF_MEMORY for "
+                              "--max-reply-memory.\n"
+                              "# TYPE beangate_replies_refused_total counter\n"
+                              "beangate_replies_refused_total %llu\n",
                            (unsigned long long)n.accept_paused, (unsigned long long)srv->engine.job_memory,
-                           (unsigned long long)srv->engine.max_job_memory);
+                           (unsigned long long)srv->engine.max_job_memory, (unsigned long long)n.reply_memory,
+                           (unsigned long long)n.replies_refused);
     return rc;
 }
 
@@ -429,7 +438,7 @@ int main(int argc, char **argv)
     if (bg_engine_set_shard(&srv.engine, cfg.shard_index, cfg.shard_count) != 0) return SERVER_USAGE_EXIT;
     srv.engine.max_job_memory = cfg.max_job_memory; /* before the log's jobs come back */
     struct conn_config conns = {max_connections(cfg.max_connections), cfg.max_connections_per_ip,
-                                {srv.hash_key[0], srv.hash_key[1]}};
+                                cfg.max_reply_memory, {srv.hash_key[0], srv.hash_key[1]}};
     conn_configure(&conns);
     if (loop_init(&srv.engine) != 0) {
         log_event(BG_LOG_ERROR, "event_loop_failed", NULL);

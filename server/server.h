@@ -37,6 +37,7 @@ struct server_config {
     uint64_t idle_timeout_s;     /* 0: none */
     uint64_t max_input_buffer;   /* bytes */
     uint64_t max_output_buffer;  /* bytes */
+    uint64_t max_reply_memory;   /* bytes, all connections */
     uint64_t max_job_memory;     /* bytes; 0: no ceiling */
     int verbose;                 /* -V count, or BEANGATE_VERBOSE=N */
     const char *http_listen;     /* --http-listen, default 127.0.0.1 */

@@ -375,6 +375,62 @@ def test_rss_bounded_non_reading_pipeliners():
         close_all([c for c, _ in conns] + [fresh])
 
 
+def test_rss_bounded_non_reading_listers():
+    """200 clients send `list-tubes` with 30,000 tubes of 200-byte names (a
+    6 MB reply each) and read nothing. The kernel takes about 4 MiB of each
+    into the socket; what is left is held by the server, within
+    --max-reply-memory (64 MiB): once it is full, the next list-tubes gets
+    OUT_OF_MEMORY at once, and RSS grows by about the budget, not 200 x 2 MB
+    (the code before: +435 MB). Small replies go on; the budget comes back
+    when the clients leave."""
+    n = 50 if ASAN else 200
+    need_files(n + 300)
+    with Server(http=True) as srv:
+        c = srv.connect(timeout=30)
+        tubes = 30000
+        c.sendall(b"".join(b"use t%05d%s\r\nput 0 0 600 1\r\nj\r\n" % (i, b"x" * 194) for i in range(tubes)))
+        got = b""
+        while got.count(b"INSERTED") < tubes:
+            chunk = c.recv(1 << 20)
+            check(chunk, "the server closed while the tubes were made")
+            got += chunk
+        rss0 = rss_kib(srv.proc.pid)
+        conns, firsts = [], {}
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(10)
+            s.connect(("127.0.0.1", srv.port))
+            s.sendall(b"list-tubes\r\n")
+            first = s.recv(16)  # "OK 6089..." or "OUT_OF_MEMORY\r\n"
+            word = first.split()[0].decode() if first else "closed"
+            firsts[word] = firsts.get(word, 0) + 1
+            conns.append(s)
+        rss1 = rss_kib(srv.proc.pid)
+        held = srv.metric("beangate_reply_memory_bytes")
+        refused = srv.metric("beangate_replies_refused_total")
+        command(c, b"list-tube-used\r\n", b"USING t29999")
+        note("%d clients not reading list-tubes (a 6 MB reply each): %s; %.1f MB held unsent "
+             "(--max-reply-memory 64 MiB); server RSS %.1f MB -> %.1f MB (+%.1f MB)%s"
+             % (n, firsts, held / 1e6, rss0 / 1024, rss1 / 1024, (rss1 - rss0) / 1024,
+                " (ASan: fewer clients)" if ASAN else ""))
+        check(firsts.get("OUT_OF_MEMORY", 0) >= 1 or n * 2e6 < 64 << 20, "none refused: %s" % firsts)
+        check_eq(firsts.get("OUT_OF_MEMORY", 0), refused, "refusals counted in /metrics")
+        check(held <= (64 << 20) + 6.1e6, "held %d bytes, over the budget and one reply" % held)
+        check(rss1 - rss0 < (400 if ASAN else 64 + 7 + 30) * 1024, "RSS grew by %.1f MB" % ((rss1 - rss0) / 1024))
+        close_all(conns)
+        wait_until(lambda: srv.metric("beangate_reply_memory_bytes") == 0, "the budget to come back", 10)
+        c.sendall(b"list-tubes\r\n")
+        reply = b""
+        while b"\r\n" not in reply or len(reply) < reply.index(b"\r\n") + 4 + int(reply.split()[1]):
+            chunk = c.recv(1 << 20)
+            check(chunk, "closed during list-tubes: %r" % reply[:40])
+            reply += chunk
+        check(reply.startswith(b"OK ") and reply.endswith(b"- t29999%s\n\r\n" % (b"x" * 194)),
+              "list-tubes once the clients left: %r" % reply[:40])
+        c.close()
+
+
 # ---- the open-file limit -------------------------------------------------------
 
 def fd_limit_run(extra, what, http):
@@ -868,6 +924,7 @@ TESTS = [
     test_p99_with_slow_clients,
     test_rss_bounded_partial_lines,
     test_rss_bounded_non_reading_pipeliners,
+    test_rss_bounded_non_reading_listers,
     test_fd_limit_default_cap,
     test_fd_limit_accept_pauses,
     test_max_connections,

@@ -1989,6 +1989,46 @@ static void expect_stat_line(struct bg_session *s, const char *cmd, bg_time now,
         fail_msg("no \"%s\" in %.*s", line, (int)s->stream.out.len, bg_buf_head(&s->stream.out));
 }
 
+/* list-tubes and list-tubes-watched answer OUT_OF_MEMORY when their reply
+ * is over BG_REPLY_SMALL and does not fit the stream's reply budget beside
+ * what is held: a reply of exactly the room left goes, one byte more is
+ * refused (and counted); a small reply always goes. */
+static void test_session_reply_budget(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    char cmd[300], want[32];
+    for (int i = 0; i < 100; i++) { /* 100 tubes of 200-byte names: a listing of about 20 KB */
+        snprintf(cmd, sizeof cmd, "watch t%03d%0196d\r\n", i, 0);
+        snprintf(want, sizeof want, "WATCHING %d\r\n", i + 2);
+        feed_expect(&r.a, cmd, T0, want);
+    }
+    bg_buf_clear(&r.a.stream.out);
+    assert_int_equal(bg_session_feed(&r.a, "list-tubes\r\n", 12, T0), 12);
+    size_t whole = r.a.stream.out.len;
+    assert_true(whole > BG_REPLY_SMALL);
+    assert_memory_equal(bg_buf_head(&r.a.stream.out), "OK ", 3);
+    struct bg_reply_budget b = {.max = 1u << 20};
+    r.a.stream.budget = &b;
+    b.held = b.max - whole; /* exactly the room left */
+    bg_buf_clear(&r.a.stream.out);
+    assert_int_equal(bg_session_feed(&r.a, "list-tubes\r\n", 12, T0), 12);
+    assert_int_equal(r.a.stream.out.len, whole);
+    assert_int_equal(b.refused, 0);
+    b.held++; /* one byte short */
+    feed_expect(&r.a, "list-tubes\r\n", T0, "OUT_OF_MEMORY\r\n");
+    feed_expect(&r.a, "list-tubes-watched\r\n", T0, "OUT_OF_MEMORY\r\n");
+    assert_int_equal(b.refused, 2);
+    b.held = b.max * 2; /* far over: small replies still go */
+    r.b.stream.budget = &b;
+    feed_expect(&r.a, "list-tube-used\r\n", T0, "USING default\r\n");
+    feed_expect(&r.b, "list-tubes-watched\r\n", T0, "OK 14\r\n---\n- default\n\r\n");
+    assert_int_equal(b.refused, 2);
+    r.a.stream.budget = r.b.stream.budget = NULL;
+    rig_close(&r, T0);
+}
+
 /* Both commands in one read, so one `now`: the job is handed out. */
 static void test_session_pause_zero_then_reserve_one_read(void **state)
 {
@@ -3189,6 +3229,7 @@ int main(void)
         cmocka_unit_test(test_shard_of_tube_is_crc32_mod_n),
         cmocka_unit_test(test_tube_table_is_keyed),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
+        cmocka_unit_test(test_session_reply_budget),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
         cmocka_unit_test(test_session_peer_eof_after_wake_passed),

@@ -400,6 +400,40 @@ static void test_admin_status_and_workers(void **state)
     admin_expect(w, 3, "version\n", "OK " BEANGATE_VERSION "\n");
 }
 
+/* A listing (status, workers) over BG_REPLY_SMALL that does not fit the
+ * reply budget beside what is held is taken back for an error line: one
+ * of exactly the room left goes, one byte more is refused (and counted);
+ * small answers always go. */
+static void test_admin_listing_budget(void **state)
+{
+    struct world *w = *state;
+    char fn[200];
+    for (int i = 0; i < 100; i++) { /* 100 functions of 190 bytes: listings of about 19 KB */
+        snprintf(fn, sizeof fn, "f%03d%0186d", i, 0);
+        send_req(w, 1, GM_CAN_DO, 1, fn);
+    }
+    struct bg_buf *out = &w->s[0].stream.out;
+    bg_buf_clear(out);
+    feed_raw(w, 0, "status\n", 7);
+    size_t whole = out->len;
+    assert_true(whole > BG_REPLY_SMALL);
+    struct bg_reply_budget b = {.max = 1u << 20};
+    w->s[0].stream.budget = &b;
+    b.held = b.max - whole; /* exactly the room left */
+    bg_buf_clear(out);
+    feed_raw(w, 0, "status\n", 7);
+    assert_int_equal(out->len, whole);
+    assert_memory_equal(bg_buf_head(out) + whole - 2, ".\n", 2);
+    b.held++; /* one byte short */
+    const char *refusal = "ERR OUT_OF_MEMORY the+server+holds+as+many+unsent+replies+as+it+may\r\n";
+    admin_expect(w, 0, "status\n", refusal);
+    b.held = b.max; /* full: every listing over BG_REPLY_SMALL is refused */
+    admin_expect(w, 0, "workers\n", refusal);
+    assert_int_equal(b.refused, 2);
+    admin_expect(w, 0, "getpid\n", "OK 4242\n");
+    w->s[0].stream.budget = NULL;
+}
+
 /* One admin line and the whole answer (gearmand 1.1.20's, where it has one). */
 static const struct admin_case {
     const char *line, *want;
@@ -761,6 +795,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unique_coalescing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pre_sleep_noop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_status_and_workers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_admin_listing_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_maxqueue, setup, teardown),
