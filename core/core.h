@@ -42,6 +42,7 @@ typedef uint64_t bg_time; /* monotonic nanoseconds */
 #define BG_URGENT_PRIORITY 1024        /* pri below this counts as urgent */
 #define BG_LINE_MAX 224                /* command line incl. CRLF */
 #define BG_TUBE_NAME_MAX 200
+#define BG_WATCH_MAX 10000             /* tubes one client may watch (beanstalkd: no limit) */
 #define BG_JOB_SIZE_DEFAULT 65535
 #define BG_JOB_SIZE_LIMIT (1024 * 1024 * 1024) /* -z is clamped to this */
 #define BG_VERSION "1.12"              /* protocol level we reproduce */
@@ -420,7 +421,8 @@ void bg_client_mark_producer(struct bg_client *c);
 void bg_client_mark_worker(struct bg_client *c);
 /* Use tube `name`, creating it. 0 or BG_OUT_OF_MEMORY. */
 int bg_client_use(struct bg_client *c, const char *name);
-/* Watch tube `name`, creating it; *count gets the watch count. */
+/* Watch tube `name`, creating it; *count gets the watch count. 0, or
+ * BG_OUT_OF_MEMORY (also when c watches BG_WATCH_MAX tubes already). */
 int bg_client_watch(struct bg_client *c, const char *name, uint32_t *count);
 /* Ignore tube `name`: 0, or BG_NOT_IGNORED for the last watched tube. */
 int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);

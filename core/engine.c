@@ -737,14 +737,18 @@ int bg_client_use(struct bg_client *c, const char *name)
 /* Index of the watch of tube `name` in c, or -1. */
 static long client_find_watch(const struct bg_client *c, const char *name)
 {
-    for (uint32_t i = 0; i < c->watch_len; i++)
-        if (strcmp(c->watch[i]->tube->name, name) == 0) return i;
+    /* the tube by its name's hash, then c's contiguous tube pointers: no
+     * name compared per watch (a client may watch BG_WATCH_MAX) */
+    const struct bg_tube *t = bg_tube_find(c->engine, name);
+    for (uint32_t i = 0; t && i < c->watch_len; i++)
+        if (c->watch_tube[i] == t) return i;
     return -1;
 }
 
 int bg_client_watch(struct bg_client *c, const char *name, uint32_t *count)
 {
     if (client_find_watch(c, name) < 0) {
+        if (c->watch_len >= BG_WATCH_MAX) return BG_OUT_OF_MEMORY;
         struct bg_tube *t = tube_get(c->engine, name);
         if (!t) return BG_OUT_OF_MEMORY;
         tube_ref(t); /* hold it while the watch is added */

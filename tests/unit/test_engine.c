@@ -2029,6 +2029,34 @@ static void test_session_reply_budget(void **state)
     rig_close(&r, T0);
 }
 
+/* A client watches at most BG_WATCH_MAX tubes: the next new one answers
+ * OUT_OF_MEMORY and makes no tube; watching one it has, or a new one after
+ * an ignore, still works. */
+static void test_session_watch_limit(void **state)
+{
+    (void)state;
+    struct session_rig r;
+    rig_open(&r);
+    char cmd[64], want[32];
+    for (int i = 1; i < BG_WATCH_MAX; i++) { /* default is the first */
+        snprintf(cmd, sizeof cmd, "watch w%d\r\n", i);
+        snprintf(want, sizeof want, "WATCHING %d\r\n", i + 1);
+        feed_expect(&r.a, cmd, T0, want);
+    }
+    uint32_t tubes = r.e.tube_count;
+    feed_expect(&r.a, "watch one-too-many\r\n", T0, "OUT_OF_MEMORY\r\n");
+    assert_null(bg_tube_find(&r.e, "one-too-many"));
+    assert_int_equal(r.e.tube_count, tubes);
+    snprintf(want, sizeof want, "WATCHING %d\r\n", BG_WATCH_MAX);
+    feed_expect(&r.a, "watch w7\r\n", T0, want);
+    snprintf(want, sizeof want, "WATCHING %d\r\n", BG_WATCH_MAX - 1);
+    feed_expect(&r.a, "ignore w7\r\n", T0, want);
+    snprintf(want, sizeof want, "WATCHING %d\r\n", BG_WATCH_MAX);
+    feed_expect(&r.a, "watch one-too-many\r\n", T0, want);
+    feed_expect(&r.b, "watch w7\r\n", T0, "WATCHING 2\r\n"); /* another client is not limited by it */
+    rig_close(&r, T0);
+}
+
 /* Both commands in one read, so one `now`: the job is handed out. */
 static void test_session_pause_zero_then_reserve_one_read(void **state)
 {
@@ -3230,6 +3258,7 @@ int main(void)
         cmocka_unit_test(test_tube_table_is_keyed),
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reply_budget),
+        cmocka_unit_test(test_session_watch_limit),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
         cmocka_unit_test(test_session_peer_eof_after_wake_passed),
