@@ -63,6 +63,22 @@ void bg_buf_clear(struct bg_buf *b)
     b->len = 0;
 }
 
+void bg_buf_shrink(struct bg_buf *b)
+{
+    if (b->len == 0) {
+        bg_buf_free(b);
+        return;
+    }
+    if (b->cap <= BG_BUF_KEEP || b->len > b->cap / 4) return;
+    memmove(b->data, b->data + b->start, b->len);
+    b->start = 0;
+    size_t cap = b->len * 2 > BG_BUF_KEEP ? b->len * 2 : BG_BUF_KEEP;
+    char *data = bg_realloc(b->data, cap);
+    if (!data) return; /* it keeps its room */
+    b->data = data;
+    b->cap = cap;
+}
+
 void bg_buf_free(struct bg_buf *b)
 {
     bg_free(b->data);

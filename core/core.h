@@ -123,27 +123,33 @@ static inline char *bg_buf_head(const struct bg_buf *b) { return b->data + b->st
 char *bg_buf_reserve(struct bg_buf *b, size_t n);
 void bg_buf_clear(struct bg_buf *b);
 void bg_buf_free(struct bg_buf *b);
+/* Give room back: a buffer of more than BG_BUF_KEEP bytes that uses at
+ * most a quarter of them is moved to the front and cut to twice what it
+ * uses (at least BG_BUF_KEEP). An empty one is freed. */
+#define BG_BUF_KEEP 4096
+void bg_buf_shrink(struct bg_buf *b);
 
 /* ---- the stream: a byte-stream session as its connection sees it -------- */
 
-/* Every session of a byte-stream protocol (beanstalk's bg_session,
- * Gearman's gm_session) starts with one. The session appends replies to
- * `out` and sets the flags; the connection layer (io/conn.c) writes `out`,
- * feeds input while neither flag is set, and sets the limits and the hook. */
-/* Replies built and not yet sent, every connection of a process together
- * (the connection layer keeps `held`: its connections' own output). A
- * command whose reply may be large (list-tubes, list-tubes-watched)
- * answers OUT_OF_MEMORY instead of a reply of more than BG_REPLY_SMALL
- * bytes that does not fit under `max` beside those held (counted in
- * `refused`). */
+/* Replies built and not yet sent, every connection of a process together:
+ * the connection layer keeps `held`, the bytes its connections' own output
+ * buffers take. A reply a client can make as large as it likes (beanstalk's
+ * list-tubes and list-tubes-watched; Gearman's admin listings) is refused
+ * (OUT_OF_MEMORY; counted in `refused`) when it is over BG_REPLY_SMALL
+ * bytes and does not fit under `max` beside what is held; when nothing is
+ * held it always goes, so the memory is at most `max` and one reply. */
 struct bg_reply_budget {
     uint64_t held, max, refused;
 };
 #define BG_REPLY_SMALL 16384        /* a reply of at most this many bytes is never refused */
 
+/* Every session of a byte-stream protocol (beanstalk's bg_session,
+ * Gearman's gm_session) starts with one. The session appends replies to
+ * `out` and sets the flags; the connection layer (io/conn.c) writes `out`,
+ * feeds input while neither flag is set, and sets the limits and the hook. */
 struct bg_stream {
     struct bg_buf out;          /* reply bytes waiting to be written */
-    struct bg_reply_budget *budget; /* NULL: replies are not counted */
+    struct bg_reply_budget *budget; /* the process's; NULL: no reply is ever refused */
     size_t out_limit;           /* feeding stops while out holds this much; 0: none */
     size_t out_max;             /* output others append past this overflows; 0: none */
     uint8_t blocked;            /* waiting (a blocked reserve): input stays buffered */
@@ -173,11 +179,14 @@ static inline void bg_stream_wake(struct bg_stream *s)
 }
 
 /* Nonzero if a reply of n bytes may be built on s: it is small, or fits
- * s's budget (always, without one); a refusal is counted. */
+ * s's budget beside what is held and what s's output holds now (which may
+ * not be counted yet), or nothing is held at all (always, without a
+ * budget); a refusal is counted. */
 static inline int bg_stream_may_reply(struct bg_stream *s, uint64_t n)
 {
     struct bg_reply_budget *b = s->budget;
-    if (!b || n <= BG_REPLY_SMALL || b->held + n <= b->max) return 1;
+    uint64_t held = b ? b->held + s->out.len : 0;
+    if (!b || n <= BG_REPLY_SMALL || held == 0 || held + n <= b->max) return 1;
     b->refused++;
     return 0;
 }

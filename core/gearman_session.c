@@ -926,10 +926,14 @@ static void run_admin(struct gm_session *s, const struct gm_admin_line *l, bg_ti
         admin_error(s, "UNKNOWN_COMMAND", "Unknown server command", l->word, l->word_len);
         break;
     }
-    /* a listing (status, workers, show jobs) larger than the replies'
-     * budget allows now is taken back for an error line */
-    if (!bg_stream_may_reply(&s->stream, s->stream.out.len - before)) {
-        s->stream.out.len = before;
+    /* an answer (status, workers, show jobs and show unique jobs are the
+     * ones that grow) larger than the replies' budget allows now is taken
+     * back for an error line; the connection layer gives the room back */
+    size_t made = s->stream.out.len - before;
+    s->stream.out.len = before; /* asked without it, as if it were not built yet */
+    if (bg_stream_may_reply(&s->stream, made)) {
+        s->stream.out.len = before + made;
+    } else {
         admin_error(s, "OUT_OF_MEMORY", "the server holds as many unsent replies as it may", NULL, 0);
     }
 }

@@ -94,7 +94,8 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
  * runs: a read, which changed nothing), a response of more than
  * BG_REPLY_SMALL bytes that does not fit under `max` beside those held
  * is answered 503 RESPONSE_BUFFER_FULL instead (counted in `refused`);
- * any other response always goes, and counts. */
+ * when none is held it goes, however large (so at most `max` and one
+ * response are held); any other response always goes, and counts. */
 struct gw_response_budget {
     uint64_t held, max, refused;
     int refusable;

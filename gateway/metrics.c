@@ -414,7 +414,7 @@ static int render_connections(const struct gateway *gw, struct bg_buf *b)
                    gw->responses.held);
     if (rc == 0)
         rc = counter(b, "beangate_http_responses_refused_total",
-                     "GET responses refused with 503 RESPONSE_BUFFER_FULL: over 16 KiB and no room "
+                     "GET and HEAD responses refused with 503 RESPONSE_BUFFER_FULL: over 16 KiB and no room "
                      "under --http-max-response-buffer.",
                      gw->responses.refused);
     return rc;

@@ -98,7 +98,7 @@ static void free_copy(void *cls)
 static struct MHD_Response *copied_response(const void *bytes, size_t n, int *refused)
 {
     *refused = 0;
-    if (budget && budget->refusable && n > BG_REPLY_SMALL && budget->held + n > budget->max) {
+    if (budget && budget->refusable && n > BG_REPLY_SMALL && budget->held && budget->held + n > budget->max) {
         budget->refused++;
         *refused = 1;
         return NULL;

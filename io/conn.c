@@ -120,7 +120,8 @@ void conn_get_counters(struct conn_counters *out)
     out->replies_refused = shared.replies.refused;
 }
 
-/* c's own output now holds len bytes: bring the budget's count up to date. */
+/* c's own output buffer now takes len bytes (its room, not only what is
+ * unsent): bring the budget's count up to date. */
 static void count_output(struct conn *c, size_t len)
 {
     shared.replies.held = shared.replies.held - c->out_counted + len;
@@ -567,10 +568,10 @@ static void conn_run_fresh(struct conn *c, const char *fresh, size_t fresh_len)
         if (!((used || woke || full) && s->out.len == 0 && c->in.len)) break;
         if (c->held) break;
     }
-    if (c->in.len == 0) bg_buf_free(&c->in);
+    bg_buf_shrink(&c->in); /* freed once empty, cut once mostly consumed */
     if (borrowed && own_output(c) != 0) gone = 1;
-    if (!borrowed && s->out.len == 0) bg_buf_free(&s->out);
-    count_output(c, s->out.len);
+    if (!borrowed) bg_buf_shrink(&s->out);
+    count_output(c, s->out.cap);
     if (gone) {
         conn_lost(c, "write_failed");
         return;

@@ -113,8 +113,8 @@ static const struct setting settings[] = {
     {0, "--max-reply-memory", "BEANGATE_MAX_REPLY_MEMORY", "BYTES", K_NUMBER, .min = 65536,
      .max = 1099511627776ull, .def = "67108864", .key = "max_reply_memory", FIELD(max_reply_memory),
      .help = "unsent reply bytes of all beanstalk and Gearman connections together;\n"
-             "a list-tubes (or Gearman status, workers, show jobs) reply over\n"
-             "16 KiB that does not fit gets OUT_OF_MEMORY"},
+             "a list-tubes (or Gearman admin listing) reply over 16 KiB that\n"
+             "does not fit gets OUT_OF_MEMORY"},
     {0, "--max-job-memory", "BEANGATE_MAX_JOB_MEMORY", "BYTES", K_NUMBER, .max = UINT64_MAX, .def = "0",
      .key = "max_job_memory", FIELD(max_job_memory),
      .help = "bytes all jobs may hold (each its body + 112); a put beyond gets\n"
@@ -181,7 +181,8 @@ static const struct setting settings[] = {
      .min = 65536, .max = 1099511627776ull, .def = "67108864", .key = "http_max_response_buffer",
      FIELD(http_max_response_buffer),
      .help = "bytes of HTTP responses built and not yet sent, all connections\n"
-             "together; a GET whose response (over 16 KiB) does not fit gets 503"},
+             "together; a GET or HEAD whose response (over 16 KiB) does not fit\n"
+             "gets 503"},
     {0, "--http-token-file", "BEANGATE_HTTP_TOKEN_FILE", "PATH", K_STRING,
      .key = "http_token_file", FIELD(http_token_file),
      .help = "bearer tokens for the gateway, one per line (blank lines and\n"

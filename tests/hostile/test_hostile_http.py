@@ -716,13 +716,16 @@ def test_response_budget_at_its_limit():
     --http-max-response-buffer. With a budget of exactly 2 x S (S: the bytes
     of GET /tubes), two clients that do not read each hold one, and the
     third gets 503 RESPONSE_BUFFER_FULL (problem+json, Retry-After, the
-    connection kept); one byte less and the second is refused. Small reads,
+    connection kept); one byte less and the second is refused; a budget
+    smaller than one response lets one go while nothing else is held. Small reads,
     puts and health are served all along; the bytes come back when the
     clients leave."""
     names = ["default"] + ["t%05d" % i + "x" * 194 for i in range(RESPONSE_TUBES)]
     want = len(json.dumps({"tubes": names}, separators=(",", ":"))) + 1
-    for budget_less, fits in ((0, 2), (1, 1)):
-        srv = server("--http-max-response-buffer", str(2 * want - budget_less))
+    # budgets of 2 x S, of 2 x S - 1, and of less than one response (which
+    # goes while nothing else is held)
+    for budget, fits in ((2 * want, 2), (2 * want - 1, 1), (65536, 1)):
+        srv = server("--http-max-response-buffer", str(budget))
         size = long_tubes(srv, RESPONSE_TUBES)
         check_eq(size, want, "GET /tubes's size, computed")
         status, body, _ = get(srv.port, "/tubes", 30)
@@ -731,7 +734,7 @@ def test_response_budget_at_its_limit():
         held = []
         for k in range(fits):
             s, status, _, _ = unread_get(srv.port, "/tubes")
-            check_eq(status, 200, "GET /tubes %d of %d with a budget of %d" % (k + 1, fits, 2 * size - budget_less))
+            check_eq(status, 200, "GET /tubes %d of %d with a budget of %d" % (k + 1, fits, budget))
             held.append(s)
         s, status, headers, rest = unread_get(srv.port, "/tubes")
         check_eq((status, headers.get("retry-after"), headers.get("content-type")),
@@ -754,7 +757,7 @@ def test_response_budget_at_its_limit():
         wait_until(lambda: srv.metric("beangate_http_response_buffer_bytes") == 0, "the budget to be free", 10)
         check(srv.metric("beangate_http_responses_refused_total") >= 1, "the refusal counted")
         note("GET /tubes of %d bytes, budget %d: %d held unread, the next refused 503 RESPONSE_BUFFER_FULL",
-             size, 2 * size - budget_less, fits)
+             size, budget, fits)
 
 
 def test_rss_bounded_under_non_reading_clients():

@@ -2020,6 +2020,11 @@ static void test_session_reply_budget(void **state)
     feed_expect(&r.a, "list-tubes\r\n", T0, "OUT_OF_MEMORY\r\n");
     feed_expect(&r.a, "list-tubes-watched\r\n", T0, "OUT_OF_MEMORY\r\n");
     assert_int_equal(b.refused, 2);
+    b.held = 0; /* nothing held: a reply larger than the whole budget goes */
+    b.max = whole - 1;
+    bg_buf_clear(&r.a.stream.out);
+    assert_int_equal(bg_session_feed(&r.a, "list-tubes\r\n", 12, T0), 12);
+    assert_int_equal(r.a.stream.out.len, whole);
     b.held = b.max * 2; /* far over: small replies still go */
     r.b.stream.budget = &b;
     feed_expect(&r.a, "list-tube-used\r\n", T0, "USING default\r\n");
@@ -2027,6 +2032,39 @@ static void test_session_reply_budget(void **state)
     assert_int_equal(b.refused, 2);
     r.a.stream.budget = r.b.stream.budget = NULL;
     rig_close(&r, T0);
+}
+
+/* bg_buf_shrink cuts a buffer that uses a quarter of its room or less to
+ * twice what it uses (at least BG_BUF_KEEP), keeps its bytes, leaves a
+ * fuller or small one alone, and frees an empty one. */
+static void test_buf_shrink(void **state)
+{
+    (void)state;
+    struct bg_buf b = {0};
+    char chunk[1000];
+    for (size_t i = 0; i < sizeof chunk; i++) chunk[i] = (char)('a' + i % 26);
+    for (int i = 0; i < 1000; i++) assert_int_equal(bg_buf_append(&b, chunk, sizeof chunk), 0);
+    size_t big = b.cap;
+    assert_true(big >= 1000000);
+    bg_buf_consume(&b, 1000000 - 300000); /* 300,000 left: more than a quarter */
+    bg_buf_shrink(&b);
+    assert_int_equal(b.cap, big);
+    bg_buf_consume(&b, 300000 - 10000); /* 10,000 left */
+    bg_buf_shrink(&b);
+    assert_int_equal(b.cap, 20000);
+    assert_int_equal(b.len, 10000);
+    assert_int_equal(b.start, 0);
+    assert_memory_equal(bg_buf_head(&b), chunk, 1000); /* 990,000 consumed: a multiple of 1000 */
+    bg_buf_consume(&b, 9990); /* 10 left: cut to BG_BUF_KEEP */
+    bg_buf_shrink(&b);
+    assert_int_equal(b.cap, BG_BUF_KEEP);
+    assert_memory_equal(bg_buf_head(&b), chunk + 990, 10);
+    bg_buf_shrink(&b); /* small: left alone */
+    assert_int_equal(b.cap, BG_BUF_KEEP);
+    bg_buf_consume(&b, 10);
+    bg_buf_shrink(&b); /* empty: freed */
+    assert_null(b.data);
+    assert_int_equal(b.cap, 0);
 }
 
 /* A client watches at most BG_WATCH_MAX tubes: the next new one answers
@@ -3259,6 +3297,7 @@ int main(void)
         cmocka_unit_test(test_session_pause_zero_then_reserve_one_read),
         cmocka_unit_test(test_session_reply_budget),
         cmocka_unit_test(test_session_watch_limit),
+        cmocka_unit_test(test_buf_shrink),
         cmocka_unit_test(test_session_reads_after_delay_passed),
         cmocka_unit_test(test_session_reads_after_ttr_passed),
         cmocka_unit_test(test_session_peer_eof_after_wake_passed),
