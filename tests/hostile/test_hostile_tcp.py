@@ -944,8 +944,7 @@ def main(argv):
     global BINARY, ASAN, SLOW_CLIENTS
     args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
     BINARY = args.binary
-    with open(BINARY, "rb") as f:
-        ASAN = b"__asan_init" in f.read()
+    ASAN = testlib.is_asan_build(BINARY)
     if ASAN:
         SLOW_CLIENTS = 1000
         print("ASan build: %d slow clients instead of 5000, looser memory bounds" % SLOW_CLIENTS, flush=True)

@@ -59,8 +59,6 @@ def free_port():
             return port
 
 
-# The environment without any BEANGATE_* variable, plus extra: a server
-# started by a test sees only the settings the test gives it.
 def rss_kib(pid):
     """The resident set of process pid in KiB (VmRSS of /proc/PID/status)."""
     with open("/proc/%d/status" % pid) as f:
@@ -70,6 +68,15 @@ def rss_kib(pid):
     raise AssertionError("no VmRSS for pid %d" % pid)
 
 
+def is_asan_build(binary):
+    """Whether binary is built with AddressSanitizer (it calls __asan_init;
+    the runtime is a shared library, so its messages are not in the file)."""
+    with open(binary, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
+# The environment without any BEANGATE_* variable, plus extra: a server
+# started by a test sees only the settings the test gives it.
 def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BEANGATE_")}
     env.update(extra or {})
