@@ -178,17 +178,23 @@ static inline void bg_stream_wake(struct bg_stream *s)
     if (s->output_ready) s->output_ready(s);
 }
 
-/* Nonzero if a reply of n bytes may be built on s: it is small, or fits
- * s's budget beside what is held and what s's output holds now (which may
- * not be counted yet), or nothing is held at all (always, without a
- * budget); a refusal is counted. */
-static inline int bg_stream_may_reply(struct bg_stream *s, uint64_t n)
+/* Nonzero if a reply of n bytes may be built while b holds its count and
+ * `extra` bytes more: it is small, or fits under b's max, or nothing is
+ * held at all; a refusal is counted. The one rule of every reply budget. */
+static inline int bg_reply_fits(struct bg_reply_budget *b, uint64_t extra, uint64_t n)
 {
-    struct bg_reply_budget *b = s->budget;
-    uint64_t held = b ? b->held + s->out.len : 0;
-    if (!b || n <= BG_REPLY_SMALL || held == 0 || held + n <= b->max) return 1;
+    uint64_t held = b->held + extra;
+    if (n <= BG_REPLY_SMALL || held == 0 || held + n <= b->max) return 1;
     b->refused++;
     return 0;
+}
+
+/* Nonzero if a reply of n bytes may be built on s: bg_reply_fits beside
+ * what s's output holds now (which may not be counted yet); always without
+ * a budget. */
+static inline int bg_stream_may_reply(struct bg_stream *s, uint64_t n)
+{
+    return !s->budget || bg_reply_fits(s->budget, s->out.len, n);
 }
 
 /* ---- heap.c: binary min-heap of pointers, each item knows its slot ------ */

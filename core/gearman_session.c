@@ -930,10 +930,8 @@ static void run_admin(struct gm_session *s, const struct gm_admin_line *l, bg_ti
      * ones that grow) larger than the replies' budget allows now is taken
      * back for an error line; the connection layer gives the room back */
     size_t made = s->stream.out.len - before;
-    s->stream.out.len = before; /* asked without it, as if it were not built yet */
-    if (bg_stream_may_reply(&s->stream, made)) {
-        s->stream.out.len = before + made;
-    } else {
+    if (s->stream.budget && !bg_reply_fits(s->stream.budget, before, made)) {
+        s->stream.out.len = before;
         admin_error(s, "OUT_OF_MEMORY", "the server holds as many unsent replies as it may", NULL, 0);
     }
 }

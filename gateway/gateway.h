@@ -88,16 +88,14 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
     "Location, X-Job-Id, X-Job-Tube, X-Job-Priority, X-Job-Ttr, X-Reservation, "             \
     "Idempotent-Replayed, Retry-After, Allow, WWW-Authenticate, ETag"
 
-/* The responses held: every copied response counts its bytes in `held`
- * from when it is built until libmicrohttpd has sent it or dropped it with
- * its connection. While `refusable` is set (the handler of a GET or HEAD
- * runs: a read, which changed nothing), a response of more than
- * BG_REPLY_SMALL bytes that does not fit under `max` beside those held
- * is answered 503 RESPONSE_BUFFER_FULL instead (counted in `refused`);
- * when none is held it goes, however large (so at most `max` and one
- * response are held); any other response always goes, and counts. */
+/* The responses held: every copied response counts its bytes in
+ * count.held from when it is built until libmicrohttpd has sent it or
+ * dropped it with its connection. While `refusable` is set (the handler of
+ * a GET or HEAD runs: a read, which changed nothing), a response that
+ * bg_reply_fits refuses is answered 503 RESPONSE_BUFFER_FULL instead; any
+ * other response always goes, and counts. */
 struct gw_response_budget {
-    uint64_t held, max, refused;
+    struct bg_reply_budget count;
     int refusable;
 };
 

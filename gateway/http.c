@@ -574,7 +574,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
     gw_reply_set_cors(gw->cors);
-    gw->responses.max = gw->cfg.max_response_buffer;
+    gw->responses.count.max = gw->cfg.max_response_buffer;
     gw_reply_set_budget(&gw->responses);
     gw_run(gw);
     log_event(BG_LOG_INFO, "http_listening",

@@ -411,12 +411,12 @@ static int render_connections(const struct gateway *gw, struct bg_buf *b)
         rc = gauge(b, "beangate_http_response_buffer_bytes",
                    "Bytes of HTTP responses built and not yet sent (reads are refused past "
                    "--http-max-response-buffer).",
-                   gw->responses.held);
+                   gw->responses.count.held);
     if (rc == 0)
         rc = counter(b, "beangate_http_responses_refused_total",
                      "GET and HEAD responses refused with 503 RESPONSE_BUFFER_FULL: over 16 KiB and no room "
                      "under --http-max-response-buffer.",
-                     gw->responses.refused);
+                     gw->responses.count.refused);
     return rc;
 }
 

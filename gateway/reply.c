@@ -88,7 +88,7 @@ struct response_copy {
 static void free_copy(void *cls)
 {
     struct response_copy *copy = cls;
-    if (budget) budget->held -= copy->n;
+    if (budget) budget->count.held -= copy->n;
     free(copy);
 }
 
@@ -98,8 +98,7 @@ static void free_copy(void *cls)
 static struct MHD_Response *copied_response(const void *bytes, size_t n, int *refused)
 {
     *refused = 0;
-    if (budget && budget->refusable && n > BG_REPLY_SMALL && budget->held && budget->held + n > budget->max) {
-        budget->refused++;
+    if (budget && budget->refusable && !bg_reply_fits(&budget->count, 0, n)) {
         *refused = 1;
         return NULL;
     }
@@ -113,7 +112,7 @@ static struct MHD_Response *copied_response(const void *bytes, size_t n, int *re
         free(copy);
         return NULL;
     }
-    if (budget) budget->held += n;
+    if (budget) budget->count.held += n;
     return resp;
 }
 
