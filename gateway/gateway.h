@@ -620,17 +620,18 @@ struct gw_idempotency *gw_idempotency_new(const uint64_t key[4]);
 void gw_idempotency_free(struct gw_idempotency *t);
 /* Nonzero if key is 1..GW_IDEMPOTENCY_KEY_MAX visible ASCII characters. */
 int gw_idempotency_valid_key(const char *key);
-/* Look key up for the put req; for GW_IDEM_SAME, *job_id and *state are the
- * first put's job and answered state. */
+/* Look key up for the put req; for GW_IDEM_SAME, *job_id, *state and
+ * *position are the first put's job, answered state and the log position
+ * its answer depended on (a replay's answer depends on it too). */
 enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const char *key,
                                                 const struct gw_put_request *req, bg_time now,
-                                                uint64_t *job_id, const char **state);
+                                                uint64_t *job_id, const char **state, uint64_t *position);
 /* Remember that key and the put req made job_id, answered with `state` (a
- * static string). 0, BG_BAD_FORMAT (key or tube too long) or
- * BG_OUT_OF_MEMORY. */
+ * static string) once the log kept `position` (engine->reply_pos). 0,
+ * BG_BAD_FORMAT (key or tube too long) or BG_OUT_OF_MEMORY. */
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
                             const struct gw_put_request *req, uint64_t job_id, const char *state,
-                            bg_time now);
+                            uint64_t position, bg_time now);
 /* The bucket of key: a keyed hash, so it depends on the table's key. */
 size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key);
 
@@ -694,7 +695,7 @@ unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct
  * zero (so every byte string has one encoding). NULL if text is not that,
  * or memory ran out (*bad tells which: 1 invalid, 0 memory). *n = length. */
 char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad);
-json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);
 /* Server stats; pi adds the process's and the write-ahead log's figures

@@ -300,13 +300,13 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     }
     if (r->responded || r->held) return MHD_YES;
-    uint64_t before = wal_mark(gw->cfg.wal);
+    gw->engine->reply_pos = 0;
     int rc = dispatch(r);
     note_status(r);
-    uint64_t mark = wal_mark(gw->cfg.wal);
-    if (mark > before && rc == 0 && !r->suspended) {
-        /* durable acknowledgement: the queued response leaves only once
-         * the records it reports are on disk */
+    uint64_t mark = gw->engine->reply_pos;
+    if (rc == 0 && !r->suspended && !wal_reply_may_go(gw->cfg.wal, mark)) {
+        /* the queued response leaves only once the log keeps the position
+         * its change depends on (io/wal.h) */
         r->held = 1;
         r->held_prev = NULL;
         r->held_next = gw->held;
@@ -316,6 +316,14 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         wal_hold(gw->cfg.wal, &r->hold, mark, request_durable);
     }
     return mhd_result(rc);
+}
+
+/* A held response must never be sent: shut the socket's sending side, so
+ * that libmicrohttpd's write fails and the connection closes unanswered. */
+static void cut_off(struct gw_request *r)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
 }
 
 /* The log holds what a held response reports: let it go. */
@@ -607,8 +615,12 @@ void gateway_stop(struct gateway *gw)
         }
     }
     gw->woken = NULL;
+    /* a held response goes only if the log kept what it reports (the stop
+     * sequence finished the log first); the others are cut off unsent: the
+     * client sees the connection close without a status */
     for (struct gw_request *r = gw->held; r; r = r->held_next) {
         wal_unhold(gw->cfg.wal, &r->hold);
+        if (!wal_reply_may_go(gw->cfg.wal, r->hold.mark)) cut_off(r);
         MHD_resume_connection(r->conn);
     }
     gw->held = NULL;

@@ -78,7 +78,7 @@ struct conn {
     bg_time deadline;
     struct addr_count *addr;     /* its address's count, or NULL */
     struct loop_task woken;      /* output came from outside its callback */
-    uint64_t mark;               /* replies wait until the log holds this */
+    uint64_t mark;               /* the log position its output depends on (io/wal.h) */
     struct wal_hold hold;        /* queued at the log while held */
     uint8_t peer_eof, read_paused, held, queue;
     uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
@@ -467,16 +467,23 @@ static ssize_t read_in(struct conn *c)
     return 0;
 }
 
+/* c's output now also depends on what the engine noted for the change
+ * just made (engine->reply_pos). */
+static void note_position(struct conn *c)
+{
+    uint64_t pos = c->cs->engine->reply_pos;
+    if (pos > c->mark) c->mark = pos;
+}
+
 /* Let the session run on in[0..len): the bytes consumed (none while it is
- * blocked or closing). Notes the log mark its replies wait for. */
+ * blocked or closing). Notes the log position its replies depend on. */
 static size_t feed(struct conn *c, const char *in, size_t len)
 {
     struct bg_stream *s = stream_of(c);
     if (!len || s->blocked || s->closing) return 0;
-    uint64_t before = wal_mark(c->cs->wal);
+    c->cs->engine->reply_pos = 0;
     size_t used = c->cs->proto->feed(s, in, len, loop_now());
-    uint64_t mark = wal_mark(c->cs->wal);
-    if (mark > before) c->mark = mark;
+    note_position(c);
     if (used) c->consumed = 1;
     return used;
 }
@@ -494,7 +501,7 @@ static void conn_durable(struct wal_hold *h)
 static int conn_flush(struct conn *c)
 {
     if (c->held) return 0;
-    if (!wal_reached(c->cs->wal, c->mark)) {
+    if (!wal_reply_may_go(c->cs->wal, c->mark)) {
         /* durable replies: nothing goes out before its record is on disk */
         c->held = 1;
         wal_hold(c->cs->wal, &c->hold, c->mark, conn_durable);
@@ -620,7 +627,14 @@ static void conn_woken(struct loop_task *t)
     conn_run((struct conn *)((char *)t - offsetof(struct conn, woken)));
 }
 
-static void stream_output_ready(struct bg_stream *s) { loop_defer(&((struct conn *)s->owner)->woken); }
+/* Output came from outside c's feed (a wait ended inside another request,
+ * or on a timer): it depends on what the engine noted meanwhile. */
+static void stream_output_ready(struct bg_stream *s)
+{
+    struct conn *c = s->owner;
+    note_position(c);
+    loop_defer(&c->woken);
+}
 
 /* The peer's address as text ("-" when it has none: a UNIX socket). */
 static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRSTRLEN])
