@@ -834,6 +834,18 @@ static inline void bg_engine_show_job(struct bg_engine *e, const struct bg_job *
     if (e->journal && e->journal->job_shown) e->journal->job_shown(e->journal_ctx, j->id);
 }
 
+/* The log position showing j depends on, apart from what e->reply_pos
+ * holds (which keeps its value, raised by it). */
+static inline uint64_t bg_engine_job_position(struct bg_engine *e, const struct bg_job *j)
+{
+    uint64_t before = e->reply_pos;
+    e->reply_pos = 0;
+    bg_engine_show_job(e, j);
+    uint64_t pos = e->reply_pos;
+    if (before > pos) e->reply_pos = before;
+    return pos;
+}
+
 /* Recreate a job from the log (replacing one with the same id), in state
  * ready, delayed (ready at deadline_mono) or buried. 0 or BG_OUT_OF_MEMORY. */
 int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,

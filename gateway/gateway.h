@@ -147,8 +147,16 @@ struct gateway;
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg);
-/* Resume every suspended request, stop the daemon, free everything. */
-void gateway_stop(struct gateway *gw);
+/* The stop sequence's first step (server/main.c): no new connections, no
+ * new request dispatched (one that arrives now gets 503 SHUTTING_DOWN, and
+ * nothing was done for it); every long-poll is answered as timed out. */
+void gateway_stop_reading(struct gateway *gw);
+/* The stop sequence's last step, after the log was finished: a held
+ * response goes only if the log keeps the position it depends on
+ * (wal_reply_may_go), the others' connections close without a status;
+ * what goes is sent until deadline (loop_now's clock). Then stop the
+ * daemon and free everything. NULL: nothing. */
+void gateway_stop(struct gateway *gw, bg_time deadline);
 /* /readyz answers 200 once the server says it serves (listeners up), and
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
@@ -254,6 +262,7 @@ struct gw_request {
     struct wal_hold hold;         /* response queued, waiting for the log */
     struct gw_request *held_prev, *held_next; /* gw->held */
     int held;
+    int releasing;                /* counted in gw->releasing */
 };
 
 /* ---- admit.c: connections outside a request ------------------------------ */
@@ -340,6 +349,8 @@ struct gateway {
     struct gw_request *waiting;   /* every suspended long-poll */
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
+    uint64_t releasing;           /* held requests resumed at the stop, not completed yet */
+    int stopping;                 /* gateway_stop_reading: nothing new is dispatched */
     struct gateway_config cfg;
     struct gw_auth *auth;         /* NULL: no token configured */
     int metrics_auth;

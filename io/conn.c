@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdalign.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -763,23 +764,51 @@ int conn_server_fd(const struct conn_server *cs) { return cs->fd; }
 
 uint64_t conn_server_count(const struct conn_server *cs) { return cs->count; }
 
-void conn_server_stop(struct conn_server *cs)
+void conn_server_stop_reading(struct conn_server *cs)
 {
     if (!cs) return;
-    /* stop accepting first, then answer every blocked session (as when its
-     * peer half-closes) and send what can be sent without blocking;
-     * reservations go back to ready as the sessions close */
     conn_server_pause(cs);
+    for (struct conn *c = cs->conns; c; c = c->next) {
+        struct bg_stream *s = stream_of(c);
+        if (!c->read_paused) event_del(c->read_ev);
+        c->read_paused = 1;
+        /* a blocked session is answered as at its peer's end of stream;
+         * its reservations go back to ready as it closes */
+        if (s->blocked && cs->proto->peer_eof) cs->proto->peer_eof(s, loop_now());
+    }
+}
+
+/* At a stop: write c's output if the log keeps the position it depends
+ * on, waiting for the socket at most until deadline; else nothing. */
+static void flush_at_stop(struct conn *c, bg_time deadline)
+{
+    struct bg_buf *out = &stream_of(c)->out;
+    if (!wal_reply_may_go(c->cs->wal, c->mark)) return;
+    while (out->len) {
+        ssize_t n = write(c->peer.fd, bg_buf_head(out), out->len);
+        if (n > 0) {
+            bg_buf_consume(out, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        bg_time now = loop_now();
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || now >= deadline) return;
+        struct pollfd pfd = {c->peer.fd, POLLOUT, 0};
+        bg_time wait_ms = (deadline - now) / 1000000 + 1;
+        poll(&pfd, 1, wait_ms > 1000 ? 1000 : (int)wait_ms);
+    }
+}
+
+void conn_server_stop(struct conn_server *cs, bg_time deadline)
+{
+    if (!cs) return;
+    conn_server_stop_reading(cs); /* if the stop sequence did not already */
     for (struct conn_server **p = &shared.servers; *p; p = &(*p)->next_server)
         if (*p == cs) {
             *p = cs->next_server;
             break;
         }
-    for (struct conn *c = cs->conns; c; c = c->next) {
-        struct bg_stream *s = stream_of(c);
-        if (s->blocked && cs->proto->peer_eof) cs->proto->peer_eof(s, loop_now());
-        conn_flush(c);
-    }
+    for (struct conn *c = cs->conns; c; c = c->next) flush_at_stop(c, deadline);
     while (cs->conns) conn_free(cs->conns);
     event_free(cs->accept_ev);
     event_free(cs->resume_ev);

@@ -74,6 +74,13 @@ int wal_reply_may_go(const struct wal *w, uint64_t pos);
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
 /* Take h off the queue (its reply went away first); no-op if not queued. */
 void wal_unhold(struct wal *w, struct wal_hold *h);
+/* The stop sequence's step (server/main.c, server_stop): get everything
+ * appended written and synced (and into the stream), waiting at most until
+ * deadline (loop_now's clock), then release the holds whose position is
+ * kept. 0 when the log keeps everything appended, else an errno value
+ * (ETIMEDOUT, or the failure); replies whose position is not kept must
+ * then never go. NULL: 0. */
+int wal_finish(struct wal *w, bg_time deadline);
 /* Write what is pending, sync, stop the flusher, close files, free w.
  * Holds still queued are dropped without a call. NULL: nothing. */
 void wal_close(struct wal *w);

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "../../gateway/gateway.h"
+#include "../../io/loop.h"
 #include "tempdir.h"
 
 /* ---- routing ----------------------------------------------------------- */
@@ -322,7 +323,7 @@ static void live_start(struct live *l)
 
 static void live_stop(struct live *l)
 {
-    gateway_stop(l->gw);
+    gateway_stop(l->gw, loop_now() + BG_SECOND);
     wal_close(l->wal);
     bg_engine_destroy(&l->engine);
     event_base_free(l->base);
