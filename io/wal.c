@@ -252,13 +252,17 @@ static void note_failure(struct wal *w, int err, const char *what)
 }
 
 /* The position a reply showing job id depends on: none once its put is
- * synced; with -f 0 the newest record (its put is at or before it); else
- * the id floor's record while that is not synced. */
+ * synced; with -f 0 its put's record (the newest, or, while the put is
+ * being made, the next: a waiting reserver gets a job before its record is
+ * appended); else the id floor's record while that is not synced (while a
+ * put beyond the floor is being made: the floor that follows its record). */
 static uint64_t job_position(const struct wal *w, uint64_t id)
 {
     if (id <= w->durable_id) return 0;
-    if (w->replies_wait) return w->appended_seq;
+    int being_put = id > w->last_put_id;
+    if (w->replies_wait) return w->appended_seq + (being_put ? 1 : 0);
     if (w->storage && w->cfg.fsync_never) return 0; /* -F: no promise */
+    if (id > w->id_floor) return w->appended_seq + (being_put ? 2 : 0);
     return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
 }
 

@@ -2149,7 +2149,7 @@ class HttpPut(threading.Thread):
     def __init__(self, port, tube, body, headers=None, timeout=30.0):
         super().__init__(daemon=True)
         self.args = (port, tube, body, headers or {}, timeout)
-        self.status = self.doc = self.error = None
+        self.status = self.doc = self.error = self.answered_at = None
 
     def run(self):
         port, tube, body, headers, timeout = self.args
@@ -2157,6 +2157,7 @@ class HttpPut(threading.Thread):
         try:
             conn.request("POST", "/tubes/%s/jobs" % tube, body=body, headers=headers)
             resp = conn.getresponse()
+            self.answered_at = time.monotonic()
             self.status = resp.status
             self.doc = json.loads(resp.read() or b"null")
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -2209,6 +2210,30 @@ def test_reserve_waits_for_the_put():
     srv.stop_checked()
 
 
+def test_waiting_reserve_gets_the_job_after_its_sync():
+    """A worker waiting in `reserve` is handed a new job inside the put: its
+    RESERVED (id and body) goes no earlier than the put's INSERTED, once
+    the put is synced (-f 0, sync delay)."""
+    d = new_dir("waiting_reserve")
+    faults = disk_faults("waiting_reserve")
+    srv = Server(d, ["-f", "0"], env=faults.env()).start()
+    w = srv.connect(timeout=20.0)
+    w.send(b"reserve\r\n")
+    silent_for(w.sock, 0.2, "reserve with nothing ready")
+    delay = 1.5
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    c = srv.connect(timeout=20.0)
+    t0 = time.monotonic()
+    c.send(put_cmd(b"fresh"))
+    w.expect(b"RESERVED ", "the waiting worker's job", timeout=20.0)
+    took = time.monotonic() - t0
+    log("waiting reserve: RESERVED %.2f s after the put" % took)
+    check(took >= delay * 0.75, "RESERVED came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    read_inserted(c, "the put")
+    faults.clear()
+    srv.stop_checked()
+
+
 def test_sigterm_never_sends_a_response_the_log_lacks():
     """Defect 3: SIGTERM while an HTTP put (-f 0) is held because the disk
     fails: no 201, and the job is not there after a restart."""
@@ -2231,6 +2256,36 @@ def test_sigterm_never_sends_a_response_the_log_lacks():
     doc = json.loads(conn.getresponse().read())
     conn.close()
     check_eq(doc.get("current_jobs_ready"), 1, "jobs in tube t after the restart (%r)" % (doc,))
+    srv.stop_checked()
+
+
+def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
+    """Defect 3 on a slow disk (BEANGATE_TEST_DISK_FAULTS: sync delay): a
+    -f 0 HTTP put held for its sync at SIGTERM gets its 201 only once the
+    sync is done (the stop finishes the log first), never at the signal;
+    the job is there after a restart."""
+    d = new_dir("sigterm_stalled_http")
+    faults = disk_faults("sigterm_stalled_http")
+    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
+    delay = 2.0
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    t0 = time.monotonic()
+    req = HttpPut(srv.http_port, "t", b"slow")
+    req.start()
+    req.join(0.3)
+    check(req.is_alive(), "the put was answered before its sync: %r" % (req.status,))
+    status, _ = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
+    check_eq(status, 0, "exit status after SIGTERM")
+    req.join(10)
+    check_eq(req.status, 201, "the held put's answer once the log kept it (%s)" % req.error)
+    took = req.answered_at - t0
+    log("stalled disk: 201 %.2f s after the put" % took)
+    check(took >= delay * 0.75, "201 came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    faults.clear()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % req.doc["id"])
+    check_eq(read_peek(c, req.doc["id"]), b"slow", "the acknowledged job after the restart")
     srv.stop_checked()
 
 
@@ -2261,6 +2316,31 @@ def test_idempotent_replay_waits_for_the_original():
     c = srv.connect()
     c.send(b"peek %d\r\n" % first.doc["id"])
     check(read_peek(c, first.doc["id"]) == body, "the acknowledged job after SIGKILL and a restart")
+    srv.stop_checked()
+
+
+def test_idempotent_replay_waits_on_a_slow_disk():
+    """Defect 4 on a slow disk (sync delay): the replay's 201 does not come
+    before the original's sync ended."""
+    d = new_dir("idem_slow")
+    faults = disk_faults("idem_slow")
+    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
+    delay = 2.0
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    t0 = time.monotonic()
+    first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    first.start()
+    first.join(0.3)
+    replay = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    replay.start()
+    first.join(20)
+    replay.join(20)
+    check_eq((first.status, replay.status), (201, 201), "both answers")
+    took = replay.answered_at - t0
+    log("slow disk: the replay answered %.2f s after the original put" % took)
+    check(took >= delay * 0.75, "the replay's 201 came %.2f s after the put, before its %.1f s sync ended"
+          % (took, delay))
+    faults.clear()
     srv.stop_checked()
 
 
@@ -2531,8 +2611,11 @@ TESTS = [
     test_failed_batch_retried_once_a_second,
     test_failed_log_holds_replies,
     test_reserve_waits_for_the_put,
+    test_waiting_reserve_gets_the_job_after_its_sync,
     test_sigterm_never_sends_a_response_the_log_lacks,
+    test_sigterm_on_a_stalled_disk_answers_after_the_sync,
     test_idempotent_replay_waits_for_the_original,
+    test_idempotent_replay_waits_on_a_slow_disk,
     test_sigterm_answers_every_kept_put,
 ]
 
