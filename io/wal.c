@@ -4,7 +4,8 @@
  * after each callback, hands them as one batch to the flusher thread, which
  * writes them and (per -f) syncs: every put of a loop turn shares one
  * fsync. An eventfd brings the result back to the loop. With -f 0, replies
- * that depend on a record are held until its batch is synced (server/net.c).
+ * that depend on a record are held until its batch is synced (the rule:
+ * wal_reply_may_go, io/wal.h; positions are record sequences).
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
  * twice the live data (plus one segment), a snapshot of every live job is

@@ -36,6 +36,12 @@ What is checked:
   check_log_*            --check-log: lines, exit status, read only
   fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
   binlog_stats           the binlog-* fields of `stats`
+  failed_log_* / *_waits_* / *_after_its_sync / idempotent_replay_* /
+  sigterm_*_kept_put / sigterm_*_the_log_lacks / sigterm_on_a_stalled_*
+                         when a reply may go (issue 21): with -f 0 no reply
+                         reports a change or shows a job before the log keeps
+                         it, also while the disk fails or is slow, and a
+                         SIGTERM answers exactly the puts the log kept
 
 Python 3 standard library only. The runner is tests/lib/testlib.py's: -k NAME
 runs one test (crash_cycles is test_crash_cycles), --seed N repeats a run's
@@ -2210,18 +2216,24 @@ def test_reserve_waits_for_the_put():
     srv.stop_checked()
 
 
+def slow_disk_server(name, delay, http=False):
+    """A -f 0 server whose every sync of a segment waits `delay` seconds
+    (BEANGATE_TEST_DISK_FAULTS): (server, faults)."""
+    faults = disk_faults(name)
+    srv = Server(new_dir(name), ["-f", "0"], http=http, env=faults.env()).start()
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    return srv, faults
+
+
 def test_waiting_reserve_gets_the_job_after_its_sync():
     """A worker waiting in `reserve` is handed a new job inside the put: its
     RESERVED (id and body) goes no earlier than the put's INSERTED, once
     the put is synced (-f 0, sync delay)."""
-    d = new_dir("waiting_reserve")
-    faults = disk_faults("waiting_reserve")
-    srv = Server(d, ["-f", "0"], env=faults.env()).start()
+    delay = 1.5
+    srv, faults = slow_disk_server("waiting_reserve", delay)
     w = srv.connect(timeout=20.0)
     w.send(b"reserve\r\n")
     silent_for(w.sock, 0.2, "reserve with nothing ready")
-    delay = 1.5
-    faults.set(["sync delay %dms" % int(delay * 1000)])
     c = srv.connect(timeout=20.0)
     t0 = time.monotonic()
     c.send(put_cmd(b"fresh"))
@@ -2264,11 +2276,8 @@ def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
     -f 0 HTTP put held for its sync at SIGTERM gets its 201 only once the
     sync is done (the stop finishes the log first), never at the signal;
     the job is there after a restart."""
-    d = new_dir("sigterm_stalled_http")
-    faults = disk_faults("sigterm_stalled_http")
-    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
     delay = 2.0
-    faults.set(["sync delay %dms" % int(delay * 1000)])
+    srv, faults = slow_disk_server("sigterm_stalled_http", delay, http=True)
     t0 = time.monotonic()
     req = HttpPut(srv.http_port, "t", b"slow")
     req.start()
@@ -2322,11 +2331,8 @@ def test_idempotent_replay_waits_for_the_original():
 def test_idempotent_replay_waits_on_a_slow_disk():
     """Defect 4 on a slow disk (sync delay): the replay's 201 does not come
     before the original's sync ended."""
-    d = new_dir("idem_slow")
-    faults = disk_faults("idem_slow")
-    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
     delay = 2.0
-    faults.set(["sync delay %dms" % int(delay * 1000)])
+    srv, faults = slow_disk_server("idem_slow", delay, http=True)
     t0 = time.monotonic()
     first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
     first.start()
