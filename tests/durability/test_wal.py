@@ -2225,6 +2225,12 @@ def slow_disk_server(name, delay, http=False):
     return srv, faults
 
 
+def wait_put_done(srv):
+    """The server made the job of a put whose answer is held (GET /stats)."""
+    testlib.wait_until(lambda: stats_json(srv.http_port)["current_jobs_ready"], "the put made its job", 10.0,
+                       ok=lambda n: n >= 1)
+
+
 def test_waiting_reserve_gets_the_job_after_its_sync():
     """A worker waiting in `reserve` is handed a new job inside the put: its
     RESERVED (id and body) goes no earlier than the put's INSERTED, once
@@ -2281,7 +2287,7 @@ def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
     t0 = time.monotonic()
     req = HttpPut(srv.http_port, "t", b"slow")
     req.start()
-    req.join(0.3)
+    wait_put_done(srv)
     check(req.is_alive(), "the put was answered before its sync: %r" % (req.status,))
     status, _ = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
     check_eq(status, 0, "exit status after SIGTERM")
@@ -2336,7 +2342,7 @@ def test_idempotent_replay_waits_on_a_slow_disk():
     t0 = time.monotonic()
     first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
     first.start()
-    first.join(0.3)
+    wait_put_done(srv)
     replay = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
     replay.start()
     first.join(20)
