@@ -75,8 +75,16 @@ int wal_reached(const struct wal *w, uint64_t mark);
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
 /* Take h off the queue (its reply went away first); no-op if not queued. */
 void wal_unhold(struct wal *w, struct wal_hold *h);
-/* Write what is pending, sync, stop the flusher, close files, free w.
- * Holds still queued are dropped without a call. NULL: nothing. */
+/* The stop sequence's part of the log: write and sync everything appended
+ * (a failed batch is tried again once a second until `deadline`, a
+ * monotonic loop_now() time), release the holds whose mark is reached,
+ * and hand nothing new on afterwards (no compaction). 0 when everything
+ * appended is kept (synced; written, with -F); else, after an error line
+ * `wal_lost` with the count of records not secured, BG_IO_ERROR. NULL: 0. */
+int wal_finish(struct wal *w, bg_time deadline);
+/* Finish (wal_finish with a short deadline, unless it ran since the last
+ * record was appended), stop the flusher, close files, free w. Holds
+ * still queued are dropped without a call. NULL: nothing. */
 void wal_close(struct wal *w);
 /* Give the directory and its files to uid:gid (before dropping
  * privileges with -u). 0 or BG_IO_ERROR with a message. */

@@ -504,6 +504,9 @@ int main(int argc, char **argv)
     gearman_stop(srv.gearman);
     beanstalk_stop(&srv);
     repl_stop_within(srv.repl, 5000); /* the last batch gets 5 s to reach the stream */
+    /* what was appended is kept, or the exit status says it was not */
+    if (wal_finish(srv.wal, loop_now() + 5 * BG_SECOND) != 0 && srv.exit_status == 0)
+        srv.exit_status = SERVER_LOG_LOST_EXIT;
     wal_close(srv.wal);
     repl_close(srv.repl);
     bg_engine_destroy(&srv.engine);
