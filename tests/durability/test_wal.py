@@ -1444,6 +1444,65 @@ def test_failed_batch_retried_once_a_second():
     srv.stop_checked()
 
 
+def sigterm_after_failed_write(name, disk_comes_back):
+    """-f 50: a put is acknowledged, the write of its batch fails, SIGTERM
+    comes before the retry a second later. A disk that comes back is a
+    file-size limit lifted again (which the old code meets too); one that
+    keeps failing is BEANGATE_TEST_DISK_FAULTS 'write EIO' (a file-size
+    limit would cut the server's stderr file as well). Returns (server, id,
+    exit status, stderr)."""
+    d = new_dir(name)
+    faults = disk_faults(name)
+    # the limit is on every file: the server's stderr must stay below it
+    srv = Server(d, ["-f", "50"], env=None if disk_comes_back else faults.env()).start()
+    c = srv.connect()
+    put(c, b"before")
+    testlib.wait_until(lambda: max(segments(d).values()) > JOURNAL_HEADER, "the first put written", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, max(segments(d).values()) + 8)
+    else:
+        faults.set(["write EIO"])
+    jid = put(c, b"acknowledged, its write failed")
+    testlib.wait_until(lambda: "event=wal_failure" in srv.stderr(), "the failed write (wal_failure)", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, None)
+    # no client event before the stop: each would kick the log, and the old
+    # code then tried the failed batch again at once (defect 9)
+    status, took = srv.stop(signal.SIGTERM, STOP_TIMEOUT)
+    c.close()
+    srv.check_sanitizer("after SIGTERM")
+    log("exit status %r %.1f s after SIGTERM" % (status, took))
+    return srv, jid, status, srv.stderr()
+
+
+def test_sigterm_keeps_acknowledged_put_whose_write_failed():
+    """Issue 21 defect 2: wal_close discarded a failed batch (exit 0, no
+    line, the acknowledged job gone after a restart). The stop now tries the
+    failed batch again (once a second, within its deadline): the job is
+    there after the restart."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failed_write", True)
+    check_eq(status, 0, "exit status after SIGTERM (stderr: %s)" % err.strip()[-400:])
+    check("event=wal_lost" not in err, "wal_lost although the disk works again: %s" % err.strip()[-400:])
+    srv.start()
+    c = srv.connect()
+    check_eq(read_peek_cmd(c, jid), b"acknowledged, its write failed", "the acknowledged put after the restart")
+    c.close()
+    srv.stop_checked()
+
+
+def test_sigterm_with_failing_disk_says_records_lost():
+    """Issue 21 defect 2: when the disk keeps failing through the stop, the
+    server says so: an error line wal_lost with the count of records not
+    secured, and exit status 74 (EX_IOERR) instead of 0."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failing_disk", False)
+    check_eq(status, 74, "exit status after SIGTERM with a failing disk (stderr: %s)" % err.strip()[-400:])
+    m = re.search(r"level=error event=wal_lost records=(\d+)", err)
+    check(m is not None, "no error line wal_lost: %s" % err.strip()[-1500:])
+    # the failed put, and "before" too if its sync (50 ms later) had not come yet
+    check(int(m.group(1)) in (1, 2), "wal_lost records=%s, want the failed put (and maybe the one before)"
+          % m.group(1))
+
+
 def read_peek_cmd(c, jid):
     c.send(b"peek %d\r\n" % jid)
     return read_peek(c, jid)
@@ -2629,6 +2688,8 @@ TESTS = [
     test_idempotent_replay_waits_for_the_original,
     test_idempotent_replay_waits_on_a_slow_disk,
     test_sigterm_answers_every_kept_put,
+    test_sigterm_keeps_acknowledged_put_whose_write_failed,
+    test_sigterm_with_failing_disk_says_records_lost,
 ]
 
 
