@@ -112,6 +112,7 @@ struct wal {
     uint64_t durable_id;       /* every put up to this id is synced */
     uint64_t id_floor;         /* ids up to it are logged as given out ... */
     uint64_t id_floor_seq;     /* ... by this record (an id floor, below) */
+    uint64_t id_floor_kept;    /* ids up to it are covered by a synced floor */
     /* replication: the stream is a sink too, and without a directory the
      * only one; total_bytes is then the bytes of the stream */
     struct repl *repl;
@@ -266,6 +267,7 @@ static uint64_t job_position(const struct wal *w, uint64_t id)
     int being_put = id > w->last_put_id;
     if (w->replies_wait) return w->appended_seq + (being_put ? 1 : 0);
     if (w->storage && w->cfg.fsync_never) return 0; /* -F: no promise */
+    if (id <= w->id_floor_kept) return 0;
     if (id > w->id_floor) return w->appended_seq + (being_put ? 2 : 0);
     return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
 }
@@ -295,6 +297,7 @@ static void put_appended(struct wal *w, uint64_t id)
     int floors = !w->replies_wait && !(w->storage && w->cfg.fsync_never);
     if (floors && id + WAL_ID_BLOCK / 2 > w->id_floor) {
         uint64_t floor = id + WAL_ID_BLOCK;
+        if (w->id_floor_seq <= w->synced_seq) w->id_floor_kept = w->id_floor; /* the old floor still covers */
         if (bg_journal_encode_delete(&w->pending, floor) != 0) return append_failed(w);
         appended(w);
         w->id_floor = floor;
@@ -1527,7 +1530,7 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
 static void start_writing(struct wal *w)
 {
     /* what is in the engine now was read from the log */
-    w->last_put_id = w->durable_id = w->id_floor = bg_engine_last_id(w->engine);
+    w->last_put_id = w->durable_id = w->id_floor = w->id_floor_kept = bg_engine_last_id(w->engine);
     w->replies_wait = w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never);
     w->engine->journal = &wal_journal_ops;
     w->engine->journal_ctx = w;
