@@ -1,5 +1,6 @@
 /* json.c - the stats model and jobs rendered as JSON (same numbers as the
  * beanstalk YAML: both come from core/stats.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,9 +72,10 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad)
     return out;
 }
 
-json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body)
 {
+    bg_engine_show_job(e, j);
     struct bg_stats_job sj;
     bg_stats_job(e, j, now, &sj);
     json_t *v = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
@@ -157,6 +159,21 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
+    /* what the log did with each sink (docs/durability.md, "Stats") */
+    const struct bg_log_sink_counters *sinks[] = {&pi->binlog_disk, &pi->binlog_stream};
+    static const char *const sink_names[] = {"disk", "stream"};
+    for (size_t i = 0; i < 2; i++) {
+        char key[48];
+        const char *sink = sink_names[i];
+        snprintf(key, sizeof key, "binlog_%s_attempts", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->attempts));
+        snprintf(key, sizeof key, "binlog_%s_failures", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->failures));
+        snprintf(key, sizeof key, "binlog_%s_retries", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->retries));
+        snprintf(key, sizeof key, "binlog_%s_bytes", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->bytes));
+    }
     /* --shard K/N (0 of 1 when not sharded): docs/scaling.md */
     json_object_set_new(v, "shard_index", json_integer(e->shard_index));
     json_object_set_new(v, "shard_count", json_integer(e->shard_count));

@@ -4,7 +4,8 @@
  * after each callback, hands them as one batch to the flusher thread, which
  * writes them and (per -f) syncs: every put of a loop turn shares one
  * fsync. An eventfd brings the result back to the loop. With -f 0, replies
- * that depend on a record are held until its batch is synced (server/net.c).
+ * that depend on a record are held until its batch is synced (the rule:
+ * wal_reply_may_go, io/wal.h; positions are record sequences).
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
  * twice the live data (plus one segment), a snapshot of every live job is
@@ -15,16 +16,13 @@
  * job the snapshot has not reached yet is either an update or delete of an
  * unknown job (ignored) or a new job's own record, and the snapshot then
  * writes each remaining job as it is at that point. */
-#include <dirent.h>
+#include <poll.h>
 #include <pthread.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,15 +31,18 @@
 #include "wal.h"
 #include "eventlog.h"
 #include "repl.h"
+#include "storage.h"
+#include "storage_faulty.h"
 
 struct wal_batch {
     struct bg_buf data;
-    int fd;                    /* where data goes on disk; -1: no disk */
+    int file;                  /* the storage handle data goes to; -1: no disk */
     uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
+    uint64_t put_id;           /* every put up to this job id is in data or before it */
     int sync;
-    int close_fd;              /* an older segment to close, or -1 */
-    int sync_close;            /* sync close_fd before writing data (not with -F) */
+    int close_file;            /* an older segment to close, or -1 */
+    int sync_close;            /* sync close_file before writing data (not with -F) */
     int sync_dir;              /* a segment was created: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
     /* replication (cfg.repl) */
@@ -56,12 +57,14 @@ struct wal {
     struct wal_config cfg;
     struct bg_engine *engine;
     struct event_base *base;
-    int dir_fd, lock_fd;
+    struct storage *storage;   /* the directory's files (NULL: no disk) */
+    int own_storage;           /* opened by wal_open: destroyed by wal_close */
+    struct storage *posix;     /* the real files under it, if known (wal_chown) */
     /* segments: index -> size, for [first_index, cur_index] */
     uint64_t first_index, cur_index;
     uint64_t *segment_sizes;
     size_t segment_cap;
-    int cur_fd;
+    int cur_file;              /* the newest segment's handle, or -1 */
     uint64_t total_bytes, live_bytes;
     /* records */
     struct bg_buf pending;
@@ -74,6 +77,15 @@ struct wal {
     uint64_t *damaged_indexes; /* segments found damaged: kept when superseded */
     size_t damaged_count;
     int failed_errno;          /* last write/sync failure, 0 when healthy */
+    /* the batch in w->batch failed: it goes again, alone, once a second */
+    struct {
+        int waiting;
+        unsigned attempts;     /* its failed attempts so far */
+        bg_time next_at;       /* its next attempt, not before */
+    } retry;
+    struct bg_log_sink_counters disk_sink, stream_sink; /* stats: per sink */
+    int finishing;             /* wal_finish ran: nothing new is handed on by wal_kick */
+    uint64_t finished_seq;     /* appended_seq when it last returned */
     /* compaction: a snapshot is written a chunk per batch (snap_ids: the
      * jobs alive when it began; snap_next: the next one to write) */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */
@@ -86,12 +98,21 @@ struct wal {
     pthread_cond_t cond;
     struct wal_batch batch;
     int busy, stop, has_work;
-    int notify_fd;             /* eventfd: the flusher finished a batch */
+    int notify_fd;             /* eventfd: the flusher finished a batch (-1: synchronous) */
+    int thread_started;
     int locks_made;            /* lock and cond are initialised */
     struct event *notify_ev, *sync_timer, *retry_timer;
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
-    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by mark */
+    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by position */
+    /* when a reply may go (wal_reply_may_go): positions are record
+     * sequences; replies_wait: -f 0, a reply waits for what it reports */
+    int replies_wait;
+    uint64_t last_put_id;      /* the newest job put (appended) */
+    uint64_t durable_id;       /* every put up to this id is synced */
+    uint64_t id_floor;         /* ids up to it are logged as given out ... */
+    uint64_t id_floor_seq;     /* ... by this record (an id floor, below) */
+    uint64_t id_floor_kept;    /* ids up to it are covered by a synced floor */
     /* replication: the stream is a sink too, and without a directory the
      * only one; total_bytes is then the bytes of the stream */
     struct repl *repl;
@@ -108,6 +129,15 @@ struct wal {
 };
 
 #define RETRY_SECONDS 1
+/* Ids never come back, even after a machine crash with -f N > 0 (where
+ * replies do not wait for the put): the log holds an id floor, a delete
+ * record of an id WAL_ID_BLOCK above the newest put (recovery moves the
+ * counter above it), renewed once puts are within half a block of it. A
+ * reply showing an id above the synced floor waits for its record (after a
+ * start, one sync). So after a restart with -f N > 0, ids continue above
+ * the floor. With -f 0 a reply showing an id waits for its put: no floor. */
+#define WAL_ID_BLOCK (1u << 20)
+#define WAL_CLOSE_FINISH_SECONDS 3 /* wal_close without wal_finish: two retries */
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
@@ -149,27 +179,39 @@ static uint64_t *segment_size_at(struct wal *w, uint64_t index)
     return &w->segment_sizes[i];
 }
 
-/* Create segment `index` with its header. Returns the fd, or BG_IO_ERROR
- * (errno set). */
+/* Write all of n bytes at off of a file: 0 or an errno (a short write is
+ * ENOSPC: the file takes no more). */
+static int write_fully(struct storage *st, int file, const void *p, size_t n, uint64_t off)
+{
+    size_t written = 0;
+    int e = st->ops->pwrite(st, file, p, n, off, &written);
+    return e ? e : written < n ? ENOSPC : 0;
+}
+
+/* Create segment `index` with its header. Returns its handle, or
+ * BG_IO_ERROR (errno set). */
 static int segment_create(struct wal *w, uint64_t index)
 {
     char name[64];
     segment_name(name, sizeof name, index);
-    int fd = openat(w->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return BG_IO_ERROR;
+    struct storage *st = w->storage;
+    int file, e = st->ops->create(st, name, &file);
+    if (e) {
+        errno = e;
+        return BG_IO_ERROR;
+    }
     char header[BG_JOURNAL_HEADER_SIZE];
     bg_journal_segment_header(header);
-    if (write(fd, header, sizeof header) != (ssize_t)sizeof header) {
-        int e = errno ? errno : ENOSPC;
-        close(fd);
-        unlinkat(w->dir_fd, name, 0);
+    if ((e = write_fully(st, file, header, sizeof header, 0)) != 0) {
+        st->ops->close(st, file);
+        st->ops->unlink(st, name);
         errno = e;
         return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, index);
     if (size) *size = BG_JOURNAL_HEADER_SIZE;
     w->total_bytes += BG_JOURNAL_HEADER_SIZE;
-    return fd;
+    return file;
 }
 
 /* Delete the segments below `index` (their data is in later ones). One
@@ -183,10 +225,10 @@ static void segments_drop_below(struct wal *w, uint64_t index)
         int damaged = 0;
         for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
         snprintf(kept, sizeof kept, "%s.damaged", name);
-        if (damaged && renameat(w->dir_fd, name, w->dir_fd, kept) == 0)
+        if (damaged && w->storage->ops->rename(w->storage, name, kept) == 0)
             log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
         else
-            unlinkat(w->dir_fd, name, 0);
+            w->storage->ops->unlink(w->storage, name);
         w->total_bytes -= w->segment_sizes[0];
         memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
         w->segment_sizes[w->segment_cap - 1] = 0;
@@ -196,22 +238,72 @@ static void segments_drop_below(struct wal *w, uint64_t index)
 
 /* ---- engine hooks: append records -------------------------------------- */
 
+/* Arm one of the log's timers (each kicks the log) to fire after `wait`. */
+static void timer_in(struct event *timer, bg_time wait)
+{
+    if (!timer) return;
+    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000) + 1};
+    evtimer_add(timer, &tv);
+}
+
 static void note_failure(struct wal *w, int err, const char *what)
 {
     if (!w->failed_errno)
         log_event(BG_LOG_ERROR, "wal_failure", "op=%s error=%s puts=refused", what, log_str(strerror(err)));
     w->failed_errno = err;
     w->engine->journal_broken = 1;
-    if (w->retry_timer) {
-        struct timeval tv = {RETRY_SECONDS, 0};
-        evtimer_add(w->retry_timer, &tv);
-    }
+    /* a kick in a second tries again (a failed batch: wal_kick's retry state) */
+    timer_in(w->retry_timer, RETRY_SECONDS * BG_SECOND);
 }
 
-/* A record could not even be buffered: the log is behind; say so loudly. */
+/* The position a reply showing job id depends on: none once its put is
+ * synced; with -f 0 its put's record (the newest, or, while the put is
+ * being made, the next: a waiting reserver gets a job before its record is
+ * appended); else the id floor's record while that is not synced (while a
+ * put beyond the floor is being made: the floor that follows its record). */
+static uint64_t job_position(const struct wal *w, uint64_t id)
+{
+    if (id <= w->durable_id) return 0;
+    int being_put = id > w->last_put_id;
+    if (w->replies_wait) return w->appended_seq + (being_put ? 1 : 0);
+    if (w->storage && w->cfg.fsync_never) return 0; /* -F: no promise */
+    if (id <= w->id_floor_kept) return 0;
+    if (id > w->id_floor) return w->appended_seq + (being_put ? 2 : 0);
+    return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
+}
+
+/* A record could not even be buffered: the log is behind; say so loudly.
+ * The change it was for is not in the log: its reply never goes. */
 static void append_failed(struct wal *w)
 {
     note_failure(w, ENOMEM, "buffer");
+    bg_engine_depends_on(w->engine, UINT64_MAX);
+}
+
+/* A record was appended: a reply about it waits for it with -f 0. */
+static void appended(struct wal *w)
+{
+    w->appended_seq++;
+    w->pending_records++;
+    if (w->replies_wait) bg_engine_depends_on(w->engine, w->appended_seq);
+}
+
+/* Job id was just put: log a new id floor when ids come near the last. */
+static void put_appended(struct wal *w, uint64_t id)
+{
+    w->last_put_id = id;
+    /* with -f 0 a reply showing an id waits for its put anyway; -F
+     * promises nothing for a machine crash */
+    int floors = !w->replies_wait && !(w->storage && w->cfg.fsync_never);
+    if (floors && id + WAL_ID_BLOCK / 2 > w->id_floor) {
+        uint64_t floor = id + WAL_ID_BLOCK;
+        if (w->id_floor_seq <= w->synced_seq) w->id_floor_kept = w->id_floor; /* the old floor still covers */
+        if (bg_journal_encode_delete(&w->pending, floor) != 0) return append_failed(w);
+        appended(w);
+        w->id_floor = floor;
+        w->id_floor_seq = w->appended_seq;
+    }
+    bg_engine_depends_on(w->engine, job_position(w, id));
 }
 
 static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
@@ -225,9 +317,9 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     }
     r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
     if (with_body) w->live_bytes += job_record_size(j);
+    if (j->id > w->last_put_id) put_appended(w, j->id);
 }
 
 static void hook_job_deleted(void *ctx, uint64_t id)
@@ -235,8 +327,7 @@ static void hook_job_deleted(void *ctx, uint64_t id)
     struct wal *w = ctx;
     struct bg_job *j = bg_job_find(w->engine, id);
     if (bg_journal_encode_delete(&w->pending, id) != 0) return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
     if (j) w->live_bytes -= job_record_size(j);
 }
 
@@ -247,42 +338,40 @@ static void hook_tube_paused(void *ctx, const struct bg_tube *t)
     uint64_t unpause = loop_wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
     if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND), unpause) != 0)
         return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
 }
 
-const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused};
+static void hook_job_shown(void *ctx, uint64_t id)
+{
+    struct wal *w = ctx;
+    bg_engine_depends_on(w->engine, job_position(w, id));
+}
+
+const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused,
+                                               hook_job_shown};
 
 /* ---- the flusher thread ------------------------------------------------ */
 
-/* Write all of b->data at the end of b->fd; then sync as asked. On failure
+/* Write all of b->data at the end of b->file; then sync as asked. On failure
  * the partial write is cut off again, so a retry starts clean. */
-static int flush_to_disk(struct wal_batch *b, int dir_fd)
+static int flush_to_disk(struct wal_batch *b, struct storage *st)
 {
+    int e;
     /* a segment is complete on disk before anything goes into the next:
      * after a crash of the machine only the newest may end torn */
-    if (b->close_fd >= 0 && b->sync_close && fdatasync(b->close_fd) != 0) return errno;
-    const char *p = bg_buf_head(&b->data);
-    size_t left = b->data.len;
-    while (left) {
-        ssize_t n = pwrite(b->fd, p, left, (off_t)(b->offset + (b->data.len - left)));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : ENOSPC;
-            if (ftruncate(b->fd, (off_t)b->offset) != 0) { /* best effort */ }
-            return e;
-        }
-        p += n;
-        left -= (size_t)n;
+    if (b->close_file >= 0 && b->sync_close && (e = st->ops->sync(st, b->close_file)) != 0) return e;
+    if ((e = write_fully(st, b->file, bg_buf_head(&b->data), b->data.len, b->offset)) != 0) {
+        st->ops->truncate(st, b->file, b->offset); /* best effort */
+        return e;
     }
-    if (b->sync && fdatasync(b->fd) != 0) return errno;
-    if (b->close_fd >= 0) {
-        close(b->close_fd);
-        b->close_fd = -1;
+    if (b->sync && (e = st->ops->sync(st, b->file)) != 0) return e;
+    if (b->close_file >= 0) {
+        st->ops->close(st, b->close_file);
+        b->close_file = -1;
     }
     /* a new segment's name is on disk with the first synced batch after it */
     if (b->sync_dir && b->sync) {
-        fsync(dir_fd);
+        if ((e = st->ops->sync_dir(st)) != 0) return e;
         b->sync_dir = 0;
     }
     return 0;
@@ -291,10 +380,10 @@ static int flush_to_disk(struct wal_batch *b, int dir_fd)
 /* The flusher's work on one batch: the disk (if any), then the stream (if
  * replicating): the batch is done when every sink has it. An errno of the
  * disk, or 0 (b->repl_rc says how the stream took it). */
-static int flush_batch(struct wal_batch *b, int dir_fd, struct repl *repl)
+static int flush_batch(struct wal_batch *b, struct storage *st, struct repl *repl)
 {
-    if (b->fd >= 0) {
-        int e = flush_to_disk(b, dir_fd);
+    if (b->file >= 0) {
+        int e = flush_to_disk(b, st);
         if (e) return e;
     }
     if (repl) {
@@ -313,7 +402,7 @@ static void *flusher_main(void *arg)
         if (!w->has_work && w->stop) break;
         w->has_work = 0;
         pthread_mutex_unlock(&w->lock);
-        w->batch.error = flush_batch(&w->batch, w->dir_fd, w->repl);
+        w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
         uint64_t one = 1;
         if (write(w->notify_fd, &one, sizeof one) != sizeof one) { /* the loop polls anyway */ }
         pthread_mutex_lock(&w->lock);
@@ -322,6 +411,7 @@ static void *flusher_main(void *arg)
     return NULL;
 }
 
+/* Hand w->batch to the flusher (synchronous: to wal_run_flusher). */
 static void submit(struct wal *w)
 {
     pthread_mutex_lock(&w->lock);
@@ -329,6 +419,34 @@ static void submit(struct wal *w)
     w->has_work = 1;
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
+}
+
+/* Sleep until `until` (monotonic), in steps of at most `step` ns. */
+static void sleep_until(bg_time until, bg_time step)
+{
+    bg_time now = loop_now();
+    if (now >= until) return;
+    bg_time wait = until - now < step ? until - now : step;
+    struct timespec ts = {(time_t)(wait / BG_SECOND), (long)(wait % BG_SECOND)};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait until the flusher has finished the batch submitted (synchronous:
+ * do its work here), at most until `deadline` (0: no limit); the caller
+ * then accounts for it (batch_done). 0, or ETIMEDOUT (still busy). */
+static int flusher_wait(struct wal *w, bg_time deadline)
+{
+    if (!w->thread_started) {
+        if (w->has_work) w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
+        w->has_work = 0;
+        return 0;
+    }
+    uint64_t n;
+    while (read(w->notify_fd, &n, sizeof n) != sizeof n) {
+        if (deadline && loop_now() >= deadline) return ETIMEDOUT;
+        sleep_until(loop_now() + 1000000, 1000000);
+    }
+    return 0;
 }
 
 static int rotate(struct wal *w);
@@ -365,6 +483,7 @@ static int snapshot_step(struct wal *w)
     /* ids are never reused: a delete record of the highest id given out
      * keeps the counter above it even when that job is gone */
     uint64_t last = bg_engine_last_id(e);
+    if (w->id_floor > last) last = w->id_floor; /* and the id floor */
     if (last && !bg_job_find(e, last)) {
         if (bg_journal_encode_delete(&w->pending, last) != 0) return BG_OUT_OF_MEMORY;
         pending_added(w);
@@ -398,7 +517,7 @@ static int snapshot_begin(struct wal *w)
         return BG_OUT_OF_MEMORY;
     }
     size_t n = bg_engine_job_ids(e, ids);
-    if (w->cfg.dir && rotate(w) != 0) {
+    if (w->storage && rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
         return BG_IO_ERROR;
@@ -424,88 +543,151 @@ static int rotate(struct wal *w)
 {
     int fd = segment_create(w, w->cur_index + 1);
     if (fd < 0) return BG_IO_ERROR;
-    w->batch.close_fd = w->cur_fd;
+    w->batch.close_file = w->cur_file;
     w->batch.sync_close = !w->cfg.fsync_never;
     w->batch.sync_dir = 1;
-    w->cur_fd = fd;
+    w->cur_file = fd;
     w->cur_index++;
+    return 0;
+}
+
+/* ---- handing batches on: the steps of wal_kick ----------------------- */
+
+/* Nonzero when the next batch must be synced: without a disk always (a
+ * batch is done when the stream acknowledged it); -f 0 always; -f N once N
+ * ms passed since the last sync; -F never. */
+static int sync_due(const struct wal *w, bg_time now)
+{
+    if (!w->storage) return 1;
+    if (w->cfg.fsync_never) return 0;
+    return w->cfg.fsync_ms == 0 || now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
+}
+
+/* Nonzero if a batch is due now. When none is but written records wait for
+ * their sync (-f N), the sync timer brings the kick when its time comes. */
+static int batch_due(struct wal *w, bg_time now, int sync)
+{
+    if (w->pending.len || w->snap_ids || w->force_snapshot || (w->unsynced && sync) || w->purge_due) return 1;
+    if (w->unsynced && !w->cfg.fsync_never) {
+        bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
+        timer_in(w->sync_timer, due > now ? due - now : 0);
+    }
+    return 0;
+}
+
+/* Nonzero when the log holds more than twice the live data plus a segment
+ * (or damage was accepted at start): a snapshot is due. */
+static int compaction_due(const struct wal *w)
+{
+    if (w->compact_seq || w->snap_ids) return 0;
+    return w->force_snapshot || w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size;
+}
+
+/* The compaction step of a batch: begin a snapshot if one is due, append
+ * its next chunk if one is being written. 0, or BG_IO_ERROR /
+ * BG_OUT_OF_MEMORY after noting the failure (no batch then). */
+static int compaction_step(struct wal *w)
+{
+    int begin = compaction_due(w);
+    if (begin && snapshot_begin(w) != 0) return BG_IO_ERROR;
+    w->batch.snapshot_first = begin;
+    if (w->snap_ids && snapshot_step(w) != 0) {
+        free(w->snap_ids); /* a later compaction starts over */
+        w->snap_ids = NULL;
+        note_failure(w, ENOMEM, "snapshot");
+        return BG_OUT_OF_MEMORY;
+    }
+    return 0;
+}
+
+/* The rotation step: a new segment when the pending records would make
+ * the current one grow past -s (never in the middle of a snapshot, which
+ * must stay in one segment). 0, or BG_IO_ERROR after noting it. */
+static int rotation_step(struct wal *w)
+{
+    uint64_t *size = w->storage ? segment_size_at(w, w->cur_index) : NULL;
+    if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
+        !snapshot_in_progress(w) && rotate(w) != 0) {
+        note_failure(w, errno, "create_segment");
+        return BG_IO_ERROR;
+    }
+    return 0;
+}
+
+/* Move the records of the next batch from pending into w->batch: at most
+ * about one segment, cut at a record end. 0, or BG_OUT_OF_MEMORY after
+ * noting it. */
+static int take_batch(struct wal *w)
+{
+    struct wal_batch *b = &w->batch;
+    size_t take = 0;
+    uint64_t records = 0;
+    const char *p = bg_buf_head(&w->pending);
+    while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
+        take += bg_journal_record_span(p + take, w->pending.len - take);
+        records++;
+    }
+    if (bg_buf_append(&b->data, p, take) != 0) {
+        note_failure(w, ENOMEM, "batch");
+        return BG_OUT_OF_MEMORY;
+    }
+    bg_buf_consume(&w->pending, take);
+    w->pending_records -= records;
+    b->file = w->storage ? w->cur_file : -1;
+    b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
+    b->end_seq = w->appended_seq - w->pending_records;
+    b->put_id = w->pending_records ? w->durable_id : w->last_put_id; /* cut: not known */
+    b->sync_dir |= w->dir_dirty;
+    w->dir_dirty = 0;
+    return 0;
+}
+
+/* Hand w->batch to the flusher (again, for a retry), synced if `sync`. */
+static void submit_batch(struct wal *w, int sync)
+{
+    struct wal_batch *b = &w->batch;
+    b->sync = sync;
+    b->error = 0;
+    b->repl_rc = 0;
+    b->purged = 0;
+    if (b->file >= 0) w->disk_sink.attempts++;
+    if (w->repl) w->stream_sink.attempts++;
+    submit(w);
+}
+
+/* Nonzero when the failed batch may go again now; else the retry timer
+ * brings the kick at its time (a failed batch goes once a second, not on
+ * every loop turn). */
+static int retry_due(struct wal *w, bg_time now)
+{
+    if (now >= w->retry.next_at) return 1;
+    timer_in(w->retry_timer, w->retry.next_at - now);
     return 0;
 }
 
 void wal_kick(struct wal *w)
 {
-    if (!w || w->busy || !w->writing || w->repl_dead) return;
+    if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
     bg_time now = loop_now();
-    int disk = w->cfg.dir != NULL;
-    /* without a disk, a batch is done when the stream acknowledged it */
-    int sync_due = !disk ? 1
-                 : w->cfg.fsync_never ? 0
-                 : w->cfg.fsync_ms == 0 ? 1
-                 : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
+    int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
-    int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !w->snap_ids && !w->force_snapshot && !(w->unsynced && sync_due) &&
-        !w->purge_due) {
-        if (w->unsynced && !w->cfg.fsync_never) {
-            /* the tail of a burst is synced when its time comes */
-            bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
-            bg_time wait = due > now ? due - now : 0;
-            struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000) + 1};
-            evtimer_add(w->sync_timer, &tv);
-        }
+    if (w->retry.waiting) {
+        /* the same batch again, alone: what was appended since waits */
+        if (!retry_due(w, now)) return;
+        if (b->file >= 0) w->disk_sink.retries++;
+        if (w->repl) w->stream_sink.retries++;
+        submit_batch(w, b->sync || sync);
         return;
     }
-    if (!retry) {
-        bg_buf_clear(&b->data);
-        b->close_fd = -1;
-        int compact = (w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size || w->force_snapshot) &&
-                      !w->compact_seq && !w->snap_ids;
-        if (compact && snapshot_begin(w) != 0) return;
-        b->snapshot_first = compact;
-        b->purge_before = w->purge_due;
-        if (w->snap_ids && snapshot_step(w) != 0) {
-            free(w->snap_ids); /* a later compaction starts over */
-            w->snap_ids = NULL;
-            note_failure(w, ENOMEM, "snapshot");
-            return;
-        }
-        {
-            uint64_t *size = disk ? segment_size_at(w, w->cur_index) : NULL;
-            if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
-                !snapshot_in_progress(w) && rotate(w) != 0) {
-                note_failure(w, errno, "create_segment");
-                return;
-            }
-            /* at most about one segment per batch, cut at a record end */
-            size_t take = 0;
-            uint64_t records = 0;
-            const char *p = bg_buf_head(&w->pending);
-            while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
-                take += bg_journal_record_span(p + take, w->pending.len - take);
-                records++;
-            }
-            if (bg_buf_append(&b->data, bg_buf_head(&w->pending), take) != 0) {
-                note_failure(w, ENOMEM, "batch");
-                return;
-            }
-            bg_buf_consume(&w->pending, take);
-            w->pending_records -= records;
-        }
-        b->fd = disk ? w->cur_fd : -1;
-        b->offset = disk ? *segment_size_at(w, w->cur_index) : 0;
-        b->end_seq = w->appended_seq - w->pending_records;
-        /* the batch that completes a snapshot is synced at once: the older
-         * segments can go as soon as it is on disk */
-        if (w->compact_seq && b->end_seq >= w->compact_seq) sync_due = !disk || !w->cfg.fsync_never;
-        b->sync_dir |= w->dir_dirty;
-        w->dir_dirty = 0;
-    }
-    /* retrying: the same batch again; what was appended since waits */
-    b->sync = sync_due;
-    b->error = 0;
-    b->repl_rc = 0;
-    b->purged = 0;
-    submit(w);
+    if (!batch_due(w, now, sync)) return;
+    bg_buf_clear(&b->data);
+    b->close_file = -1;
+    b->purge_before = w->purge_due;
+    if (compaction_step(w) != 0 || rotation_step(w) != 0 || take_batch(w) != 0) return;
+    /* the batch that completes a snapshot is synced at once: the older
+     * segments can go as soon as it is on disk */
+    if (w->compact_seq && b->end_seq >= w->compact_seq) sync = !w->storage || !w->cfg.fsync_never;
+    submit_batch(w, sync);
 }
 
 /* Account for a batch the flusher finished (on the loop thread, or in
@@ -518,9 +700,18 @@ static int batch_done(struct wal *w)
     struct wal_batch *b = &w->batch;
     if (b->error) {
         note_failure(w, b->error, b->sync ? "write_or_sync" : "write");
+        w->disk_sink.failures++;
+        w->retry.waiting = 1;
+        w->retry.attempts++;
+        w->retry.next_at = loop_now() + RETRY_SECONDS * BG_SECOND;
         return b->error;
     }
+    w->retry.waiting = 0;
+    w->retry.attempts = 0;
+    if (b->file >= 0) w->disk_sink.bytes += b->data.len;
+    if (w->repl && !b->repl_rc) w->stream_sink.bytes += b->data.len;
     if (b->repl_rc) {
+        w->stream_sink.failures++;
         /* another node appended (repl has told the server), or stopping:
          * this batch and everything after it stay unacknowledged */
         w->repl_dead = 1;
@@ -532,13 +723,13 @@ static int batch_done(struct wal *w)
         w->failed_errno = 0;
         w->engine->journal_broken = 0;
     }
-    if (b->fd >= 0) {
+    if (b->file >= 0) {
         uint64_t *size = segment_size_at(w, w->cur_index);
-        if (size && b->fd == w->cur_fd) *size += b->data.len;
+        if (size && b->file == w->cur_file) *size += b->data.len;
     }
     if (w->repl) {
         if (b->purged) {
-            if (!w->cfg.dir) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
+            if (!w->storage) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
             w->purge_due = 0;
         }
         if (b->snapshot_first && b->data.len) {
@@ -550,6 +741,7 @@ static int batch_done(struct wal *w)
     w->written_seq = b->end_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
+        if (b->put_id > w->durable_id) w->durable_id = b->put_id;
         w->last_sync = loop_now();
         w->unsynced = 0;
     } else {
@@ -558,7 +750,7 @@ static int batch_done(struct wal *w)
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        if (w->cfg.dir) {
+        if (w->storage) {
             segments_drop_below(w, w->compact_index);
             w->dir_dirty = 1; /* the next batch syncs the directory */
         }
@@ -568,22 +760,15 @@ static int batch_done(struct wal *w)
     return 0;
 }
 
-/* ---- durable acknowledgement: marks and holds --------------------------- */
+/* ---- when a reply may go: positions and holds ---------------------------- */
 
-uint64_t wal_mark(const struct wal *w)
-{
-    int wait = w && w->writing && w->cfg.fsync_ms == 0 && (!w->cfg.dir || !w->cfg.fsync_never) &&
-               !w->failed_errno;
-    return wait ? w->appended_seq : 0;
-}
-
-int wal_reached(const struct wal *w, uint64_t mark) { return !w || mark <= w->synced_seq; }
+int wal_reply_may_go(const struct wal *w, uint64_t pos) { return !w || pos <= w->synced_seq; }
 
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
 {
     h->mark = mark;
     h->durable = durable;
-    if (wal_reached(w, mark)) {
+    if (wal_reply_may_go(w, mark)) {
         durable(h);
         return;
     }
@@ -616,16 +801,92 @@ static void release_holds(struct wal *w)
     }
 }
 
-/* The loop side of a finished batch. */
-static void notify_cb(evutil_socket_t fd, short what, void *arg)
+/* The loop side of a finished batch: account for it, let the replies it
+ * secured go, hand on the next one. */
+static void batch_complete(struct wal *w)
 {
-    (void)what;
-    struct wal *w = arg;
-    uint64_t n;
-    if (read(fd, &n, sizeof n) != sizeof n) return;
     if (batch_done(w) != 0) return; /* the retry timer is armed */
     release_holds(w);
     wal_kick(w);
+}
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    uint64_t n;
+    if (read(fd, &n, sizeof n) != sizeof n) return;
+    batch_complete(arg);
+}
+
+void wal_run_flusher(struct wal *w)
+{
+    if (!w || w->thread_started || !w->has_work) return;
+    flusher_wait(w, 0);
+    batch_complete(w);
+}
+
+/* ---- finishing: the stop sequence's part of the log --------------------- */
+
+/* The last record that counts as kept: synced (written, with -F). */
+static uint64_t durable_seq(const struct wal *w)
+{
+    return w->storage && w->cfg.fsync_never ? w->written_seq : w->synced_seq;
+}
+
+/* Nonzero once everything appended is kept. */
+static int all_durable(const struct wal *w)
+{
+    return durable_seq(w) >= w->appended_seq && !w->pending.len && !(w->unsynced && !w->cfg.fsync_never);
+}
+
+/* One turn of wal_finish: account for the batch in flight, or hand on the
+ * next (or the failed one again, at its time). 0 while there is more to
+ * do before `deadline`, else nonzero. */
+static int finish_turn(struct wal *w, bg_time deadline)
+{
+    if (w->busy) {
+        if (flusher_wait(w, deadline) != 0) return 1;
+        if (batch_done(w) == 0) release_holds(w);
+        return 0;
+    }
+    if (!w->writing || w->repl_dead || all_durable(w)) return 1;
+    struct wal_batch *b = &w->batch;
+    int sync = !w->storage || !w->cfg.fsync_never;
+    if (w->retry.waiting) {
+        if (loop_now() >= deadline) return 1;
+        if (loop_now() < w->retry.next_at) {
+            sleep_until(w->retry.next_at < deadline ? w->retry.next_at : deadline, BG_SECOND);
+            return 0;
+        }
+        if (b->file >= 0) w->disk_sink.retries++;
+        if (w->repl) w->stream_sink.retries++;
+        submit_batch(w, sync);
+        return 0;
+    }
+    bg_buf_clear(&b->data);
+    b->close_file = -1;
+    b->purge_before = 0;
+    b->snapshot_first = 0;
+    if (take_batch(w) != 0) return 1;
+    submit_batch(w, sync);
+    return 0;
+}
+
+int wal_finish(struct wal *w, bg_time deadline)
+{
+    if (!w) return 0;
+    w->finishing = 1; /* no more compaction: only what was appended goes */
+    while (finish_turn(w, deadline) == 0) {}
+    release_holds(w);
+    w->finished_seq = w->appended_seq;
+    uint64_t kept = durable_seq(w);
+    if (!w->writing || kept >= w->appended_seq) return 0;
+    log_event(BG_LOG_ERROR, "wal_lost", "records=%llu error=%s flusher=%s",
+              (unsigned long long)(w->appended_seq - kept),
+              log_str(w->repl_dead ? "the stream refused" : w->failed_errno ? strerror(w->failed_errno)
+                                                                             : "deadline passed"),
+              w->busy ? "busy" : "idle");
+    return BG_IO_ERROR;
 }
 
 static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -637,12 +898,17 @@ static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
 
 int wal_chown(struct wal *w, unsigned uid, unsigned gid)
 {
-    if (!w->cfg.dir) return 0;
-    if (fchown(w->dir_fd, uid, gid) != 0 || fchown(w->lock_fd, uid, gid) != 0) goto fail;
+    if (!w->storage) return 0;
+    int dir_fd = storage_posix_dir_fd(w->posix);
+    if (dir_fd < 0) {
+        errno = ENOTSUP; /* not the real files */
+        goto fail;
+    }
+    if (fchown(dir_fd, uid, gid) != 0 || fchownat(dir_fd, "lock", uid, gid, 0) != 0) goto fail;
     for (uint64_t i = w->first_index; i <= w->cur_index; i++) {
         char name[64];
         segment_name(name, sizeof name, i);
-        if (fchownat(w->dir_fd, name, uid, gid, 0) != 0 && errno != ENOENT) goto fail;
+        if (fchownat(dir_fd, name, uid, gid, 0) != 0 && errno != ENOENT) goto fail;
     }
     return 0;
 fail:
@@ -652,7 +918,10 @@ fail:
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
 {
-    if (!w || !w->cfg.dir) return; /* replication only: no segments */
+    if (!w) return;
+    pi->binlog_disk = w->disk_sink;
+    pi->binlog_stream = w->stream_sink;
+    if (!w->storage) return; /* replication only: no segments */
     pi->binlog_oldest = w->first_index;
     pi->binlog_current = w->cur_index;
     pi->binlog_migrated = w->records_migrated;
@@ -669,52 +938,6 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
 /* Bytes checksummed, per damaged segment, while looking for readable
  * records after the damage (docs/durability.md, "Log damage policy"). */
 #define WAL_SEARCH_BUDGET ((size_t)256 << 20)
-
-/* Read a whole file; NULL on error (errno set). Mapped read-only (no copy)
- * at start, when the directory is locked; copied by --check-log, which may
- * read while a server cuts a failed write off a file (a mapping would then
- * fault). An empty file gives a static empty buffer. */
-static char empty_file[1];
-
-static char *map_all(int dir_fd, const char *name, size_t *len, int copy)
-{
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NULL;
-    struct stat st;
-    char *data = NULL;
-    int err = 0;
-    if (fstat(fd, &st) != 0) err = errno;
-    else if ((*len = (size_t)st.st_size) == 0) data = empty_file;
-    else if (copy) {
-        data = malloc(*len);
-        size_t got = 0;
-        while (data && got < *len) {
-            ssize_t n = pread(fd, data + got, *len - got, (off_t)got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) {
-                if (n == 0) *len = got; /* shorter now: read what is there */
-                else err = errno, free(data), data = NULL;
-                break;
-            }
-            got += (size_t)n;
-        }
-        if (!data && !err) err = ENOMEM;
-    } else {
-        data = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (data == MAP_FAILED) err = errno, data = NULL;
-        else madvise(data, *len, MADV_SEQUENTIAL);
-    }
-    close(fd);
-    errno = err;
-    return data;
-}
-
-static void unmap_all(char *data, size_t len, int copy)
-{
-    if (data == empty_file) return;
-    if (copy) free(data);
-    else munmap(data, len);
-}
 
 static int index_less(const void *a, const void *b)
 {
@@ -1087,14 +1310,20 @@ static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
     describe_damage(damage, sizeof damage, s);
     log_event(BG_LOG_WARN, "wal_torn_tail", "file=%s%s action=%s", name, damage, cut ? "cut" : "kept");
     if (!cut) return 0;
+    struct storage *st = w->storage;
     int ok;
     if (offset < BG_JOURNAL_HEADER_SIZE) {
-        ok = unlinkat(w->dir_fd, name, 0) == 0;
+        ok = (errno = st->ops->unlink(st, name)) == 0;
         if (ok) w->cur_index = s->index - 1;
     } else {
-        int fd = openat(w->dir_fd, name, O_WRONLY | O_CLOEXEC);
-        ok = fd >= 0 && ftruncate(fd, (off_t)offset) == 0 && fdatasync(fd) == 0;
-        if (fd >= 0) close(fd);
+        int file;
+        ok = (errno = st->ops->open(st, name, &file)) == 0;
+        if (ok) {
+            int e = st->ops->truncate(st, file, offset);
+            if (!e) e = st->ops->sync(st, file);
+            st->ops->close(st, file);
+            ok = (errno = e) == 0;
+        }
     }
     if (!ok) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=cut_torn_tail file=%s error=%s",
@@ -1125,41 +1354,27 @@ static void note_damaged_index(struct wal *w, uint64_t index)
  * for damage, BG_IO_ERROR or BG_OUT_OF_MEMORY when it could not be read. */
 static int recover(struct wal *w, struct recovery *rc)
 {
-    DIR *d = fdopendir(dup(w->dir_fd));
-    if (!d) {
+    struct storage *st = w->storage;
+    char **names = NULL;
+    size_t name_count = 0;
+    int e = st->ops->list(st, &names, &name_count);
+    uint64_t *indexes = e ? NULL : malloc((name_count ? name_count : 1) * sizeof *indexes);
+    if (!indexes) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
-                  log_str(strerror(errno)));
+                  log_str(strerror(e ? e : ENOMEM)));
+        if (!e) storage_free_names(names, name_count);
         rc->failed = 1;
-        return BG_IO_ERROR;
+        return e ? BG_IO_ERROR : BG_OUT_OF_MEMORY;
     }
-    uint64_t *indexes = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *ent;
-    while ((ent = readdir(d))) {
-        uint64_t index;
-        if (segment_index(ent->d_name, &index) != 0) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint64_t *a = realloc(indexes, cap * sizeof *a);
-            if (!a) {
-                closedir(d);
-                free(indexes);
-                rc->failed = 1;
-                log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
-                          log_str("out of memory"));
-                return BG_OUT_OF_MEMORY;
-            }
-            indexes = a;
-        }
-        indexes[n++] = index;
-    }
-    closedir(d);
+    size_t n = 0;
+    for (size_t i = 0; i < name_count; i++)
+        if (segment_index(names[i], &indexes[n]) == 0) n++;
+    storage_free_names(names, name_count);
     if (n) qsort(indexes, n, sizeof *indexes, index_less);
     size_t unique = 0; /* beangate.2.wal and beangate.02.wal are one index */
     for (size_t i = 0; i < n; i++)
         if (!unique || indexes[unique - 1] != indexes[i]) indexes[unique++] = indexes[i];
     n = unique;
-    int copy = rc->check;
     /* start at the newest segment holding a complete snapshot, if any */
     size_t start = 0;
     int snapshot = 0;
@@ -1173,9 +1388,11 @@ static int recover(struct wal *w, struct recovery *rc)
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len, copy);
-        if (data && segment_has_snapshot_end(data, len)) start = i, snapshot = 1;
-        if (data) unmap_all(data, len, copy);
+        char *data;
+        if (st->ops->read_all(st, name, &data, &len) == 0) {
+            if (segment_has_snapshot_end(data, len)) start = i, snapshot = 1;
+            st->ops->release(st, data, len);
+        }
     }
     w->first_index = n ? indexes[start] : 1; /* segments before it are superseded */
     if (snapshot && start)
@@ -1194,16 +1411,15 @@ static int recover(struct wal *w, struct recovery *rc)
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len, copy);
-        if (!data) {
-            if (errno == ENOENT && rc->check) rc->vanished = 1; /* a running server's compaction */
+        char *data;
+        int read_error = st->ops->read_all(st, name, &data, &len);
+        if (read_error) {
+            if (read_error == ENOENT && rc->check) rc->vanished = 1; /* a running server's compaction */
             s.status = SEG_UNREADABLE;
-            s.error = errno;
-            struct stat st;
-            if (fstatat(w->dir_fd, name, &st, 0) == 0) s.bytes = (size_t)st.st_size;
+            s.error = read_error;
         } else {
             rc->failed = read_segment(w, rc, &s, data, len, i == n - 1, !s.superseded) != 0;
-            unmap_all(data, len, copy);
+            st->ops->release(st, data, len);
         }
         if (!s.superseded) {
             for (int k = 0; k <= BG_REC_SNAPSHOT_END; k++) rc->records += s.by_type[k];
@@ -1227,9 +1443,9 @@ static int recover(struct wal *w, struct recovery *rc)
             for (size_t i = 0; i < start; i++) {
                 char name[64];
                 segment_name(name, sizeof name, indexes[i]);
-                unlinkat(w->dir_fd, name, 0);
+                st->ops->unlink(st, name);
             }
-            fsync(w->dir_fd);
+            st->ops->sync_dir(st); /* best effort: they are superseded either way */
         }
         w->force_snapshot = rc->damaged || rc->missing;
         /* ids seen only in dropped records were given out: not again */
@@ -1247,37 +1463,65 @@ static int recover(struct wal *w, struct recovery *rc)
     return 0;
 }
 
-/* The directory's part of wal_open: lock, recover (unless replicating),
- * start a new segment. 0, or an outcome after a message. */
-static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, uint64_t wall)
+/* The storage of cfg: the one given, or the real files of cfg->dir
+ * (locked), wrapped by the disk-fault test hook when its environment
+ * variable is set. 0, or BG_IO_ERROR after a message. */
+static int open_storage(struct wal *w, const struct wal_config *cfg)
 {
-    if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return BG_IO_ERROR;
+    if (cfg->storage) {
+        w->storage = cfg->storage;
+        w->posix = cfg->storage;
+        return 0;
     }
-    w->dir_fd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (w->dir_fd < 0) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return BG_IO_ERROR;
-    }
-    w->lock_fd = openat(w->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = storage_posix_open(&w->storage, cfg->dir, 1);
+    if (e == EWOULDBLOCK) {
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
         return BG_IO_ERROR;
     }
+    if (e) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(e)));
+        errno = e;
+        return BG_IO_ERROR;
+    }
+    w->own_storage = 1;
+    w->posix = w->storage;
+    const char *faults = getenv(STORAGE_FAULTS_ENV);
+    if (faults && *faults) {
+        struct storage *wrapped;
+        if (storage_faulty_wrap(&wrapped, w->storage, faults) != 0) {
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str("out of memory"));
+            return BG_IO_ERROR;
+        }
+        w->storage = wrapped;
+        log_event(BG_LOG_WARN, "wal_test_disk_faults", "control=%s", log_str(faults));
+    }
+    return 0;
+}
+
+/* The directory's part of wal_open: storage (locked), recover (unless
+ * replicating), start a new segment. 0, or an outcome after a message. */
+static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, uint64_t wall)
+{
+    int r = open_storage(w, cfg);
+    if (r != 0) return r;
     struct recovery rc = {.accept_damage = cfg->recover_damaged, .copy_only = cfg->repl != NULL,
                           .now = now, .wall = wall};
-    int r = recover(w, &rc);
+    r = recover(w, &rc);
     if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
-    w->cur_fd = segment_create(w, w->cur_index + 1);
-    if (w->cur_fd < 0) {
+    w->cur_file = segment_create(w, w->cur_index + 1);
+    if (w->cur_file < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return BG_IO_ERROR;
     }
     w->cur_index++;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
-    fsync(w->dir_fd);
+    int e = w->storage->ops->sync_dir(w->storage);
+    if (e) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=sync_dir error=%s", log_str(cfg->dir), log_str(strerror(e)));
+        errno = e;
+        return BG_IO_ERROR;
+    }
     return 0;
 }
 
@@ -1285,6 +1529,9 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
  * replication: at once; a standby: once it is primary). */
 static void start_writing(struct wal *w)
 {
+    /* what is in the engine now was read from the log */
+    w->last_put_id = w->durable_id = w->id_floor = w->id_floor_kept = bg_engine_last_id(w->engine);
+    w->replies_wait = w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never);
     w->engine->journal = &wal_journal_ops;
     w->engine->journal_ctx = w;
     w->writing = 1;
@@ -1303,22 +1550,27 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->engine = e;
     w->base = base;
     w->repl = cfg->repl;
-    w->batch.close_fd = -1;
-    w->cur_fd = w->lock_fd = w->notify_fd = w->dir_fd = -1;
+    w->batch.close_file = -1;
+    w->cur_file = w->notify_fd = -1;
     int r;
-    if (cfg->dir && (r = open_dir(w, cfg, now, wall)) != 0) return r;
-    w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if ((cfg->dir || cfg->storage) && (r = open_dir(w, cfg, now, wall)) != 0) return r;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     w->locks_made = 1;
-    if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
-        return BG_IO_ERROR;
+    if (!cfg->synchronous) {
+        w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
+            return BG_IO_ERROR;
+        }
+        w->thread_started = 1;
+        w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
+        event_add(w->notify_ev, NULL);
     }
-    w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
-    w->sync_timer = evtimer_new(base, timer_kick_cb, w);
-    w->retry_timer = evtimer_new(base, timer_kick_cb, w);
-    event_add(w->notify_ev, NULL);
+    if (base) {
+        w->sync_timer = evtimer_new(base, timer_kick_cb, w);
+        w->retry_timer = evtimer_new(base, timer_kick_cb, w);
+    }
     w->last_sync = now;
     /* a standby logs nothing until it becomes primary (wal_start_writing) */
     if (!w->repl) start_writing(w);
@@ -1328,9 +1580,9 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
 /* Undo what open_into did before it failed, and free w. */
 static void open_failed(struct wal *w)
 {
-    int fds[] = {w->dir_fd, w->lock_fd, w->cur_fd, w->notify_fd};
-    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
-        if (fds[i] > 0) close(fds[i]);
+    if (w->notify_fd >= 0) close(w->notify_fd);
+    if (w->storage && w->cur_file >= 0) w->storage->ops->close(w->storage, w->cur_file);
+    if (w->own_storage) w->storage->ops->destroy(w->storage);
     if (w->locks_made) {
         pthread_mutex_destroy(&w->lock);
         pthread_cond_destroy(&w->cond);
@@ -1366,14 +1618,14 @@ int wal_check(const char *dir)
     struct bg_engine e;
     memset(&w, 0, sizeof w);
     w.cfg.dir = dir;
-    w.dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (w.dir_fd < 0) {
-        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(errno)));
+    int err = storage_posix_open(&w.storage, dir, 0);
+    if (err) {
+        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(err)));
         return WAL_CHECK_FAILED;
     }
     if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT, NULL) != 0) {
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str("out of memory"));
-        close(w.dir_fd);
+        w.storage->ops->destroy(w.storage);
         return WAL_CHECK_FAILED;
     }
     w.engine = &e;
@@ -1383,7 +1635,7 @@ int wal_check(const char *dir)
     bg_engine_destroy(&e);
     free(w.segment_sizes);
     free(w.damaged_indexes);
-    close(w.dir_fd);
+    w.storage->ops->destroy(w.storage);
     if (rc.failed || rc.vanished) return WAL_CHECK_FAILED;
     return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
 }
@@ -1391,48 +1643,27 @@ int wal_check(const char *dir)
 void wal_close(struct wal *w)
 {
     if (!w) return;
-    /* finish: wait for the flusher, then write what is left, synced */
-    for (int round = 0; round < 2; round++) {
+    /* never drop a failed batch, nor what came after a finish, in silence */
+    if (!w->finishing || w->finished_seq < w->appended_seq)
+        wal_finish(w, loop_now() + WAL_CLOSE_FINISH_SECONDS * BG_SECOND);
+    struct storage *st = w->storage;
+    if (w->thread_started) {
         pthread_mutex_lock(&w->lock);
-        int busy = w->busy;
+        w->stop = 1;
+        pthread_cond_signal(&w->cond);
         pthread_mutex_unlock(&w->lock);
-        if (busy) {
-            uint64_t n;
-            struct timespec ts = {0, 1000000};
-            while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
-            if (batch_done(w) != 0) break; /* the disk refuses: nothing more can go */
-        }
-        if (round == 0 && w->pending.len && w->writing && !w->repl_dead) {
-            bg_buf_clear(&w->batch.data);
-            struct bg_buf swap = w->batch.data;
-            w->batch.data = w->pending;
-            w->pending = swap;
-            w->pending_records = 0;
-            w->batch.fd = w->cfg.dir ? w->cur_fd : -1;
-            w->batch.offset = w->cfg.dir ? *segment_size_at(w, w->cur_index) : 0;
-            w->batch.end_seq = w->appended_seq;
-            w->batch.sync = !w->cfg.dir || !w->cfg.fsync_never;
-            w->batch.purge_before = 0;
-            w->batch.snapshot_first = 0;
-            w->batch.repl_rc = 0;
-            submit(w);
-        }
+        pthread_join(w->thread, NULL);
     }
-    if (w->cfg.dir && !w->cfg.fsync_never) fdatasync(w->cur_fd);
-    pthread_mutex_lock(&w->lock);
-    w->stop = 1;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    pthread_join(w->thread, NULL);
     w->engine->journal = NULL;
-    event_free(w->notify_ev);
-    event_free(w->sync_timer);
-    event_free(w->retry_timer);
-    close(w->notify_fd);
-    close(w->cur_fd);
-    if (w->batch.close_fd >= 0) close(w->batch.close_fd);
-    close(w->lock_fd);
-    close(w->dir_fd);
+    if (w->notify_ev) event_free(w->notify_ev);
+    if (w->sync_timer) event_free(w->sync_timer);
+    if (w->retry_timer) event_free(w->retry_timer);
+    if (w->notify_fd >= 0) close(w->notify_fd);
+    if (st) {
+        st->ops->close(st, w->cur_file);
+        if (w->batch.close_file >= 0) st->ops->close(st, w->batch.close_file);
+        if (w->own_storage) st->ops->destroy(st);
+    }
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     bg_buf_free(&w->pending);
@@ -1453,7 +1684,7 @@ void wal_start_writing(struct wal *w, uint64_t stream_bytes)
 {
     resync_drop(w);
     bg_engine_restore_finish(w->engine);
-    if (w->cfg.dir) w->force_snapshot = 1;
+    if (w->storage) w->force_snapshot = 1;
     else w->total_bytes = stream_bytes;
     start_writing(w);
 }

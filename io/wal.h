@@ -20,14 +20,35 @@ struct wal_config {
      * log: with it the directory is not read at start (the stream is), and
      * nothing is logged until wal_start_writing (a standby only applies) */
     struct repl *repl;
+    /* the directory's files (io/storage.h); NULL: the real files of dir
+     * (locked), opened and closed by the log. Given, it stays the caller's;
+     * dir then only names the log in messages. */
+    struct storage *storage;
+    /* no flusher thread and no eventfd (the simulator, tests/sim): a batch
+     * handed on by wal_kick waits until the caller runs wal_run_flusher */
+    int synchronous;
 };
 
 /* The log (defined in wal.c only). */
 struct wal;
 
-/* A reply waiting until the log holds what it reports (durable
- * acknowledgement, -f 0). Embed it in whatever holds replies; wal_hold
- * queues it, and `durable` runs on the loop once `mark` is on disk. */
+/* When a reply may go: the one rule every front-end asks.
+ *
+ * A change carries the log position it depends on: the engine's hooks
+ * note it in engine->reply_pos (core.h) as they append its records, and a
+ * reply that shows a job (RESERVED, FOUND, a job's JSON, a push delivery)
+ * depends on the job's put while that is not synced. A front-end zeroes
+ * reply_pos before a request, reads it after, and asks wal_reply_may_go
+ * before anything goes out; a reply that may not go yet is held
+ * (wal_hold) and sent when `durable` runs, or, at a stop, never sent (its
+ * connection closes). With -f 0 every change's reply waits for its sync,
+ * also while the log is failing (it stays held until a retry gets the
+ * record on disk); with -f N > 0 and -F only an id beyond the logged id
+ * floor waits (ids never come back after a crash). An Idempotency-Key
+ * replay carries its original's position.
+ *
+ * A held reply: embed it in whatever holds replies; wal_hold queues it,
+ * and `durable` runs on the loop once position `mark` is kept. */
 struct wal_hold {
     uint64_t mark;
     void (*durable)(struct wal_hold *h);
@@ -52,18 +73,30 @@ int wal_check(const char *dir);
 /* Hand what was appended to the flusher if it is idle; call after each
  * loop callback. */
 void wal_kick(struct wal *w);
-/* The mark a reply given now must wait for (the last record appended) when
- * replies wait for the log (-f 0, and the log healthy); else 0. NULL: 0. */
-uint64_t wal_mark(const struct wal *w);
-/* Nonzero once everything up to mark is on disk (NULL w, or mark 0: yes). */
-int wal_reached(const struct wal *w, uint64_t mark);
+/* Synchronous mode (cfg.synchronous) only: do the flusher's work on the
+ * batch wal_kick handed on, on the calling thread, then complete it as the
+ * threaded log does when the flusher reports (account for it, release the
+ * holds it secured, wal_kick again). No batch handed on, or not
+ * synchronous: nothing. */
+void wal_run_flusher(struct wal *w);
+/* Nonzero if a reply depending on log position pos may go now: the log
+ * keeps everything up to pos (NULL w, or pos 0: yes). */
+int wal_reply_may_go(const struct wal *w, uint64_t pos);
 /* Call durable(h) on the loop once mark is on disk: at once if it is. Marks
  * grow, so the holds form a queue; h must not be queued already. */
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
 /* Take h off the queue (its reply went away first); no-op if not queued. */
 void wal_unhold(struct wal *w, struct wal_hold *h);
-/* Write what is pending, sync, stop the flusher, close files, free w.
- * Holds still queued are dropped without a call. NULL: nothing. */
+/* The stop sequence's part of the log: write and sync everything appended
+ * (a failed batch is tried again once a second until `deadline`, a
+ * monotonic loop_now() time), release the holds whose mark is reached,
+ * and hand nothing new on afterwards (no compaction). 0 when everything
+ * appended is kept (synced; written, with -F); else, after an error line
+ * `wal_lost` with the count of records not secured, BG_IO_ERROR. NULL: 0. */
+int wal_finish(struct wal *w, bg_time deadline);
+/* Finish (wal_finish with a short deadline, unless it ran since the last
+ * record was appended), stop the flusher, close files, free w. Holds
+ * still queued are dropped without a call. NULL: nothing. */
 void wal_close(struct wal *w);
 /* Give the directory and its files to uid:gid (before dropping
  * privileges with -u). 0 or BG_IO_ERROR with a message. */

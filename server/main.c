@@ -321,6 +321,7 @@ static int serve(struct server *srv, const struct server_config *cfg)
     if (push_setup.count) {
         srv->push = push_start(&push_setup, srv->base, &srv->engine, loop_now, after_gateway_run, srv);
         if (!srv->push) return 1;
+        push_set_log(srv->push, srv->wal);
         struct gw_push_hooks hooks = {srv->push, push_subscriptions_json, push_job_error_json, push_metrics,
                                       push_owns_client};
         gateway_set_push(srv->gateway, &hooks);
@@ -394,6 +395,44 @@ static const char *replication_state(void *arg, char *out, size_t size)
     return "STANDBY";
 }
 
+#define STOP_LOG_SECONDS 5     /* the log gets this long to keep what was done */
+#define STOP_ANSWER_SECONDS 5  /* then the answers this long to reach slow clients */
+
+/* The stop sequence, the one place it is written down (docs/operations.md,
+ * "Stopping"), once the loop has stopped (SIGTERM/SIGINT after push's
+ * grace, lost leadership, a failed takeover):
+ *  1. Stop reading: no accepts, no reads; a request already read has run
+ *     (the loop runs each one to its end); one the gateway has not
+ *     dispatched yet gets 503 SHUTTING_DOWN; blocked reserves and
+ *     long-polls are answered as timed out.
+ *  2. Push deliveries still in flight go back to ready (records too).
+ *  3. Finish the log (wal_finish): everything appended written, synced and
+ *     in the stream, within STOP_LOG_SECONDS; if not, exit status 74
+ *     (SERVER_LOG_LOST_EXIT) after a wal_lost line.
+ *  4. Answer what the log kept: a reply (held or not) goes only if the log
+ *     keeps the position it depends on (wal_reply_may_go), sent within
+ *     STOP_ANSWER_SECONDS; every other connection closes without a reply,
+ *     so a client retries only what was not kept, and nothing kept is
+ *     retried (stored twice).
+ *  5. Close the log (and the stream), then exit. */
+static void server_stop(struct server *srv)
+{
+    gateway_stop_reading(srv->gateway);
+    gearman_stop_reading(srv->gearman);
+    conn_server_stop_reading(srv->beanstalk);
+    push_free(srv->push);
+    srv->push = NULL;
+    /* what was appended is kept, or the exit status says it was not */
+    if (wal_finish(srv->wal, loop_now() + STOP_LOG_SECONDS * BG_SECOND) != 0 && srv->exit_status == 0)
+        srv->exit_status = SERVER_LOG_LOST_EXIT;
+    bg_time deadline = loop_now() + STOP_ANSWER_SECONDS * BG_SECOND;
+    gateway_stop(srv->gateway, deadline);
+    gearman_stop(srv->gearman, deadline);
+    beanstalk_stop(srv, deadline);
+    repl_stop_within(srv->repl, 5000); /* the last batch gets 5 s to reach the stream */
+    wal_close(srv->wal);
+}
+
 int main(int argc, char **argv)
 {
     struct server_config cfg;
@@ -459,8 +498,9 @@ int main(int argc, char **argv)
         if (repl_open(&srv.repl, &rcfg, srv.base, &ev) != 0) return 111;
     }
     if (cfg.log_dir || cfg.replicate) {
-        struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
-                                  cfg.log_recover_damaged, srv.repl};
+        struct wal_config wcfg = {.dir = cfg.log_dir, .fsync_ms = cfg.fsync_ms, .fsync_never = cfg.fsync_never,
+                                  .segment_size = cfg.segment_size, .recover_damaged = cfg.log_recover_damaged,
+                                  .repl = srv.repl};
         if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
         loop_set_changed_hook(hand_log_batch, srv.wal);
     }
@@ -497,13 +537,7 @@ int main(int argc, char **argv)
         return r;
     }
     loop_run();
-
-    push_free(srv.push); /* jobs still in flight go back to ready before the log closes */
-    gateway_stop(srv.gateway);
-    gearman_stop(srv.gearman);
-    beanstalk_stop(&srv);
-    repl_stop_within(srv.repl, 5000); /* the last batch gets 5 s to reach the stream */
-    wal_close(srv.wal);
+    server_stop(&srv);
     repl_close(srv.repl);
     bg_engine_destroy(&srv.engine);
     event_free(srv.sig_usr1);

@@ -36,6 +36,12 @@ What is checked:
   check_log_*            --check-log: lines, exit status, read only
   fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
   binlog_stats           the binlog-* fields of `stats`
+  failed_log_* / *_waits_* / *_after_its_sync / idempotent_replay_* /
+  sigterm_*_kept_put / sigterm_*_the_log_lacks / sigterm_on_a_stalled_*
+                         when a reply may go (issue 21): with -f 0 no reply
+                         reports a change or shows a job before the log keeps
+                         it, also while the disk fails or is slow, and a
+                         SIGTERM answers exactly the puts the log kept
 
 Python 3 standard library only. The runner is tests/lib/testlib.py's: -k NAME
 runs one test (crash_cycles is test_crash_cycles), --seed N repeats a run's
@@ -315,8 +321,9 @@ class Server:
     """One beangate process on a log directory; start() may be called again
     after stop() (a restart on the same directory, on a new port)."""
 
-    def __init__(self, logdir, args=(), name="srv", http=False):
+    def __init__(self, logdir, args=(), name="srv", http=False, env=None):
         self.logdir = logdir
+        self.env = env        # extra environment entries (e.g. DiskFaults.env())
         self.args = list(args)
         self.name = name
         self.http = http      # serve HTTP too, on http_port (else --no-http)
@@ -347,7 +354,8 @@ class Server:
             err = open(self.err_path, "ab")  # O_APPEND: we read it while the server writes
             try:
                 self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=err)
+                                             stdout=subprocess.DEVNULL, stderr=err,
+                                             env=testlib.clean_env(self.env) if self.env else None)
             finally:
                 err.close()
             status = self._wait_ready()
@@ -1302,13 +1310,15 @@ def test_disk_full_refuses_puts_then_recovers():
         b.cmd(b"ignore default\r\n", b"WATCHING 1\r\n")
         b.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", old[0], acked[old[0]]),
               "reserve during the failure", timeout=2.0)
-        b.cmd(b"delete %d\r\n" % old[0], b"DELETED\r\n", "delete of the reserved job during the failure",
+        # a delete promises the job is gone for good: its DELETED waits
+        # until the log has the record (issue 21, defect 1)
+        b.send(b"delete %d\r\ndelete %d\r\n" % (old[0], old[1]))
+        silent_for(b.sock, QUIET, "DELETED while the log cannot write")
+        q = srv.connect(timeout=2.0)
+        q.cmd(b"peek %d\r\n" % old[2], job_reply(b"FOUND", old[2], acked[old[2]]), "peek during the failure",
               timeout=2.0)
-        b.cmd(b"delete %d\r\n" % old[1], b"DELETED\r\n", "delete of a ready job during the failure", timeout=2.0)
-        b.cmd(b"peek %d\r\n" % old[2], job_reply(b"FOUND", old[2], acked[old[2]]), "peek during the failure",
-              timeout=2.0)
+        q.close()
         del acked[old[0]], acked[old[1]]
-        b.close()
         # a second refusal, still failing
         p = srv.connect(timeout=2.0)
         p.cmd(put_cmd(b"still failing"), b"OUT_OF_MEMORY\r\n", "put while the limit is still there", timeout=2.0)
@@ -1337,6 +1347,8 @@ def test_disk_full_refuses_puts_then_recovers():
     log("disk full: OUT_OF_MEMORY at put attempt %d; puts accepted again %.2f s after the limit was lifted; "
         "%d put(s) were held until then" % (refused_at, took, len(held)))
     check("event=wal_recovered" in srv.stderr(), "stderr has no event=wal_recovered: %s" % srv.stderr()[-600:])
+    b.expect(b"DELETED\r\nDELETED\r\n", "the deletes once the log took them", timeout=10.0)
+    b.close()
     for p, body in held:
         jid = read_inserted(p, "held put after the recovery")
         acked[jid] = body
@@ -1362,6 +1374,138 @@ def http_put(port, tube, body, timeout=2.0):
         return resp.status, json.loads(resp.read() or b"null")
     finally:
         conn.close()
+
+
+def stats_json(port):
+    """GET /stats as a dict."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
+    try:
+        conn.request("GET", "/stats")
+        resp = conn.getresponse()
+        body = resp.read()
+        check_eq(resp.status, 200, "GET /stats status")
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+def disk_faults(name):
+    """A DiskFaults control file of this run (empty: no faults yet)."""
+    return testlib.DiskFaults(os.path.join(WORK, name + ".faults"))
+
+
+def test_failed_batch_retried_once_a_second():
+    """Issue 21 defect 9: a batch that failed goes again once a second
+    (RETRY_SECONDS), not on every loop turn (18,000-35,000 writes in 2 s
+    before). Counted by binlog_disk_attempts of GET /stats while every
+    write of a segment fails (BEANGATE_TEST_DISK_FAULTS: write EIO); the
+    batch is written once the disk works again."""
+    d = new_dir("retry_once_a_second")
+    faults = disk_faults("retry_once_a_second")
+    srv = Server(d, ["-f", "50"], http=True, env=faults.env()).start()
+    c = srv.connect()
+    put(c, b"before")
+    faults.set(["write EIO"])
+    jid = put(c, b"during")  # -f 50: answered at once; its batch fails
+    testlib.wait_until(lambda: stats_json(srv.http_port)["binlog_disk_failures"] >= 1, "a failed write", 10.0)
+    # loop turns meanwhile (each command's callback kicks the log), as a
+    # busy server has: the old code tried the failed batch again on each
+    stop = threading.Event()
+    turns = [0]
+
+    def busy_client():
+        b = srv.connect()
+        while not stop.is_set():
+            b.cmd(b"peek %d\r\n" % jid, b"FOUND %d 6\r\nduring\r\n" % jid)
+            turns[0] += 1
+        b.close()
+    busy = threading.Thread(target=busy_client, daemon=True)
+    busy.start()
+    before = stats_json(srv.http_port)
+    window = 2.5
+    time.sleep(window)  # a measurement window, not a wait for a condition
+    after = stats_json(srv.http_port)
+    stop.set()
+    busy.join(10)
+    log("%d commands answered meanwhile" % turns[0])
+    attempts = after["binlog_disk_attempts"] - before["binlog_disk_attempts"]
+    log("%d write attempts in %.1f s against a failing disk (retries %d, failures %d)"
+        % (attempts, window, after["binlog_disk_retries"], after["binlog_disk_failures"]))
+    check(1 <= attempts <= 5, "%d write attempts in %.1f s, want one a second" % (attempts, window))
+    check(after["binlog_failed"], "binlog_failed is false while every write fails")
+    faults.clear()
+    testlib.wait_until(lambda: not stats_json(srv.http_port)["binlog_failed"], "the log healthy again", 10.0)
+    check("event=wal_recovered" in srv.stderr(), "no wal_recovered after the disk worked again")
+    c.close()
+    srv.restart(signal.SIGTERM)
+    c = srv.connect()
+    check_eq(read_peek_cmd(c, jid), b"during", "the put whose batch failed, after a restart")
+    c.close()
+    srv.stop_checked()
+
+
+def sigterm_after_failed_write(name, disk_comes_back):
+    """-f 50: a put is acknowledged, the write of its batch fails, SIGTERM
+    comes before the retry a second later. A disk that comes back is a
+    file-size limit lifted again (which the old code meets too); one that
+    keeps failing is BEANGATE_TEST_DISK_FAULTS 'write EIO' (a file-size
+    limit would cut the server's stderr file as well). Returns (server, id,
+    exit status, stderr)."""
+    d = new_dir(name)
+    faults = disk_faults(name)
+    # the limit is on every file: the server's stderr must stay below it
+    srv = Server(d, ["-f", "50"], env=None if disk_comes_back else faults.env()).start()
+    c = srv.connect()
+    put(c, b"before")
+    testlib.wait_until(lambda: max(segments(d).values()) > JOURNAL_HEADER, "the first put written", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, max(segments(d).values()) + 8)
+    else:
+        faults.set(["write EIO"])
+    jid = put(c, b"acknowledged, its write failed")
+    testlib.wait_until(lambda: "event=wal_failure" in srv.stderr(), "the failed write (wal_failure)", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, None)
+    # no client event before the stop: each would kick the log, and the old
+    # code then tried the failed batch again at once (defect 9)
+    status, took = srv.stop(signal.SIGTERM, STOP_TIMEOUT)
+    c.close()
+    srv.check_sanitizer("after SIGTERM")
+    log("exit status %r %.1f s after SIGTERM" % (status, took))
+    return srv, jid, status, srv.stderr()
+
+
+def test_sigterm_keeps_acknowledged_put_whose_write_failed():
+    """Issue 21 defect 2: wal_close discarded a failed batch (exit 0, no
+    line, the acknowledged job gone after a restart). The stop now tries the
+    failed batch again (once a second, within its deadline): the job is
+    there after the restart."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failed_write", True)
+    check_eq(status, 0, "exit status after SIGTERM (stderr: %s)" % err.strip()[-400:])
+    check("event=wal_lost" not in err, "wal_lost although the disk works again: %s" % err.strip()[-400:])
+    srv.start()
+    c = srv.connect()
+    check_eq(read_peek_cmd(c, jid), b"acknowledged, its write failed", "the acknowledged put after the restart")
+    c.close()
+    srv.stop_checked()
+
+
+def test_sigterm_with_failing_disk_says_records_lost():
+    """Issue 21 defect 2: when the disk keeps failing through the stop, the
+    server says so: an error line wal_lost with the count of records not
+    secured, and exit status 74 (EX_IOERR) instead of 0."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failing_disk", False)
+    check_eq(status, 74, "exit status after SIGTERM with a failing disk (stderr: %s)" % err.strip()[-400:])
+    m = re.search(r"level=error event=wal_lost records=(\d+)", err)
+    check(m is not None, "no error line wal_lost: %s" % err.strip()[-1500:])
+    # the failed put, and "before" too if its sync (50 ms later) had not come yet
+    check(int(m.group(1)) in (1, 2), "wal_lost records=%s, want the failed put (and maybe the one before)"
+          % m.group(1))
+
+
+def read_peek_cmd(c, jid):
+    c.send(b"peek %d\r\n" % jid)
+    return read_peek(c, jid)
 
 
 def test_disk_full_http_says_log_unavailable():
@@ -2038,6 +2182,402 @@ def test_sigterm_under_load_f0():
     check_sigterm_under_load(["-f", "0"], "f0")
 
 
+# ---- 9. when a reply may go (issue 21) -------------------------------------------------------
+
+QUIET = 1.5               # a reply that must not come is waited for this long
+
+
+def fail_next_write(srv, d):
+    """The log's next write past the newest segment's end fails (RLIMIT_FSIZE)."""
+    set_fsize(srv.proc.pid, max(segments(d).values()) + 64)
+
+
+def wait_log_failed(srv, what):
+    testlib.wait_until(lambda: "event=wal_failure" in srv.stderr(), "event=wal_failure (%s)" % what,
+                       timeout=10.0)
+
+
+def silent_for(sock, seconds, what):
+    """Nothing arrives on sock for `seconds` (a reply that must not be sent yet)."""
+    sock.settimeout(seconds)
+    try:
+        got = sock.recv(4096)
+    except socket.timeout:
+        return
+    raise AssertionError("%s: got %s, want nothing yet" % (what, show(got)))
+
+
+class HttpPut(threading.Thread):
+    """One HTTP put in the background: status (None: the connection closed
+    without one) and body."""
+
+    def __init__(self, port, tube, body, headers=None, timeout=30.0):
+        super().__init__(daemon=True)
+        self.args = (port, tube, body, headers or {}, timeout)
+        self.status = self.doc = self.error = self.answered_at = None
+
+    def run(self):
+        port, tube, body, headers, timeout = self.args
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            conn.request("POST", "/tubes/%s/jobs" % tube, body=body, headers=headers)
+            resp = conn.getresponse()
+            self.answered_at = time.monotonic()
+            self.status = resp.status
+            self.doc = json.loads(resp.read() or b"null")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.error = "%s: %s" % (type(e).__name__, e)
+        finally:
+            conn.close()
+
+
+def test_failed_log_holds_replies():
+    """Defect 1: with -f 0, after the log failed a write, a DELETED on
+    another connection is not sent until the log holds the delete; once it
+    was sent, the job does not come back after SIGKILL and a restart."""
+    d = new_dir("failed_log_holds")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jid = put(c, b"to be deleted")
+    fail_next_write(srv, d)
+    c.send(put_cmd(b"x" * 500))      # its write fails: the log is failing from here
+    wait_log_failed(srv, "a put past the file-size limit")
+    other = srv.connect()
+    other.send(b"delete %d\r\n" % jid)
+    silent_for(other.sock, QUIET, "DELETED while the log cannot write")
+    set_fsize(srv.proc.pid, None)    # the retry (once a second) gets it on disk
+    other.expect(b"DELETED\r\n", "DELETED once the log took it", timeout=15.0)
+    srv.kill()
+    srv.start()
+    c = srv.connect()
+    c.cmd(b"peek %d\r\n" % jid, b"NOT_FOUND\r\n", "the deleted job after SIGKILL and a restart")
+    srv.stop_checked()
+
+
+def test_reserve_waits_for_the_put():
+    """A reply that only shows a job (RESERVED) is not sent before the job's
+    put is on disk: its id and body never escape before the put is kept."""
+    d = new_dir("reserve_waits")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    put(c, b"first")
+    fail_next_write(srv, d)
+    c.send(put_cmd(b"y" * 500))
+    wait_log_failed(srv, "a put past the file-size limit")
+    w = srv.connect()
+    w.cmd(b"reserve-with-timeout 0\r\n", b"RESERVED ", "the kept job is reserved at once")
+    w.read_line()
+    w.read_line()
+    w.send(b"reserve-with-timeout 0\r\n")
+    silent_for(w.sock, QUIET, "RESERVED of a job whose put is not on disk")
+    srv.kill()
+    srv.start()
+    srv.stop_checked()
+
+
+def slow_disk_server(name, delay, http=False):
+    """A -f 0 server whose every sync of a segment waits `delay` seconds
+    (BEANGATE_TEST_DISK_FAULTS): (server, faults)."""
+    faults = disk_faults(name)
+    srv = Server(new_dir(name), ["-f", "0"], http=http, env=faults.env()).start()
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    return srv, faults
+
+
+def wait_put_done(srv):
+    """The server made the job of a put whose answer is held (GET /stats)."""
+    testlib.wait_until(lambda: stats_json(srv.http_port)["current_jobs_ready"], "the put made its job", 10.0,
+                       ok=lambda n: n >= 1)
+
+
+def test_waiting_reserve_gets_the_job_after_its_sync():
+    """A worker waiting in `reserve` is handed a new job inside the put: its
+    RESERVED (id and body) goes no earlier than the put's INSERTED, once
+    the put is synced (-f 0, sync delay)."""
+    delay = 1.5
+    srv, faults = slow_disk_server("waiting_reserve", delay)
+    w = srv.connect(timeout=20.0)
+    w.send(b"reserve\r\n")
+    silent_for(w.sock, 0.2, "reserve with nothing ready")
+    c = srv.connect(timeout=20.0)
+    t0 = time.monotonic()
+    c.send(put_cmd(b"fresh"))
+    w.expect(b"RESERVED ", "the waiting worker's job", timeout=20.0)
+    took = time.monotonic() - t0
+    log("waiting reserve: RESERVED %.2f s after the put" % took)
+    check(took >= delay * 0.75, "RESERVED came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    read_inserted(c, "the put")
+    faults.clear()
+    srv.stop_checked()
+
+
+def test_sigterm_never_sends_a_response_the_log_lacks():
+    """Defect 3: SIGTERM while an HTTP put (-f 0) is held because the disk
+    fails: no 201, and the job is not there after a restart."""
+    d = new_dir("sigterm_held_http")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    status, _ = http_put(srv.http_port, "t", b"before")
+    check_eq(status, 201, "HTTP put before the failure")
+    fail_next_write(srv, d)
+    req = HttpPut(srv.http_port, "t", b"z" * 500)
+    req.start()
+    wait_log_failed(srv, "an HTTP put past the file-size limit")
+    check(req.is_alive(), "the held put was answered while the log failed: %r %r" % (req.status, req.doc))
+    status, took = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
+    check(status is not None, "server did not exit after SIGTERM")
+    req.join(10)
+    check(req.status != 201, "the held put got 201 at SIGTERM although the log never had it: %r" % (req.doc,))
+    srv.start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=5.0)
+    conn.request("GET", "/tubes/t")
+    doc = json.loads(conn.getresponse().read())
+    conn.close()
+    check_eq(doc.get("current_jobs_ready"), 1, "jobs in tube t after the restart (%r)" % (doc,))
+    srv.stop_checked()
+
+
+def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
+    """Defect 3 on a slow disk (BEANGATE_TEST_DISK_FAULTS: sync delay): a
+    -f 0 HTTP put held for its sync at SIGTERM gets its 201 only once the
+    sync is done (the stop finishes the log first), never at the signal;
+    the job is there after a restart."""
+    delay = 2.0
+    srv, faults = slow_disk_server("sigterm_stalled_http", delay, http=True)
+    t0 = time.monotonic()
+    req = HttpPut(srv.http_port, "t", b"slow")
+    req.start()
+    wait_put_done(srv)
+    check(req.is_alive(), "the put was answered before its sync: %r" % (req.status,))
+    status, _ = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
+    check_eq(status, 0, "exit status after SIGTERM")
+    req.join(10)
+    check_eq(req.status, 201, "the held put's answer once the log kept it (%s)" % req.error)
+    took = req.answered_at - t0
+    log("stalled disk: 201 %.2f s after the put" % took)
+    check(took >= delay * 0.75, "201 came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    faults.clear()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % req.doc["id"])
+    check_eq(read_peek(c, req.doc["id"]), b"slow", "the acknowledged job after the restart")
+    srv.stop_checked()
+
+
+def test_idempotent_replay_waits_for_the_original():
+    """Defect 4: a replay under the same Idempotency-Key is not answered 201
+    before the original put is on disk."""
+    d = new_dir("idem_replay")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    status, _ = http_put(srv.http_port, "t", b"before")
+    check_eq(status, 201, "HTTP put before the failure")
+    fail_next_write(srv, d)
+    body = b"k" * 500
+    first = HttpPut(srv.http_port, "t", body, {"Idempotency-Key": "once"})
+    first.start()
+    wait_log_failed(srv, "a keyed put past the file-size limit")
+    replay = HttpPut(srv.http_port, "t", body, {"Idempotency-Key": "once"})
+    replay.start()
+    replay.join(QUIET)
+    check(replay.is_alive(), "the replay was answered before the original was on disk: %r %r"
+          % (replay.status, replay.doc))
+    set_fsize(srv.proc.pid, None)
+    first.join(20)
+    replay.join(20)
+    check_eq((first.status, replay.status), (201, 201), "both answers once the log took the put")
+    check_eq(replay.doc.get("id"), first.doc.get("id"), "the replay's job")
+    srv.kill()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % first.doc["id"])
+    check(read_peek(c, first.doc["id"]) == body, "the acknowledged job after SIGKILL and a restart")
+    srv.stop_checked()
+
+
+def test_idempotent_replay_waits_on_a_slow_disk():
+    """Defect 4 on a slow disk (sync delay): the replay's 201 does not come
+    before the original's sync ended."""
+    delay = 2.0
+    srv, faults = slow_disk_server("idem_slow", delay, http=True)
+    t0 = time.monotonic()
+    first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    first.start()
+    wait_put_done(srv)
+    replay = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    replay.start()
+    first.join(20)
+    replay.join(20)
+    check_eq((first.status, replay.status), (201, 201), "both answers")
+    took = replay.answered_at - t0
+    log("slow disk: the replay answered %.2f s after the original put" % took)
+    check(took >= delay * 0.75, "the replay's 201 came %.2f s after the put, before its %.1f s sync ended"
+          % (took, delay))
+    faults.clear()
+    srv.stop_checked()
+
+
+def test_id_of_a_lost_put_is_never_given_again():
+    """Ids never come back (issue 21): with -f 50 a put is answered before
+    its write; when that write fails and the process dies, the put is lost,
+    but the id the client saw is not given to another job after the
+    restart (the log's id floor is above it)."""
+    d = new_dir("lost_put_id")
+    faults = disk_faults("lost_put_id")
+    srv = Server(d, ["-f", "50"], env=faults.env()).start()
+    c = srv.connect()
+    put(c, b"kept")
+    testlib.wait_until(lambda: c.yaml(b"stats")["binlog-records-written"], "the first put written", 10.0,
+                       ok=lambda n: int(n) >= 1)
+    faults.set(["write EIO"])
+    lost = put(c, b"lost")            # answered at once; its write fails
+    wait_log_failed(srv, "the write of the lost put")
+    srv.kill()
+    faults.clear()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % lost)
+    check_eq(read_peek(c, lost), None, "the put whose write failed, after SIGKILL (lost, as -f 50 allows)")
+    again = put(c, b"after")
+    check(again > lost, "the first id after the restart is %d: id %d, seen by a client, given again"
+          % (again, lost))
+    srv.stop_checked()
+
+
+class TcpPutter(threading.Thread):
+    """Pipelines puts of unique bodies, 10 per write, until the connection
+    ends: acked (bodies answered INSERTED), unanswered (sent, no answer)."""
+
+    def __init__(self, srv, prefix):
+        super().__init__(daemon=True)
+        self.srv, self.prefix = srv, prefix
+        self.acked, self.unanswered = [], []
+        self.error = None
+
+    def run(self):
+        n = 0
+        try:
+            c = self.srv.connect(timeout=30.0)
+        except OSError as e:
+            self.error = str(e)
+            return
+        try:
+            while True:
+                bodies = [b"%s-%d" % (self.prefix, n + i) for i in range(10)]
+                n += 10
+                try:
+                    c.send(b"".join(put_cmd(b) for b in bodies))
+                except ConnLost:
+                    self.unanswered += bodies
+                    return
+                for k, b in enumerate(bodies):
+                    try:
+                        line = c.read_line(timeout=30.0)
+                    except (ConnLost, OSError):
+                        self.unanswered += bodies[k:]
+                        return
+                    if not line.startswith(b"INSERTED "):
+                        self.error = "put: %s" % show(line)
+                        return
+                    self.acked.append(b)
+        except AssertionError as e:
+            self.error = str(e)
+        finally:
+            c.close()
+
+
+class HttpPutter(threading.Thread):
+    """HTTP puts of unique bodies until the server goes: acked (201),
+    refused (503: nothing done), unanswered (no status)."""
+
+    def __init__(self, srv, prefix):
+        super().__init__(daemon=True)
+        self.srv, self.prefix = srv, prefix
+        self.acked, self.refused, self.unanswered = [], [], []
+        self.error = None
+
+    def run(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.http_port, timeout=30.0)
+        n = 0
+        try:
+            while True:
+                body = b"%s-%d" % (self.prefix, n)
+                n += 1
+                try:
+                    conn.request("POST", "/tubes/default/jobs", body=body)
+                    resp = conn.getresponse()
+                    resp.read()
+                except (OSError, http.client.HTTPException):
+                    self.unanswered.append(body)
+                    return
+                if resp.status == 201:
+                    self.acked.append(body)
+                elif resp.status == 503:
+                    self.refused.append(body)
+                    return
+                else:
+                    self.error = "put: status %d" % resp.status
+                    return
+        finally:
+            conn.close()
+
+
+def drain_bodies(srv):
+    """Every job's body (reserve and delete each)."""
+    c = srv.connect(timeout=10.0)
+    bodies = []
+    while True:
+        c.send(b"reserve-with-timeout 0\r\n")
+        line = c.read_line()
+        if line == b"TIMED_OUT\r\n":
+            break
+        check(line.startswith(b"RESERVED "), "drain: %s" % show(line))
+        jid, n = (int(x) for x in line[9:-2].split())
+        bodies.append(c.read_exact(n + 2)[:-2])
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n", "drain: delete")
+    c.close()
+    return bodies
+
+
+def test_sigterm_answers_every_kept_put():
+    """Defect 6: puts in flight over TCP and HTTP at SIGTERM (-f 0): every
+    put the log kept was answered, so after a restart the jobs are exactly
+    the answered puts; a client that retries only unanswered puts stores
+    each body once."""
+    rng = random.Random(SEED + 21)
+    d = new_dir("sigterm_answers")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    clients = [TcpPutter(srv, b"tcp%d" % i) for i in range(6)] + [HttpPutter(srv, b"http%d" % i) for i in range(4)]
+    for t in clients:
+        t.start()
+    testlib.wait_until(lambda: sum(len(t.acked) for t in clients), "puts answered under load",
+                       timeout=20.0, ok=lambda n: n >= 200)
+    time.sleep(rng.uniform(0.0, 0.3))  # the point: SIGTERM at a random moment of the load
+    srv.stop_checked(STOP_TIMEOUT + 15)
+    for t in clients:
+        t.join(30)
+        check(not t.is_alive(), "a client still runs after the server stopped")
+        check(t.error is None, "client: %s" % t.error)
+    acked = [b for t in clients for b in t.acked]
+    retry = [b for t in clients for b in t.unanswered + getattr(t, "refused", [])]
+    srv.start()
+    stored = drain_bodies(srv)
+    extra = sorted(set(stored) - set(acked))
+    missing = sorted(set(acked) - set(stored))
+    log("sigterm: %d puts answered, %d unanswered or refused, %d jobs after the restart"
+        % (len(acked), len(retry), len(stored)))
+    check(not missing, "%d answered puts missing after the restart (e.g. %s)" % (len(missing), missing[:5]))
+    check(not extra, "%d puts the log kept were never answered (a retry stores them twice), e.g. %s"
+          % (len(extra), extra[:5]))
+    check_eq(len(stored), len(set(stored)), "jobs after the restart without duplicates")
+    # the client retries what was not answered: each body is stored once
+    c = srv.connect()
+    for b in retry:
+        put(c, b)
+    c.close()
+    again = drain_bodies(srv)
+    check_eq(sorted(again), sorted(set(retry)), "the retried puts, each once")
+    srv.stop_checked()
+
+
 # ---- 8. binlog stats ----------------------------------------------------------------------
 
 def test_binlog_stats():
@@ -2166,6 +2706,18 @@ TESTS = [
     test_binlog_stats,
     test_can_do_timeout_ttr_survives_restart,
     test_disk_full_http_says_log_unavailable,
+    test_failed_batch_retried_once_a_second,
+    test_failed_log_holds_replies,
+    test_reserve_waits_for_the_put,
+    test_waiting_reserve_gets_the_job_after_its_sync,
+    test_sigterm_never_sends_a_response_the_log_lacks,
+    test_sigterm_on_a_stalled_disk_answers_after_the_sync,
+    test_idempotent_replay_waits_for_the_original,
+    test_idempotent_replay_waits_on_a_slow_disk,
+    test_sigterm_answers_every_kept_put,
+    test_id_of_a_lost_put_is_never_given_again,
+    test_sigterm_keeps_acknowledged_put_whose_write_failed,
+    test_sigterm_with_failing_disk_says_records_lost,
 ]
 
 
