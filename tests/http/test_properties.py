@@ -516,6 +516,18 @@ def test_empty_reservation_token_is_bad_format():
     check_eq(s.request("GET", "/jobs/%d" % jid)[0], 200, "the job is still there")
 
 
+def test_empty_body_with_idempotency_key():
+    """A put with an empty body and an Idempotency-Key stores the job, and
+    the retry gets it again (the sanitizer build aborted on the first: an
+    empty body is no bytes at NULL, which its hash passed to memcpy)."""
+    s = C.server
+    answers = [s.request("POST", "/tubes/emails/jobs", {"Idempotency-Key": "empty-body-1"}, b"") for _ in range(2)]
+    check_eq([a[0] for a in answers], [201, 201], "two puts of an empty body under one key")
+    first, again = (json.loads(a[2]) for a in answers)
+    check_eq(again["id"], first["id"], "the retry answered with the first job")
+    check_eq(s.request("GET", "/jobs/%d/body" % first["id"])[2], b"", "its body")
+
+
 def test_token_for_a_ready_job_is_refused_as_documented():
     """DELETE of a ready job with a token is 409 RESERVATION_MISMATCH (the
     token claims a reservation that has ended), and the document says so."""
@@ -591,6 +603,7 @@ TESTS = [
     test_generated_requests_keep_the_document,
     test_batch_number_out_of_range_says_so,
     test_empty_reservation_token_is_bad_format,
+    test_empty_body_with_idempotency_key,
     test_token_for_a_ready_job_is_refused_as_documented,
     test_document_states_its_conventions,
 ]
