@@ -64,30 +64,26 @@ ODD_STRINGS = ["", " ", "0", "-0", "-1", "+1", "01", "1.5", "1e3", "0x10", "1 ",
 HUGE_INTEGERS = [2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, -1, -2**63 - 1]
 POOL_TUBES = ["emails", ".", "..", "a-b", "t_1"]   # filled with jobs before the run
 
-# Hypothesis keeps a cache in ./.hypothesis unless told otherwise: a fresh
-# directory of this run's instead (removed at the end), not the source tree.
-HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="beangate-hypothesis-")
-os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = HYPOTHESIS_HOME
 
-_missing = []
-try:
-    import yaml
-except ImportError:
-    sys.path.append("/usr/lib/python3/dist-packages")
-    import yaml
-for _name in ("hypothesis", "jsonschema"):
+def import_debian(name):
+    """Module name, looked for in Debian's /usr/lib/python3/dist-packages too
+    (another python3, pyenv or a virtualenv, does not search it); None if absent."""
     try:
-        __import__(_name)
+        return __import__(name)
     except ImportError:
         if "/usr/lib/python3/dist-packages" not in sys.path:
             sys.path.append("/usr/lib/python3/dist-packages")
         try:
-            __import__(_name)
+            return __import__(name)
         except ImportError:
-            _missing.append("python3-" + _name)
-if not _missing:
-    import hypothesis
-    import jsonschema
+            return None
+
+
+yaml, hypothesis, jsonschema = (import_debian(n) for n in ("yaml", "hypothesis", "jsonschema"))
+_missing = ["python3-" + n for n, m in (("yaml", yaml), ("hypothesis", hypothesis), ("jsonschema", jsonschema))
+            if m is None]
+if hypothesis:
+    import hypothesis.configuration
     from hypothesis import strategies as st
 
 
@@ -232,11 +228,11 @@ def parameter_value(param, odd=True):
     return value
 
 
-def as_text(value, param):
+def as_text(value):
     """A parameter's value as the string that goes on the wire (form style:
     arrays comma-separated)."""
     if isinstance(value, list):
-        return ",".join(as_text(v, param) for v in value)
+        return ",".join(as_text(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -309,7 +305,7 @@ def request_strategy(path, method, op, params):
         for (where, name), value in values.items():
             if value is None:
                 continue
-            text = as_text(value, name)
+            text = as_text(value)
             if where == "path":
                 target = target.replace("{%s}" % name, path_segment(text))
             elif where == "query":
@@ -617,13 +613,18 @@ def main(argv):
         args.seed = DEFAULT_SEED
     C.binary, C.seed = args.binary, args.seed
     C.examples = int(os.environ.get("BEANGATE_PROPERTY_EXAMPLES", DEFAULT_EXAMPLES))
+    # Hypothesis keeps a cache in ./.hypothesis unless told otherwise: a
+    # directory of this run's instead, not the source tree
+    home = tempfile.mkdtemp(prefix="beangate-hypothesis-")
+    if hypothesis:
+        hypothesis.configuration.set_hypothesis_home_dir(home)
     try:
         return testlib.run("properties", TESTS, args, namespace=globals(), setup=setup,
                            last=(server_alive_and_stops_cleanly,), all_skipped=SKIP_EXIT)
     finally:
         if C.server is not None:
             C.server.kill()
-        shutil.rmtree(HYPOTHESIS_HOME, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
