@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 import urllib.parse
 import warnings
 
@@ -463,10 +464,11 @@ def test_generated_requests_keep_the_document():
         t_op = time.monotonic()
         try:
             prop()
-        except AssertionError as e:
-            failures.append(str(e).splitlines()[0][:1500])
-        except Exception as e:   # http.client: the server closed or hung up
-            failures.append("%s %s: %s: %s" % (method, path, type(e).__name__, e))
+        except Exception as e:   # a broken promise (AssertionError), or the server closed or hung up
+            where = traceback.format_exception(type(e), e, e.__traceback__)[-2].strip().splitlines()[0]
+            text = (str(e).strip() or where).splitlines()[0][:1500]
+            failures.append(text if isinstance(e, AssertionError) and str(e).strip()
+                            else "%s %s: %s: %s" % (method, path, type(e).__name__, text))
         if os.environ.get("BEANGATE_PROPERTY_VERBOSE"):
             print("  %-7s %-28s %.1f s" % (method, path, time.monotonic() - t_op), flush=True)
         check(C.server.proc.poll() is None, "beangate exited during %s %s (status %r): %s"
