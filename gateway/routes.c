@@ -495,11 +495,12 @@ static int conflict(struct gw_request *r, const struct bg_job *j, int outcome, c
 
 /* May the request `action` job j as the holder of its reservation? 0 if
  * so; else a reply was queued into *reply: 400 for a token given twice
- * (two different ones) or empty, or the 409 that says why not. A token
- * given for a job that is not reserved under it is refused (409) even
- * where no token is needed: it says "I hold this job", and a worker whose
- * reservation ended must learn so rather than delete work it lost. need_reserved: the action needs a reserved
- * job (a ready, delayed or buried job is deleted without a token). */
+ * (two different ones) or empty, or the 409 that says why not.
+ * need_reserved: the action needs a reserved job (a ready, delayed or
+ * buried job is deleted without a token). A token given for a job not
+ * reserved under it is refused (409) even where none is needed: it says "I
+ * hold this job", and a worker whose reservation ended learns so instead
+ * of deleting a job that may be running elsewhere. */
 static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
                              const char *action, int *reply)
 {
