@@ -177,7 +177,7 @@ def from_schema(schema):
             alt = deref(alt)
             merged = dict(base, **{k: v for k, v in alt.items() if k != "required"})
             merged["required"] = base.get("required", []) + alt.get("required", [])
-            choices.append(from_schema(merged) if len(merged) > 1 or "type" in merged else from_schema(alt))
+            choices.append(from_schema(merged))
         return st.one_of(choices)
     kind = schema.get("type")
     if kind == "integer":
