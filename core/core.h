@@ -549,7 +549,8 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken);
 
 /* ---- token.c: keyed hash; reservation tokens for connectionless clients - */
 
-/* SipHash-2-4 of data[0..len) under a 128-bit key. The keyed hash for every
+/* SipHash-2-4 of data[0..len) under a 128-bit key (data may be NULL when len
+ * is 0). The keyed hash for every
  * table that clients fill: without the key (random, chosen at start by the
  * front-end) nobody can choose keys that share a bucket. */
 uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len);

@@ -35,7 +35,7 @@ uint64_t bg_siphash(const uint64_t key[2], const void *data, size_t len)
                      key[0] ^ 0x6c7967656e657261ull, key[1] ^ 0x7465646279746573ull};
     size_t full = len & ~(size_t)7;
     unsigned char last[8] = {0};
-    memcpy(last, in + full, len - full);
+    if (len > full) memcpy(last, in + full, len - full); /* data may be NULL when len is 0 */
     last[7] = (unsigned char)len;
     for (size_t i = 0; i <= full; i += 8) {
         uint64_t m = load_le64(i < full ? in + i : last);

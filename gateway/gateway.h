@@ -544,9 +544,12 @@ int gw_wants_raw(struct gw_request *r);
 unsigned gw_open_connections(const struct gw_request *r);
 /* The status of the response queued for r, 0 if none yet. */
 unsigned gw_queued_status(const struct gw_request *r);
-/* Turn every "%2F" (or "%2f") of s into '/', in place: the unescape callback
- * leaves them encoded so that a tube name may hold '/' in a path segment. */
-void gw_decode_slashes(char *s);
+/* Turn every "%2F" of s into '/' and every "%2E" into '.' (either case), in
+ * place. The unescape callback leaves %2F encoded so that a tube name may
+ * hold '/' in a path segment; a segment "." or ".." reaches here as %2E
+ * only when sent as %252E, as the dashboard does: a browser's URL parser
+ * removes "..", "%2E%2E" and their like from a path before sending it. */
+void gw_decode_segment(char *s);
 /* Suspend long-poll r: it is listed (resumed at shutdown) and its socket
  * watched: a client that closes or resets ends the wait at once
  * (wait_outcome BG_TIMED_OUT, woken). */

@@ -387,7 +387,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* Percent-decode uri in place, except %00 and %2F. A NUL would cut the
  * path or a value short, so it stays as the three characters and fails
  * validation. An encoded '/' must not split a path: it stays encoded until
- * the router has split the path into segments (gw_decode_slashes). */
+ * the router has split the path into segments (gw_decode_segment). */
 static size_t unescape_cb(void *cls, struct MHD_Connection *conn, char *uri)
 {
     (void)cls;

@@ -57,12 +57,13 @@ unsigned gw_queued_status(const struct gw_request *r)
     return info ? info->http_status : 0;
 }
 
-void gw_decode_slashes(char *s)
+void gw_decode_segment(char *s)
 {
     char *out = s;
     for (const char *in = s; *in; in++) {
-        if (in[0] == '%' && in[1] == '2' && (in[2] == 'F' || in[2] == 'f')) {
-            *out++ = '/';
+        char c = in[0] == '%' && in[1] == '2' ? (char)(in[2] | 0x20) : 0;
+        if (c == 'f' || c == 'e') {
+            *out++ = c == 'f' ? '/' : '.';
             in += 2;
         } else {
             *out++ = *in;

@@ -57,8 +57,9 @@ static const char *const method_names[] = {"GET", "HEAD", "POST", "DELETE", "OPT
 static unsigned long match_count;
 
 /* Split url into at most GW_MAX_SEGMENTS segments in buf, each with its %2F
- * decoded; returns the count, or -1 if there are more, one is empty, or url
- * does not start with '/'. *slash_end: url ends with a '/' after a segment. */
+ * and %2E decoded (gw_decode_segment); returns the count, or -1 if there are
+ * more, one is empty, or url does not start with '/'. *slash_end: url ends
+ * with a '/' after a segment. */
 static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_SEGMENTS],
                       int *slash_end)
 {
@@ -80,7 +81,7 @@ static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_
     }
     for (int i = 0; i < n; i++) {
         if (!*seg[i]) return -1;
-        gw_decode_slashes(seg[i]);
+        gw_decode_segment(seg[i]);
     }
     return n;
 }

@@ -251,6 +251,16 @@ int gw_handle_batch_put(struct gw_request *r)
     if (r->body_too_big) return BG_JOB_TOO_BIG;
     json_error_t err;
     json_t *doc = json_loadb(bg_buf_head(&r->body), r->body.len, 0, &err);
+    if (!doc) {
+        char detail[384];
+        snprintf(detail, sizeof detail,
+                 "the body is not JSON that beangate reads (line %d, column %d: %s); integers "
+                 "anywhere in it must be within -9223372036854775808..9223372036854775807",
+                 err.line, err.column, err.text);
+        for (char *c = detail; *c; c++) /* jansson quotes the bytes near the error */
+            if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+    }
     json_t *jobs = json_object_get(doc, "jobs");
     if (!json_is_array(jobs) || json_array_size(jobs) == 0 || json_array_size(jobs) > GW_BATCH_MAX) {
         json_decref(doc);
@@ -422,7 +432,7 @@ int gw_handle_reserve(struct gw_request *r)
     char decoded[2048];
     if (tubes && strlen(tubes) < sizeof decoded) {
         strcpy(decoded, tubes);
-        gw_decode_slashes(decoded);
+        gw_decode_segment(decoded);
         tubes = decoded;
     }
     return reserve(r, tubes);
@@ -487,9 +497,13 @@ static int conflict(struct gw_request *r, const struct bg_job *j, int outcome, c
 }
 
 /* May the request `action` job j as the holder of its reservation? 0 if
- * so; else a reply was queued into *reply: 400 for a token given twice,
- * or the 409 that says why not. need_reserved: the action needs a reserved
- * job (a ready, delayed or buried job is deleted without a token). */
+ * so; else a reply was queued into *reply: 400 for a token given twice
+ * (two different ones) or empty, or the 409 that says why not.
+ * need_reserved: the action needs a reserved job (a ready, delayed or
+ * buried job is deleted without a token). A token given for a job not
+ * reserved under it is refused (409) even where none is needed: it says "I
+ * hold this job", and a worker whose reservation ended learns so instead
+ * of deleting a job that may be running elsewhere. */
 static int check_reservation(struct gw_request *r, struct bg_job *j, int need_reserved,
                              const char *action, int *reply)
 {
@@ -498,6 +512,12 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
     if (gw_reservation_token(r, &token) != 0) {
         *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT",
                                   "the X-Reservation header and ?reservation= differ: give the token once");
+        return -1;
+    }
+    if (token && !*token) {
+        *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                  "the reservation token is empty: give the token a reservation "
+                                  "returned, or none");
         return -1;
     }
     int outcome = 0;
@@ -771,7 +791,7 @@ static int tube_page_query(struct gw_request *r, struct gw_tube_page_query *q,
     } else if (filter) {
         if (strlen(filter) < filter_size) {
             strcpy(filter_buf, filter);
-            gw_decode_slashes(filter_buf);
+            gw_decode_segment(filter_buf);
             q->filter = filter_buf;
         }
         if (!q->filter || !gw_tube_filter_valid(q->filter))

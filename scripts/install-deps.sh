@@ -10,8 +10,9 @@
 #          chromium + chromium-driver + python3-selenium (the dashboard's
 #          browser tests), haproxy (the sharding test's proxy, Debian's
 #          HAProxy 2.6), python3-yaml (its check of the Kubernetes
-#          manifests) and nats-server (the replication tests' JetStream
-#          cluster)
+#          manifests and of openapi.yaml), python3-hypothesis and
+#          python3-jsonschema (the property-based tests of the HTTP API) and
+#          nats-server (the replication tests' JetStream cluster)
 set -euo pipefail
 mode="${1:-test}"
 
@@ -19,7 +20,7 @@ pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml
-           nats-server)
+           python3-hypothesis python3-jsonschema nats-server)
 fi
 
 missing=()

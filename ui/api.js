@@ -27,9 +27,19 @@ export function setToken(value) {
   else sessionStorage.removeItem(TOKEN_KEY);
 }
 
-// A tube name as one path segment ('/' becomes %2F, as the gateway wants).
+// A tube's path in the API, its name as one segment: '/' becomes %2F, as
+// the gateway wants, and each dot of a name "." or ".." %252E. A browser
+// drops such segments from a URL even when written %2E (WHATWG URL), so
+// "tubes/.." would mean the root; the gateway decodes the %2E that is left
+// after its unescaping (gw_decode_segment).
 export function tubePath(name) {
-  return "tubes/" + encodeURIComponent(name);
+  const segment = name === "." || name === ".." ? name.replaceAll(".", "%252E") : encodeURIComponent(name);
+  return "tubes/" + segment;
+}
+
+// The address of a tube's view in this page (a fragment: kept as written).
+export function tubeHref(name) {
+  return "#/tubes/" + encodeURIComponent(name);
 }
 
 // Call the API: method, a path relative to the root ("stats",

@@ -87,7 +87,7 @@ export function jobView(main, {id}, app) {
       const v = facts.values;
       setText(v.id, String(job.id));
       for (const link of [tubeLink, crumbTube]) {
-        link.setAttribute("href", "#/" + api.tubePath(job.tube));
+        link.setAttribute("href", api.tubeHref(job.tube));
         setText(link, job.tube);
       }
       crumbStep.hidden = false;

@@ -28,7 +28,7 @@ function reasons(byReason) {
 // One subscription's card, made once and updated in place (a focused link
 // keeps its focus across polls).
 function subscriptionCard(tube) {
-  const tubeLink = h("a", {href: "#/" + api.tubePath(tube)}, tube);
+  const tubeLink = h("a", {href: api.tubeHref(tube)}, tube);
   const url = h("p", {class: "url name"});
   const counts = definitionList(COUNTS, "facts");
   const settings = definitionList(SETTINGS, "facts compact");

@@ -118,7 +118,7 @@ export function tubesView(main, params, app) {
     doc.tubes.forEach((t, i) => {
       const tr = row(i);
       const link = tr.cells[0].firstChild;
-      const href = "#/" + api.tubePath(t.name);
+      const href = api.tubeHref(t.name);
       if (link.getAttribute("href") !== href) link.setAttribute("href", href);
       setText(link, t.name);
       const was = previous.get(t.name);

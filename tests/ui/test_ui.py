@@ -591,6 +591,50 @@ def test_put_from_the_form():
     check_eq(s.tube(tube)["total_jobs"], 2, "nothing put with a bad priority")
 
 
+def dots_path(tube):
+    """/tubes/NAME for the server's own checks, a name of dots written %2E
+    (an HTTP client may normalize a literal ".." away, as browsers do)."""
+    return "/tubes/" + (tube.replace(".", "%2E") if set(tube) == {"."} else quote(tube))
+
+
+def test_tubes_named_dot_and_dot_dot():
+    """Tubes "." and ".." (valid names): each view shows its tube, and its
+    Kick, Pause and Put reach that tube, not /kick, /pause and /jobs (a
+    browser drops "." and ".." path segments, even written %2E)."""
+    b, s = C.browser, C.server
+    ids = []
+    for tube in (".", ".."):
+        bs = Beanstalk(s.tcp_port)
+        try:
+            ids += [bs.put(tube, b"dots 1"), bs.put(tube, b"dots 2")]
+            bs.reserve_and_bury(tube)
+        finally:
+            bs.close()
+        b.open(s, "/tubes/" + tube)
+        b.heading("Tube " + tube)
+        b.wait_fact("buried", 1)
+        b.wait_fact("ready", 1)
+        b.type_into("#kick-bound", "1")
+        b.button("Kick").click()
+        b.wait(lambda: "Kicked 1 job" in b.notice(), "the kick's message in %r (have %r)" % (tube, b.notice()))
+        check_eq(s.api("GET", dots_path(tube))["current_jobs_buried"], 0, "buried in %r after its kick" % tube)
+        b.type_into("#pause-seconds", "120").send_keys(b.sel["Keys"].ENTER)
+        b.wait(lambda: s.api("GET", dots_path(tube))["pause"] == 120, "tube %r paused for 120 s" % tube)
+        b.type_into("#put-body", "put into " + tube)
+        b.button("Put job").click()
+        b.wait(lambda: re.search(r"Put job (\d+)", b.notice()), "the put's message (have %r)" % b.notice())
+        jid = int(re.search(r"Put job (\d+)", b.notice()).group(1))
+        ids.append(jid)
+        check_eq(s.api("GET", "/jobs/%d" % jid)["tube"], tube, "the tube of the job put from the view of %r" % tube)
+        b.wait_fact("ready", 3)
+        b.open(s, "/jobs/%d" % jid)
+        b.heading("Job %d" % jid)
+        link = b.wait(lambda: [a for a in b.all("main a") if a.text == tube], "a link to tube %r in the job view" % tube)
+        check_eq(link[0].get_attribute("href").split("#", 1)[1], "/tubes/" + tube, "the job view's link to its tube")
+    for jid in ids:   # the tubes go away again, for the tests that count tubes
+        s.api("DELETE", "/jobs/%d" % jid, want=204)
+
+
 XSS_BODIES = [
     b"<script>window.__xss = 1</script>",
     b'<img src=x onerror="window.__xss = 2">',
@@ -1050,6 +1094,7 @@ TESTS = [
     test_tube_kick_pause_unpause,
     test_delete_asks_first,
     test_put_from_the_form,
+    test_tubes_named_dot_and_dot_dot,
     test_bodies_with_markup_are_text,
     test_subscriptions_view,
     test_token_prompt,
