@@ -1,0 +1,621 @@
+/* sim.c - the deterministic fault simulator of the write-ahead log (issue
+ * 21; docs/durability.md, "Fault simulator").
+ *
+ * One process, one thread, simulated time: the engine (core/), a few
+ * client sessions, and the log (io/wal.c, synchronous: no flusher thread)
+ * on the fault-injecting storage (storage_fault.c). A seed chooses a
+ * workload (puts, reserves, deletes, releases with delays, buries, kicks,
+ * touches, TTR expiries and delays coming due as time moves, pauses,
+ * compaction through a small segment size) and a fault schedule (failed
+ * and short writes, failed syncs, failed directory calls, slow syncs,
+ * crashes of the process or the machine at any call). After every crash a
+ * fresh engine recovers from what the storage kept and sim_model.c checks
+ * it against what was acknowledged. The same seed gives the same run.
+ *
+ *   sim                     the named cases, then seeds for the time budget
+ *                           (BEANGATE_SIM_SECONDS, default 60; 15 under ASan)
+ *   sim --seed N [-v]       one seed (-v: every step and log line)
+ *   sim --seeds N [--start S]  N seeds from S
+ *   sim --minutes M [--start S] seeds for M minutes
+ *   sim --crash-points N [--start S]  crash-point enumeration of N seeds
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../io/loop.h"
+#include "../../io/wal.h"
+#include "sim_clock.h"
+#include "sim_log.h"
+#include "sim_model.h"
+#include "storage_fault.h"
+
+#define SIM_CLIENTS 3
+#define SIM_TUBES 3
+#define T0 ((bg_time)1000 * BG_SECOND)
+#define WALL0 ((uint64_t)1700000000 * BG_SECOND)
+
+/* ---- the fault schedule of a seed ---- */
+
+struct schedule {
+    struct fault_rates rates;
+    uint32_t crash_ppm;        /* per step: the machine or the process stops */
+    uint32_t slow_sync_ppm;    /* per step: the flusher's step comes late */
+    uint32_t steps;
+    uint64_t segment_size;
+    enum crash_keep keep;      /* what a machine crash keeps of unsynced writes */
+    uint8_t process_crashes;   /* crashes keep everything written (the page cache) */
+};
+
+/* A seed's schedule: some seeds run without faults, some with a few, some
+ * with many; crashes in most. */
+static void schedule_of(uint64_t seed, struct schedule *s)
+{
+    struct sim_rng r = {seed * 0x2545F4914F6CDD1Dull + 1};
+    memset(s, 0, sizeof *s);
+    s->steps = 200 + (uint32_t)rng_below(&r, 400);
+    static const uint64_t sizes[] = {1024, 4096, 16384, 1 << 20};
+    s->segment_size = sizes[rng_below(&r, 4)];
+    unsigned level = (unsigned)rng_below(&r, 4); /* 0: none, 3: many */
+    uint32_t base = level == 0 ? 0 : level == 1 ? 2000 : level == 2 ? 10000 : 40000;
+    if (base) {
+        if (rng_below(&r, 2)) s->rates.pwrite = base;
+        if (rng_below(&r, 2)) s->rates.short_write = base;
+        if (rng_below(&r, 2)) s->rates.sync = base;
+        if (rng_below(&r, 3) == 0) s->rates.sync_dir = base;
+        if (rng_below(&r, 3) == 0) s->rates.create = base;
+        if (rng_below(&r, 4) == 0) s->rates.rename = s->rates.unlink = s->rates.truncate = base;
+    }
+    s->crash_ppm = rng_below(&r, 5) ? 3000 + (uint32_t)rng_below(&r, 20000) : 0;
+    s->slow_sync_ppm = rng_below(&r, 2) ? (uint32_t)rng_below(&r, 200000) : 0;
+    s->keep = (enum crash_keep)rng_below(&r, 5);
+    s->process_crashes = rng_below(&r, 4) == 0;
+}
+
+static const char *const keep_names[] = {"none", "all", "prefix", "subset", "random"};
+
+/* ---- the world: engine, clients, log ---- */
+
+struct sim_client {
+    struct bg_client c;
+    uint64_t mark;             /* the mark this session's replies wait for */
+};
+
+struct sim {
+    uint64_t seed;
+    struct sim_rng rng;
+    struct schedule sch;
+    struct storage *st;
+    struct event_base *base;
+    struct bg_engine engine;
+    struct sim_client clients[SIM_CLIENTS];
+    struct wal *wal;
+    int up;                    /* engine and log are open */
+    struct model model;
+    bg_time flusher_late_until; /* a slow sync: the flusher's step waits */
+    int verbose;
+    uint64_t step, crashes, recoveries, acked, puts;
+    char why[512];
+};
+
+/* ---- THE REPLY RULE: the one place this simulator decides when a reply
+ * may go (the -f 0 rule). Today that is io/conn.c's: a session's replies
+ * wait for the log's mark as of the last command of it that appended a
+ * record, and may go once wal_reached says that mark is on disk. ---- */
+
+static void reply_rule_after_command(struct sim *s, struct sim_client *c, uint64_t mark_before)
+{
+    uint64_t after = wal_mark(s->wal);
+    if (after > mark_before) c->mark = after;
+}
+
+static int reply_may_go(void *ctx, uint64_t mark)
+{
+    struct sim *s = ctx;
+    return wal_reached(s->wal, mark);
+}
+
+/* ---- the engine's records, noted on their way to the log ---- */
+
+static void note_job(struct sim *s, const struct bg_job *j, int kind)
+{
+    struct change c = {.id = j->id, .kind = (uint8_t)kind, .pri = j->pri, .state = j->state};
+    if (kind == CH_PUT) {
+        c.body_hash = model_body_hash(j->body, j->body_size);
+        c.body_len = j->body_size;
+        snprintf(c.tube, sizeof c.tube, "%s", j->tube->name);
+    }
+    model_note(&s->model, &c);
+}
+
+static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
+{
+    struct sim *s = ctx;
+    note_job(s, j, with_body ? CH_PUT : CH_UPDATE);
+    wal_journal_ops.job_saved(s->wal, j, with_body);
+}
+
+static void hook_job_deleted(void *ctx, uint64_t id)
+{
+    struct sim *s = ctx;
+    struct change c = {.id = id, .kind = CH_DELETE};
+    model_note(&s->model, &c);
+    wal_journal_ops.job_deleted(s->wal, id);
+}
+
+static void hook_tube_paused(void *ctx, const struct bg_tube *t)
+{
+    struct sim *s = ctx;
+    wal_journal_ops.tube_paused(s->wal, t);
+}
+
+static const struct bg_journal_ops sim_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused};
+
+static const char *const tube_names[SIM_TUBES] = {"default", "t1", "t2"};
+
+/* Open the log on the storage and a fresh engine; check it against the
+ * model if this is a recovery. 0, or -1 with s->why. */
+static int world_open(struct sim *s, int recovery)
+{
+    if (bg_engine_init(&s->engine, 1 << 16, NULL) != 0) abort();
+    struct wal_config cfg = {0};
+    cfg.dir = "sim";
+    cfg.fsync_ms = 0;
+    cfg.segment_size = s->sch.segment_size;
+    cfg.storage = s->st;
+    cfg.synchronous = 1;
+    sim_log_clear();
+    int r = wal_open(&s->wal, &cfg, &s->engine, s->base, loop_now(), loop_wall_now());
+    if (r == BG_IO_ERROR) {
+        /* a call failed while opening: the operator starts it again (the
+         * process stopped; what it wrote is still in the page cache) */
+        bg_engine_destroy(&s->engine);
+        fault_storage_crash(s->st, KEEP_ALL, 0);
+        struct fault_rates none = {0};
+        fault_storage_set_rates(s->st, &none);
+        if (bg_engine_init(&s->engine, 1 << 16, NULL) != 0) abort();
+        sim_log_clear();
+        r = wal_open(&s->wal, &cfg, &s->engine, s->base, loop_now(), loop_wall_now());
+        fault_storage_set_rates(s->st, &s->sch.rates);
+    }
+    if (r != 0) {
+        snprintf(s->why, sizeof s->why, "the log was refused at %s (%s)%s", recovery ? "recovery" : "start",
+                 bg_outcome_word(r),
+                 sim_log_saw("wal_refused") || sim_log_saw("wal_damaged") || sim_log_saw("wal_open_failed")
+                     ? ", with a report" : ", WITHOUT a report");
+        bg_engine_destroy(&s->engine);
+        s->wal = NULL;
+        return -1;
+    }
+    if (recovery) {
+        const char *broken;
+        if (bg_engine_audit(&s->engine, &broken) != 0) {
+            snprintf(s->why, sizeof s->why, "the recovered engine is inconsistent: %s", broken);
+            return -1;
+        }
+        if (model_check(&s->model, &s->engine, s->why, sizeof s->why) != 0) return -1;
+        s->recoveries++;
+    }
+    model_rebase(&s->model, &s->engine);
+    s->engine.journal = &sim_journal_ops;
+    s->engine.journal_ctx = s;
+    for (int i = 0; i < SIM_CLIENTS; i++) {
+        struct sim_client *c = &s->clients[i];
+        memset(c, 0, sizeof *c);
+        if (bg_client_init(&s->engine, &c->c, &bg_client_ops_never_wait, NULL) != 0) abort();
+        for (int t = 1; t < SIM_TUBES; t++) {
+            uint32_t count;
+            if (bg_client_watch(&c->c, tube_names[t], &count) != 0) abort();
+        }
+    }
+    s->up = 1;
+    s->flusher_late_until = 0;
+    return 0;
+}
+
+/* The process is gone: nothing of it runs any more (its memory is freed
+ * without another call to the storage, which is halted). */
+static void world_drop(struct sim *s)
+{
+    if (!s->up) return;
+    fault_storage_halt(s->st);
+    s->engine.journal = NULL;
+    for (int i = 0; i < SIM_CLIENTS; i++) bg_client_close(&s->clients[i].c, loop_now());
+    wal_close(s->wal);
+    bg_engine_destroy(&s->engine);
+    s->wal = NULL;
+    s->up = 0;
+}
+
+/* The log's part of a loop turn: hand on what was appended and, unless a
+ * slow sync holds the flusher back, let it write and sync; run the log's
+ * timers that are due; let the replies go that may. */
+static void log_turn(struct sim *s)
+{
+    wal_kick(s->wal);
+    if (loop_now() >= s->flusher_late_until) {
+        for (int i = 0; i < 8 && !fault_storage_halted(s->st); i++) wal_run_flusher(s->wal);
+        if (rng_ppm(&s->rng, s->sch.slow_sync_ppm))
+            s->flusher_late_until = loop_now() + (1 + rng_below(&s->rng, 800)) * 1000000ull;
+    }
+    sim_timers_run();
+    model_ack(&s->model, reply_may_go, s);
+}
+
+/* ---- the workload ---- */
+
+static struct sim_client *pick_client(struct sim *s) { return &s->clients[rng_below(&s->rng, SIM_CLIENTS)]; }
+
+/* A job c has reserved, or 0. */
+static uint64_t reserved_job(struct sim *s, struct sim_client *c)
+{
+    size_t n = 0;
+    for (struct bg_job *j = c->c.reserved_head; j; j = j->next) n++;
+    if (!n) return 0;
+    size_t k = (size_t)rng_below(&s->rng, n);
+    struct bg_job *j = c->c.reserved_head;
+    while (k--) j = j->next;
+    return j->id;
+}
+
+/* Any job of the engine, or 0. */
+static uint64_t any_job(struct sim *s)
+{
+    size_t n = s->engine.job_count;
+    if (!n) return 0;
+    uint64_t *ids = malloc(n * sizeof *ids);
+    if (!ids) abort();
+    bg_engine_job_ids(&s->engine, ids);
+    uint64_t id = ids[rng_below(&s->rng, n)];
+    free(ids);
+    return id;
+}
+
+static void note_shown(struct sim *s, uint64_t id)
+{
+    struct change c = {.id = id, .kind = CH_SHOWN};
+    model_note(&s->model, &c);
+}
+
+/* One command of a client; its changes wait for its reply's mark. */
+static void command(struct sim *s)
+{
+    struct sim_client *c = pick_client(s);
+    bg_time now = loop_now();
+    uint64_t before = wal_mark(s->wal);
+    size_t from = s->model.nlog;
+    unsigned op = (unsigned)rng_below(&s->rng, 100);
+    int needs_reservation = (op >= 70 && op < 84) || (op >= 90 && op < 96); /* release, bury, touch */
+    if (needs_reservation && !c->c.reserved_head) op = 34; /* nothing reserved: reserve first */
+    const char *what = "";
+    uint64_t id = 0;
+    int r = 0;
+    if (op < 34) {
+        char body[2048];
+        uint32_t len = (uint32_t)(rng_below(&s->rng, 8) ? 1 + rng_below(&s->rng, 120) : 1 + rng_below(&s->rng, sizeof body));
+        for (uint32_t i = 0; i < len; i++) body[i] = (char)('a' + rng_below(&s->rng, 26));
+        uint32_t pri = (uint32_t)rng_below(&s->rng, 4) * 100;
+        uint32_t delay = rng_below(&s->rng, 5) == 0 ? (uint32_t)(1 + rng_below(&s->rng, 5)) : 0;
+        uint32_t ttr = (uint32_t)(1 + rng_below(&s->rng, 10));
+        r = bg_put_copy(&c->c, tube_names[rng_below(&s->rng, SIM_TUBES)], pri, delay, ttr, body, len, now, &id);
+        what = "put";
+        s->puts++;
+        if (r == 0 || r == BG_BURIED) note_shown(s, id);
+    } else if (op < 54) {
+        struct bg_job *j = NULL;
+        r = bg_reserve(&c->c, 0, now, &j);
+        what = "reserve";
+        if (r == 0) {
+            id = j->id;
+            note_shown(s, id);
+        }
+    } else if (op < 70) {
+        id = rng_below(&s->rng, 2) ? reserved_job(s, c) : any_job(s);
+        r = bg_delete(&c->c, id, now);
+        what = "delete";
+    } else if (op < 78) {
+        id = reserved_job(s, c);
+        uint32_t delay = rng_below(&s->rng, 3) == 0 ? (uint32_t)(1 + rng_below(&s->rng, 3)) : 0;
+        r = bg_release(&c->c, id, (uint32_t)rng_below(&s->rng, 4) * 100, delay, now);
+        what = "release";
+    } else if (op < 84) {
+        id = reserved_job(s, c);
+        r = bg_bury(&c->c, id, (uint32_t)rng_below(&s->rng, 4) * 100, now);
+        what = "bury";
+    } else if (op < 90) {
+        if (rng_below(&s->rng, 2)) {
+            struct bg_tube *t = bg_tube_find(&s->engine, tube_names[rng_below(&s->rng, SIM_TUBES)]);
+            r = t ? (int)bg_kick(&s->engine, t, 1 + rng_below(&s->rng, 5), now) : 0;
+        } else {
+            id = any_job(s);
+            r = bg_kick_job(&s->engine, id, now);
+        }
+        what = "kick";
+    } else if (op < 96) {
+        id = reserved_job(s, c);
+        r = bg_touch(&c->c, id, now);
+        what = "touch";
+    } else {
+        r = bg_pause_tube(&s->engine, tube_names[rng_below(&s->rng, SIM_TUBES)], (uint32_t)rng_below(&s->rng, 4), now);
+        what = "pause-tube";
+    }
+    reply_rule_after_command(s, c, before);
+    model_set_mark(&s->model, from, c->mark);
+    if (s->verbose)
+        printf("  step %llu t=%.3f client %d %s id=%llu -> %d mark=%llu\n", (unsigned long long)s->step,
+               (double)(now - T0) / 1e9, (int)(c - s->clients), what, (unsigned long long)id, r,
+               (unsigned long long)c->mark);
+}
+
+/* Time passes: delays end, TTRs run out, pauses end (their records have
+ * no reply). */
+static void time_passes(struct sim *s)
+{
+    uint64_t k = rng_below(&s->rng, 100);
+    bg_time d = k < 70 ? rng_below(&s->rng, 50) * 1000000ull
+              : k < 95 ? rng_below(&s->rng, 2000) * 1000000ull
+                       : (1 + rng_below(&s->rng, 12)) * BG_SECOND;
+    sim_clock_advance(d);
+    size_t from = s->model.nlog;
+    bg_engine_tick(&s->engine, loop_now());
+    model_set_mark(&s->model, from, MODEL_NO_REPLY);
+}
+
+/* A crash: the process stops (all it wrote survives) or the machine does
+ * (unsynced writes as the schedule keeps them); then a start recovers. */
+static int crash_and_recover(struct sim *s, int machine)
+{
+    world_drop(s);
+    fault_storage_crash(s->st, machine ? s->sch.keep : KEEP_ALL, -1);
+    s->crashes++;
+    sim_clock_advance((1 + rng_below(&s->rng, 3000)) * 1000000ull);
+    if (s->verbose) printf("  crash (%s) at step %llu\n", machine ? "machine" : "process", (unsigned long long)s->step);
+    return world_open(s, 1);
+}
+
+/* ---- one seed ---- */
+
+enum run_outcome { RUN_PASS, RUN_FAIL };
+
+struct run_options {
+    uint64_t crash_at;         /* crash-point enumeration: the machine stops before this call */
+    enum crash_keep keep;      /* ... and keeps this of unsynced writes */
+    long keep_k;               /* KEEP_PREFIX: how many */
+    uint32_t steps;            /* 0: the schedule's */
+    int no_faults;
+};
+
+static void sim_free(struct sim *s)
+{
+    world_drop(s);
+    s->st->ops->destroy(s->st);
+    event_base_free(s->base);
+    model_free(&s->model);
+}
+
+static int run_seed(uint64_t seed, const struct run_options *o, int verbose, struct sim *s)
+{
+    memset(s, 0, sizeof *s);
+    s->seed = seed;
+    s->verbose = verbose;
+    s->rng.state = seed;
+    schedule_of(seed, &s->sch);
+    if (o->steps) s->sch.steps = o->steps;
+    if (o->no_faults) {
+        memset(&s->sch.rates, 0, sizeof s->sch.rates);
+        s->sch.crash_ppm = s->sch.slow_sync_ppm = 0;
+    }
+    s->base = event_base_new();
+    if (!s->base) abort();
+    sim_clock_reset(T0, WALL0, s->base);
+    sim_log_echo(verbose);
+    s->st = fault_storage_new(seed);
+    model_init(&s->model);
+    int rc = RUN_PASS;
+    if (world_open(s, 0) != 0) {
+        rc = RUN_FAIL;
+        goto out;
+    }
+    fault_storage_set_rates(s->st, &s->sch.rates);
+    if (o->crash_at) fault_storage_crash_at(s->st, o->crash_at);
+    for (s->step = 0; s->step < s->sch.steps; s->step++) {
+        time_passes(s);
+        command(s);
+        log_turn(s);
+        if (o->crash_at) {
+            if (fault_storage_halted(s->st)) break;
+            continue;
+        }
+        if (fault_storage_halted(s->st) || rng_ppm(&s->rng, s->sch.crash_ppm)) {
+            int machine = !s->sch.process_crashes || rng_below(&s->rng, 2);
+            if (rng_below(&s->rng, 3) == 0 && !fault_storage_halted(s->st)) {
+                /* in the middle of the next calls instead */
+                fault_storage_crash_at(s->st, fault_storage_ops(s->st) + 1 + rng_below(&s->rng, 4));
+                continue;
+            }
+            if (crash_and_recover(s, machine) != 0) {
+                rc = RUN_FAIL;
+                goto out;
+            }
+        }
+    }
+    /* every run ends with a crash of the machine and a check */
+    world_drop(s);
+    fault_storage_crash(s->st, o->crash_at ? o->keep : s->sch.keep, o->crash_at ? o->keep_k : -1);
+    s->crashes++;
+    if (world_open(s, 1) != 0) rc = RUN_FAIL;
+out:
+    return rc;
+}
+
+/* Run a seed and say so if it fails (with the command that replays it). */
+static int run_and_report(uint64_t seed, const struct run_options *o, int verbose, const char *name)
+{
+    struct sim s;
+    int rc = run_seed(seed, o, verbose, &s);
+    if (rc != RUN_PASS) {
+        printf("FAIL seed %llu%s%s: %s (step %llu, crashes %llu)\n", (unsigned long long)seed, name ? " " : "",
+               name ? name : "", s.why, (unsigned long long)s.step, (unsigned long long)s.crashes);
+        const struct schedule *h = &s.sch;
+        printf("  schedule: keep=%s process_crashes=%d crash_ppm=%u slow_sync_ppm=%u segment_size=%llu "
+               "faults_ppm: create=%u pwrite=%u short=%u sync=%u sync_dir=%u rename/unlink/truncate=%u\n",
+               keep_names[h->keep], h->process_crashes, h->crash_ppm, h->slow_sync_ppm,
+               (unsigned long long)h->segment_size, h->rates.create, h->rates.pwrite, h->rates.short_write,
+               h->rates.sync, h->rates.sync_dir, h->rates.rename);
+        if (!verbose) sim_log_print();
+        if (o->crash_at)
+            printf("  replay: build/tests/sim/sim --seed %llu --crash-at %llu --keep %d --keep-k %ld\n",
+                   (unsigned long long)seed, (unsigned long long)o->crash_at, (int)o->keep, o->keep_k);
+        else
+            printf("  replay: build/tests/sim/sim --seed %llu\n", (unsigned long long)seed);
+    } else if (verbose) {
+        printf("PASS seed %llu: steps %u, puts %llu, crashes %llu, recoveries %llu\n", (unsigned long long)seed,
+               s.sch.steps, (unsigned long long)s.puts, (unsigned long long)s.crashes,
+               (unsigned long long)s.recoveries);
+    }
+    sim_free(&s);
+    return rc;
+}
+
+/* ---- crash-point enumeration ---- */
+
+/* Run seed's workload (short, no faults) once to count its storage calls;
+ * then for every call k, run it again with the machine stopping before
+ * call k, and recover keeping none, all, each prefix and some subsets of
+ * the unsynced writes. Returns the failures. */
+static int crash_points(uint64_t seed, uint32_t steps, uint64_t *runs)
+{
+    struct run_options o = {.steps = steps, .no_faults = 1};
+    struct sim s;
+    run_seed(seed, &o, 0, &s);
+    uint64_t calls = fault_storage_ops(s.st);
+    sim_free(&s);
+    int failures = 0;
+    for (uint64_t k = 1; k <= calls && failures < 3; k++) {
+        enum crash_keep kinds[] = {KEEP_NONE, KEEP_ALL, KEEP_PREFIX, KEEP_PREFIX, KEEP_PREFIX, KEEP_SUBSET, KEEP_SUBSET};
+        long ks[] = {0, 0, 0, 1, 2, -1, -1};
+        for (size_t v = 0; v < sizeof kinds / sizeof kinds[0]; v++) {
+            o.crash_at = k;
+            o.keep = kinds[v];
+            o.keep_k = ks[v];
+            (*runs)++;
+            if (run_and_report(seed, &o, 0, "crash-point") != RUN_PASS) failures++;
+        }
+    }
+    return failures;
+}
+
+/* ---- named cases: seeds that once found a defect (regressions) ---- */
+
+struct sim_case {
+    const char *name;
+    uint64_t seed;
+    const char *what;
+};
+
+static const struct sim_case regression_cases[] = {
+    {NULL, 0, NULL},
+};
+
+/* Seeds that fail because of a defect not fixed yet: run, and reported as
+ * expected failures (a pass is reported too: move it to the list above). */
+static const struct sim_case expected_to_fail[] = {
+    {NULL, 0, NULL},
+};
+
+static int sanitized(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    return 1;
+#endif
+#endif
+    return 0;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static int run_cases(void)
+{
+    int failed = 0;
+    struct run_options o = {0};
+    for (const struct sim_case *c = regression_cases; c->name; c++)
+        if (run_and_report(c->seed, &o, 0, c->name) != RUN_PASS) failed++;
+    for (const struct sim_case *c = expected_to_fail; c->name; c++) {
+        struct sim s;
+        int rc = run_seed(c->seed, &o, 0, &s);
+        printf("%s seed %llu %s: %s\n", rc == RUN_PASS ? "NOW PASSES (move it to regression_cases)" : "expected failure",
+               (unsigned long long)c->seed, c->name, rc == RUN_PASS ? c->what : s.why);
+        sim_free(&s);
+    }
+    return failed;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: sim [--seed N [-v]] [--seeds N | --minutes M] [--start S] [--crash-points N]\n"
+                    "           [--seed N --crash-at K --keep 0-4 --keep-k K]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = 0, seeds = 0, start = 1, crash_at = 0, points = 0;
+    int have_seed = 0, verbose = 0, keep = KEEP_NONE;
+    long keep_k = 0;
+    double minutes = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-v")) verbose = 1;
+        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 10), have_seed = 1, i++;
+        else if (!strcmp(a, "--seeds") && v) seeds = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--start") && v) start = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--minutes") && v) minutes = strtod(v, NULL), i++;
+        else if (!strcmp(a, "--crash-points") && v) points = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--crash-at") && v) crash_at = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--keep") && v) keep = atoi(v), i++;
+        else if (!strcmp(a, "--keep-k") && v) keep_k = strtol(v, NULL, 10), i++;
+        else usage();
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (have_seed) {
+        struct run_options o = {.crash_at = crash_at, .keep = (enum crash_keep)keep, .keep_k = keep_k};
+        if (crash_at) o.steps = 60, o.no_faults = 1;
+        return run_and_report(seed, &o, verbose, NULL) == RUN_PASS ? 0 : 1;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (points) {
+        uint64_t runs = 0;
+        int failed = 0;
+        for (uint64_t k = 0; k < points; k++) failed += crash_points(start + k, 60, &runs);
+        printf("crash points: %llu seeds, %llu crash runs, %d failed, %.1f s\n", (unsigned long long)points,
+               (unsigned long long)runs, failed, seconds_since(&t0));
+        return failed ? 1 : 0;
+    }
+    int failed = 0;
+    if (!seeds && !minutes) failed += run_cases();
+    double budget = minutes * 60;
+    if (!seeds && !minutes) {
+        const char *env = getenv("BEANGATE_SIM_SECONDS");
+        budget = env ? strtod(env, NULL) : sanitized() ? 15 : 60;
+    }
+    struct run_options o = {0};
+    uint64_t n = 0;
+    for (; seeds ? n < seeds : seconds_since(&t0) < budget; n++)
+        if (run_and_report(start + n, &o, 0, NULL) != RUN_PASS) failed++;
+    double took = seconds_since(&t0);
+    printf("sim: %llu seeds (%llu..%llu), %d failed, %.1f s, %.0f seeds/s\n", (unsigned long long)n,
+           (unsigned long long)start, (unsigned long long)(start + n - (n ? 1 : 0)), failed, took,
+           took > 0 ? (double)n / took : 0.0);
+    return failed ? 1 : 0;
+}
