@@ -15,16 +15,12 @@
  * job the snapshot has not reached yet is either an update or delete of an
  * unknown job (ignored) or a new job's own record, and the snapshot then
  * writes each remaining job as it is at that point. */
-#include <dirent.h>
 #include <pthread.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,15 +29,17 @@
 #include "wal.h"
 #include "eventlog.h"
 #include "repl.h"
+#include "storage.h"
+#include "storage_faulty.h"
 
 struct wal_batch {
     struct bg_buf data;
-    int fd;                    /* where data goes on disk; -1: no disk */
+    int file;                  /* the storage handle data goes to; -1: no disk */
     uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
     int sync;
-    int close_fd;              /* an older segment to close, or -1 */
-    int sync_close;            /* sync close_fd before writing data (not with -F) */
+    int close_file;            /* an older segment to close, or -1 */
+    int sync_close;            /* sync close_file before writing data (not with -F) */
     int sync_dir;              /* a segment was created: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
     /* replication (cfg.repl) */
@@ -56,12 +54,14 @@ struct wal {
     struct wal_config cfg;
     struct bg_engine *engine;
     struct event_base *base;
-    int dir_fd, lock_fd;
+    struct storage *storage;   /* the directory's files (NULL: no disk) */
+    int own_storage;           /* opened by wal_open: destroyed by wal_close */
+    struct storage *posix;     /* the real files under it, if known (wal_chown) */
     /* segments: index -> size, for [first_index, cur_index] */
     uint64_t first_index, cur_index;
     uint64_t *segment_sizes;
     size_t segment_cap;
-    int cur_fd;
+    int cur_file;              /* the newest segment's handle, or -1 */
     uint64_t total_bytes, live_bytes;
     /* records */
     struct bg_buf pending;
@@ -86,7 +86,8 @@ struct wal {
     pthread_cond_t cond;
     struct wal_batch batch;
     int busy, stop, has_work;
-    int notify_fd;             /* eventfd: the flusher finished a batch */
+    int notify_fd;             /* eventfd: the flusher finished a batch (-1: synchronous) */
+    int thread_started;
     int locks_made;            /* lock and cond are initialised */
     struct event *notify_ev, *sync_timer, *retry_timer;
     bg_time last_sync;
@@ -149,27 +150,39 @@ static uint64_t *segment_size_at(struct wal *w, uint64_t index)
     return &w->segment_sizes[i];
 }
 
-/* Create segment `index` with its header. Returns the fd, or BG_IO_ERROR
- * (errno set). */
+/* Write all of n bytes at off of a file: 0 or an errno (a short write is
+ * ENOSPC: the file takes no more). */
+static int write_fully(struct storage *st, int file, const void *p, size_t n, uint64_t off)
+{
+    size_t written = 0;
+    int e = st->ops->pwrite(st, file, p, n, off, &written);
+    return e ? e : written < n ? ENOSPC : 0;
+}
+
+/* Create segment `index` with its header. Returns its handle, or
+ * BG_IO_ERROR (errno set). */
 static int segment_create(struct wal *w, uint64_t index)
 {
     char name[64];
     segment_name(name, sizeof name, index);
-    int fd = openat(w->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return BG_IO_ERROR;
+    struct storage *st = w->storage;
+    int file, e = st->ops->create(st, name, &file);
+    if (e) {
+        errno = e;
+        return BG_IO_ERROR;
+    }
     char header[BG_JOURNAL_HEADER_SIZE];
     bg_journal_segment_header(header);
-    if (write(fd, header, sizeof header) != (ssize_t)sizeof header) {
-        int e = errno ? errno : ENOSPC;
-        close(fd);
-        unlinkat(w->dir_fd, name, 0);
+    if ((e = write_fully(st, file, header, sizeof header, 0)) != 0) {
+        st->ops->close(st, file);
+        st->ops->unlink(st, name);
         errno = e;
         return BG_IO_ERROR;
     }
     uint64_t *size = segment_size_at(w, index);
     if (size) *size = BG_JOURNAL_HEADER_SIZE;
     w->total_bytes += BG_JOURNAL_HEADER_SIZE;
-    return fd;
+    return file;
 }
 
 /* Delete the segments below `index` (their data is in later ones). One
@@ -183,10 +196,10 @@ static void segments_drop_below(struct wal *w, uint64_t index)
         int damaged = 0;
         for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
         snprintf(kept, sizeof kept, "%s.damaged", name);
-        if (damaged && renameat(w->dir_fd, name, w->dir_fd, kept) == 0)
+        if (damaged && w->storage->ops->rename(w->storage, name, kept) == 0)
             log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
         else
-            unlinkat(w->dir_fd, name, 0);
+            w->storage->ops->unlink(w->storage, name);
         w->total_bytes -= w->segment_sizes[0];
         memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
         w->segment_sizes[w->segment_cap - 1] = 0;
@@ -255,34 +268,26 @@ const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted,
 
 /* ---- the flusher thread ------------------------------------------------ */
 
-/* Write all of b->data at the end of b->fd; then sync as asked. On failure
+/* Write all of b->data at the end of b->file; then sync as asked. On failure
  * the partial write is cut off again, so a retry starts clean. */
-static int flush_to_disk(struct wal_batch *b, int dir_fd)
+static int flush_to_disk(struct wal_batch *b, struct storage *st)
 {
+    int e;
     /* a segment is complete on disk before anything goes into the next:
      * after a crash of the machine only the newest may end torn */
-    if (b->close_fd >= 0 && b->sync_close && fdatasync(b->close_fd) != 0) return errno;
-    const char *p = bg_buf_head(&b->data);
-    size_t left = b->data.len;
-    while (left) {
-        ssize_t n = pwrite(b->fd, p, left, (off_t)(b->offset + (b->data.len - left)));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : ENOSPC;
-            if (ftruncate(b->fd, (off_t)b->offset) != 0) { /* best effort */ }
-            return e;
-        }
-        p += n;
-        left -= (size_t)n;
+    if (b->close_file >= 0 && b->sync_close && (e = st->ops->sync(st, b->close_file)) != 0) return e;
+    if ((e = write_fully(st, b->file, bg_buf_head(&b->data), b->data.len, b->offset)) != 0) {
+        st->ops->truncate(st, b->file, b->offset); /* best effort */
+        return e;
     }
-    if (b->sync && fdatasync(b->fd) != 0) return errno;
-    if (b->close_fd >= 0) {
-        close(b->close_fd);
-        b->close_fd = -1;
+    if (b->sync && (e = st->ops->sync(st, b->file)) != 0) return e;
+    if (b->close_file >= 0) {
+        st->ops->close(st, b->close_file);
+        b->close_file = -1;
     }
     /* a new segment's name is on disk with the first synced batch after it */
     if (b->sync_dir && b->sync) {
-        fsync(dir_fd);
+        if ((e = st->ops->sync_dir(st)) != 0) return e;
         b->sync_dir = 0;
     }
     return 0;
@@ -291,10 +296,10 @@ static int flush_to_disk(struct wal_batch *b, int dir_fd)
 /* The flusher's work on one batch: the disk (if any), then the stream (if
  * replicating): the batch is done when every sink has it. An errno of the
  * disk, or 0 (b->repl_rc says how the stream took it). */
-static int flush_batch(struct wal_batch *b, int dir_fd, struct repl *repl)
+static int flush_batch(struct wal_batch *b, struct storage *st, struct repl *repl)
 {
-    if (b->fd >= 0) {
-        int e = flush_to_disk(b, dir_fd);
+    if (b->file >= 0) {
+        int e = flush_to_disk(b, st);
         if (e) return e;
     }
     if (repl) {
@@ -313,7 +318,7 @@ static void *flusher_main(void *arg)
         if (!w->has_work && w->stop) break;
         w->has_work = 0;
         pthread_mutex_unlock(&w->lock);
-        w->batch.error = flush_batch(&w->batch, w->dir_fd, w->repl);
+        w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
         uint64_t one = 1;
         if (write(w->notify_fd, &one, sizeof one) != sizeof one) { /* the loop polls anyway */ }
         pthread_mutex_lock(&w->lock);
@@ -322,6 +327,7 @@ static void *flusher_main(void *arg)
     return NULL;
 }
 
+/* Hand w->batch to the flusher (synchronous: to wal_run_flusher). */
 static void submit(struct wal *w)
 {
     pthread_mutex_lock(&w->lock);
@@ -329,6 +335,20 @@ static void submit(struct wal *w)
     w->has_work = 1;
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
+}
+
+/* Wait until the flusher has finished the batch submitted (synchronous:
+ * do its work here); the caller then accounts for it (batch_done). */
+static void flusher_wait(struct wal *w)
+{
+    if (!w->thread_started) {
+        if (w->has_work) w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
+        w->has_work = 0;
+        return;
+    }
+    uint64_t n;
+    struct timespec ts = {0, 1000000};
+    while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
 }
 
 static int rotate(struct wal *w);
@@ -398,7 +418,7 @@ static int snapshot_begin(struct wal *w)
         return BG_OUT_OF_MEMORY;
     }
     size_t n = bg_engine_job_ids(e, ids);
-    if (w->cfg.dir && rotate(w) != 0) {
+    if (w->storage && rotate(w) != 0) {
         free(ids);
         note_failure(w, errno, "create_segment");
         return BG_IO_ERROR;
@@ -424,10 +444,10 @@ static int rotate(struct wal *w)
 {
     int fd = segment_create(w, w->cur_index + 1);
     if (fd < 0) return BG_IO_ERROR;
-    w->batch.close_fd = w->cur_fd;
+    w->batch.close_file = w->cur_file;
     w->batch.sync_close = !w->cfg.fsync_never;
     w->batch.sync_dir = 1;
-    w->cur_fd = fd;
+    w->cur_file = fd;
     w->cur_index++;
     return 0;
 }
@@ -436,7 +456,7 @@ void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead) return;
     bg_time now = loop_now();
-    int disk = w->cfg.dir != NULL;
+    int disk = w->storage != NULL;
     /* without a disk, a batch is done when the stream acknowledged it */
     int sync_due = !disk ? 1
                  : w->cfg.fsync_never ? 0
@@ -457,7 +477,7 @@ void wal_kick(struct wal *w)
     }
     if (!retry) {
         bg_buf_clear(&b->data);
-        b->close_fd = -1;
+        b->close_file = -1;
         int compact = (w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size || w->force_snapshot) &&
                       !w->compact_seq && !w->snap_ids;
         if (compact && snapshot_begin(w) != 0) return;
@@ -491,7 +511,7 @@ void wal_kick(struct wal *w)
             bg_buf_consume(&w->pending, take);
             w->pending_records -= records;
         }
-        b->fd = disk ? w->cur_fd : -1;
+        b->file = disk ? w->cur_file : -1;
         b->offset = disk ? *segment_size_at(w, w->cur_index) : 0;
         b->end_seq = w->appended_seq - w->pending_records;
         /* the batch that completes a snapshot is synced at once: the older
@@ -532,13 +552,13 @@ static int batch_done(struct wal *w)
         w->failed_errno = 0;
         w->engine->journal_broken = 0;
     }
-    if (b->fd >= 0) {
+    if (b->file >= 0) {
         uint64_t *size = segment_size_at(w, w->cur_index);
-        if (size && b->fd == w->cur_fd) *size += b->data.len;
+        if (size && b->file == w->cur_file) *size += b->data.len;
     }
     if (w->repl) {
         if (b->purged) {
-            if (!w->cfg.dir) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
+            if (!w->storage) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
             w->purge_due = 0;
         }
         if (b->snapshot_first && b->data.len) {
@@ -558,7 +578,7 @@ static int batch_done(struct wal *w)
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        if (w->cfg.dir) {
+        if (w->storage) {
             segments_drop_below(w, w->compact_index);
             w->dir_dirty = 1; /* the next batch syncs the directory */
         }
@@ -572,7 +592,7 @@ static int batch_done(struct wal *w)
 
 uint64_t wal_mark(const struct wal *w)
 {
-    int wait = w && w->writing && w->cfg.fsync_ms == 0 && (!w->cfg.dir || !w->cfg.fsync_never) &&
+    int wait = w && w->writing && w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never) &&
                !w->failed_errno;
     return wait ? w->appended_seq : 0;
 }
@@ -616,16 +636,28 @@ static void release_holds(struct wal *w)
     }
 }
 
-/* The loop side of a finished batch. */
-static void notify_cb(evutil_socket_t fd, short what, void *arg)
+/* The loop side of a finished batch: account for it, let the replies it
+ * secured go, hand on the next one. */
+static void batch_complete(struct wal *w)
 {
-    (void)what;
-    struct wal *w = arg;
-    uint64_t n;
-    if (read(fd, &n, sizeof n) != sizeof n) return;
     if (batch_done(w) != 0) return; /* the retry timer is armed */
     release_holds(w);
     wal_kick(w);
+}
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    uint64_t n;
+    if (read(fd, &n, sizeof n) != sizeof n) return;
+    batch_complete(arg);
+}
+
+void wal_run_flusher(struct wal *w)
+{
+    if (!w || w->thread_started || !w->has_work) return;
+    flusher_wait(w);
+    batch_complete(w);
 }
 
 static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -637,12 +669,17 @@ static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
 
 int wal_chown(struct wal *w, unsigned uid, unsigned gid)
 {
-    if (!w->cfg.dir) return 0;
-    if (fchown(w->dir_fd, uid, gid) != 0 || fchown(w->lock_fd, uid, gid) != 0) goto fail;
+    if (!w->storage) return 0;
+    int dir_fd = storage_posix_dir_fd(w->posix);
+    if (dir_fd < 0) {
+        errno = ENOTSUP; /* not the real files */
+        goto fail;
+    }
+    if (fchown(dir_fd, uid, gid) != 0 || fchownat(dir_fd, "lock", uid, gid, 0) != 0) goto fail;
     for (uint64_t i = w->first_index; i <= w->cur_index; i++) {
         char name[64];
         segment_name(name, sizeof name, i);
-        if (fchownat(w->dir_fd, name, uid, gid, 0) != 0 && errno != ENOENT) goto fail;
+        if (fchownat(dir_fd, name, uid, gid, 0) != 0 && errno != ENOENT) goto fail;
     }
     return 0;
 fail:
@@ -652,7 +689,7 @@ fail:
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
 {
-    if (!w || !w->cfg.dir) return; /* replication only: no segments */
+    if (!w || !w->storage) return; /* replication only: no segments */
     pi->binlog_oldest = w->first_index;
     pi->binlog_current = w->cur_index;
     pi->binlog_migrated = w->records_migrated;
@@ -669,52 +706,6 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
 /* Bytes checksummed, per damaged segment, while looking for readable
  * records after the damage (docs/durability.md, "Log damage policy"). */
 #define WAL_SEARCH_BUDGET ((size_t)256 << 20)
-
-/* Read a whole file; NULL on error (errno set). Mapped read-only (no copy)
- * at start, when the directory is locked; copied by --check-log, which may
- * read while a server cuts a failed write off a file (a mapping would then
- * fault). An empty file gives a static empty buffer. */
-static char empty_file[1];
-
-static char *map_all(int dir_fd, const char *name, size_t *len, int copy)
-{
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NULL;
-    struct stat st;
-    char *data = NULL;
-    int err = 0;
-    if (fstat(fd, &st) != 0) err = errno;
-    else if ((*len = (size_t)st.st_size) == 0) data = empty_file;
-    else if (copy) {
-        data = malloc(*len);
-        size_t got = 0;
-        while (data && got < *len) {
-            ssize_t n = pread(fd, data + got, *len - got, (off_t)got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) {
-                if (n == 0) *len = got; /* shorter now: read what is there */
-                else err = errno, free(data), data = NULL;
-                break;
-            }
-            got += (size_t)n;
-        }
-        if (!data && !err) err = ENOMEM;
-    } else {
-        data = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (data == MAP_FAILED) err = errno, data = NULL;
-        else madvise(data, *len, MADV_SEQUENTIAL);
-    }
-    close(fd);
-    errno = err;
-    return data;
-}
-
-static void unmap_all(char *data, size_t len, int copy)
-{
-    if (data == empty_file) return;
-    if (copy) free(data);
-    else munmap(data, len);
-}
 
 static int index_less(const void *a, const void *b)
 {
@@ -1087,14 +1078,20 @@ static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
     describe_damage(damage, sizeof damage, s);
     log_event(BG_LOG_WARN, "wal_torn_tail", "file=%s%s action=%s", name, damage, cut ? "cut" : "kept");
     if (!cut) return 0;
+    struct storage *st = w->storage;
     int ok;
     if (offset < BG_JOURNAL_HEADER_SIZE) {
-        ok = unlinkat(w->dir_fd, name, 0) == 0;
+        ok = (errno = st->ops->unlink(st, name)) == 0;
         if (ok) w->cur_index = s->index - 1;
     } else {
-        int fd = openat(w->dir_fd, name, O_WRONLY | O_CLOEXEC);
-        ok = fd >= 0 && ftruncate(fd, (off_t)offset) == 0 && fdatasync(fd) == 0;
-        if (fd >= 0) close(fd);
+        int file;
+        ok = (errno = st->ops->open(st, name, &file)) == 0;
+        if (ok) {
+            int e = st->ops->truncate(st, file, offset);
+            if (!e) e = st->ops->sync(st, file);
+            st->ops->close(st, file);
+            ok = (errno = e) == 0;
+        }
     }
     if (!ok) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=cut_torn_tail file=%s error=%s",
@@ -1125,41 +1122,27 @@ static void note_damaged_index(struct wal *w, uint64_t index)
  * for damage, BG_IO_ERROR or BG_OUT_OF_MEMORY when it could not be read. */
 static int recover(struct wal *w, struct recovery *rc)
 {
-    DIR *d = fdopendir(dup(w->dir_fd));
-    if (!d) {
+    struct storage *st = w->storage;
+    char **names = NULL;
+    size_t name_count = 0;
+    int e = st->ops->list(st, &names, &name_count);
+    uint64_t *indexes = e ? NULL : malloc((name_count ? name_count : 1) * sizeof *indexes);
+    if (!indexes) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
-                  log_str(strerror(errno)));
+                  log_str(strerror(e ? e : ENOMEM)));
+        if (!e) storage_free_names(names, name_count);
         rc->failed = 1;
-        return BG_IO_ERROR;
+        return e ? BG_IO_ERROR : BG_OUT_OF_MEMORY;
     }
-    uint64_t *indexes = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *ent;
-    while ((ent = readdir(d))) {
-        uint64_t index;
-        if (segment_index(ent->d_name, &index) != 0) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint64_t *a = realloc(indexes, cap * sizeof *a);
-            if (!a) {
-                closedir(d);
-                free(indexes);
-                rc->failed = 1;
-                log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=list error=%s", log_str(w->cfg.dir),
-                          log_str("out of memory"));
-                return BG_OUT_OF_MEMORY;
-            }
-            indexes = a;
-        }
-        indexes[n++] = index;
-    }
-    closedir(d);
+    size_t n = 0;
+    for (size_t i = 0; i < name_count; i++)
+        if (segment_index(names[i], &indexes[n]) == 0) n++;
+    storage_free_names(names, name_count);
     if (n) qsort(indexes, n, sizeof *indexes, index_less);
     size_t unique = 0; /* beangate.2.wal and beangate.02.wal are one index */
     for (size_t i = 0; i < n; i++)
         if (!unique || indexes[unique - 1] != indexes[i]) indexes[unique++] = indexes[i];
     n = unique;
-    int copy = rc->check;
     /* start at the newest segment holding a complete snapshot, if any */
     size_t start = 0;
     int snapshot = 0;
@@ -1173,9 +1156,11 @@ static int recover(struct wal *w, struct recovery *rc)
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len, copy);
-        if (data && segment_has_snapshot_end(data, len)) start = i, snapshot = 1;
-        if (data) unmap_all(data, len, copy);
+        char *data;
+        if (st->ops->read_all(st, name, &data, &len) == 0) {
+            if (segment_has_snapshot_end(data, len)) start = i, snapshot = 1;
+            st->ops->release(st, data, len);
+        }
     }
     w->first_index = n ? indexes[start] : 1; /* segments before it are superseded */
     if (snapshot && start)
@@ -1194,16 +1179,15 @@ static int recover(struct wal *w, struct recovery *rc)
         char name[64];
         segment_name(name, sizeof name, indexes[i]);
         size_t len = 0;
-        char *data = map_all(w->dir_fd, name, &len, copy);
-        if (!data) {
-            if (errno == ENOENT && rc->check) rc->vanished = 1; /* a running server's compaction */
+        char *data;
+        int read_error = st->ops->read_all(st, name, &data, &len);
+        if (read_error) {
+            if (read_error == ENOENT && rc->check) rc->vanished = 1; /* a running server's compaction */
             s.status = SEG_UNREADABLE;
-            s.error = errno;
-            struct stat st;
-            if (fstatat(w->dir_fd, name, &st, 0) == 0) s.bytes = (size_t)st.st_size;
+            s.error = read_error;
         } else {
             rc->failed = read_segment(w, rc, &s, data, len, i == n - 1, !s.superseded) != 0;
-            unmap_all(data, len, copy);
+            st->ops->release(st, data, len);
         }
         if (!s.superseded) {
             for (int k = 0; k <= BG_REC_SNAPSHOT_END; k++) rc->records += s.by_type[k];
@@ -1227,9 +1211,9 @@ static int recover(struct wal *w, struct recovery *rc)
             for (size_t i = 0; i < start; i++) {
                 char name[64];
                 segment_name(name, sizeof name, indexes[i]);
-                unlinkat(w->dir_fd, name, 0);
+                st->ops->unlink(st, name);
             }
-            fsync(w->dir_fd);
+            st->ops->sync_dir(st); /* best effort: they are superseded either way */
         }
         w->force_snapshot = rc->damaged || rc->missing;
         /* ids seen only in dropped records were given out: not again */
@@ -1247,37 +1231,65 @@ static int recover(struct wal *w, struct recovery *rc)
     return 0;
 }
 
-/* The directory's part of wal_open: lock, recover (unless replicating),
- * start a new segment. 0, or an outcome after a message. */
-static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, uint64_t wall)
+/* The storage of cfg: the one given, or the real files of cfg->dir
+ * (locked), wrapped by the disk-fault test hook when its environment
+ * variable is set. 0, or BG_IO_ERROR after a message. */
+static int open_storage(struct wal *w, const struct wal_config *cfg)
 {
-    if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=mkdir error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return BG_IO_ERROR;
+    if (cfg->storage) {
+        w->storage = cfg->storage;
+        w->posix = cfg->storage;
+        return 0;
     }
-    w->dir_fd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (w->dir_fd < 0) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(errno)));
-        return BG_IO_ERROR;
-    }
-    w->lock_fd = openat(w->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = storage_posix_open(&w->storage, cfg->dir, 1);
+    if (e == EWOULDBLOCK) {
         log_event(BG_LOG_ERROR, "wal_locked", "dir=%s error=\"in use by another server (lock file)\"", log_str(cfg->dir));
         return BG_IO_ERROR;
     }
+    if (e) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str(strerror(e)));
+        errno = e;
+        return BG_IO_ERROR;
+    }
+    w->own_storage = 1;
+    w->posix = w->storage;
+    const char *faults = getenv(STORAGE_FAULTS_ENV);
+    if (faults && *faults) {
+        struct storage *wrapped;
+        if (storage_faulty_wrap(&wrapped, w->storage, faults) != 0) {
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=open error=%s", log_str(cfg->dir), log_str("out of memory"));
+            return BG_IO_ERROR;
+        }
+        w->storage = wrapped;
+        log_event(BG_LOG_WARN, "wal_test_disk_faults", "control=%s", log_str(faults));
+    }
+    return 0;
+}
+
+/* The directory's part of wal_open: storage (locked), recover (unless
+ * replicating), start a new segment. 0, or an outcome after a message. */
+static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, uint64_t wall)
+{
+    int r = open_storage(w, cfg);
+    if (r != 0) return r;
     struct recovery rc = {.accept_damage = cfg->recover_damaged, .copy_only = cfg->repl != NULL,
                           .now = now, .wall = wall};
-    int r = recover(w, &rc);
+    r = recover(w, &rc);
     if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
-    w->cur_fd = segment_create(w, w->cur_index + 1);
-    if (w->cur_fd < 0) {
+    w->cur_file = segment_create(w, w->cur_index + 1);
+    if (w->cur_file < 0) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
         return BG_IO_ERROR;
     }
     w->cur_index++;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
-    fsync(w->dir_fd);
+    int e = w->storage->ops->sync_dir(w->storage);
+    if (e) {
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=sync_dir error=%s", log_str(cfg->dir), log_str(strerror(e)));
+        errno = e;
+        return BG_IO_ERROR;
+    }
     return 0;
 }
 
@@ -1303,22 +1315,27 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->engine = e;
     w->base = base;
     w->repl = cfg->repl;
-    w->batch.close_fd = -1;
-    w->cur_fd = w->lock_fd = w->notify_fd = w->dir_fd = -1;
+    w->batch.close_file = -1;
+    w->cur_file = w->notify_fd = -1;
     int r;
-    if (cfg->dir && (r = open_dir(w, cfg, now, wall)) != 0) return r;
-    w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if ((cfg->dir || cfg->storage) && (r = open_dir(w, cfg, now, wall)) != 0) return r;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     w->locks_made = 1;
-    if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
-        return BG_IO_ERROR;
+    if (!cfg->synchronous) {
+        w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (w->notify_fd < 0 || pthread_create(&w->thread, NULL, flusher_main, w) != 0) {
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=start_flusher", log_str(cfg->dir));
+            return BG_IO_ERROR;
+        }
+        w->thread_started = 1;
+        w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
+        event_add(w->notify_ev, NULL);
     }
-    w->notify_ev = event_new(base, w->notify_fd, EV_READ | EV_PERSIST, notify_cb, w);
-    w->sync_timer = evtimer_new(base, timer_kick_cb, w);
-    w->retry_timer = evtimer_new(base, timer_kick_cb, w);
-    event_add(w->notify_ev, NULL);
+    if (base) {
+        w->sync_timer = evtimer_new(base, timer_kick_cb, w);
+        w->retry_timer = evtimer_new(base, timer_kick_cb, w);
+    }
     w->last_sync = now;
     /* a standby logs nothing until it becomes primary (wal_start_writing) */
     if (!w->repl) start_writing(w);
@@ -1328,9 +1345,9 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
 /* Undo what open_into did before it failed, and free w. */
 static void open_failed(struct wal *w)
 {
-    int fds[] = {w->dir_fd, w->lock_fd, w->cur_fd, w->notify_fd};
-    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
-        if (fds[i] > 0) close(fds[i]);
+    if (w->notify_fd >= 0) close(w->notify_fd);
+    if (w->storage && w->cur_file >= 0) w->storage->ops->close(w->storage, w->cur_file);
+    if (w->own_storage) w->storage->ops->destroy(w->storage);
     if (w->locks_made) {
         pthread_mutex_destroy(&w->lock);
         pthread_cond_destroy(&w->cond);
@@ -1366,14 +1383,14 @@ int wal_check(const char *dir)
     struct bg_engine e;
     memset(&w, 0, sizeof w);
     w.cfg.dir = dir;
-    w.dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (w.dir_fd < 0) {
-        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(errno)));
+    int err = storage_posix_open(&w.storage, dir, 0);
+    if (err) {
+        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str(strerror(err)));
         return WAL_CHECK_FAILED;
     }
     if (bg_engine_init(&e, BG_JOB_SIZE_LIMIT, NULL) != 0) {
         log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s error=%s", log_str(dir), log_str("out of memory"));
-        close(w.dir_fd);
+        w.storage->ops->destroy(w.storage);
         return WAL_CHECK_FAILED;
     }
     w.engine = &e;
@@ -1383,7 +1400,7 @@ int wal_check(const char *dir)
     bg_engine_destroy(&e);
     free(w.segment_sizes);
     free(w.damaged_indexes);
-    close(w.dir_fd);
+    w.storage->ops->destroy(w.storage);
     if (rc.failed || rc.vanished) return WAL_CHECK_FAILED;
     return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
 }
@@ -1397,9 +1414,7 @@ void wal_close(struct wal *w)
         int busy = w->busy;
         pthread_mutex_unlock(&w->lock);
         if (busy) {
-            uint64_t n;
-            struct timespec ts = {0, 1000000};
-            while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
+            flusher_wait(w);
             if (batch_done(w) != 0) break; /* the disk refuses: nothing more can go */
         }
         if (round == 0 && w->pending.len && w->writing && !w->repl_dead) {
@@ -1408,31 +1423,35 @@ void wal_close(struct wal *w)
             w->batch.data = w->pending;
             w->pending = swap;
             w->pending_records = 0;
-            w->batch.fd = w->cfg.dir ? w->cur_fd : -1;
-            w->batch.offset = w->cfg.dir ? *segment_size_at(w, w->cur_index) : 0;
+            w->batch.file = w->storage ? w->cur_file : -1;
+            w->batch.offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
             w->batch.end_seq = w->appended_seq;
-            w->batch.sync = !w->cfg.dir || !w->cfg.fsync_never;
+            w->batch.sync = !w->storage || !w->cfg.fsync_never;
             w->batch.purge_before = 0;
             w->batch.snapshot_first = 0;
             w->batch.repl_rc = 0;
             submit(w);
         }
     }
-    if (w->cfg.dir && !w->cfg.fsync_never) fdatasync(w->cur_fd);
-    pthread_mutex_lock(&w->lock);
-    w->stop = 1;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    pthread_join(w->thread, NULL);
+    struct storage *st = w->storage;
+    if (st && !w->cfg.fsync_never) st->ops->sync(st, w->cur_file);
+    if (w->thread_started) {
+        pthread_mutex_lock(&w->lock);
+        w->stop = 1;
+        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thread, NULL);
+    }
     w->engine->journal = NULL;
-    event_free(w->notify_ev);
-    event_free(w->sync_timer);
-    event_free(w->retry_timer);
-    close(w->notify_fd);
-    close(w->cur_fd);
-    if (w->batch.close_fd >= 0) close(w->batch.close_fd);
-    close(w->lock_fd);
-    close(w->dir_fd);
+    if (w->notify_ev) event_free(w->notify_ev);
+    if (w->sync_timer) event_free(w->sync_timer);
+    if (w->retry_timer) event_free(w->retry_timer);
+    if (w->notify_fd >= 0) close(w->notify_fd);
+    if (st) {
+        st->ops->close(st, w->cur_file);
+        if (w->batch.close_file >= 0) st->ops->close(st, w->batch.close_file);
+        if (w->own_storage) st->ops->destroy(st);
+    }
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     bg_buf_free(&w->pending);
@@ -1453,7 +1472,7 @@ void wal_start_writing(struct wal *w, uint64_t stream_bytes)
 {
     resync_drop(w);
     bg_engine_restore_finish(w->engine);
-    if (w->cfg.dir) w->force_snapshot = 1;
+    if (w->storage) w->force_snapshot = 1;
     else w->total_bytes = stream_bytes;
     start_writing(w);
 }

@@ -20,6 +20,13 @@ struct wal_config {
      * log: with it the directory is not read at start (the stream is), and
      * nothing is logged until wal_start_writing (a standby only applies) */
     struct repl *repl;
+    /* the directory's files (io/storage.h); NULL: the real files of dir
+     * (locked), opened and closed by the log. Given, it stays the caller's;
+     * dir then only names the log in messages. */
+    struct storage *storage;
+    /* no flusher thread and no eventfd (the simulator, tests/sim): a batch
+     * handed on by wal_kick waits until the caller runs wal_run_flusher */
+    int synchronous;
 };
 
 /* The log (defined in wal.c only). */
@@ -52,6 +59,12 @@ int wal_check(const char *dir);
 /* Hand what was appended to the flusher if it is idle; call after each
  * loop callback. */
 void wal_kick(struct wal *w);
+/* Synchronous mode (cfg.synchronous) only: do the flusher's work on the
+ * batch wal_kick handed on, on the calling thread, then complete it as the
+ * threaded log does when the flusher reports (account for it, release the
+ * holds it secured, wal_kick again). No batch handed on, or not
+ * synchronous: nothing. */
+void wal_run_flusher(struct wal *w);
 /* The mark a reply given now must wait for (the last record appended) when
  * replies wait for the log (-f 0, and the log healthy); else 0. NULL: 0. */
 uint64_t wal_mark(const struct wal *w);

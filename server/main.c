@@ -459,8 +459,9 @@ int main(int argc, char **argv)
         if (repl_open(&srv.repl, &rcfg, srv.base, &ev) != 0) return 111;
     }
     if (cfg.log_dir || cfg.replicate) {
-        struct wal_config wcfg = {cfg.log_dir, cfg.fsync_ms, cfg.fsync_never, cfg.segment_size,
-                                  cfg.log_recover_damaged, srv.repl};
+        struct wal_config wcfg = {.dir = cfg.log_dir, .fsync_ms = cfg.fsync_ms, .fsync_never = cfg.fsync_never,
+                                  .segment_size = cfg.segment_size, .recover_damaged = cfg.log_recover_damaged,
+                                  .repl = srv.repl};
         if (wal_open(&srv.wal, &wcfg, &srv.engine, srv.base, loop_now(), loop_wall_now()) != 0) return 111;
         loop_set_changed_hook(hand_log_batch, srv.wal);
     }

@@ -242,6 +242,31 @@ class ServerProcess:
         return status
 
 
+# The disk-fault test hook of the binary (docs/durability.md, "Testing disk faults"):
+# a control file that BEANGATE_TEST_DISK_FAULTS names; its lines make calls on the
+# log's *.wal files fail ("write EIO", "sync EIO once", "sync delay 300ms", ...). The
+# server reads it again when its size or mtime changed, so each set() gives the file
+# a new mtime even within one clock tick.
+class DiskFaults:
+    def __init__(self, path):
+        self.path = path
+        self._mtime_ns = 0
+        self.clear()
+
+    # The environment entry that makes a server use this file.
+    def env(self):
+        return {"BEANGATE_TEST_DISK_FAULTS": self.path}
+
+    def set(self, lines):
+        with open(self.path, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        self._mtime_ns = max(time.time_ns(), self._mtime_ns + 1_000_000)
+        os.utime(self.path, ns=(self._mtime_ns, self._mtime_ns))
+
+    def clear(self):
+        self.set([])
+
+
 # Index of the first byte where got and want differ (the shorter length if one is a prefix of the other).
 def first_difference(got, want):
     n = min(len(got), len(want))

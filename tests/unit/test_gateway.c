@@ -303,7 +303,7 @@ static void live_start(struct live *l)
     assert_non_null(l->base);
     assert_int_equal(bg_engine_init(&l->engine, 1000, NULL), 0);
     tempdir_make(l->dir, sizeof l->dir, "gw");
-    struct wal_config wcfg = {l->dir, 0, 0, 1 << 20, 0, NULL};
+    struct wal_config wcfg = {.dir = l->dir, .segment_size = 1 << 20};
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     assert_int_equal(wal_open(&l->wal, &wcfg, &l->engine, l->base, fake_now,

@@ -32,7 +32,7 @@ static void open_world(struct log_world *w, int fsync_ms)
     w->base = event_base_new();
     assert_non_null(w->base);
     assert_int_equal(bg_engine_init(&w->engine, 1000, NULL), 0);
-    struct wal_config cfg = {w->dir, fsync_ms, 0, 1 << 20, 0, NULL};
+    struct wal_config cfg = {.dir = w->dir, .fsync_ms = fsync_ms, .segment_size = 1 << 20};
     assert_int_equal(wal_open(&w->wal, &cfg, &w->engine, w->base, T0, (uint64_t)time(NULL) * BG_SECOND), 0);
     assert_int_equal(bg_client_init(&w->engine, &w->client, &bg_client_ops_never_wait, NULL), 0);
 }
