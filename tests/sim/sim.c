@@ -450,6 +450,32 @@ out:
     return rc;
 }
 
+/* The kinds of failure, for the summary of a run. */
+static const char *const failure_kinds[] = {
+    "refused", "lost", "is back", "id reuse", "priority", "buried", "body", "tube", "no put", "inconsistent",
+};
+#define FAILURE_KINDS (sizeof failure_kinds / sizeof failure_kinds[0])
+static uint64_t failures_by_kind[FAILURE_KINDS + 1];
+
+static void count_failure(const char *why)
+{
+    size_t k = 0;
+    while (k < FAILURE_KINDS && !strstr(why, failure_kinds[k])) k++;
+    failures_by_kind[k]++;
+}
+
+static void print_failure_kinds(void)
+{
+    int any = 0;
+    for (size_t k = 0; k <= FAILURE_KINDS; k++)
+        if (failures_by_kind[k]) {
+            printf("%s%s=%llu", any ? " " : "failures by kind: ", k < FAILURE_KINDS ? failure_kinds[k] : "other",
+                   (unsigned long long)failures_by_kind[k]);
+            any = 1;
+        }
+    if (any) printf("\n");
+}
+
 /* Run a seed and say so if it fails (with the command that replays it). */
 static int run_and_report(uint64_t seed, const struct run_options *o, int verbose, const char *name)
 {
@@ -458,6 +484,11 @@ static int run_and_report(uint64_t seed, const struct run_options *o, int verbos
     if (rc != RUN_PASS) {
         printf("FAIL seed %llu%s%s: %s (step %llu, crashes %llu)\n", (unsigned long long)seed, name ? " " : "",
                name ? name : "", s.why, (unsigned long long)s.step, (unsigned long long)s.crashes);
+        count_failure(s.why);
+        struct fault_counts fc;
+        fault_storage_counts(s.st, &fc);
+        printf("  faults: %llu calls failed, %llu short writes, %llu syncs failed\n", (unsigned long long)fc.failed,
+               (unsigned long long)fc.short_writes, (unsigned long long)fc.sync_failed);
         const struct schedule *h = &s.sch;
         printf("  schedule: keep=%s process_crashes=%d crash_ppm=%u slow_sync_ppm=%u segment_size=%llu "
                "faults_ppm: create=%u pwrite=%u short=%u sync=%u sync_dir=%u rename/unlink/truncate=%u\n",
@@ -516,12 +547,32 @@ struct sim_case {
 };
 
 static const struct sim_case regression_cases[] = {
+    /* a write fails while a start cuts the torn tail of the newest segment:
+     * recover() refused the log as damaged (BG_CORRUPT, "wal_refused")
+     * instead of failing the start as an I/O error that a restart clears */
+    {"torn-tail-cut-io-error", 12246, "a failed cut of a torn tail is an I/O error, not damage"},
     {NULL, 0, NULL},
 };
 
 /* Seeds that fail because of a defect not fixed yet: run, and reported as
- * expected failures (a pass is reported too: move it to the list above). */
+ * expected failures (a pass is reported too: move it to the list above).
+ * Each names the defect of issue 21 it shows. */
 static const struct sim_case expected_to_fail[] = {
+    /* defect 1: wal_mark answers 0 while the log has failed, so a DELETED
+     * goes at once; the machine stops; the job is back */
+    {"delete-acked-while-log-failed", 27937, "job 4 is back, but its delete was acknowledged"},
+    /* defect 1 again: a RELEASED with a new priority, a BURIED */
+    {"release-acked-while-log-failed", 18529, "job 1 has priority 100, acknowledged 300"},
+    {"bury-acked-while-log-failed", 15925, "job 2 is not buried, acknowledged buried"},
+    /* RESERVED shows a job whose put is not synced (the reserving session
+     * appended nothing, so its reply waits for nothing); the machine stops,
+     * the put is lost and its id is given to the next put */
+    {"reserved-before-put-kept", 2233, "id reuse: the next id is 1, but a reply showed id 2"},
+    /* defect 5: a failed fdatasync forgets the new segment's header and
+     * first batch; the batch is written again and synced, the header is
+     * not: after a crash the segment has no header and records after it,
+     * and the start is refused */
+    {"header-lost-at-failed-sync", 23500, "the log was refused at recovery (CORRUPT)"},
     {NULL, 0, NULL},
 };
 
@@ -600,6 +651,7 @@ int main(int argc, char **argv)
         for (uint64_t k = 0; k < points; k++) failed += crash_points(start + k, 60, &runs);
         printf("crash points: %llu seeds, %llu crash runs, %d failed, %.1f s\n", (unsigned long long)points,
                (unsigned long long)runs, failed, seconds_since(&t0));
+        print_failure_kinds();
         return failed ? 1 : 0;
     }
     int failed = 0;
@@ -617,5 +669,6 @@ int main(int argc, char **argv)
     printf("sim: %llu seeds (%llu..%llu), %d failed, %.1f s, %.0f seeds/s\n", (unsigned long long)n,
            (unsigned long long)start, (unsigned long long)(start + n - (n ? 1 : 0)), failed, took,
            took > 0 ? (double)n / took : 0.0);
+    print_failure_kinds();
     return failed ? 1 : 0;
 }
