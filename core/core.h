@@ -845,6 +845,13 @@ struct bg_stats_tube {
     uint64_t pause_s, pause_left_s;
 };
 
+/* What the write-ahead log did with one sink (the disk, the stream):
+ * batches handed to it, failed, handed again after a failure, and bytes it
+ * took. For the JSON stats and /metrics, not beanstalk's stats. */
+struct bg_log_sink_counters {
+    uint64_t attempts, failures, retries, bytes;
+};
+
 /* Facts only the process knows, filled in by the server. */
 struct bg_process_info {
     long pid;
@@ -862,6 +869,7 @@ struct bg_process_info {
     int binlog_enabled;         /* -b */
     uint64_t binlog_bytes;      /* bytes in the log's segment files */
     int64_t binlog_sync_age_ms; /* since the log last synced; -1: no log, or -F (never) */
+    struct bg_log_sink_counters binlog_disk, binlog_stream;
     /* replication (--replicate), for /metrics */
     int repl_enabled;
     const char *repl_role;      /* "standby", "taking_over", "primary", "lost" */

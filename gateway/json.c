@@ -1,5 +1,6 @@
 /* json.c - the stats model and jobs rendered as JSON (same numbers as the
  * beanstalk YAML: both come from core/stats.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,6 +158,21 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
+    /* what the log did with each sink (docs/durability.md, "Stats") */
+    const struct bg_log_sink_counters *sinks[] = {&pi->binlog_disk, &pi->binlog_stream};
+    static const char *const sink_names[] = {"disk", "stream"};
+    for (size_t i = 0; i < 2; i++) {
+        char key[48];
+        const char *sink = sink_names[i];
+        snprintf(key, sizeof key, "binlog_%s_attempts", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->attempts));
+        snprintf(key, sizeof key, "binlog_%s_failures", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->failures));
+        snprintf(key, sizeof key, "binlog_%s_retries", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->retries));
+        snprintf(key, sizeof key, "binlog_%s_bytes", sink);
+        json_object_set_new(v, key, json_integer((json_int_t)sinks[i]->bytes));
+    }
     /* --shard K/N (0 of 1 when not sharded): docs/scaling.md */
     json_object_set_new(v, "shard_index", json_integer(e->shard_index));
     json_object_set_new(v, "shard_count", json_integer(e->shard_count));

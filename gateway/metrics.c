@@ -186,6 +186,34 @@ static int counter(struct bg_buf *b, const char *name, const char *help, uint64_
     return rc;
 }
 
+/* The log's counters per sink (disk, stream): one family each, a sample
+ * per sink. */
+static int render_log_sinks(struct bg_buf *b, const struct bg_process_info *pi)
+{
+    static const struct {
+        const char *name, *help;
+        size_t offset;
+    } families[] = {
+        {"beangate_binlog_sink_attempts_total", "Batches the log handed to a sink (disk, stream).",
+         offsetof(struct bg_log_sink_counters, attempts)},
+        {"beangate_binlog_sink_failures_total", "Batches a sink failed.",
+         offsetof(struct bg_log_sink_counters, failures)},
+        {"beangate_binlog_sink_retries_total", "Failed batches handed to a sink again (once a second).",
+         offsetof(struct bg_log_sink_counters, retries)},
+        {"beangate_binlog_sink_bytes_total", "Bytes a sink took.", offsetof(struct bg_log_sink_counters, bytes)},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0] && rc == 0; i++) {
+        rc = family(b, families[i].name, "counter", families[i].help);
+        const uint64_t *disk = (const uint64_t *)((const char *)&pi->binlog_disk + families[i].offset);
+        const uint64_t *stream = (const uint64_t *)((const char *)&pi->binlog_stream + families[i].offset);
+        if (rc == 0)
+            rc = bg_buf_printf(b, "%s{sink=\"disk\"} %llu\n%s{sink=\"stream\"} %llu\n", families[i].name,
+                               (unsigned long long)*disk, families[i].name, (unsigned long long)*stream);
+    }
+    return rc;
+}
+
 /* Replication's families (--replicate): the role, the stream's sequences
  * and lag, acknowledgements, purges, the lease. */
 static int render_replication(struct bg_buf *b, const struct bg_process_info *pi)
@@ -315,6 +343,7 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
             rc = gauge(b, "beangate_binlog_torn_records",
                        "Torn or corrupt tails dropped at the last recovery.", pi.binlog_torn);
     }
+    if (rc == 0 && (pi.binlog_enabled || pi.repl_enabled)) rc = render_log_sinks(b, &pi);
     if (rc == 0 && pi.repl_enabled) rc = render_replication(b, &pi);
     if (rc == 0)
         rc = gauge(b, "beangate_max_job_size_bytes", "The maximum job size (-z).", e->max_job_size);

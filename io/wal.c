@@ -74,6 +74,13 @@ struct wal {
     uint64_t *damaged_indexes; /* segments found damaged: kept when superseded */
     size_t damaged_count;
     int failed_errno;          /* last write/sync failure, 0 when healthy */
+    /* the batch in w->batch failed: it goes again, alone, once a second */
+    struct {
+        int waiting;
+        unsigned attempts;     /* its failed attempts so far */
+        bg_time next_at;       /* its next attempt, not before */
+    } retry;
+    struct bg_log_sink_counters disk_sink, stream_sink; /* stats: per sink */
     /* compaction: a snapshot is written a chunk per batch (snap_ids: the
      * jobs alive when it began; snap_next: the next one to write) */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */
@@ -209,16 +216,22 @@ static void segments_drop_below(struct wal *w, uint64_t index)
 
 /* ---- engine hooks: append records -------------------------------------- */
 
+/* Arm one of the log's timers (each kicks the log) to fire after `wait`. */
+static void timer_in(struct event *timer, bg_time wait)
+{
+    if (!timer) return;
+    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000) + 1};
+    evtimer_add(timer, &tv);
+}
+
 static void note_failure(struct wal *w, int err, const char *what)
 {
     if (!w->failed_errno)
         log_event(BG_LOG_ERROR, "wal_failure", "op=%s error=%s puts=refused", what, log_str(strerror(err)));
     w->failed_errno = err;
     w->engine->journal_broken = 1;
-    if (w->retry_timer) {
-        struct timeval tv = {RETRY_SECONDS, 0};
-        evtimer_add(w->retry_timer, &tv);
-    }
+    /* a kick in a second tries again (a failed batch: wal_kick's retry state) */
+    timer_in(w->retry_timer, RETRY_SECONDS * BG_SECOND);
 }
 
 /* A record could not even be buffered: the log is behind; say so loudly. */
@@ -452,80 +465,142 @@ static int rotate(struct wal *w)
     return 0;
 }
 
+/* ---- handing batches on: the steps of wal_kick ----------------------- */
+
+/* Nonzero when the next batch must be synced: without a disk always (a
+ * batch is done when the stream acknowledged it); -f 0 always; -f N once N
+ * ms passed since the last sync; -F never. */
+static int sync_due(const struct wal *w, bg_time now)
+{
+    if (!w->storage) return 1;
+    if (w->cfg.fsync_never) return 0;
+    return w->cfg.fsync_ms == 0 || now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
+}
+
+/* Nonzero if a batch is due now. When none is but written records wait for
+ * their sync (-f N), the sync timer brings the kick when its time comes. */
+static int batch_due(struct wal *w, bg_time now, int sync)
+{
+    if (w->pending.len || w->snap_ids || w->force_snapshot || (w->unsynced && sync) || w->purge_due) return 1;
+    if (w->unsynced && !w->cfg.fsync_never) {
+        bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
+        timer_in(w->sync_timer, due > now ? due - now : 0);
+    }
+    return 0;
+}
+
+/* Nonzero when the log holds more than twice the live data plus a segment
+ * (or damage was accepted at start): a snapshot is due. */
+static int compaction_due(const struct wal *w)
+{
+    if (w->compact_seq || w->snap_ids) return 0;
+    return w->force_snapshot || w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size;
+}
+
+/* The compaction step of a batch: begin a snapshot if one is due, append
+ * its next chunk if one is being written. 0, or BG_IO_ERROR /
+ * BG_OUT_OF_MEMORY after noting the failure (no batch then). */
+static int compaction_step(struct wal *w)
+{
+    int begin = compaction_due(w);
+    if (begin && snapshot_begin(w) != 0) return BG_IO_ERROR;
+    w->batch.snapshot_first = begin;
+    if (w->snap_ids && snapshot_step(w) != 0) {
+        free(w->snap_ids); /* a later compaction starts over */
+        w->snap_ids = NULL;
+        note_failure(w, ENOMEM, "snapshot");
+        return BG_OUT_OF_MEMORY;
+    }
+    return 0;
+}
+
+/* The rotation step: a new segment when the pending records would make
+ * the current one grow past -s (never in the middle of a snapshot, which
+ * must stay in one segment). 0, or BG_IO_ERROR after noting it. */
+static int rotation_step(struct wal *w)
+{
+    uint64_t *size = w->storage ? segment_size_at(w, w->cur_index) : NULL;
+    if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
+        !snapshot_in_progress(w) && rotate(w) != 0) {
+        note_failure(w, errno, "create_segment");
+        return BG_IO_ERROR;
+    }
+    return 0;
+}
+
+/* Move the records of the next batch from pending into w->batch: at most
+ * about one segment, cut at a record end. 0, or BG_OUT_OF_MEMORY after
+ * noting it. */
+static int take_batch(struct wal *w)
+{
+    struct wal_batch *b = &w->batch;
+    size_t take = 0;
+    uint64_t records = 0;
+    const char *p = bg_buf_head(&w->pending);
+    while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
+        take += bg_journal_record_span(p + take, w->pending.len - take);
+        records++;
+    }
+    if (bg_buf_append(&b->data, p, take) != 0) {
+        note_failure(w, ENOMEM, "batch");
+        return BG_OUT_OF_MEMORY;
+    }
+    bg_buf_consume(&w->pending, take);
+    w->pending_records -= records;
+    b->file = w->storage ? w->cur_file : -1;
+    b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
+    b->end_seq = w->appended_seq - w->pending_records;
+    b->sync_dir |= w->dir_dirty;
+    w->dir_dirty = 0;
+    return 0;
+}
+
+/* Hand w->batch to the flusher (again, for a retry), synced if `sync`. */
+static void submit_batch(struct wal *w, int sync)
+{
+    struct wal_batch *b = &w->batch;
+    b->sync = sync;
+    b->error = 0;
+    b->repl_rc = 0;
+    b->purged = 0;
+    if (b->file >= 0) w->disk_sink.attempts++;
+    if (w->repl) w->stream_sink.attempts++;
+    submit(w);
+}
+
+/* Nonzero when the failed batch may go again now; else the retry timer
+ * brings the kick at its time (a failed batch goes once a second, not on
+ * every loop turn). */
+static int retry_due(struct wal *w, bg_time now)
+{
+    if (now >= w->retry.next_at) return 1;
+    timer_in(w->retry_timer, w->retry.next_at - now);
+    return 0;
+}
+
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead) return;
     bg_time now = loop_now();
-    int disk = w->storage != NULL;
-    /* without a disk, a batch is done when the stream acknowledged it */
-    int sync_due = !disk ? 1
-                 : w->cfg.fsync_never ? 0
-                 : w->cfg.fsync_ms == 0 ? 1
-                 : now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
+    int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
-    int retry = b->error != 0;
-    if (!retry && w->pending.len == 0 && !w->snap_ids && !w->force_snapshot && !(w->unsynced && sync_due) &&
-        !w->purge_due) {
-        if (w->unsynced && !w->cfg.fsync_never) {
-            /* the tail of a burst is synced when its time comes */
-            bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
-            bg_time wait = due > now ? due - now : 0;
-            struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000) + 1};
-            evtimer_add(w->sync_timer, &tv);
-        }
+    if (w->retry.waiting) {
+        /* the same batch again, alone: what was appended since waits */
+        if (!retry_due(w, now)) return;
+        if (b->file >= 0) w->disk_sink.retries++;
+        if (w->repl) w->stream_sink.retries++;
+        submit_batch(w, b->sync || sync);
         return;
     }
-    if (!retry) {
-        bg_buf_clear(&b->data);
-        b->close_file = -1;
-        int compact = (w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size || w->force_snapshot) &&
-                      !w->compact_seq && !w->snap_ids;
-        if (compact && snapshot_begin(w) != 0) return;
-        b->snapshot_first = compact;
-        b->purge_before = w->purge_due;
-        if (w->snap_ids && snapshot_step(w) != 0) {
-            free(w->snap_ids); /* a later compaction starts over */
-            w->snap_ids = NULL;
-            note_failure(w, ENOMEM, "snapshot");
-            return;
-        }
-        {
-            uint64_t *size = disk ? segment_size_at(w, w->cur_index) : NULL;
-            if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
-                !snapshot_in_progress(w) && rotate(w) != 0) {
-                note_failure(w, errno, "create_segment");
-                return;
-            }
-            /* at most about one segment per batch, cut at a record end */
-            size_t take = 0;
-            uint64_t records = 0;
-            const char *p = bg_buf_head(&w->pending);
-            while (take < w->pending.len && (take == 0 || take < w->cfg.segment_size)) {
-                take += bg_journal_record_span(p + take, w->pending.len - take);
-                records++;
-            }
-            if (bg_buf_append(&b->data, bg_buf_head(&w->pending), take) != 0) {
-                note_failure(w, ENOMEM, "batch");
-                return;
-            }
-            bg_buf_consume(&w->pending, take);
-            w->pending_records -= records;
-        }
-        b->file = disk ? w->cur_file : -1;
-        b->offset = disk ? *segment_size_at(w, w->cur_index) : 0;
-        b->end_seq = w->appended_seq - w->pending_records;
-        /* the batch that completes a snapshot is synced at once: the older
-         * segments can go as soon as it is on disk */
-        if (w->compact_seq && b->end_seq >= w->compact_seq) sync_due = !disk || !w->cfg.fsync_never;
-        b->sync_dir |= w->dir_dirty;
-        w->dir_dirty = 0;
-    }
-    /* retrying: the same batch again; what was appended since waits */
-    b->sync = sync_due;
-    b->error = 0;
-    b->repl_rc = 0;
-    b->purged = 0;
-    submit(w);
+    if (!batch_due(w, now, sync)) return;
+    bg_buf_clear(&b->data);
+    b->close_file = -1;
+    b->purge_before = w->purge_due;
+    if (compaction_step(w) != 0 || rotation_step(w) != 0 || take_batch(w) != 0) return;
+    /* the batch that completes a snapshot is synced at once: the older
+     * segments can go as soon as it is on disk */
+    if (w->compact_seq && b->end_seq >= w->compact_seq) sync = !w->storage || !w->cfg.fsync_never;
+    submit_batch(w, sync);
 }
 
 /* Account for a batch the flusher finished (on the loop thread, or in
@@ -538,9 +613,18 @@ static int batch_done(struct wal *w)
     struct wal_batch *b = &w->batch;
     if (b->error) {
         note_failure(w, b->error, b->sync ? "write_or_sync" : "write");
+        w->disk_sink.failures++;
+        w->retry.waiting = 1;
+        w->retry.attempts++;
+        w->retry.next_at = loop_now() + RETRY_SECONDS * BG_SECOND;
         return b->error;
     }
+    w->retry.waiting = 0;
+    w->retry.attempts = 0;
+    if (b->file >= 0) w->disk_sink.bytes += b->data.len;
+    if (w->repl && !b->repl_rc) w->stream_sink.bytes += b->data.len;
     if (b->repl_rc) {
+        w->stream_sink.failures++;
         /* another node appended (repl has told the server), or stopping:
          * this batch and everything after it stay unacknowledged */
         w->repl_dead = 1;
@@ -689,7 +773,10 @@ fail:
 
 void wal_stats(const struct wal *w, struct bg_process_info *pi)
 {
-    if (!w || !w->storage) return; /* replication only: no segments */
+    if (!w) return;
+    pi->binlog_disk = w->disk_sink;
+    pi->binlog_stream = w->stream_sink;
+    if (!w->storage) return; /* replication only: no segments */
     pi->binlog_oldest = w->first_index;
     pi->binlog_current = w->cur_index;
     pi->binlog_migrated = w->records_migrated;
