@@ -28,6 +28,7 @@ static void bytes_resize(struct bytes *b, size_t len)
 
 static void bytes_write(struct bytes *b, uint64_t off, const char *p, size_t n)
 {
+    if (!n) return;
     if (off + n > b->len) bytes_resize(b, (size_t)(off + n));
     memcpy(b->data + off, p, n);
 }
@@ -191,7 +192,7 @@ static void pend_add(struct sfile *f, uint64_t off, const void *p, size_t n, int
     if (!truncate) {
         o->data = malloc(n ? n : 1);
         if (!o->data) abort();
-        memcpy(o->data, p, n);
+        if (n) memcpy(o->data, p, n);
     }
 }
 
