@@ -102,6 +102,7 @@ static void reply_numbers(struct bg_session *s, const char *word, size_t word_le
 /* "<word> <id> <bytes>\r\n<body>\r\n" */
 static void reply_job(struct bg_session *s, const char *word, const struct bg_job *j)
 {
+    bg_engine_show_job(s->client.engine, j);
     reply_numbers(s, word, strlen(word), j->id, 1, j->body_size - 2, j->body, j->body_size);
 }
 
@@ -502,6 +503,7 @@ static void exec_stats_job(struct bg_session *s, const struct request *r, bg_tim
         return;
     }
     struct bg_stats_job sj;
+    bg_engine_show_job(s->client.engine, j);
     bg_stats_job(s->client.engine, j, now, &sj);
     if (bg_render_stats_job(&s->stream.out, &sj) != 0) s->stream.closing = 1;
 }

@@ -344,6 +344,14 @@ struct bg_engine {
     uint8_t journal_broken;     /* the log cannot write: puts are refused */
     const struct bg_journal_ops *journal;
     void *journal_ctx;
+    /* The log position the change being made depends on, and with it the
+     * reply that reports it: the log's hooks raise it to the position of
+     * each record they append, bg_engine_show_job to the position of a
+     * shown job's put while that may not be durable. A front-end zeroes it
+     * before a request and reads it after; io/wal.h (wal_reply_may_go)
+     * decides when a reply with that position may go. 0: nothing to wait
+     * for. */
+    uint64_t reply_pos;
     /* Called (if set) when tube t has ready jobs that no waiter took: after
      * a put, release, kick, delay or TTR end, or an unpause. It may only
      * note the fact (it runs inside engine calls). */
@@ -807,7 +815,36 @@ struct bg_journal_ops {
     void (*job_saved)(void *ctx, const struct bg_job *j, int with_body);
     void (*job_deleted)(void *ctx, uint64_t id);
     void (*tube_paused)(void *ctx, const struct bg_tube *t);
+    /* a reply shows job id (its id, body or state) to a client: raise
+     * engine->reply_pos to what its put depends on */
+    void (*job_shown)(void *ctx, uint64_t id);
 };
+
+/* What is being done (and its reply) depends on log position pos too. */
+static inline void bg_engine_depends_on(struct bg_engine *e, uint64_t pos)
+{
+    if (pos > e->reply_pos) e->reply_pos = pos;
+}
+
+/* A reply is about to show j (RESERVED, FOUND, a job's JSON, a push
+ * delivery): ids and bodies never escape before the put is kept, so the
+ * reply depends on the put's log position (raises e->reply_pos). */
+static inline void bg_engine_show_job(struct bg_engine *e, const struct bg_job *j)
+{
+    if (e->journal && e->journal->job_shown) e->journal->job_shown(e->journal_ctx, j->id);
+}
+
+/* The log position showing j depends on, apart from what e->reply_pos
+ * holds (which keeps its value, raised by it). */
+static inline uint64_t bg_engine_job_position(struct bg_engine *e, const struct bg_job *j)
+{
+    uint64_t before = e->reply_pos;
+    e->reply_pos = 0;
+    bg_engine_show_job(e, j);
+    uint64_t pos = e->reply_pos;
+    if (before > pos) e->reply_pos = before;
+    return pos;
+}
 
 /* Recreate a job from the log (replacing one with the same id), in state
  * ready, delayed (ready at deadline_mono) or buried. 0 or BG_OUT_OF_MEMORY. */

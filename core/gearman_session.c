@@ -464,6 +464,7 @@ static void assign(struct gm_session *s, struct bg_job *j, uint32_t grab, bg_tim
         type = GM_JOB_ASSIGN_UNIQ;
     }
     arg[n] = j->body, len[n++] = job_data_len(j);
+    bg_engine_show_job(s->g->engine, j);
     reply(s, type, n, arg, len);
 }
 

@@ -147,8 +147,16 @@ struct gateway;
 struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                               const struct gateway_config *cfg, bg_time (*now)(void),
                               void (*after_run)(void *), void *after_run_arg);
-/* Resume every suspended request, stop the daemon, free everything. */
-void gateway_stop(struct gateway *gw);
+/* The stop sequence's first step (server/main.c): no new connections, no
+ * new request dispatched (one that arrives now gets 503 SHUTTING_DOWN, and
+ * nothing was done for it); every long-poll is answered as timed out. */
+void gateway_stop_reading(struct gateway *gw);
+/* The stop sequence's last step, after the log was finished: a held
+ * response goes only if the log keeps the position it depends on
+ * (wal_reply_may_go), the others' connections close without a status;
+ * what goes is sent until deadline (loop_now's clock). Then stop the
+ * daemon and free everything. NULL: nothing. */
+void gateway_stop(struct gateway *gw, bg_time deadline);
 /* /readyz answers 200 once the server says it serves (listeners up), and
  * while it is not draining. The gateway starts not ready. NULL: no-op. */
 void gateway_set_ready(struct gateway *gw, int ready);
@@ -254,6 +262,7 @@ struct gw_request {
     struct wal_hold hold;         /* response queued, waiting for the log */
     struct gw_request *held_prev, *held_next; /* gw->held */
     int held;
+    int releasing;                /* counted in gw->releasing */
 };
 
 /* ---- admit.c: connections outside a request ------------------------------ */
@@ -340,6 +349,8 @@ struct gateway {
     struct gw_request *waiting;   /* every suspended long-poll */
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
+    uint64_t releasing;           /* held requests resumed at the stop, not completed yet */
+    int stopping;                 /* gateway_stop_reading: nothing new is dispatched */
     struct gateway_config cfg;
     struct gw_auth *auth;         /* NULL: no token configured */
     int metrics_auth;
@@ -620,17 +631,18 @@ struct gw_idempotency *gw_idempotency_new(const uint64_t key[4]);
 void gw_idempotency_free(struct gw_idempotency *t);
 /* Nonzero if key is 1..GW_IDEMPOTENCY_KEY_MAX visible ASCII characters. */
 int gw_idempotency_valid_key(const char *key);
-/* Look key up for the put req; for GW_IDEM_SAME, *job_id and *state are the
- * first put's job and answered state. */
+/* Look key up for the put req; for GW_IDEM_SAME, *job_id, *state and
+ * *position are the first put's job, answered state and the log position
+ * its answer depended on (a replay's answer depends on it too). */
 enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const char *key,
                                                 const struct gw_put_request *req, bg_time now,
-                                                uint64_t *job_id, const char **state);
+                                                uint64_t *job_id, const char **state, uint64_t *position);
 /* Remember that key and the put req made job_id, answered with `state` (a
- * static string). 0, BG_BAD_FORMAT (key or tube too long) or
- * BG_OUT_OF_MEMORY. */
+ * static string) once the log kept `position` (engine->reply_pos). 0,
+ * BG_BAD_FORMAT (key or tube too long) or BG_OUT_OF_MEMORY. */
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
                             const struct gw_put_request *req, uint64_t job_id, const char *state,
-                            bg_time now);
+                            uint64_t position, bg_time now);
 /* The bucket of key: a keyed hash, so it depends on the table's key. */
 size_t gw_idempotency_bucket(const struct gw_idempotency *t, const char *key);
 
@@ -694,7 +706,7 @@ unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct
  * zero (so every byte string has one encoding). NULL if text is not that,
  * or memory ran out (*bad tells which: 1 invalid, 0 memory). *n = length. */
 char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad);
-json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);
 /* Server stats; pi adds the process's and the write-ahead log's figures

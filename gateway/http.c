@@ -6,6 +6,7 @@
  * (checked before any byte of the body is read), and, once the body is in,
  * the handler. The only file that speaks MHD_Result. */
 #include <netdb.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "gateway.h"
 #include "../io/eventlog.h"
 #include "../io/listen.h"
+#include "../io/loop.h"
 
 static void gw_run(struct gateway *gw);
 
@@ -300,13 +302,20 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     }
     if (r->responded || r->held) return MHD_YES;
-    uint64_t before = wal_mark(gw->cfg.wal);
+    if (gw->stopping && !r->counted) { /* never dispatched: nothing done for it */
+        int rc = gw_reply_problem_header(conn, 503, "SHUTTING_DOWN",
+                                         "the server is stopping: nothing was done, retry",
+                                         "Connection", "close");
+        note_status(r);
+        return mhd_result(rc);
+    }
+    gw->engine->reply_pos = 0;
     int rc = dispatch(r);
     note_status(r);
-    uint64_t mark = wal_mark(gw->cfg.wal);
-    if (mark > before && rc == 0 && !r->suspended) {
-        /* durable acknowledgement: the queued response leaves only once
-         * the records it reports are on disk */
+    uint64_t mark = gw->engine->reply_pos;
+    if (rc == 0 && !r->suspended && !wal_reply_may_go(gw->cfg.wal, mark)) {
+        /* the queued response leaves only once the log keeps the position
+         * its change depends on (io/wal.h) */
         r->held = 1;
         r->held_prev = NULL;
         r->held_next = gw->held;
@@ -318,6 +327,14 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     return mhd_result(rc);
 }
 
+/* A held response must never be sent: shut the socket's sending side, so
+ * that libmicrohttpd's write fails and the connection closes unanswered. */
+static void cut_off(struct gw_request *r)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
+}
+
 /* The log holds what a held response reports: let it go. */
 static void request_durable(struct wal_hold *h)
 {
@@ -326,6 +343,10 @@ static void request_durable(struct wal_hold *h)
     if (r->held_prev) r->held_prev->held_next = r->held_next; else gw->held = r->held_next;
     if (r->held_next) r->held_next->held_prev = r->held_prev;
     r->held_prev = r->held_next = NULL;
+    if (gw->stopping && !r->releasing) { /* the stop sequence runs the daemon until it is sent */
+        r->releasing = 1;
+        gw->releasing++;
+    }
     MHD_resume_connection(r->conn);
     event_active(gw->run_ev, EV_READ, 0);
 }
@@ -338,6 +359,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct gateway *gw = cls;
     struct gw_request *r = *con_cls;
     if (!r) return;
+    if (r->releasing) gw->releasing--;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, gw->now());
     else gw_conn_request_ended(gw, conn);
     if (toe == MHD_REQUEST_TERMINATED_WITH_ERROR || toe == MHD_REQUEST_TERMINATED_READ_ERROR ||
@@ -590,10 +612,11 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     return gw;
 }
 
-void gateway_stop(struct gateway *gw)
+void gateway_stop_reading(struct gateway *gw)
 {
-    if (!gw) return;
+    if (!gw || gw->stopping) return;
     gw->ready = 0;
+    gw->stopping = 1;
     gw_admit_stop(gw); /* no new connections */
     /* suspended connections must be resumed before the daemon stops */
     for (struct gw_request *r = gw->waiting; r; r = r->next_waiting) {
@@ -607,18 +630,39 @@ void gateway_stop(struct gateway *gw)
         }
     }
     gw->woken = NULL;
+}
+
+/* Run the daemon until every long-poll and released response is answered
+ * (or cut off), or deadline passes. */
+static void run_until_answered(struct gateway *gw, bg_time deadline)
+{
+    int epoll_fd = event_get_fd(gw->epoll_ev);
+    for (;;) {
+        MHD_run(gw->daemon);
+        bg_time now = loop_now(); /* the real clock, whatever gw->now is */
+        if ((!gw->waiting && !gw->releasing) || now >= deadline) return;
+        struct pollfd pfd = {epoll_fd, POLLIN, 0};
+        bg_time wait_ms = (deadline - now) / 1000000 + 1;
+        poll(&pfd, 1, wait_ms > 10 ? 10 : (int)wait_ms);
+    }
+}
+
+void gateway_stop(struct gateway *gw, bg_time deadline)
+{
+    if (!gw) return;
+    gateway_stop_reading(gw); /* if the stop sequence did not already */
+    /* a held response goes only if the log kept what it reports (the stop
+     * sequence finished the log first); the others are cut off unsent: the
+     * client sees the connection close without a status */
     for (struct gw_request *r = gw->held; r; r = r->held_next) {
         wal_unhold(gw->cfg.wal, &r->hold);
+        if (!wal_reply_may_go(gw->cfg.wal, r->hold.mark)) cut_off(r);
+        r->releasing = 1;
+        gw->releasing++;
         MHD_resume_connection(r->conn);
     }
     gw->held = NULL;
-    /* let the resumed long-polls answer 204 before the daemon goes */
-    struct timespec pause = {0, 2000000};
-    for (int i = 0; i < 50 && gw->waiting; i++) {
-        MHD_run(gw->daemon);
-        nanosleep(&pause, NULL);
-    }
-    MHD_run(gw->daemon);
+    run_until_answered(gw, deadline);
     MHD_stop_daemon(gw->daemon);
     gw_admit_free(gw);
     event_free(gw->epoll_ev);

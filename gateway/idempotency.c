@@ -14,6 +14,7 @@ struct idem_entry {
     struct idem_entry *older, *newer; /* age order */
     bg_time expires_at;
     uint64_t job_id;
+    uint64_t position;          /* the log position the first answer depended on */
     uint64_t fingerprint;       /* of the request (priority, delay, ttr, body) */
     size_t bucket;
     const char *state;          /* the first answer's state (a static string) */
@@ -83,7 +84,7 @@ int gw_idempotency_valid_key(const char *key)
 
 enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const char *key,
                                                 const struct gw_put_request *req, bg_time now,
-                                                uint64_t *job_id, const char **state)
+                                                uint64_t *job_id, const char **state, uint64_t *position)
 {
     expire(t, now);
     for (struct idem_entry *e = t->buckets[gw_idempotency_bucket(t, key)]; e; e = e->hash_next) {
@@ -92,6 +93,7 @@ enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const 
         if (e->fingerprint != fingerprint(t, req)) return GW_IDEM_OTHER_REQUEST;
         *job_id = e->job_id;
         *state = e->state;
+        *position = e->position;
         return GW_IDEM_SAME;
     }
     return GW_IDEM_NEW;
@@ -99,7 +101,7 @@ enum gw_idempotency_match gw_idempotency_lookup(struct gw_idempotency *t, const 
 
 int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
                             const struct gw_put_request *req, uint64_t job_id, const char *state,
-                            bg_time now)
+                            uint64_t position, bg_time now)
 {
     if (strlen(key) > GW_IDEMPOTENCY_STORED_MAX || strlen(req->tube) > BG_TUBE_NAME_MAX)
         return BG_BAD_FORMAT;
@@ -112,6 +114,7 @@ int gw_idempotency_remember(struct gw_idempotency *t, const char *key,
     e->job_id = job_id;
     e->fingerprint = fingerprint(t, req);
     e->state = state;
+    e->position = position;
     e->expires_at = now + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
     e->bucket = gw_idempotency_bucket(t, key);
     e->hash_next = t->buckets[e->bucket];

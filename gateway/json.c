@@ -72,9 +72,10 @@ char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad)
     return out;
 }
 
-json_t *gw_json_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
+json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body)
 {
+    bg_engine_show_job(e, j);
     struct bg_stats_job sj;
     bg_stats_job(e, j, now, &sj);
     json_t *v = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",

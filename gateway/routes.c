@@ -111,9 +111,11 @@ struct put_outcome {
 static void put_with_key(struct gateway *gw, const struct gw_put_request *req, const char *key,
                          bg_time now, struct put_outcome *out)
 {
-    out->match = key ? gw_idempotency_lookup(gw->idempotency, key, req, now, &out->id, &out->state)
+    uint64_t position = 0;
+    out->match = key ? gw_idempotency_lookup(gw->idempotency, key, req, now, &out->id, &out->state, &position)
                      : GW_IDEM_NEW;
     out->rc = 0;
+    if (out->match == GW_IDEM_SAME) bg_engine_depends_on(gw->engine, position); /* a replay: the original's */
     if (out->match != GW_IDEM_NEW) return;
     if (gw->engine->draining) {
         out->rc = BG_DRAINING;
@@ -124,7 +126,8 @@ static void put_with_key(struct gateway *gw, const struct gw_put_request *req, c
     if (out->rc == BG_BURIED) out->rc = 0;
     if (out->rc != 0) return;
     out->state = put_state(gw, out->id);
-    if (key) gw_idempotency_remember(gw->idempotency, key, req, out->id, out->state, now); /* best effort */
+    if (key) /* best effort */
+        gw_idempotency_remember(gw->idempotency, key, req, out->id, out->state, gw->engine->reply_pos, now);
 }
 
 #define IDEMPOTENCY_KEY_MISMATCH "IDEMPOTENCY_KEY_MISMATCH"

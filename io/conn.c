@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdalign.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -78,7 +79,7 @@ struct conn {
     bg_time deadline;
     struct addr_count *addr;     /* its address's count, or NULL */
     struct loop_task woken;      /* output came from outside its callback */
-    uint64_t mark;               /* replies wait until the log holds this */
+    uint64_t mark;               /* the log position its output depends on (io/wal.h) */
     struct wal_hold hold;        /* queued at the log while held */
     uint8_t peer_eof, read_paused, held, queue;
     uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
@@ -467,16 +468,23 @@ static ssize_t read_in(struct conn *c)
     return 0;
 }
 
+/* c's output now also depends on what the engine noted for the change
+ * just made (engine->reply_pos). */
+static void note_position(struct conn *c)
+{
+    uint64_t pos = c->cs->engine->reply_pos;
+    if (pos > c->mark) c->mark = pos;
+}
+
 /* Let the session run on in[0..len): the bytes consumed (none while it is
- * blocked or closing). Notes the log mark its replies wait for. */
+ * blocked or closing). Notes the log position its replies depend on. */
 static size_t feed(struct conn *c, const char *in, size_t len)
 {
     struct bg_stream *s = stream_of(c);
     if (!len || s->blocked || s->closing) return 0;
-    uint64_t before = wal_mark(c->cs->wal);
+    c->cs->engine->reply_pos = 0;
     size_t used = c->cs->proto->feed(s, in, len, loop_now());
-    uint64_t mark = wal_mark(c->cs->wal);
-    if (mark > before) c->mark = mark;
+    note_position(c);
     if (used) c->consumed = 1;
     return used;
 }
@@ -494,7 +502,7 @@ static void conn_durable(struct wal_hold *h)
 static int conn_flush(struct conn *c)
 {
     if (c->held) return 0;
-    if (!wal_reached(c->cs->wal, c->mark)) {
+    if (!wal_reply_may_go(c->cs->wal, c->mark)) {
         /* durable replies: nothing goes out before its record is on disk */
         c->held = 1;
         wal_hold(c->cs->wal, &c->hold, c->mark, conn_durable);
@@ -620,7 +628,14 @@ static void conn_woken(struct loop_task *t)
     conn_run((struct conn *)((char *)t - offsetof(struct conn, woken)));
 }
 
-static void stream_output_ready(struct bg_stream *s) { loop_defer(&((struct conn *)s->owner)->woken); }
+/* Output came from outside c's feed (a wait ended inside another request,
+ * or on a timer): it depends on what the engine noted meanwhile. */
+static void stream_output_ready(struct bg_stream *s)
+{
+    struct conn *c = s->owner;
+    note_position(c);
+    loop_defer(&c->woken);
+}
 
 /* The peer's address as text ("-" when it has none: a UNIX socket). */
 static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRSTRLEN])
@@ -749,23 +764,51 @@ int conn_server_fd(const struct conn_server *cs) { return cs->fd; }
 
 uint64_t conn_server_count(const struct conn_server *cs) { return cs->count; }
 
-void conn_server_stop(struct conn_server *cs)
+void conn_server_stop_reading(struct conn_server *cs)
 {
     if (!cs) return;
-    /* stop accepting first, then answer every blocked session (as when its
-     * peer half-closes) and send what can be sent without blocking;
-     * reservations go back to ready as the sessions close */
     conn_server_pause(cs);
+    for (struct conn *c = cs->conns; c; c = c->next) {
+        struct bg_stream *s = stream_of(c);
+        if (!c->read_paused) event_del(c->read_ev);
+        c->read_paused = 1;
+        /* a blocked session is answered as at its peer's end of stream;
+         * its reservations go back to ready as it closes */
+        if (s->blocked && cs->proto->peer_eof) cs->proto->peer_eof(s, loop_now());
+    }
+}
+
+/* At a stop: write c's output if the log keeps the position it depends
+ * on, waiting for the socket at most until deadline; else nothing. */
+static void flush_at_stop(struct conn *c, bg_time deadline)
+{
+    struct bg_buf *out = &stream_of(c)->out;
+    if (!wal_reply_may_go(c->cs->wal, c->mark)) return;
+    while (out->len) {
+        ssize_t n = write(c->peer.fd, bg_buf_head(out), out->len);
+        if (n > 0) {
+            bg_buf_consume(out, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        bg_time now = loop_now();
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || now >= deadline) return;
+        struct pollfd pfd = {c->peer.fd, POLLOUT, 0};
+        bg_time wait_ms = (deadline - now) / 1000000 + 1;
+        poll(&pfd, 1, wait_ms > 1000 ? 1000 : (int)wait_ms);
+    }
+}
+
+void conn_server_stop(struct conn_server *cs, bg_time deadline)
+{
+    if (!cs) return;
+    conn_server_stop_reading(cs); /* if the stop sequence did not already */
     for (struct conn_server **p = &shared.servers; *p; p = &(*p)->next_server)
         if (*p == cs) {
             *p = cs->next_server;
             break;
         }
-    for (struct conn *c = cs->conns; c; c = c->next) {
-        struct bg_stream *s = stream_of(c);
-        if (s->blocked && cs->proto->peer_eof) cs->proto->peer_eof(s, loop_now());
-        conn_flush(c);
-    }
+    for (struct conn *c = cs->conns; c; c = c->next) flush_at_stop(c, deadline);
     while (cs->conns) conn_free(cs->conns);
     event_free(cs->accept_ev);
     event_free(cs->resume_ev);

@@ -126,10 +126,15 @@ void conn_server_pause(struct conn_server *cs);
 int conn_server_fd(const struct conn_server *cs);
 /* How many connections are open. */
 uint64_t conn_server_count(const struct conn_server *cs);
-/* Stop: no more accepts; answer every blocked session as at the peer's
- * end of stream; write what goes out without waiting (not replies held
- * for the log); close every connection and the listening socket; free cs.
- * NULL: nothing. */
-void conn_server_stop(struct conn_server *cs);
+/* The stop sequence's first step (server/main.c): no more accepts, no more
+ * reads; every blocked session is answered as at its peer's end of
+ * stream. NULL: nothing. */
+void conn_server_stop_reading(struct conn_server *cs);
+/* The stop sequence's last step, after the log was finished: write each
+ * connection's output whose log position the log keeps (wal_reply_may_go),
+ * waiting for slow sockets at most until deadline (loop_now's clock); the
+ * rest is never sent. Close every connection and the listening socket;
+ * free cs. NULL: nothing. */
+void conn_server_stop(struct conn_server *cs, bg_time deadline);
 
 #endif

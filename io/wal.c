@@ -15,6 +15,7 @@
  * job the snapshot has not reached yet is either an update or delete of an
  * unknown job (ignored) or a new job's own record, and the snapshot then
  * writes each remaining job as it is at that point. */
+#include <poll.h>
 #include <pthread.h>
 #include <errno.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@ struct wal_batch {
     int file;                  /* the storage handle data goes to; -1: no disk */
     uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
+    uint64_t put_id;           /* every put up to this job id is in data or before it */
     int sync;
     int close_file;            /* an older segment to close, or -1 */
     int sync_close;            /* sync close_file before writing data (not with -F) */
@@ -99,7 +101,14 @@ struct wal {
     struct event *notify_ev, *sync_timer, *retry_timer;
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
-    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by mark */
+    struct wal_hold *hold_head, *hold_tail; /* replies waiting, by position */
+    /* when a reply may go (wal_reply_may_go): positions are record
+     * sequences; replies_wait: -f 0, a reply waits for what it reports */
+    int replies_wait;
+    uint64_t last_put_id;      /* the newest job put (appended) */
+    uint64_t durable_id;       /* every put up to this id is synced */
+    uint64_t id_floor;         /* ids up to it are logged as given out ... */
+    uint64_t id_floor_seq;     /* ... by this record (an id floor, below) */
     /* replication: the stream is a sink too, and without a directory the
      * only one; total_bytes is then the bytes of the stream */
     struct repl *repl;
@@ -116,6 +125,14 @@ struct wal {
 };
 
 #define RETRY_SECONDS 1
+/* Ids never come back, even after a machine crash with -f N > 0 (where
+ * replies do not wait for the put): the log holds an id floor, a delete
+ * record of an id WAL_ID_BLOCK above the newest put (recovery moves the
+ * counter above it), renewed once puts are within half a block of it. A
+ * reply showing an id above the synced floor waits for its record (after a
+ * start, one sync). So after a restart with -f N > 0, ids continue above
+ * the floor. With -f 0 a reply showing an id waits for its put: no floor. */
+#define WAL_ID_BLOCK (1u << 20)
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
@@ -234,10 +251,52 @@ static void note_failure(struct wal *w, int err, const char *what)
     timer_in(w->retry_timer, RETRY_SECONDS * BG_SECOND);
 }
 
-/* A record could not even be buffered: the log is behind; say so loudly. */
+/* The position a reply showing job id depends on: none once its put is
+ * synced; with -f 0 its put's record (the newest, or, while the put is
+ * being made, the next: a waiting reserver gets a job before its record is
+ * appended); else the id floor's record while that is not synced (while a
+ * put beyond the floor is being made: the floor that follows its record). */
+static uint64_t job_position(const struct wal *w, uint64_t id)
+{
+    if (id <= w->durable_id) return 0;
+    int being_put = id > w->last_put_id;
+    if (w->replies_wait) return w->appended_seq + (being_put ? 1 : 0);
+    if (w->storage && w->cfg.fsync_never) return 0; /* -F: no promise */
+    if (id > w->id_floor) return w->appended_seq + (being_put ? 2 : 0);
+    return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
+}
+
+/* A record could not even be buffered: the log is behind; say so loudly.
+ * The change it was for is not in the log: its reply never goes. */
 static void append_failed(struct wal *w)
 {
     note_failure(w, ENOMEM, "buffer");
+    bg_engine_depends_on(w->engine, UINT64_MAX);
+}
+
+/* A record was appended: a reply about it waits for it with -f 0. */
+static void appended(struct wal *w)
+{
+    w->appended_seq++;
+    w->pending_records++;
+    if (w->replies_wait) bg_engine_depends_on(w->engine, w->appended_seq);
+}
+
+/* Job id was just put: log a new id floor when ids come near the last. */
+static void put_appended(struct wal *w, uint64_t id)
+{
+    w->last_put_id = id;
+    /* with -f 0 a reply showing an id waits for its put anyway; -F
+     * promises nothing for a machine crash */
+    int floors = !w->replies_wait && !(w->storage && w->cfg.fsync_never);
+    if (floors && id + WAL_ID_BLOCK / 2 > w->id_floor) {
+        uint64_t floor = id + WAL_ID_BLOCK;
+        if (bg_journal_encode_delete(&w->pending, floor) != 0) return append_failed(w);
+        appended(w);
+        w->id_floor = floor;
+        w->id_floor_seq = w->appended_seq;
+    }
+    bg_engine_depends_on(w->engine, job_position(w, id));
 }
 
 static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
@@ -251,9 +310,9 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     }
     r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
     if (with_body) w->live_bytes += job_record_size(j);
+    if (j->id > w->last_put_id) put_appended(w, j->id);
 }
 
 static void hook_job_deleted(void *ctx, uint64_t id)
@@ -261,8 +320,7 @@ static void hook_job_deleted(void *ctx, uint64_t id)
     struct wal *w = ctx;
     struct bg_job *j = bg_job_find(w->engine, id);
     if (bg_journal_encode_delete(&w->pending, id) != 0) return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
     if (j) w->live_bytes -= job_record_size(j);
 }
 
@@ -273,11 +331,17 @@ static void hook_tube_paused(void *ctx, const struct bg_tube *t)
     uint64_t unpause = loop_wall_now() + (t->unpause_at > now ? t->unpause_at - now : 0);
     if (bg_journal_encode_pause(&w->pending, t->name, (uint32_t)(t->pause_ns / BG_SECOND), unpause) != 0)
         return append_failed(w);
-    w->appended_seq++;
-    w->pending_records++;
+    appended(w);
 }
 
-const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused};
+static void hook_job_shown(void *ctx, uint64_t id)
+{
+    struct wal *w = ctx;
+    bg_engine_depends_on(w->engine, job_position(w, id));
+}
+
+const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused,
+                                               hook_job_shown};
 
 /* ---- the flusher thread ------------------------------------------------ */
 
@@ -398,6 +462,7 @@ static int snapshot_step(struct wal *w)
     /* ids are never reused: a delete record of the highest id given out
      * keeps the counter above it even when that job is gone */
     uint64_t last = bg_engine_last_id(e);
+    if (w->id_floor > last) last = w->id_floor; /* and the id floor */
     if (last && !bg_job_find(e, last)) {
         if (bg_journal_encode_delete(&w->pending, last) != 0) return BG_OUT_OF_MEMORY;
         pending_added(w);
@@ -550,6 +615,7 @@ static int take_batch(struct wal *w)
     b->file = w->storage ? w->cur_file : -1;
     b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
     b->end_seq = w->appended_seq - w->pending_records;
+    b->put_id = w->pending_records ? w->durable_id : w->last_put_id; /* cut: not known */
     b->sync_dir |= w->dir_dirty;
     w->dir_dirty = 0;
     return 0;
@@ -654,6 +720,7 @@ static int batch_done(struct wal *w)
     w->written_seq = b->end_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
+        if (b->put_id > w->durable_id) w->durable_id = b->put_id;
         w->last_sync = loop_now();
         w->unsynced = 0;
     } else {
@@ -672,22 +739,15 @@ static int batch_done(struct wal *w)
     return 0;
 }
 
-/* ---- durable acknowledgement: marks and holds --------------------------- */
+/* ---- when a reply may go: positions and holds ---------------------------- */
 
-uint64_t wal_mark(const struct wal *w)
-{
-    int wait = w && w->writing && w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never) &&
-               !w->failed_errno;
-    return wait ? w->appended_seq : 0;
-}
-
-int wal_reached(const struct wal *w, uint64_t mark) { return !w || mark <= w->synced_seq; }
+int wal_reply_may_go(const struct wal *w, uint64_t pos) { return !w || pos <= w->synced_seq; }
 
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
 {
     h->mark = mark;
     h->durable = durable;
-    if (wal_reached(w, mark)) {
+    if (wal_reply_may_go(w, mark)) {
         durable(h);
         return;
     }
@@ -1385,6 +1445,9 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
  * replication: at once; a standby: once it is primary). */
 static void start_writing(struct wal *w)
 {
+    /* what is in the engine now was read from the log */
+    w->last_put_id = w->durable_id = w->id_floor = bg_engine_last_id(w->engine);
+    w->replies_wait = w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never);
     w->engine->journal = &wal_journal_ops;
     w->engine->journal_ctx = w;
     w->writing = 1;
@@ -1493,6 +1556,64 @@ int wal_check(const char *dir)
     return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
 }
 
+/* Wait until the flusher's batch is done or deadline passes: 0 (the
+ * batch accounted for, or none was in flight), ETIMEDOUT, or the batch's
+ * error. */
+static int finish_wait(struct wal *w, bg_time deadline)
+{
+    pthread_mutex_lock(&w->lock);
+    int busy = w->busy;
+    pthread_mutex_unlock(&w->lock);
+    if (!busy) return 0;
+    uint64_t n;
+    if (!w->thread_started) { /* synchronous: the flusher's work, here */
+        flusher_wait(w);
+        return batch_done(w);
+    }
+    while (read(w->notify_fd, &n, sizeof n) != sizeof n) {
+        bg_time now = loop_now();
+        if (now >= deadline) return ETIMEDOUT;
+        struct pollfd pfd = {w->notify_fd, POLLIN, 0};
+        bg_time wait_ms = (deadline - now) / 1000000 + 1;
+        poll(&pfd, 1, wait_ms > 1000 ? 1000 : (int)wait_ms);
+    }
+    return batch_done(w);
+}
+
+/* A minimal wal_finish until the storage work (branch wal-core) brings
+ * its own: the batch in flight, then a failed batch again or everything
+ * appended, as one synced batch. */
+int wal_finish(struct wal *w, bg_time deadline)
+{
+    if (!w || !w->writing) return 0;
+    int rc = finish_wait(w, deadline);
+    if (rc == ETIMEDOUT) return rc;
+    struct wal_batch *b = &w->batch;
+    if (!w->repl_dead && (b->error || w->pending.len)) {
+        if (!b->error) {
+            bg_buf_clear(&b->data);
+            struct bg_buf swap = b->data;
+            b->data = w->pending;
+            w->pending = swap;
+            w->pending_records = 0;
+            b->file = w->storage ? w->cur_file : -1;
+            b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
+            b->end_seq = w->appended_seq;
+            b->put_id = w->last_put_id;
+            b->purge_before = 0;
+            b->snapshot_first = 0;
+        }
+        b->sync = !w->storage || !w->cfg.fsync_never;
+        b->error = 0;
+        b->repl_rc = 0;
+        submit(w);
+        rc = finish_wait(w, deadline);
+    }
+    if (rc == 0) release_holds(w);
+    if (rc) return rc;
+    return w->synced_seq >= w->appended_seq || (w->storage && w->cfg.fsync_never) ? 0 : EIO;
+}
+
 void wal_close(struct wal *w)
 {
     if (!w) return;
@@ -1514,6 +1635,7 @@ void wal_close(struct wal *w)
             w->batch.file = w->storage ? w->cur_file : -1;
             w->batch.offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
             w->batch.end_seq = w->appended_seq;
+            w->batch.put_id = w->last_put_id;
             w->batch.sync = !w->storage || !w->cfg.fsync_never;
             w->batch.purge_before = 0;
             w->batch.snapshot_first = 0;

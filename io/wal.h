@@ -32,9 +32,23 @@ struct wal_config {
 /* The log (defined in wal.c only). */
 struct wal;
 
-/* A reply waiting until the log holds what it reports (durable
- * acknowledgement, -f 0). Embed it in whatever holds replies; wal_hold
- * queues it, and `durable` runs on the loop once `mark` is on disk. */
+/* When a reply may go: the one rule every front-end asks.
+ *
+ * A change carries the log position it depends on: the engine's hooks
+ * note it in engine->reply_pos (core.h) as they append its records, and a
+ * reply that shows a job (RESERVED, FOUND, a job's JSON, a push delivery)
+ * depends on the job's put while that is not synced. A front-end zeroes
+ * reply_pos before a request, reads it after, and asks wal_reply_may_go
+ * before anything goes out; a reply that may not go yet is held
+ * (wal_hold) and sent when `durable` runs, or, at a stop, never sent (its
+ * connection closes). With -f 0 every change's reply waits for its sync,
+ * also while the log is failing (it stays held until a retry gets the
+ * record on disk); with -f N > 0 and -F only an id beyond the logged id
+ * floor waits (ids never come back after a crash). An Idempotency-Key
+ * replay carries its original's position.
+ *
+ * A held reply: embed it in whatever holds replies; wal_hold queues it,
+ * and `durable` runs on the loop once position `mark` is kept. */
 struct wal_hold {
     uint64_t mark;
     void (*durable)(struct wal_hold *h);
@@ -65,16 +79,21 @@ void wal_kick(struct wal *w);
  * holds it secured, wal_kick again). No batch handed on, or not
  * synchronous: nothing. */
 void wal_run_flusher(struct wal *w);
-/* The mark a reply given now must wait for (the last record appended) when
- * replies wait for the log (-f 0, and the log healthy); else 0. NULL: 0. */
-uint64_t wal_mark(const struct wal *w);
-/* Nonzero once everything up to mark is on disk (NULL w, or mark 0: yes). */
-int wal_reached(const struct wal *w, uint64_t mark);
+/* Nonzero if a reply depending on log position pos may go now: the log
+ * keeps everything up to pos (NULL w, or pos 0: yes). */
+int wal_reply_may_go(const struct wal *w, uint64_t pos);
 /* Call durable(h) on the loop once mark is on disk: at once if it is. Marks
  * grow, so the holds form a queue; h must not be queued already. */
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
 /* Take h off the queue (its reply went away first); no-op if not queued. */
 void wal_unhold(struct wal *w, struct wal_hold *h);
+/* The stop sequence's step (server/main.c, server_stop): get everything
+ * appended written and synced (and into the stream), waiting at most until
+ * deadline (loop_now's clock), then release the holds whose position is
+ * kept. 0 when the log keeps everything appended, else an errno value
+ * (ETIMEDOUT, or the failure); replies whose position is not kept must
+ * then never go. NULL: 0. */
+int wal_finish(struct wal *w, bg_time deadline);
 /* Write what is pending, sync, stop the flusher, close files, free w.
  * Holds still queued are dropped without a call. NULL: nothing. */
 void wal_close(struct wal *w);

@@ -77,9 +77,9 @@ int beanstalk_start(struct server *srv, const struct server_config *cfg)
     return 0;
 }
 
-void beanstalk_stop(struct server *srv)
+void beanstalk_stop(struct server *srv, bg_time deadline)
 {
-    conn_server_stop(srv->beanstalk);
+    conn_server_stop(srv->beanstalk, deadline);
     srv->beanstalk = NULL;
     if (srv->unix_path[0]) unlink(srv->unix_path);
 }

@@ -151,10 +151,15 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
     return g;
 }
 
-void gearman_stop(struct gearman *g)
+void gearman_stop_reading(struct gearman *g)
+{
+    if (g) conn_server_stop_reading(g->conns);
+}
+
+void gearman_stop(struct gearman *g, bg_time deadline)
 {
     if (!g) return;
-    conn_server_stop(g->conns);
+    conn_server_stop(g->conns, deadline);
     if (g->sweep_ev) event_free(g->sweep_ev);
     gm_server_destroy(&g->server, loop_now());
     free(g);

@@ -321,6 +321,7 @@ static int serve(struct server *srv, const struct server_config *cfg)
     if (push_setup.count) {
         srv->push = push_start(&push_setup, srv->base, &srv->engine, loop_now, after_gateway_run, srv);
         if (!srv->push) return 1;
+        push_set_log(srv->push, srv->wal);
         struct gw_push_hooks hooks = {srv->push, push_subscriptions_json, push_job_error_json, push_metrics,
                                       push_owns_client};
         gateway_set_push(srv->gateway, &hooks);
@@ -392,6 +393,42 @@ static const char *replication_state(void *arg, char *out, size_t size)
         snprintf(out, size, "taking over: applying the stream to its end (sequence %llu applied)",
                  (unsigned long long)st.applied_seq);
     return "STANDBY";
+}
+
+#define STOP_LOG_SECONDS 10    /* the log gets this long to keep what was done */
+#define STOP_ANSWER_SECONDS 5  /* then the answers this long to reach slow clients */
+
+/* The stop sequence, the one place it is written down (docs/operations.md,
+ * "Stopping"), once the loop has stopped (SIGTERM/SIGINT after push's
+ * grace, lost leadership, a failed takeover):
+ *  1. Stop reading: no accepts, no reads; a request already read has run
+ *     (the loop runs each one to its end); one the gateway has not
+ *     dispatched yet gets 503 SHUTTING_DOWN; blocked reserves and
+ *     long-polls are answered as timed out.
+ *  2. Push deliveries still in flight go back to ready (records too).
+ *  3. Finish the log: everything appended written, synced and in the
+ *     stream, within STOP_LOG_SECONDS.
+ *  4. Answer what the log kept: a reply (held or not) goes only if the log
+ *     keeps the position it depends on (wal_reply_may_go), sent within
+ *     STOP_ANSWER_SECONDS; every other connection closes without a reply,
+ *     so a client retries only what was not kept, and nothing kept is
+ *     retried (stored twice).
+ *  5. Close the log (and the stream), then exit. */
+static void server_stop(struct server *srv)
+{
+    gateway_stop_reading(srv->gateway);
+    gearman_stop_reading(srv->gearman);
+    conn_server_stop_reading(srv->beanstalk);
+    push_free(srv->push);
+    srv->push = NULL;
+    if (wal_finish(srv->wal, loop_now() + STOP_LOG_SECONDS * BG_SECOND) != 0)
+        log_event(BG_LOG_WARN, "stop_log_unfinished", "replies=not_sent");
+    bg_time deadline = loop_now() + STOP_ANSWER_SECONDS * BG_SECOND;
+    gateway_stop(srv->gateway, deadline);
+    gearman_stop(srv->gearman, deadline);
+    beanstalk_stop(srv, deadline);
+    repl_stop_within(srv->repl, 5000); /* the last batch gets 5 s to reach the stream */
+    wal_close(srv->wal);
 }
 
 int main(int argc, char **argv)
@@ -498,13 +535,7 @@ int main(int argc, char **argv)
         return r;
     }
     loop_run();
-
-    push_free(srv.push); /* jobs still in flight go back to ready before the log closes */
-    gateway_stop(srv.gateway);
-    gearman_stop(srv.gearman);
-    beanstalk_stop(&srv);
-    repl_stop_within(srv.repl, 5000); /* the last batch gets 5 s to reach the stream */
-    wal_close(srv.wal);
+    server_stop(&srv);
     repl_close(srv.repl);
     bg_engine_destroy(&srv.engine);
     event_free(srv.sig_usr1);

@@ -18,6 +18,7 @@
  * (a connect that fails at once), nor from inside the engine's op. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -77,6 +78,7 @@ struct delivery {
     int has_retry_after;
     char retry_after[64];
     struct delivery *next_done;
+    struct wal_hold hold;           /* the job waits for its put to be kept */
 };
 
 struct sub {
@@ -103,6 +105,7 @@ struct sub {
 struct push {
     struct event_base *base;
     struct bg_engine *engine;
+    struct wal *wal;                /* deliveries wait for it; NULL: none */
     bg_time (*now)(void);
     void (*changed)(void *);
     void *changed_arg;
@@ -498,7 +501,23 @@ static void attempt_start(struct delivery *d, const struct bg_job *j, bg_time no
     }
 }
 
-/* Take job j (just reserved by s's reserver) into a free slot and start it. */
+/* The log keeps the put of d's job now: start its attempt, unless the job
+ * is no longer this slot's (then finish() counts it lost). */
+static void delivery_durable(struct wal_hold *h)
+{
+    struct delivery *d = (struct delivery *)((char *)h - offsetof(struct delivery, hold));
+    struct sub *s = d->sub;
+    struct bg_job *j = bg_job_find(s->push->engine, d->job_id);
+    if (j && j->state == BG_JOB_RESERVED && j->reserver == &s->holder && j->reserves == d->reserves) {
+        attempt_start(d, j, s->push->now());
+        return;
+    }
+    d->failure = BG_PUSH_FAIL_CONNECT;
+    attempt_ended(d);
+}
+
+/* Take job j (just reserved by s's reserver) into a free slot and start it
+ * once the log keeps its put (at once, mostly). */
 static void take(struct sub *s, struct bg_job *j, bg_time now)
 {
     bg_reservation_transfer(j, &s->holder); /* room was reserved at start */
@@ -509,7 +528,17 @@ static void take(struct sub *s, struct bg_job *j, bg_time now)
     /* in_flight < concurrency when the reserver reserves: a slot is free */
     d->busy = 1;
     s->in_flight++;
-    attempt_start(d, j, now);
+    uint64_t pos = bg_engine_job_position(s->push->engine, j);
+    if (wal_reply_may_go(s->push->wal, pos)) {
+        attempt_start(d, j, now);
+        return;
+    }
+    d->job_id = j->id;
+    d->reserves = j->reserves;
+    d->status = 0;
+    d->done = 0;
+    d->started = now;
+    wal_hold(s->push->wal, &d->hold, pos, delivery_durable);
 }
 
 /* ---- the reserver ----------------------------------------------------------- */
@@ -787,6 +816,11 @@ struct push *push_start(const struct push_setup *setup, struct event_base *base,
     return p;
 }
 
+void push_set_log(struct push *p, struct wal *w)
+{
+    if (p) p->wal = w;
+}
+
 int push_stop(struct push *p, void (*done)(void *), void *arg)
 {
     if (!p || p->stopping) return 0;
@@ -824,6 +858,7 @@ void push_free(struct push *p)
         struct sub *s = &p->subs[i];
         for (uint32_t k = 0; s->slots && k < s->spec.concurrency; k++) {
             struct delivery *d = &s->slots[k];
+            wal_unhold(p->wal, &d->hold);
             if (d->req) {
                 d->cancelling = 1;
                 evhttp_cancel_request(d->req);

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "../core/core.h"
+#include "../io/wal.h"
 
 #define PUSH_GRACE_DEFAULT 10     /* seconds SIGTERM lets deliveries finish */
 #define PUSH_GRACE_MAX 3600
@@ -53,6 +54,9 @@ struct push;
 struct push *push_start(const struct push_setup *setup, struct event_base *base,
                         struct bg_engine *engine, bg_time (*now)(void),
                         void (*changed)(void *), void *arg);
+/* Deliveries wait for the log (io/wal.h): a job is POSTed only once the
+ * log keeps its put (ids and bodies never escape before). NULL: no log. */
+void push_set_log(struct push *p, struct wal *w);
 /* SIGTERM: stop reserving; deliveries in flight may finish within the grace.
  * Returns 1 when done(arg) will be called later (all finished, or the grace
  * ran out), 0 when nothing is in flight or stopping had begun already (a

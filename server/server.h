@@ -111,8 +111,9 @@ struct server;
  * listen_desc, beanstalk). 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after a
  * log line. */
 int beanstalk_start(struct server *srv, const struct server_config *cfg);
-/* Close every beanstalk connection and the listener (and its socket file). */
-void beanstalk_stop(struct server *srv);
+/* Send what the log kept (until deadline), close every beanstalk
+ * connection and the listener (and its socket file); conn_server_stop. */
+void beanstalk_stop(struct server *srv, bg_time deadline);
 
 /* ---- gearman.c: the Gearman front-end ----------------------------------- */
 
@@ -121,8 +122,11 @@ struct gearman;
 /* Listen on cfg's Gearman address and serve the protocol on srv's engine.
  * NULL (and a log line) if it cannot listen. */
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
-/* Close every Gearman connection and the listener; NULL does nothing. */
-void gearman_stop(struct gearman *g);
+/* No more accepts or reads (conn_server_stop_reading); NULL does nothing. */
+void gearman_stop_reading(struct gearman *g);
+/* Send what the log kept (until deadline), close every Gearman connection
+ * and the listener; NULL does nothing. */
+void gearman_stop(struct gearman *g, bg_time deadline);
 /* Open Gearman connections; 0 for NULL. */
 uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */

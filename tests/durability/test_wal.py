@@ -1304,13 +1304,15 @@ def test_disk_full_refuses_puts_then_recovers():
         b.cmd(b"ignore default\r\n", b"WATCHING 1\r\n")
         b.cmd(b"reserve-with-timeout 0\r\n", job_reply(b"RESERVED", old[0], acked[old[0]]),
               "reserve during the failure", timeout=2.0)
-        b.cmd(b"delete %d\r\n" % old[0], b"DELETED\r\n", "delete of the reserved job during the failure",
+        # a delete promises the job is gone for good: its DELETED waits
+        # until the log has the record (issue 21, defect 1)
+        b.send(b"delete %d\r\ndelete %d\r\n" % (old[0], old[1]))
+        silent_for(b.sock, QUIET, "DELETED while the log cannot write")
+        q = srv.connect(timeout=2.0)
+        q.cmd(b"peek %d\r\n" % old[2], job_reply(b"FOUND", old[2], acked[old[2]]), "peek during the failure",
               timeout=2.0)
-        b.cmd(b"delete %d\r\n" % old[1], b"DELETED\r\n", "delete of a ready job during the failure", timeout=2.0)
-        b.cmd(b"peek %d\r\n" % old[2], job_reply(b"FOUND", old[2], acked[old[2]]), "peek during the failure",
-              timeout=2.0)
+        q.close()
         del acked[old[0]], acked[old[1]]
-        b.close()
         # a second refusal, still failing
         p = srv.connect(timeout=2.0)
         p.cmd(put_cmd(b"still failing"), b"OUT_OF_MEMORY\r\n", "put while the limit is still there", timeout=2.0)
@@ -1339,6 +1341,8 @@ def test_disk_full_refuses_puts_then_recovers():
     log("disk full: OUT_OF_MEMORY at put attempt %d; puts accepted again %.2f s after the limit was lifted; "
         "%d put(s) were held until then" % (refused_at, took, len(held)))
     check("event=wal_recovered" in srv.stderr(), "stderr has no event=wal_recovered: %s" % srv.stderr()[-600:])
+    b.expect(b"DELETED\r\nDELETED\r\n", "the deletes once the log took them", timeout=10.0)
+    b.close()
     for p, body in held:
         jid = read_inserted(p, "held put after the recovery")
         acked[jid] = body
@@ -2113,6 +2117,369 @@ def test_sigterm_under_load_f0():
     check_sigterm_under_load(["-f", "0"], "f0")
 
 
+# ---- 9. when a reply may go (issue 21) -------------------------------------------------------
+
+QUIET = 1.5               # a reply that must not come is waited for this long
+
+
+def fail_next_write(srv, d):
+    """The log's next write past the newest segment's end fails (RLIMIT_FSIZE)."""
+    set_fsize(srv.proc.pid, max(segments(d).values()) + 64)
+
+
+def wait_log_failed(srv, what):
+    testlib.wait_until(lambda: "event=wal_failure" in srv.stderr(), "event=wal_failure (%s)" % what,
+                       timeout=10.0)
+
+
+def silent_for(sock, seconds, what):
+    """Nothing arrives on sock for `seconds` (a reply that must not be sent yet)."""
+    sock.settimeout(seconds)
+    try:
+        got = sock.recv(4096)
+    except socket.timeout:
+        return
+    raise AssertionError("%s: got %s, want nothing yet" % (what, show(got)))
+
+
+class HttpPut(threading.Thread):
+    """One HTTP put in the background: status (None: the connection closed
+    without one) and body."""
+
+    def __init__(self, port, tube, body, headers=None, timeout=30.0):
+        super().__init__(daemon=True)
+        self.args = (port, tube, body, headers or {}, timeout)
+        self.status = self.doc = self.error = self.answered_at = None
+
+    def run(self):
+        port, tube, body, headers, timeout = self.args
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            conn.request("POST", "/tubes/%s/jobs" % tube, body=body, headers=headers)
+            resp = conn.getresponse()
+            self.answered_at = time.monotonic()
+            self.status = resp.status
+            self.doc = json.loads(resp.read() or b"null")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.error = "%s: %s" % (type(e).__name__, e)
+        finally:
+            conn.close()
+
+
+def test_failed_log_holds_replies():
+    """Defect 1: with -f 0, after the log failed a write, a DELETED on
+    another connection is not sent until the log holds the delete; once it
+    was sent, the job does not come back after SIGKILL and a restart."""
+    d = new_dir("failed_log_holds")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    jid = put(c, b"to be deleted")
+    fail_next_write(srv, d)
+    c.send(put_cmd(b"x" * 500))      # its write fails: the log is failing from here
+    wait_log_failed(srv, "a put past the file-size limit")
+    other = srv.connect()
+    other.send(b"delete %d\r\n" % jid)
+    silent_for(other.sock, QUIET, "DELETED while the log cannot write")
+    set_fsize(srv.proc.pid, None)    # the retry (once a second) gets it on disk
+    other.expect(b"DELETED\r\n", "DELETED once the log took it", timeout=15.0)
+    srv.kill()
+    srv.start()
+    c = srv.connect()
+    c.cmd(b"peek %d\r\n" % jid, b"NOT_FOUND\r\n", "the deleted job after SIGKILL and a restart")
+    srv.stop_checked()
+
+
+def test_reserve_waits_for_the_put():
+    """A reply that only shows a job (RESERVED) is not sent before the job's
+    put is on disk: its id and body never escape before the put is kept."""
+    d = new_dir("reserve_waits")
+    srv = Server(d, ["-f", "0"]).start()
+    c = srv.connect()
+    put(c, b"first")
+    fail_next_write(srv, d)
+    c.send(put_cmd(b"y" * 500))
+    wait_log_failed(srv, "a put past the file-size limit")
+    w = srv.connect()
+    w.cmd(b"reserve-with-timeout 0\r\n", b"RESERVED ", "the kept job is reserved at once")
+    w.read_line()
+    w.read_line()
+    w.send(b"reserve-with-timeout 0\r\n")
+    silent_for(w.sock, QUIET, "RESERVED of a job whose put is not on disk")
+    srv.kill()
+    srv.start()
+    srv.stop_checked()
+
+
+def test_waiting_reserve_gets_the_job_after_its_sync():
+    """A worker waiting in `reserve` is handed a new job inside the put: its
+    RESERVED (id and body) goes no earlier than the put's INSERTED, once
+    the put is synced (-f 0, sync delay)."""
+    d = new_dir("waiting_reserve")
+    faults = disk_faults("waiting_reserve")
+    srv = Server(d, ["-f", "0"], env=faults.env()).start()
+    w = srv.connect(timeout=20.0)
+    w.send(b"reserve\r\n")
+    silent_for(w.sock, 0.2, "reserve with nothing ready")
+    delay = 1.5
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    c = srv.connect(timeout=20.0)
+    t0 = time.monotonic()
+    c.send(put_cmd(b"fresh"))
+    w.expect(b"RESERVED ", "the waiting worker's job", timeout=20.0)
+    took = time.monotonic() - t0
+    log("waiting reserve: RESERVED %.2f s after the put" % took)
+    check(took >= delay * 0.75, "RESERVED came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    read_inserted(c, "the put")
+    faults.clear()
+    srv.stop_checked()
+
+
+def test_sigterm_never_sends_a_response_the_log_lacks():
+    """Defect 3: SIGTERM while an HTTP put (-f 0) is held because the disk
+    fails: no 201, and the job is not there after a restart."""
+    d = new_dir("sigterm_held_http")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    status, _ = http_put(srv.http_port, "t", b"before")
+    check_eq(status, 201, "HTTP put before the failure")
+    fail_next_write(srv, d)
+    req = HttpPut(srv.http_port, "t", b"z" * 500)
+    req.start()
+    wait_log_failed(srv, "an HTTP put past the file-size limit")
+    check(req.is_alive(), "the held put was answered while the log failed: %r %r" % (req.status, req.doc))
+    status, took = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
+    check(status is not None, "server did not exit after SIGTERM")
+    req.join(10)
+    check(req.status != 201, "the held put got 201 at SIGTERM although the log never had it: %r" % (req.doc,))
+    srv.start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=5.0)
+    conn.request("GET", "/tubes/t")
+    doc = json.loads(conn.getresponse().read())
+    conn.close()
+    check_eq(doc.get("current_jobs_ready"), 1, "jobs in tube t after the restart (%r)" % (doc,))
+    srv.stop_checked()
+
+
+def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
+    """Defect 3 on a slow disk (BEANGATE_TEST_DISK_FAULTS: sync delay): a
+    -f 0 HTTP put held for its sync at SIGTERM gets its 201 only once the
+    sync is done (the stop finishes the log first), never at the signal;
+    the job is there after a restart."""
+    d = new_dir("sigterm_stalled_http")
+    faults = disk_faults("sigterm_stalled_http")
+    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
+    delay = 2.0
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    t0 = time.monotonic()
+    req = HttpPut(srv.http_port, "t", b"slow")
+    req.start()
+    req.join(0.3)
+    check(req.is_alive(), "the put was answered before its sync: %r" % (req.status,))
+    status, _ = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
+    check_eq(status, 0, "exit status after SIGTERM")
+    req.join(10)
+    check_eq(req.status, 201, "the held put's answer once the log kept it (%s)" % req.error)
+    took = req.answered_at - t0
+    log("stalled disk: 201 %.2f s after the put" % took)
+    check(took >= delay * 0.75, "201 came %.2f s after the put, before its %.1f s sync ended" % (took, delay))
+    faults.clear()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % req.doc["id"])
+    check_eq(read_peek(c, req.doc["id"]), b"slow", "the acknowledged job after the restart")
+    srv.stop_checked()
+
+
+def test_idempotent_replay_waits_for_the_original():
+    """Defect 4: a replay under the same Idempotency-Key is not answered 201
+    before the original put is on disk."""
+    d = new_dir("idem_replay")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    status, _ = http_put(srv.http_port, "t", b"before")
+    check_eq(status, 201, "HTTP put before the failure")
+    fail_next_write(srv, d)
+    body = b"k" * 500
+    first = HttpPut(srv.http_port, "t", body, {"Idempotency-Key": "once"})
+    first.start()
+    wait_log_failed(srv, "a keyed put past the file-size limit")
+    replay = HttpPut(srv.http_port, "t", body, {"Idempotency-Key": "once"})
+    replay.start()
+    replay.join(QUIET)
+    check(replay.is_alive(), "the replay was answered before the original was on disk: %r %r"
+          % (replay.status, replay.doc))
+    set_fsize(srv.proc.pid, None)
+    first.join(20)
+    replay.join(20)
+    check_eq((first.status, replay.status), (201, 201), "both answers once the log took the put")
+    check_eq(replay.doc.get("id"), first.doc.get("id"), "the replay's job")
+    srv.kill()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % first.doc["id"])
+    check(read_peek(c, first.doc["id"]) == body, "the acknowledged job after SIGKILL and a restart")
+    srv.stop_checked()
+
+
+def test_idempotent_replay_waits_on_a_slow_disk():
+    """Defect 4 on a slow disk (sync delay): the replay's 201 does not come
+    before the original's sync ended."""
+    d = new_dir("idem_slow")
+    faults = disk_faults("idem_slow")
+    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
+    delay = 2.0
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    t0 = time.monotonic()
+    first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    first.start()
+    first.join(0.3)
+    replay = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
+    replay.start()
+    first.join(20)
+    replay.join(20)
+    check_eq((first.status, replay.status), (201, 201), "both answers")
+    took = replay.answered_at - t0
+    log("slow disk: the replay answered %.2f s after the original put" % took)
+    check(took >= delay * 0.75, "the replay's 201 came %.2f s after the put, before its %.1f s sync ended"
+          % (took, delay))
+    faults.clear()
+    srv.stop_checked()
+
+
+class TcpPutter(threading.Thread):
+    """Pipelines puts of unique bodies, 10 per write, until the connection
+    ends: acked (bodies answered INSERTED), unanswered (sent, no answer)."""
+
+    def __init__(self, srv, prefix):
+        super().__init__(daemon=True)
+        self.srv, self.prefix = srv, prefix
+        self.acked, self.unanswered = [], []
+        self.error = None
+
+    def run(self):
+        n = 0
+        try:
+            c = self.srv.connect(timeout=30.0)
+        except OSError as e:
+            self.error = str(e)
+            return
+        try:
+            while True:
+                bodies = [b"%s-%d" % (self.prefix, n + i) for i in range(10)]
+                n += 10
+                try:
+                    c.send(b"".join(put_cmd(b) for b in bodies))
+                except ConnLost:
+                    self.unanswered += bodies
+                    return
+                for k, b in enumerate(bodies):
+                    try:
+                        line = c.read_line(timeout=30.0)
+                    except (ConnLost, OSError):
+                        self.unanswered += bodies[k:]
+                        return
+                    if not line.startswith(b"INSERTED "):
+                        self.error = "put: %s" % show(line)
+                        return
+                    self.acked.append(b)
+        except AssertionError as e:
+            self.error = str(e)
+        finally:
+            c.close()
+
+
+class HttpPutter(threading.Thread):
+    """HTTP puts of unique bodies until the server goes: acked (201),
+    refused (503: nothing done), unanswered (no status)."""
+
+    def __init__(self, srv, prefix):
+        super().__init__(daemon=True)
+        self.srv, self.prefix = srv, prefix
+        self.acked, self.refused, self.unanswered = [], [], []
+        self.error = None
+
+    def run(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.http_port, timeout=30.0)
+        n = 0
+        try:
+            while True:
+                body = b"%s-%d" % (self.prefix, n)
+                n += 1
+                try:
+                    conn.request("POST", "/tubes/default/jobs", body=body)
+                    resp = conn.getresponse()
+                    resp.read()
+                except (OSError, http.client.HTTPException):
+                    self.unanswered.append(body)
+                    return
+                if resp.status == 201:
+                    self.acked.append(body)
+                elif resp.status == 503:
+                    self.refused.append(body)
+                    return
+                else:
+                    self.error = "put: status %d" % resp.status
+                    return
+        finally:
+            conn.close()
+
+
+def drain_bodies(srv):
+    """Every job's body (reserve and delete each)."""
+    c = srv.connect(timeout=10.0)
+    bodies = []
+    while True:
+        c.send(b"reserve-with-timeout 0\r\n")
+        line = c.read_line()
+        if line == b"TIMED_OUT\r\n":
+            break
+        check(line.startswith(b"RESERVED "), "drain: %s" % show(line))
+        jid, n = (int(x) for x in line[9:-2].split())
+        bodies.append(c.read_exact(n + 2)[:-2])
+        c.cmd(b"delete %d\r\n" % jid, b"DELETED\r\n", "drain: delete")
+    c.close()
+    return bodies
+
+
+def test_sigterm_answers_every_kept_put():
+    """Defect 6: puts in flight over TCP and HTTP at SIGTERM (-f 0): every
+    put the log kept was answered, so after a restart the jobs are exactly
+    the answered puts; a client that retries only unanswered puts stores
+    each body once."""
+    rng = random.Random(SEED + 21)
+    d = new_dir("sigterm_answers")
+    srv = Server(d, ["-f", "0"], http=True).start()
+    clients = [TcpPutter(srv, b"tcp%d" % i) for i in range(6)] + [HttpPutter(srv, b"http%d" % i) for i in range(4)]
+    for t in clients:
+        t.start()
+    testlib.wait_until(lambda: sum(len(t.acked) for t in clients), "puts answered under load",
+                       timeout=20.0, ok=lambda n: n >= 200)
+    time.sleep(rng.uniform(0.0, 0.3))  # the point: SIGTERM at a random moment of the load
+    srv.stop_checked(STOP_TIMEOUT + 15)
+    for t in clients:
+        t.join(30)
+        check(not t.is_alive(), "a client still runs after the server stopped")
+        check(t.error is None, "client: %s" % t.error)
+    acked = [b for t in clients for b in t.acked]
+    retry = [b for t in clients for b in t.unanswered + getattr(t, "refused", [])]
+    srv.start()
+    stored = drain_bodies(srv)
+    extra = sorted(set(stored) - set(acked))
+    missing = sorted(set(acked) - set(stored))
+    log("sigterm: %d puts answered, %d unanswered or refused, %d jobs after the restart"
+        % (len(acked), len(retry), len(stored)))
+    check(not missing, "%d answered puts missing after the restart (e.g. %s)" % (len(missing), missing[:5]))
+    check(not extra, "%d puts the log kept were never answered (a retry stores them twice), e.g. %s"
+          % (len(extra), extra[:5]))
+    check_eq(len(stored), len(set(stored)), "jobs after the restart without duplicates")
+    # the client retries what was not answered: each body is stored once
+    c = srv.connect()
+    for b in retry:
+        put(c, b)
+    c.close()
+    again = drain_bodies(srv)
+    check_eq(sorted(again), sorted(set(retry)), "the retried puts, each once")
+    srv.stop_checked()
+
+
 # ---- 8. binlog stats ----------------------------------------------------------------------
 
 def test_binlog_stats():
@@ -2242,6 +2609,14 @@ TESTS = [
     test_can_do_timeout_ttr_survives_restart,
     test_disk_full_http_says_log_unavailable,
     test_failed_batch_retried_once_a_second,
+    test_failed_log_holds_replies,
+    test_reserve_waits_for_the_put,
+    test_waiting_reserve_gets_the_job_after_its_sync,
+    test_sigterm_never_sends_a_response_the_log_lacks,
+    test_sigterm_on_a_stalled_disk_answers_after_the_sync,
+    test_idempotent_replay_waits_for_the_original,
+    test_idempotent_replay_waits_on_a_slow_disk,
+    test_sigterm_answers_every_kept_put,
 ]
 
 

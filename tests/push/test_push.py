@@ -624,6 +624,31 @@ def test_kill_with_binlog_loses_nothing():
             check_eq(sorted(delivered), sorted(ids), "every job answered 2xx")
 
 
+def test_delivery_waits_for_the_put_on_disk():
+    """Issue 21: a job is POSTed only once the log keeps its put (-f 0 on a
+    slow disk, BEANGATE_TEST_DISK_FAULTS sync delay): its id and body never
+    reach a receiver before its INSERTED may go."""
+    delay = 1.5
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        faults = testlib.DiskFaults(os.path.join(work, "faults"))
+        logdir = os.path.join(work, "log")
+        os.makedirs(logdir)
+        with Receiver() as rx, Server(["-b", logdir, "-f", "0"] + push_arg("slow", rx.url("/slow")),
+                                      env=faults.env()) as srv:
+            faults.set(["sync delay %dms" % int(delay * 1000)])
+            with socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=10) as s:
+                t0 = time.monotonic()
+                s.sendall(b"use slow\r\nput 0 0 60 4\r\nslow\r\n")
+                wait_until(lambda: rx.got("/slow"), "the delivery", 15)
+                took = rx.got("/slow")[0]["arrived"] - t0
+                f = s.makefile("rb")
+                check_eq(f.readline(), b"USING slow\r\n", "use")
+                check(f.readline().startswith(b"INSERTED "), "the put's answer")
+            check(took >= delay * 0.75, "the job was delivered %.2f s after its put, before its %.1f s sync "
+                  "ended" % (took, delay))
+            faults.clear()
+
+
 # Start a server with args, put body on tube (pushed to rx's /tube), SIGTERM it once the
 # delivery has started and check it exits 0: (the job's id, seconds from SIGTERM to exit).
 def sigterm_during_delivery(args, rx, tube, body):
@@ -750,6 +775,7 @@ TESTS = [
     test_documented_service_refuses_forgeries,
     test_restart_with_binlog_midway,
     test_kill_with_binlog_loses_nothing,
+    test_delivery_waits_for_the_put_on_disk,
     test_sigterm_during_delivery,
     test_pause_and_other_protocols,
     test_settings_and_refusals,

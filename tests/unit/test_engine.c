@@ -2364,7 +2364,7 @@ static void log_saved(void *ctx, const struct bg_job *j, int with_body)
 }
 static void log_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
 static void log_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
-static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused};
+static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused, NULL};
 
 /* bg_set_ttr: the new TTR runs from now and reaches the log (a Gearman
  * CAN_DO_TIMEOUT); only the reserver may set it. */

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "../../gateway/gateway.h"
+#include "../../io/loop.h"
 #include "tempdir.h"
 
 /* ---- routing ----------------------------------------------------------- */
@@ -322,7 +323,7 @@ static void live_start(struct live *l)
 
 static void live_stop(struct live *l)
 {
-    gateway_stop(l->gw);
+    gateway_stop(l->gw, loop_now() + BG_SECOND);
     wal_close(l->wal);
     bg_engine_destroy(&l->engine);
     event_base_free(l->base);
@@ -436,9 +437,9 @@ static void test_match_once(void **state)
     /* a put whose answer waits for the log: held while nothing reaches the
      * disk, answered once its record is there. The log must be idle first:
      * a batch still in flight hands the next one over when it ends. */
-    uint64_t last = wal_mark(l.wal);
-    for (int i = 0; i < 5000 && !wal_reached(l.wal, last); i++) live_turn(&l);
-    assert_true(wal_reached(l.wal, last));
+    uint64_t last = l.engine.reply_pos; /* the reservation's answer waited for the put */
+    for (int i = 0; i < 5000 && !wal_reply_may_go(l.wal, last); i++) live_turn(&l);
+    assert_true(wal_reply_may_go(l.wal, last));
     l.log_paused = 1;
     fd = live_connect(&l, "POST /tubes/h/jobs HTTP/1.1\r\n" CLOSE "Content-Length: 4\r\n\r\nheld");
     live_until(&l, &l.gw->held);
@@ -858,17 +859,19 @@ static void test_idempotency(void **state)
     assert_non_null(t);
     uint64_t id = 0;
     const char *st = NULL;
+    uint64_t pos = 0;
     bg_time t0 = 100 * BG_SECOND;
     struct gw_put_request req = put_req("emails", "hello");
-    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0, &id, &st), GW_IDEM_NEW);
-    assert_int_equal(gw_idempotency_remember(t, "k1", &req, 9, "delayed", t0), 0);
-    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0 + BG_SECOND, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0, &id, &st, &pos), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_remember(t, "k1", &req, 9, "delayed", 42, t0), 0);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, t0 + BG_SECOND, &id, &st, &pos), GW_IDEM_SAME);
+    assert_int_equal(pos, 42); /* a replay's answer waits for the original's log position */
     assert_int_equal(id, 9);
     assert_string_equal(st, "delayed");
-    assert_int_equal(gw_idempotency_lookup(t, "k2", &req, t0, &id, &st), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "k2", &req, t0, &id, &st, &pos), GW_IDEM_NEW);
     bg_time late = t0 + (bg_time)GW_IDEMPOTENCY_WINDOW_S * BG_SECOND;
-    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late - 1, &id, &st), GW_IDEM_SAME);
-    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late, &id, &st), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late - 1, &id, &st, &pos), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, "k1", &req, late, &id, &st, &pos), GW_IDEM_NEW);
     static const char *const keys[] = {"a", "order-123", "x~!@#$%^&*()_+"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) assert_true(gw_idempotency_valid_key(keys[i]));
     char too_long[GW_IDEMPOTENCY_KEY_MAX + 2];
@@ -890,11 +893,12 @@ static void test_idempotency_fingerprint(void **state)
     assert_non_null(t);
     static const char body[] = "pay 10\0EUR";
     struct gw_put_request first = {"pay", 5, 0, 30, body, sizeof body - 1};
-    assert_int_equal(gw_idempotency_remember(t, "k", &first, 7, "ready", 0), 0);
+    assert_int_equal(gw_idempotency_remember(t, "k", &first, 7, "ready", 0, 0), 0);
     uint64_t id = 0;
     const char *st = NULL;
+    uint64_t pos = 0;
     struct gw_put_request same = first;
-    assert_int_equal(gw_idempotency_lookup(t, "k", &same, 0, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, "k", &same, 0, &id, &st, &pos), GW_IDEM_SAME);
     assert_int_equal(id, 7);
     struct gw_put_request other[7];
     for (int i = 0; i < 7; i++) other[i] = first;
@@ -905,9 +909,9 @@ static void test_idempotency_fingerprint(void **state)
     other[4].body = "pay 10\0USD";
     other[5].len = sizeof body - 2;          /* a prefix of the body */
     other[6].body = "pay 99\0EUR";
-    assert_int_equal(gw_idempotency_lookup(t, "k", &other[0], 0, &id, &st), GW_IDEM_OTHER_TUBE);
+    assert_int_equal(gw_idempotency_lookup(t, "k", &other[0], 0, &id, &st, &pos), GW_IDEM_OTHER_TUBE);
     for (int i = 1; i < 7; i++)
-        if (gw_idempotency_lookup(t, "k", &other[i], 0, &id, &st) != GW_IDEM_OTHER_REQUEST)
+        if (gw_idempotency_lookup(t, "k", &other[i], 0, &id, &st, &pos) != GW_IDEM_OTHER_REQUEST)
             fail_msg("changed field %d: not a mismatch", i);
     gw_idempotency_free(t);
 }
@@ -919,17 +923,17 @@ static void test_idempotency_bounded(void **state)
     struct gw_idempotency *t = gw_idempotency_new(table_key);
     char key[32];
     struct gw_put_request req = put_req("t", "x");
+    uint64_t id = 0, pos = 0;
+    const char *st = NULL;
     for (int i = 0; i < GW_IDEMPOTENCY_MAX + 10; i++) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(gw_idempotency_remember(t, key, &req, (uint64_t)i, "ready", 0), 0);
+        assert_int_equal(gw_idempotency_remember(t, key, &req, (uint64_t)i, "ready", 0, 0), 0);
     }
-    uint64_t id;
-    const char *st;
-    assert_int_equal(gw_idempotency_lookup(t, "key-0", &req, 0, &id, &st), GW_IDEM_NEW);
-    assert_int_equal(gw_idempotency_lookup(t, "key-9", &req, 0, &id, &st), GW_IDEM_NEW);
-    assert_int_equal(gw_idempotency_lookup(t, "key-10", &req, 0, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, "key-0", &req, 0, &id, &st, &pos), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "key-9", &req, 0, &id, &st, &pos), GW_IDEM_NEW);
+    assert_int_equal(gw_idempotency_lookup(t, "key-10", &req, 0, &id, &st, &pos), GW_IDEM_SAME);
     snprintf(key, sizeof key, "key-%d", GW_IDEMPOTENCY_MAX + 9);
-    assert_int_equal(gw_idempotency_lookup(t, key, &req, 0, &id, &st), GW_IDEM_SAME);
+    assert_int_equal(gw_idempotency_lookup(t, key, &req, 0, &id, &st, &pos), GW_IDEM_SAME);
     assert_int_equal(id, GW_IDEMPOTENCY_MAX + 9);
     gw_idempotency_free(t);
 }

@@ -61,7 +61,7 @@ static void journal_saved(void *ctx, const struct bg_job *j, int with_body)
 }
 static void journal_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
 static void journal_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
-static const struct bg_journal_ops journal = {journal_saved, journal_deleted, journal_paused};
+static const struct bg_journal_ops journal = {journal_saved, journal_deleted, journal_paused, NULL};
 
 static void output_ready(struct bg_stream *st)
 {
