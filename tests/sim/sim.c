@@ -104,20 +104,23 @@ struct sim {
 };
 
 /* ---- THE REPLY RULE: the one place this simulator decides when a reply
- * may go (the -f 0 rule). Today that is io/conn.c's: a session's replies
- * wait for the log's mark as of the last command of it that appended a
- * record, and may go once wal_reached says that mark is on disk. ---- */
+ * may go (the -f 0 rule), as io/conn.c does: a command starts with the
+ * engine's reply_pos at 0; what it changed or showed raises it (the log's
+ * hooks, bg_engine_show_job); a session's replies depend on the highest
+ * position any of its commands reached, and go once wal_reply_may_go says
+ * the log keeps it. ---- */
 
-static void reply_rule_after_command(struct sim *s, struct sim_client *c, uint64_t mark_before)
+static void reply_rule_before_command(struct sim *s) { s->engine.reply_pos = 0; }
+
+static void reply_rule_after_command(struct sim *s, struct sim_client *c)
 {
-    uint64_t after = wal_mark(s->wal);
-    if (after > mark_before) c->mark = after;
+    if (s->engine.reply_pos > c->mark) c->mark = s->engine.reply_pos;
 }
 
 static int reply_may_go(void *ctx, uint64_t mark)
 {
     struct sim *s = ctx;
-    return wal_reached(s->wal, mark);
+    return wal_reply_may_go(s->wal, mark);
 }
 
 /* ---- the engine's records, noted on their way to the log ---- */
@@ -154,7 +157,16 @@ static void hook_tube_paused(void *ctx, const struct bg_tube *t)
     wal_journal_ops.tube_paused(s->wal, t);
 }
 
-static const struct bg_journal_ops sim_journal_ops = {hook_job_saved, hook_job_deleted, hook_tube_paused};
+static void hook_job_shown(void *ctx, uint64_t id)
+{
+    struct sim *s = ctx;
+    wal_journal_ops.job_shown(s->wal, id);
+}
+
+static const struct bg_journal_ops sim_journal_ops = {
+    .job_saved = hook_job_saved, .job_deleted = hook_job_deleted, .tube_paused = hook_tube_paused,
+    .job_shown = hook_job_shown,
+};
 
 static const char *const tube_names[SIM_TUBES] = {"default", "t1", "t2"};
 
@@ -296,7 +308,7 @@ static void command(struct sim *s)
 {
     struct sim_client *c = pick_client(s);
     bg_time now = loop_now();
-    uint64_t before = wal_mark(s->wal);
+    reply_rule_before_command(s);
     size_t from = s->model.nlog;
     unsigned op = (unsigned)rng_below(&s->rng, 100);
     if (s->sch.churn && (s->step / 80) % 2 && rng_below(&s->rng, 2)) op = 54; /* a phase of deletes */
@@ -322,6 +334,7 @@ static void command(struct sim *s)
         what = "reserve";
         if (r == 0) {
             id = j->id;
+            bg_engine_show_job(&s->engine, j); /* RESERVED shows it */
             note_shown(s, id);
         }
     } else if (op < 70) {
@@ -354,7 +367,7 @@ static void command(struct sim *s)
         r = bg_pause_tube(&s->engine, tube_names[rng_below(&s->rng, SIM_TUBES)], (uint32_t)rng_below(&s->rng, 4), now);
         what = "pause-tube";
     }
-    reply_rule_after_command(s, c, before);
+    reply_rule_after_command(s, c);
     model_set_mark(&s->model, from, c->mark);
     if (s->verbose)
         printf("  step %llu t=%.3f client %d %s id=%llu -> %d mark=%llu\n", (unsigned long long)s->step,
@@ -566,6 +579,18 @@ static const struct sim_case regression_cases[] = {
      * recover() refused the log as damaged (BG_CORRUPT, "wal_refused")
      * instead of failing the start as an I/O error that a restart clears */
     {"torn-tail-cut-io-error", 12246, "a failed cut of a torn tail is an I/O error, not damage"},
+    /* defect 1: wal_mark answered 0 while the log had failed, so a DELETED
+     * went at once; the machine stopped; the job was back */
+    {"delete-acked-while-log-failed", 3822, "job 2 is back, but its delete was acknowledged"},
+    /* defect 1 again: a RELEASED with a new priority, a BURIED, a BURIED
+     * of a job whose put had not reached the disk */
+    {"release-acked-while-log-failed", 10666, "job 1 has priority 0, acknowledged 200"},
+    {"bury-acked-while-log-failed", 14619, "job 2 is not buried, acknowledged buried"},
+    {"bury-acked-before-put-kept", 9133, "job 8 is lost: its put was acknowledged"},
+    /* RESERVED showed a job whose put was not synced (the reserving
+     * session had appended nothing, so its reply waited for nothing); the
+     * machine stopped, the put was lost and its id given to the next put */
+    {"reserved-before-put-kept", 2233, "id reuse: the next id is 1, but a reply showed id 2"},
     {NULL, 0, NULL},
 };
 
@@ -573,18 +598,6 @@ static const struct sim_case regression_cases[] = {
  * expected failures (a pass is reported too: move it to the list above).
  * Each names the defect of issue 21 it shows. */
 static const struct sim_case expected_to_fail[] = {
-    /* defect 1: wal_mark answers 0 while the log has failed, so a DELETED
-     * goes at once; the machine stops; the job is back */
-    {"delete-acked-while-log-failed", 3822, "job 2 is back, but its delete was acknowledged"},
-    /* defect 1 again: a RELEASED with a new priority, a BURIED, a BURIED
-     * of a job whose put had not reached the disk */
-    {"release-acked-while-log-failed", 10666, "job 1 has priority 0, acknowledged 200"},
-    {"bury-acked-while-log-failed", 14619, "job 2 is not buried, acknowledged buried"},
-    {"bury-acked-before-put-kept", 9133, "job 8 is lost: its put was acknowledged"},
-    /* RESERVED shows a job whose put is not synced (the reserving session
-     * appended nothing, so its reply waits for nothing); the machine stops,
-     * the put is lost and its id is given to the next put */
-    {"reserved-before-put-kept", 2233, "id reuse: the next id is 1, but a reply showed id 2"},
     /* defect 5: a failed fdatasync forgets the new segment's header and
      * first batch; the batch is written again and synced, the header is
      * not: after a crash the segment has no header and records after it,
