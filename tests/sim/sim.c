@@ -710,6 +710,8 @@ static int run_and_report(uint64_t seed, const struct run_options *o, int verbos
 
 /* ---- crash-point enumeration ---- */
 
+#define CRASH_POINT_STEPS 120 /* a workload short enough to stop at each of its calls */
+
 /* Run seed's workload (short, no faults) once to count its storage calls;
  * then for every call k, run it again with the machine stopping before
  * call k, and recover keeping none, all, each prefix and some subsets of
@@ -879,7 +881,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (have_seed) {
         struct run_options o = {.crash_at = crash_at, .keep = (enum crash_keep)keep, .keep_k = keep_k};
-        if (crash_at) o.steps = 60, o.no_faults = 1;
+        if (crash_at) o.steps = CRASH_POINT_STEPS, o.no_faults = 1;
         return run_and_report(seed, &o, verbose, NULL) == RUN_PASS ? 0 : 1;
     }
     struct timespec t0;
@@ -887,7 +889,7 @@ int main(int argc, char **argv)
     if (points) {
         uint64_t runs = 0;
         int failed = 0;
-        for (uint64_t k = 0; k < points; k++) failed += crash_points(start + k, 60, &runs);
+        for (uint64_t k = 0; k < points; k++) failed += crash_points(start + k, CRASH_POINT_STEPS, &runs);
         printf("crash points: %llu seeds, %llu crash runs, %d failed, %.1f s\n", (unsigned long long)points,
                (unsigned long long)runs, failed, seconds_since(&t0));
         print_failure_kinds();

@@ -57,19 +57,6 @@ void log_event(enum bg_log_level level, const char *event, const char *fmt, ...)
     if (sim_log.echo) printf("  log: %s\n", line);
 }
 
-int log_limit_pass(struct log_limit *l, unsigned long long now, unsigned long long interval,
-                   unsigned long long *held_back)
-{
-    if (now < l->next_at) {
-        l->held_back++;
-        return 0;
-    }
-    *held_back = l->held_back;
-    l->held_back = 0;
-    l->next_at = now + interval;
-    return 1;
-}
-
 /* Values go into the lines as they are: these lines are for people
  * reading a failing seed, not for a parser. */
 const char *log_str(const char *s) { return s ? s : "-"; }

@@ -281,15 +281,23 @@ static int op_open(struct storage *s, const char *name, int *handle)
     return 0;
 }
 
+/* The start of a mutating call on a handle: its file, or NULL with *err
+ * (EBADF, the crash point, or a failure injected with probability ppm). */
+static struct sfile *call_on(struct fault_storage *fs, int handle, uint32_t ppm, int *err)
+{
+    struct sfile *f = handle_file(fs, handle);
+    *err = !f ? EBADF : step(fs);
+    if (!*err) *err = injected(fs, ppm);
+    return *err ? NULL : f;
+}
+
 static int op_pwrite(struct storage *s, int handle, const void *p, size_t n, uint64_t off, size_t *written)
 {
     struct fault_storage *fs = fs_of(s);
-    struct sfile *f = handle_file(fs, handle);
+    int e;
+    struct sfile *f = call_on(fs, handle, fs->rates.pwrite, &e);
     *written = 0;
-    if (!f) return EBADF;
-    int e = step(fs);
-    if (!e) e = injected(fs, fs->rates.pwrite);
-    if (e) return e;
+    if (!f) return e;
     size_t n_go = n;
     if (n > 1 && rng_ppm(&fs->rng, fs->rates.short_write)) {
         n_go = 1 + (size_t)rng_below(&fs->rng, n - 1);
@@ -304,11 +312,9 @@ static int op_pwrite(struct storage *s, int handle, const void *p, size_t n, uin
 static int op_truncate(struct storage *s, int handle, uint64_t len)
 {
     struct fault_storage *fs = fs_of(s);
-    struct sfile *f = handle_file(fs, handle);
-    if (!f) return EBADF;
-    int e = step(fs);
-    if (!e) e = injected(fs, fs->rates.truncate);
-    if (e) return e;
+    int e;
+    struct sfile *f = call_on(fs, handle, fs->rates.truncate, &e);
+    if (!f) return e;
     bytes_resize(&f->cur, (size_t)len);
     pend_add(f, len, NULL, 0, 1);
     return 0;
