@@ -50,6 +50,7 @@ struct schedule {
     uint8_t churn;             /* phases of deletes after phases of puts: compaction */
     uint8_t graceful_stops;    /* some crashes are graceful stops instead (their own rng) */
     uint8_t sessions;          /* beanstalk sessions through the codec take part (their own rng) */
+    uint8_t recovery_crashes;  /* the machine stops during a recovery too (their own rng) */
 };
 
 /* A seed's schedule: some seeds run without faults, some with a few, some
@@ -78,6 +79,7 @@ static void schedule_of(uint64_t seed, struct schedule *s)
     s->churn = rng_below(&r, 2);
     s->graceful_stops = rng_below(&r, 2);
     s->sessions = rng_below(&r, 3) != 0;
+    s->recovery_crashes = rng_below(&r, 3) == 0;
 }
 
 static const char *const keep_names[] = {"none", "all", "prefix", "subset", "random"};
@@ -104,6 +106,7 @@ struct sim {
     struct sim_rng rng;
     struct sim_rng stop_rng;   /* graceful stops: apart, so that seeds without them run as before */
     struct sim_rng session_rng; /* the beanstalk sessions' commands: likewise */
+    struct sim_rng recovery_rng; /* crashes during a recovery: likewise */
     struct schedule sch;
     struct storage *st;
     struct event_base *base;
@@ -303,15 +306,31 @@ static void session_command(struct sim *s, struct sim_session *ss)
  * model if this is a recovery. 0, or -1 with s->why. */
 static int world_open(struct sim *s, int recovery)
 {
-    if (bg_engine_init(&s->engine, 1 << 16, NULL) != 0) abort();
     struct wal_config cfg = {0};
     cfg.dir = "sim";
     cfg.fsync_ms = 0;
     cfg.segment_size = s->sch.segment_size;
     cfg.storage = s->st;
     cfg.synchronous = 1;
-    sim_log_clear();
-    int r = wal_open(&s->wal, &cfg, &s->engine, s->base, loop_now(), loop_wall_now());
+    int r;
+    for (;;) {
+        if (bg_engine_init(&s->engine, 1 << 16, NULL) != 0) abort();
+        sim_log_clear();
+        /* the machine may stop again while the start recovers (cutting a
+         * torn tail, dropping superseded segments, making the new one) */
+        int again = recovery && s->sch.recovery_crashes && rng_below(&s->recovery_rng, 2);
+        if (again) fault_storage_crash_at(s->st, fault_storage_ops(s->st) + 1 + rng_below(&s->recovery_rng, 6));
+        r = wal_open(&s->wal, &cfg, &s->engine, s->base, loop_now(), loop_wall_now());
+        if (!again || !fault_storage_halted(s->st)) {
+            fault_storage_crash_at(s->st, 0);
+            break;
+        }
+        if (r == 0) wal_close(s->wal);
+        bg_engine_destroy(&s->engine);
+        fault_storage_crash(s->st, s->sch.keep, -1);
+        s->crashes++;
+        if (s->verbose) printf("  crash (machine) during recovery\n");
+    }
     if (r == BG_IO_ERROR) {
         /* a call failed while opening: the operator starts it again (the
          * process stopped; what it wrote is still in the page cache) */
@@ -590,11 +609,12 @@ static int run_seed(uint64_t seed, const struct run_options *o, int verbose, str
     s->rng.state = seed;
     s->stop_rng.state = ~seed;
     s->session_rng.state = seed ^ 0x5e55105e55105e55ull;
+    s->recovery_rng.state = seed ^ 0x4ec04e4ec04e4ec0ull;
     schedule_of(seed, &s->sch);
     if (o->steps) s->sch.steps = o->steps;
     if (o->no_faults) {
         memset(&s->sch.rates, 0, sizeof s->sch.rates);
-        s->sch.crash_ppm = s->sch.slow_sync_ppm = s->sch.graceful_stops = 0;
+        s->sch.crash_ppm = s->sch.slow_sync_ppm = s->sch.graceful_stops = s->sch.recovery_crashes = 0;
     }
     s->base = event_base_new();
     if (!s->base) abort();
@@ -688,9 +708,9 @@ static int run_and_report(uint64_t seed, const struct run_options *o, int verbos
         if (detail) printf("  faults: %llu calls failed, %llu short writes, %llu syncs failed\n", (unsigned long long)fc.failed,
                (unsigned long long)fc.short_writes, (unsigned long long)fc.sync_failed);
         const struct schedule *h = &s.sch;
-        if (detail) printf("  schedule: keep=%s process_crashes=%d graceful_stops=%d sessions=%d crash_ppm=%u slow_sync_ppm=%u segment_size=%llu "
+        if (detail) printf("  schedule: keep=%s process_crashes=%d graceful_stops=%d sessions=%d recovery_crashes=%d crash_ppm=%u slow_sync_ppm=%u segment_size=%llu "
                "faults_ppm: create=%u pwrite=%u short=%u sync=%u sync_dir=%u rename/unlink/truncate=%u\n",
-               keep_names[h->keep], h->process_crashes, h->graceful_stops, h->sessions, h->crash_ppm, h->slow_sync_ppm,
+               keep_names[h->keep], h->process_crashes, h->graceful_stops, h->sessions, h->recovery_crashes, h->crash_ppm, h->slow_sync_ppm,
                (unsigned long long)h->segment_size, h->rates.create, h->rates.pwrite, h->rates.short_write,
                h->rates.sync, h->rates.sync_dir, h->rates.rename);
         if (detail && !verbose) sim_log_print();
