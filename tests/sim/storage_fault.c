@@ -1,5 +1,6 @@
 /* storage_fault.c - the fault-injecting storage (storage_fault.h). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,7 @@ struct pending_op {
 };
 
 struct sfile {
+    char name[64];             /* the name it was made with (for the trace) */
     struct bytes cur, dur;     /* what reads see; what a crash keeps for sure */
     struct pending_op *pend;   /* since the last good sync, in order */
     size_t npend, pend_cap;
@@ -77,6 +79,7 @@ struct fault_storage {
     size_t nhandles;
     uint64_t ops, crash_at;
     int halted, lost_on_sync;
+    int trace;                 /* print every mutating call */
     struct fault_counts counts;
 };
 
@@ -222,6 +225,15 @@ static int step(struct fault_storage *fs)
     return 0;
 }
 
+/* Print call number, what, and its result when tracing. */
+static int traced(struct fault_storage *fs, int e, const char *what, const char *name, uint64_t a, uint64_t b)
+{
+    if (fs->trace)
+        printf("  storage #%llu %s %s %llu %llu -> %s\n", (unsigned long long)fs->ops, what, name ? name : "-",
+               (unsigned long long)a, (unsigned long long)b, e ? strerror(e) : "ok");
+    return e;
+}
+
 /* An injected failure with probability ppm: EIO or ENOSPC; else 0. */
 static int injected(struct fault_storage *fs, uint32_t ppm)
 {
@@ -255,7 +267,8 @@ static int op_create(struct storage *s, const char *name, int *handle)
     struct fault_storage *fs = fs_of(s);
     int e = step(fs);
     if (!e) e = injected(fs, fs->rates.create);
-    if (e) return e;
+    if (e) return traced(fs, e, "create", name, 0, 0);
+    traced(fs, 0, "create", name, 0, 0);
     struct entry *en = names_find(&fs->cur, name);
     struct sfile *f;
     if (en) { /* O_TRUNC of an existing file */
@@ -264,6 +277,7 @@ static int op_create(struct storage *s, const char *name, int *handle)
         pend_add(f, 0, NULL, 0, 1);
     } else {
         f = file_new(fs);
+        snprintf(f->name, sizeof f->name, "%s", name);
         names_set(&fs->cur, name, f);
         dir_op_add(fs, DIR_LINK, name, NULL, f);
     }
@@ -297,12 +311,13 @@ static int op_pwrite(struct storage *s, int handle, const void *p, size_t n, uin
     int e;
     struct sfile *f = call_on(fs, handle, fs->rates.pwrite, &e);
     *written = 0;
-    if (!f) return e;
+    if (!f) return traced(fs, e, "pwrite", NULL, off, n);
     size_t n_go = n;
     if (n > 1 && rng_ppm(&fs->rng, fs->rates.short_write)) {
         n_go = 1 + (size_t)rng_below(&fs->rng, n - 1);
         fs->counts.short_writes++;
     }
+    traced(fs, 0, "pwrite", f->name, off, n_go);
     bytes_write(&f->cur, off, p, n_go);
     pend_add(f, off, p, n_go, 0);
     *written = n_go;
@@ -314,7 +329,8 @@ static int op_truncate(struct storage *s, int handle, uint64_t len)
     struct fault_storage *fs = fs_of(s);
     int e;
     struct sfile *f = call_on(fs, handle, fs->rates.truncate, &e);
-    if (!f) return e;
+    if (!f) return traced(fs, e, "truncate", NULL, len, 0);
+    traced(fs, 0, "truncate", f->name, len, 0);
     bytes_resize(&f->cur, (size_t)len);
     pend_add(f, len, NULL, 0, 1);
     return 0;
@@ -338,8 +354,9 @@ static int op_sync(struct storage *s, int handle)
             fs->lost_on_sync = 1;
         }
         pend_clear(f);
-        return EIO;
+        return traced(fs, EIO, "sync (forgets what was pending)", f->name, keep, 0);
     }
+    traced(fs, e, "sync", f->name, f->npend, 0);
     if (e) return e;
     for (size_t i = 0; i < f->npend; i++) pend_apply(&f->dur, &f->pend[i], f->pend[i].len);
     pend_clear(f);
@@ -351,6 +368,7 @@ static int op_sync_dir(struct storage *s)
     struct fault_storage *fs = fs_of(s);
     int e = step(fs);
     if (!e) e = injected(fs, fs->rates.sync_dir);
+    traced(fs, e, "sync_dir", NULL, fs->ndops, 0);
     if (e) return e;
     names_copy(&fs->dur, &fs->cur);
     dir_ops_clear(fs);
@@ -370,6 +388,7 @@ static int op_unlink(struct storage *s, const char *name)
     struct fault_storage *fs = fs_of(s);
     int e = step(fs);
     if (!e) e = injected(fs, fs->rates.unlink);
+    traced(fs, e, "unlink", name, 0, 0);
     if (e) return e;
     if (!names_find(&fs->cur, name)) return ENOENT;
     names_remove(&fs->cur, name);
@@ -382,6 +401,7 @@ static int op_rename(struct storage *s, const char *from, const char *to)
     struct fault_storage *fs = fs_of(s);
     int e = step(fs);
     if (!e) e = injected(fs, fs->rates.rename);
+    traced(fs, e, "rename", from, 0, 0);
     if (e) return e;
     struct entry *en = names_find(&fs->cur, from);
     if (!en) return ENOENT;
@@ -471,6 +491,8 @@ int fault_storage_halted(const struct storage *s) { return ((const struct fault_
 
 void fault_storage_halt(struct storage *s) { fs_of(s)->halted = 1; }
 
+void fault_storage_trace(struct storage *s, int on) { fs_of(s)->trace = on; }
+
 int fault_storage_lost_on_sync(const struct storage *s)
 {
     return ((const struct fault_storage *)s)->lost_on_sync;
@@ -543,6 +565,12 @@ size_t fault_storage_crash(struct storage *s, enum crash_keep keep, long k)
 {
     struct fault_storage *fs = fs_of(s);
     size_t pending = fault_storage_max_pending(s);
+    if (fs->trace) {
+        printf("  storage: machine stops; unsynced:");
+        for (size_t i = 0; i < fs->nfiles; i++)
+            if (fs->files[i]->npend) printf(" %s(%zu writes)", fs->files[i]->name, fs->files[i]->npend);
+        printf("; directory changes %zu\n", fs->ndops);
+    }
     /* the directory: a prefix of its changes since the last sync */
     size_t dkeep = keep == KEEP_ALL ? fs->ndops : keep == KEEP_NONE ? 0 : (size_t)rng_below(&fs->rng, fs->ndops + 1);
     for (size_t i = 0; i < dkeep; i++) dir_op_apply(&fs->dur, &fs->dops[i]);

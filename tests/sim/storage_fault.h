@@ -47,6 +47,8 @@ uint64_t fault_storage_ops(const struct storage *s);
 void fault_storage_crash_at(struct storage *s, uint64_t n);
 /* Nonzero once the crash point passed (or fault_storage_halt). */
 int fault_storage_halted(const struct storage *s);
+/* Print every mutating call and every crash on stdout (sim -v). */
+void fault_storage_trace(struct storage *s, int on);
 /* Stop the machine now: every later call fails with EIO. */
 void fault_storage_halt(struct storage *s);
 /* The machine restarts: per file keep what `keep` says of its pending
