@@ -4,7 +4,8 @@
  * after each callback, hands them as one batch to the flusher thread, which
  * writes them and (per -f) syncs: every put of a loop turn shares one
  * fsync. An eventfd brings the result back to the loop. With -f 0, replies
- * that depend on a record are held until its batch is synced (server/net.c).
+ * that depend on a record are held until its batch is synced (the rule:
+ * wal_reply_may_go, io/wal.h; positions are record sequences).
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
  * twice the live data (plus one segment), a snapshot of every live job is
@@ -83,6 +84,8 @@ struct wal {
         bg_time next_at;       /* its next attempt, not before */
     } retry;
     struct bg_log_sink_counters disk_sink, stream_sink; /* stats: per sink */
+    int finishing;             /* wal_finish ran: nothing new is handed on by wal_kick */
+    uint64_t finished_seq;     /* appended_seq when it last returned */
     /* compaction: a snapshot is written a chunk per batch (snap_ids: the
      * jobs alive when it began; snap_next: the next one to write) */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */
@@ -109,6 +112,7 @@ struct wal {
     uint64_t durable_id;       /* every put up to this id is synced */
     uint64_t id_floor;         /* ids up to it are logged as given out ... */
     uint64_t id_floor_seq;     /* ... by this record (an id floor, below) */
+    uint64_t id_floor_kept;    /* ids up to it are covered by a synced floor */
     /* replication: the stream is a sink too, and without a directory the
      * only one; total_bytes is then the bytes of the stream */
     struct repl *repl;
@@ -133,6 +137,7 @@ struct wal {
  * start, one sync). So after a restart with -f N > 0, ids continue above
  * the floor. With -f 0 a reply showing an id waits for its put: no floor. */
 #define WAL_ID_BLOCK (1u << 20)
+#define WAL_CLOSE_FINISH_SECONDS 3 /* wal_close without wal_finish: two retries */
 #define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
@@ -262,6 +267,7 @@ static uint64_t job_position(const struct wal *w, uint64_t id)
     int being_put = id > w->last_put_id;
     if (w->replies_wait) return w->appended_seq + (being_put ? 1 : 0);
     if (w->storage && w->cfg.fsync_never) return 0; /* -F: no promise */
+    if (id <= w->id_floor_kept) return 0;
     if (id > w->id_floor) return w->appended_seq + (being_put ? 2 : 0);
     return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
 }
@@ -291,6 +297,7 @@ static void put_appended(struct wal *w, uint64_t id)
     int floors = !w->replies_wait && !(w->storage && w->cfg.fsync_never);
     if (floors && id + WAL_ID_BLOCK / 2 > w->id_floor) {
         uint64_t floor = id + WAL_ID_BLOCK;
+        if (w->id_floor_seq <= w->synced_seq) w->id_floor_kept = w->id_floor; /* the old floor still covers */
         if (bg_journal_encode_delete(&w->pending, floor) != 0) return append_failed(w);
         appended(w);
         w->id_floor = floor;
@@ -414,18 +421,32 @@ static void submit(struct wal *w)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* Sleep until `until` (monotonic), in steps of at most `step` ns. */
+static void sleep_until(bg_time until, bg_time step)
+{
+    bg_time now = loop_now();
+    if (now >= until) return;
+    bg_time wait = until - now < step ? until - now : step;
+    struct timespec ts = {(time_t)(wait / BG_SECOND), (long)(wait % BG_SECOND)};
+    nanosleep(&ts, NULL);
+}
+
 /* Wait until the flusher has finished the batch submitted (synchronous:
- * do its work here); the caller then accounts for it (batch_done). */
-static void flusher_wait(struct wal *w)
+ * do its work here), at most until `deadline` (0: no limit); the caller
+ * then accounts for it (batch_done). 0, or ETIMEDOUT (still busy). */
+static int flusher_wait(struct wal *w, bg_time deadline)
 {
     if (!w->thread_started) {
         if (w->has_work) w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
         w->has_work = 0;
-        return;
+        return 0;
     }
     uint64_t n;
-    struct timespec ts = {0, 1000000};
-    while (read(w->notify_fd, &n, sizeof n) != sizeof n) nanosleep(&ts, NULL);
+    while (read(w->notify_fd, &n, sizeof n) != sizeof n) {
+        if (deadline && loop_now() >= deadline) return ETIMEDOUT;
+        sleep_until(loop_now() + 1000000, 1000000);
+    }
+    return 0;
 }
 
 static int rotate(struct wal *w);
@@ -646,7 +667,7 @@ static int retry_due(struct wal *w, bg_time now)
 
 void wal_kick(struct wal *w)
 {
-    if (!w || w->busy || !w->writing || w->repl_dead) return;
+    if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
     bg_time now = loop_now();
     int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
@@ -800,8 +821,72 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 void wal_run_flusher(struct wal *w)
 {
     if (!w || w->thread_started || !w->has_work) return;
-    flusher_wait(w);
+    flusher_wait(w, 0);
     batch_complete(w);
+}
+
+/* ---- finishing: the stop sequence's part of the log --------------------- */
+
+/* The last record that counts as kept: synced (written, with -F). */
+static uint64_t durable_seq(const struct wal *w)
+{
+    return w->storage && w->cfg.fsync_never ? w->written_seq : w->synced_seq;
+}
+
+/* Nonzero once everything appended is kept. */
+static int all_durable(const struct wal *w)
+{
+    return durable_seq(w) >= w->appended_seq && !w->pending.len && !(w->unsynced && !w->cfg.fsync_never);
+}
+
+/* One turn of wal_finish: account for the batch in flight, or hand on the
+ * next (or the failed one again, at its time). 0 while there is more to
+ * do before `deadline`, else nonzero. */
+static int finish_turn(struct wal *w, bg_time deadline)
+{
+    if (w->busy) {
+        if (flusher_wait(w, deadline) != 0) return 1;
+        if (batch_done(w) == 0) release_holds(w);
+        return 0;
+    }
+    if (!w->writing || w->repl_dead || all_durable(w)) return 1;
+    struct wal_batch *b = &w->batch;
+    int sync = !w->storage || !w->cfg.fsync_never;
+    if (w->retry.waiting) {
+        if (loop_now() >= deadline) return 1;
+        if (loop_now() < w->retry.next_at) {
+            sleep_until(w->retry.next_at < deadline ? w->retry.next_at : deadline, BG_SECOND);
+            return 0;
+        }
+        if (b->file >= 0) w->disk_sink.retries++;
+        if (w->repl) w->stream_sink.retries++;
+        submit_batch(w, sync);
+        return 0;
+    }
+    bg_buf_clear(&b->data);
+    b->close_file = -1;
+    b->purge_before = 0;
+    b->snapshot_first = 0;
+    if (take_batch(w) != 0) return 1;
+    submit_batch(w, sync);
+    return 0;
+}
+
+int wal_finish(struct wal *w, bg_time deadline)
+{
+    if (!w) return 0;
+    w->finishing = 1; /* no more compaction: only what was appended goes */
+    while (finish_turn(w, deadline) == 0) {}
+    release_holds(w);
+    w->finished_seq = w->appended_seq;
+    uint64_t kept = durable_seq(w);
+    if (!w->writing || kept >= w->appended_seq) return 0;
+    log_event(BG_LOG_ERROR, "wal_lost", "records=%llu error=%s flusher=%s",
+              (unsigned long long)(w->appended_seq - kept),
+              log_str(w->repl_dead ? "the stream refused" : w->failed_errno ? strerror(w->failed_errno)
+                                                                             : "deadline passed"),
+              w->busy ? "busy" : "idle");
+    return BG_IO_ERROR;
 }
 
 static void timer_kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -1446,7 +1531,7 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
 static void start_writing(struct wal *w)
 {
     /* what is in the engine now was read from the log */
-    w->last_put_id = w->durable_id = w->id_floor = bg_engine_last_id(w->engine);
+    w->last_put_id = w->durable_id = w->id_floor = w->id_floor_kept = bg_engine_last_id(w->engine);
     w->replies_wait = w->cfg.fsync_ms == 0 && (!w->storage || !w->cfg.fsync_never);
     w->engine->journal = &wal_journal_ops;
     w->engine->journal_ctx = w;
@@ -1556,95 +1641,13 @@ int wal_check(const char *dir)
     return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
 }
 
-/* Wait until the flusher's batch is done or deadline passes: 0 (the
- * batch accounted for, or none was in flight), ETIMEDOUT, or the batch's
- * error. */
-static int finish_wait(struct wal *w, bg_time deadline)
-{
-    pthread_mutex_lock(&w->lock);
-    int busy = w->busy;
-    pthread_mutex_unlock(&w->lock);
-    if (!busy) return 0;
-    uint64_t n;
-    if (!w->thread_started) { /* synchronous: the flusher's work, here */
-        flusher_wait(w);
-        return batch_done(w);
-    }
-    while (read(w->notify_fd, &n, sizeof n) != sizeof n) {
-        bg_time now = loop_now();
-        if (now >= deadline) return ETIMEDOUT;
-        struct pollfd pfd = {w->notify_fd, POLLIN, 0};
-        bg_time wait_ms = (deadline - now) / 1000000 + 1;
-        poll(&pfd, 1, wait_ms > 1000 ? 1000 : (int)wait_ms);
-    }
-    return batch_done(w);
-}
-
-/* A minimal wal_finish until the storage work (branch wal-core) brings
- * its own: the batch in flight, then a failed batch again or everything
- * appended, as one synced batch. */
-int wal_finish(struct wal *w, bg_time deadline)
-{
-    if (!w || !w->writing) return 0;
-    int rc = finish_wait(w, deadline);
-    if (rc == ETIMEDOUT) return rc;
-    struct wal_batch *b = &w->batch;
-    if (!w->repl_dead && (b->error || w->pending.len)) {
-        if (!b->error) {
-            bg_buf_clear(&b->data);
-            struct bg_buf swap = b->data;
-            b->data = w->pending;
-            w->pending = swap;
-            w->pending_records = 0;
-            b->file = w->storage ? w->cur_file : -1;
-            b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
-            b->end_seq = w->appended_seq;
-            b->put_id = w->last_put_id;
-            b->purge_before = 0;
-            b->snapshot_first = 0;
-        }
-        b->sync = !w->storage || !w->cfg.fsync_never;
-        b->error = 0;
-        b->repl_rc = 0;
-        submit(w);
-        rc = finish_wait(w, deadline);
-    }
-    if (rc == 0) release_holds(w);
-    if (rc) return rc;
-    return w->synced_seq >= w->appended_seq || (w->storage && w->cfg.fsync_never) ? 0 : EIO;
-}
-
 void wal_close(struct wal *w)
 {
     if (!w) return;
-    /* finish: wait for the flusher, then write what is left, synced */
-    for (int round = 0; round < 2; round++) {
-        pthread_mutex_lock(&w->lock);
-        int busy = w->busy;
-        pthread_mutex_unlock(&w->lock);
-        if (busy) {
-            flusher_wait(w);
-            if (batch_done(w) != 0) break; /* the disk refuses: nothing more can go */
-        }
-        if (round == 0 && w->pending.len && w->writing && !w->repl_dead) {
-            bg_buf_clear(&w->batch.data);
-            struct bg_buf swap = w->batch.data;
-            w->batch.data = w->pending;
-            w->pending = swap;
-            w->pending_records = 0;
-            w->batch.file = w->storage ? w->cur_file : -1;
-            w->batch.offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
-            w->batch.end_seq = w->appended_seq;
-            w->batch.put_id = w->last_put_id;
-            w->batch.sync = !w->storage || !w->cfg.fsync_never;
-            w->batch.purge_before = 0;
-            w->batch.snapshot_first = 0;
-            w->batch.repl_rc = 0;
-            submit(w);
-        }
-    }
+    /* never drop a failed batch, nor what came after a finish, in silence */
+    if (!w->finishing || w->finished_seq < w->appended_seq)
+        wal_finish(w, loop_now() + WAL_CLOSE_FINISH_SECONDS * BG_SECOND);
     struct storage *st = w->storage;
-    if (st && !w->cfg.fsync_never) st->ops->sync(st, w->cur_file);
     if (w->thread_started) {
         pthread_mutex_lock(&w->lock);
         w->stop = 1;

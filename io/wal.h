@@ -87,15 +87,16 @@ int wal_reply_may_go(const struct wal *w, uint64_t pos);
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));
 /* Take h off the queue (its reply went away first); no-op if not queued. */
 void wal_unhold(struct wal *w, struct wal_hold *h);
-/* The stop sequence's step (server/main.c, server_stop): get everything
- * appended written and synced (and into the stream), waiting at most until
- * deadline (loop_now's clock), then release the holds whose position is
- * kept. 0 when the log keeps everything appended, else an errno value
- * (ETIMEDOUT, or the failure); replies whose position is not kept must
- * then never go. NULL: 0. */
+/* The stop sequence's part of the log: write and sync everything appended
+ * (a failed batch is tried again once a second until `deadline`, a
+ * monotonic loop_now() time), release the holds whose mark is reached,
+ * and hand nothing new on afterwards (no compaction). 0 when everything
+ * appended is kept (synced; written, with -F); else, after an error line
+ * `wal_lost` with the count of records not secured, BG_IO_ERROR. NULL: 0. */
 int wal_finish(struct wal *w, bg_time deadline);
-/* Write what is pending, sync, stop the flusher, close files, free w.
- * Holds still queued are dropped without a call. NULL: nothing. */
+/* Finish (wal_finish with a short deadline, unless it ran since the last
+ * record was appended), stop the flusher, close files, free w. Holds
+ * still queued are dropped without a call. NULL: nothing. */
 void wal_close(struct wal *w);
 /* Give the directory and its files to uid:gid (before dropping
  * privileges with -u). 0 or BG_IO_ERROR with a message. */

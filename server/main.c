@@ -395,7 +395,7 @@ static const char *replication_state(void *arg, char *out, size_t size)
     return "STANDBY";
 }
 
-#define STOP_LOG_SECONDS 10    /* the log gets this long to keep what was done */
+#define STOP_LOG_SECONDS 5     /* the log gets this long to keep what was done */
 #define STOP_ANSWER_SECONDS 5  /* then the answers this long to reach slow clients */
 
 /* The stop sequence, the one place it is written down (docs/operations.md,
@@ -406,8 +406,9 @@ static const char *replication_state(void *arg, char *out, size_t size)
  *     dispatched yet gets 503 SHUTTING_DOWN; blocked reserves and
  *     long-polls are answered as timed out.
  *  2. Push deliveries still in flight go back to ready (records too).
- *  3. Finish the log: everything appended written, synced and in the
- *     stream, within STOP_LOG_SECONDS.
+ *  3. Finish the log (wal_finish): everything appended written, synced and
+ *     in the stream, within STOP_LOG_SECONDS; if not, exit status 74
+ *     (SERVER_LOG_LOST_EXIT) after a wal_lost line.
  *  4. Answer what the log kept: a reply (held or not) goes only if the log
  *     keeps the position it depends on (wal_reply_may_go), sent within
  *     STOP_ANSWER_SECONDS; every other connection closes without a reply,
@@ -421,8 +422,9 @@ static void server_stop(struct server *srv)
     conn_server_stop_reading(srv->beanstalk);
     push_free(srv->push);
     srv->push = NULL;
-    if (wal_finish(srv->wal, loop_now() + STOP_LOG_SECONDS * BG_SECOND) != 0)
-        log_event(BG_LOG_WARN, "stop_log_unfinished", "replies=not_sent");
+    /* what was appended is kept, or the exit status says it was not */
+    if (wal_finish(srv->wal, loop_now() + STOP_LOG_SECONDS * BG_SECOND) != 0 && srv->exit_status == 0)
+        srv->exit_status = SERVER_LOG_LOST_EXIT;
     bg_time deadline = loop_now() + STOP_ANSWER_SECONDS * BG_SECOND;
     gateway_stop(srv->gateway, deadline);
     gearman_stop(srv->gearman, deadline);

@@ -11,6 +11,7 @@
 
 #define SERVER_USAGE_EXIT 5      /* beanstalkd's status for a usage error */
 #define SERVER_LOST_EXIT 75      /* replication: leadership lost (EX_TEMPFAIL: start again) */
+#define SERVER_LOG_LOST_EXIT 74  /* a stop could not make everything appended durable (EX_IOERR) */
 
 /* ---- config.c: flags ---------------------------------------------------- */
 

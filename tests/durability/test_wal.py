@@ -36,6 +36,12 @@ What is checked:
   check_log_*            --check-log: lines, exit status, read only
   fsync_modes_* / sigterm_under_load_*   -f 50 and -F flush at exit
   binlog_stats           the binlog-* fields of `stats`
+  failed_log_* / *_waits_* / *_after_its_sync / idempotent_replay_* /
+  sigterm_*_kept_put / sigterm_*_the_log_lacks / sigterm_on_a_stalled_*
+                         when a reply may go (issue 21): with -f 0 no reply
+                         reports a change or shows a job before the log keeps
+                         it, also while the disk fails or is slow, and a
+                         SIGTERM answers exactly the puts the log kept
 
 Python 3 standard library only. The runner is tests/lib/testlib.py's: -k NAME
 runs one test (crash_cycles is test_crash_cycles), --seed N repeats a run's
@@ -1438,6 +1444,65 @@ def test_failed_batch_retried_once_a_second():
     srv.stop_checked()
 
 
+def sigterm_after_failed_write(name, disk_comes_back):
+    """-f 50: a put is acknowledged, the write of its batch fails, SIGTERM
+    comes before the retry a second later. A disk that comes back is a
+    file-size limit lifted again (which the old code meets too); one that
+    keeps failing is BEANGATE_TEST_DISK_FAULTS 'write EIO' (a file-size
+    limit would cut the server's stderr file as well). Returns (server, id,
+    exit status, stderr)."""
+    d = new_dir(name)
+    faults = disk_faults(name)
+    # the limit is on every file: the server's stderr must stay below it
+    srv = Server(d, ["-f", "50"], env=None if disk_comes_back else faults.env()).start()
+    c = srv.connect()
+    put(c, b"before")
+    testlib.wait_until(lambda: max(segments(d).values()) > JOURNAL_HEADER, "the first put written", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, max(segments(d).values()) + 8)
+    else:
+        faults.set(["write EIO"])
+    jid = put(c, b"acknowledged, its write failed")
+    testlib.wait_until(lambda: "event=wal_failure" in srv.stderr(), "the failed write (wal_failure)", 10.0)
+    if disk_comes_back:
+        set_fsize(srv.proc.pid, None)
+    # no client event before the stop: each would kick the log, and the old
+    # code then tried the failed batch again at once (defect 9)
+    status, took = srv.stop(signal.SIGTERM, STOP_TIMEOUT)
+    c.close()
+    srv.check_sanitizer("after SIGTERM")
+    log("exit status %r %.1f s after SIGTERM" % (status, took))
+    return srv, jid, status, srv.stderr()
+
+
+def test_sigterm_keeps_acknowledged_put_whose_write_failed():
+    """Issue 21 defect 2: wal_close discarded a failed batch (exit 0, no
+    line, the acknowledged job gone after a restart). The stop now tries the
+    failed batch again (once a second, within its deadline): the job is
+    there after the restart."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failed_write", True)
+    check_eq(status, 0, "exit status after SIGTERM (stderr: %s)" % err.strip()[-400:])
+    check("event=wal_lost" not in err, "wal_lost although the disk works again: %s" % err.strip()[-400:])
+    srv.start()
+    c = srv.connect()
+    check_eq(read_peek_cmd(c, jid), b"acknowledged, its write failed", "the acknowledged put after the restart")
+    c.close()
+    srv.stop_checked()
+
+
+def test_sigterm_with_failing_disk_says_records_lost():
+    """Issue 21 defect 2: when the disk keeps failing through the stop, the
+    server says so: an error line wal_lost with the count of records not
+    secured, and exit status 74 (EX_IOERR) instead of 0."""
+    srv, jid, status, err = sigterm_after_failed_write("sigterm_failing_disk", False)
+    check_eq(status, 74, "exit status after SIGTERM with a failing disk (stderr: %s)" % err.strip()[-400:])
+    m = re.search(r"level=error event=wal_lost records=(\d+)", err)
+    check(m is not None, "no error line wal_lost: %s" % err.strip()[-1500:])
+    # the failed put, and "before" too if its sync (50 ms later) had not come yet
+    check(int(m.group(1)) in (1, 2), "wal_lost records=%s, want the failed put (and maybe the one before)"
+          % m.group(1))
+
+
 def read_peek_cmd(c, jid):
     c.send(b"peek %d\r\n" % jid)
     return read_peek(c, jid)
@@ -2210,18 +2275,30 @@ def test_reserve_waits_for_the_put():
     srv.stop_checked()
 
 
+def slow_disk_server(name, delay, http=False):
+    """A -f 0 server whose every sync of a segment waits `delay` seconds
+    (BEANGATE_TEST_DISK_FAULTS): (server, faults)."""
+    faults = disk_faults(name)
+    srv = Server(new_dir(name), ["-f", "0"], http=http, env=faults.env()).start()
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    return srv, faults
+
+
+def wait_put_done(srv):
+    """The server made the job of a put whose answer is held (GET /stats)."""
+    testlib.wait_until(lambda: stats_json(srv.http_port)["current_jobs_ready"], "the put made its job", 10.0,
+                       ok=lambda n: n >= 1)
+
+
 def test_waiting_reserve_gets_the_job_after_its_sync():
     """A worker waiting in `reserve` is handed a new job inside the put: its
     RESERVED (id and body) goes no earlier than the put's INSERTED, once
     the put is synced (-f 0, sync delay)."""
-    d = new_dir("waiting_reserve")
-    faults = disk_faults("waiting_reserve")
-    srv = Server(d, ["-f", "0"], env=faults.env()).start()
+    delay = 1.5
+    srv, faults = slow_disk_server("waiting_reserve", delay)
     w = srv.connect(timeout=20.0)
     w.send(b"reserve\r\n")
     silent_for(w.sock, 0.2, "reserve with nothing ready")
-    delay = 1.5
-    faults.set(["sync delay %dms" % int(delay * 1000)])
     c = srv.connect(timeout=20.0)
     t0 = time.monotonic()
     c.send(put_cmd(b"fresh"))
@@ -2264,15 +2341,12 @@ def test_sigterm_on_a_stalled_disk_answers_after_the_sync():
     -f 0 HTTP put held for its sync at SIGTERM gets its 201 only once the
     sync is done (the stop finishes the log first), never at the signal;
     the job is there after a restart."""
-    d = new_dir("sigterm_stalled_http")
-    faults = disk_faults("sigterm_stalled_http")
-    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
     delay = 2.0
-    faults.set(["sync delay %dms" % int(delay * 1000)])
+    srv, faults = slow_disk_server("sigterm_stalled_http", delay, http=True)
     t0 = time.monotonic()
     req = HttpPut(srv.http_port, "t", b"slow")
     req.start()
-    req.join(0.3)
+    wait_put_done(srv)
     check(req.is_alive(), "the put was answered before its sync: %r" % (req.status,))
     status, _ = srv.stop(signal.SIGTERM, STOP_TIMEOUT + 15)
     check_eq(status, 0, "exit status after SIGTERM")
@@ -2322,15 +2396,12 @@ def test_idempotent_replay_waits_for_the_original():
 def test_idempotent_replay_waits_on_a_slow_disk():
     """Defect 4 on a slow disk (sync delay): the replay's 201 does not come
     before the original's sync ended."""
-    d = new_dir("idem_slow")
-    faults = disk_faults("idem_slow")
-    srv = Server(d, ["-f", "0"], http=True, env=faults.env()).start()
     delay = 2.0
-    faults.set(["sync delay %dms" % int(delay * 1000)])
+    srv, faults = slow_disk_server("idem_slow", delay, http=True)
     t0 = time.monotonic()
     first = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
     first.start()
-    first.join(0.3)
+    wait_put_done(srv)
     replay = HttpPut(srv.http_port, "t", b"keyed", {"Idempotency-Key": "slow"})
     replay.start()
     first.join(20)
@@ -2617,6 +2688,8 @@ TESTS = [
     test_idempotent_replay_waits_for_the_original,
     test_idempotent_replay_waits_on_a_slow_disk,
     test_sigterm_answers_every_kept_put,
+    test_sigterm_keeps_acknowledged_put_whose_write_failed,
+    test_sigterm_with_failing_disk_says_records_lost,
 ]
 
 
