@@ -13,6 +13,7 @@
 void sim_clock_reset(bg_time now, uint64_t wall, struct event_base *base);
 /* Move both clocks forward by ns. */
 void sim_clock_advance(bg_time ns);
+/* The log's sleeps (nanosleep, --wrap) move the simulated clock instead. */
 /* The log's timers (evtimer_add) run on simulated time: the simulator is
  * linked with -Wl,--wrap=event_add,--wrap=event_del,--wrap=event_free, so a
  * timer is kept here and its callback is called by sim_timers_run once the

@@ -3,6 +3,7 @@
  * rest of loop.h is here for the linker's sake; the simulator drives the
  * engine itself and never runs a loop. */
 #include <stdlib.h>
+#include <time.h>
 
 #include "../../io/loop.h"
 #include "sim_clock.h"
@@ -111,4 +112,13 @@ int sim_timers_run(void)
         i = -1; /* the callback may have armed timers again */
     }
     return ran;
+}
+
+/* The log sleeps (wal_finish waiting for a retry's time) on simulated time:
+ * the sleep moves the clock and returns at once (--wrap=nanosleep). */
+int __wrap_nanosleep(const struct timespec *req, struct timespec *rem)
+{
+    (void)rem;
+    sim_clock_advance((bg_time)req->tv_sec * BG_SECOND + (bg_time)req->tv_nsec);
+    return 0;
 }
