@@ -320,21 +320,21 @@ static void hand_over(struct gw_conn *c)
     } /* else gw_conn_closed freed it */
 }
 
-/* Bytes of the first head arrived (edge-triggered), or the client closed:
- * look at them without reading; once the head is complete, judge it and
- * hand the socket over (a client that closed after a whole head, a
- * half-close, is still answered). */
-static void pending_cb(evutil_socket_t fd, short what, void *arg)
+/* Look at the bytes of c's first head without reading them; once the head
+ * is complete, judge it and hand the socket over (a client that closed
+ * after a whole head, a half-close, is still answered). `closed`: the
+ * client's end was seen. 1 if c was dealt with (handed over, refused or
+ * freed), 0 if its head is not complete yet (c untouched). */
+static int first_head_step(struct gw_conn *c, int closed)
 {
-    struct gw_conn *c = arg;
     struct gw_admit *a = &c->gw->admit;
     size_t max = c->gw->cfg.max_header_size;
-    ssize_t n = recv(fd, a->peek, max + 1, MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    ssize_t n = recv(c->fd, a->peek, max + 1, MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
     if (n <= 0) {
         note(c->gw, GW_CLOSED_CLIENT, c, "closed before a request");
         conn_free(c);
-        return;
+        return 1;
     }
     size_t end = gw_head_end(a->peek, (size_t)n);
     if (end > max || (!end && (size_t)n > max)) {
@@ -342,30 +342,58 @@ static void pending_cb(evutil_socket_t fd, short what, void *arg)
         snprintf(detail, sizeof detail, "the request head is larger than %zu bytes", max);
         note(c->gw, GW_CLOSED_BAD_HEAD, c, detail);
         refuse(c, 431, "HEADERS_TOO_LARGE", detail);
-        return;
+        return 1;
     }
-    if (!end && (what & EV_CLOSED)) {
+    if (!end && closed) {
         note(c->gw, GW_CLOSED_CLIENT, c, "closed during its first head");
         conn_free(c);
-        return;
+        return 1;
     }
-    if (!end) return;
+    if (!end) return 0;
     struct gw_problem p;
     if (gw_head_check(a->peek, end, GW_HEADER_FIELDS_MAX, &p)) {
         note(c->gw, GW_CLOSED_BAD_HEAD, c, p.detail);
         refuse(c, p.status, p.code, p.detail);
-        return;
+        return 1;
     }
     hand_over(c);
+    return 1;
 }
 
-/* The header deadline passed (or a lingering connection's time is up). */
+/* Bytes of the first head arrived (edge-triggered), or the client closed. */
+static void pending_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    first_head_step(arg, (what & EV_CLOSED) != 0);
+}
+
+/* Bytes wait in the kernel for libmicrohttpd to read: c's socket has
+ * unread data. */
+static int unread_bytes(const struct gw_conn *c)
+{
+    int unread = 0;
+    return ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0;
+}
+
+/* The header deadline passed (or a lingering connection's time is up).
+ * A head that became complete in this same loop turn, after the loop
+ * looked for I/O, is served, not answered 408 (issue 21): the first head
+ * is looked at here; for a later head, libmicrohttpd reads it, so while
+ * bytes wait unread the 408 waits one loop turn (once), in which
+ * libmicrohttpd reads them and a complete head cancels the deadline. */
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct gw_conn *c = arg;
     static const char detail[] = "the request head was not complete in time";
+    if (!c->mhd && first_head_step(c, 0)) return;
+    if (c->mhd && !c->deadline_extended && unread_bytes(c)) {
+        static const struct timeval next_turn = {0, 0};
+        c->deadline_extended = 1;
+        event_add(c->deadline_ev, &next_turn);
+        return;
+    }
     note(c->gw, GW_CLOSED_HEADER_TIMEOUT, c, detail);
     if (!c->mhd) {
         refuse(c, 408, "HEADER_TIMEOUT", detail);
@@ -507,6 +535,7 @@ static void sweep_batch(struct gw_admit *a)
             continue;
         }
         c->head_started = 1;
+        c->deadline_extended = 0;
         event_add(c->deadline_ev, a->header_tv);
     }
     if (a->sweep_cursor) {

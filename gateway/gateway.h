@@ -292,6 +292,7 @@ struct gw_conn {
     uint8_t counted;              /* in the open counts (not closed by us yet) */
     uint8_t lingering;            /* answered and shut: reading what is left, then closed */
     uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
+    uint8_t deadline_extended;    /* its header deadline passed with bytes unread: one more loop turn */
     uint8_t consumed_unknown;     /* the request in progress has a chunked body: count at its end */
     uint64_t consumed;            /* TCP bytes of the requests begun so far (heads and bodies) */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */

@@ -618,15 +618,12 @@ static uint32_t retry_delay(struct sub *s, const struct delivery *d)
                            next_random(s->push));
 }
 
-/* Act on the outcome of d's attempt: delete, release or bury its job. */
-static void finish(struct delivery *d, bg_time now)
+/* Delete, release or bury the job of d's attempt as its outcome says (see
+ * finish, which calls it with d still taken). */
+static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
 {
-    struct sub *s = d->sub;
     struct push *p = s->push;
     struct bg_engine *e = p->engine;
-    d->busy = 0;
-    d->done = 0;
-    s->in_flight--;
     int has_ra = 0;
     uint64_t ignored;
     if (d->has_retry_after && bg_push_retry_after(d->retry_after, wall_seconds(), &ignored) == 0) has_ra = 1;
@@ -676,6 +673,23 @@ static void finish(struct delivery *d, bg_time now)
         return;
     }
     }
+}
+
+/* Act on the outcome of d's attempt on its job: delete, release or bury
+ * it; the outcome applies to job d->job_id, reservation d->reserves, and
+ * to nothing else. Slot d stays taken until that is done: the engine calls
+ * below (the catch-up, a release with no delay) may hand the waiting
+ * reserver a job, and that job must start on another slot, never on d
+ * while d's outcome is still being applied (issue 21, defect 12: it did,
+ * and the old attempt's 2xx deleted the new job). The reserver waits only
+ * while a slot is free, so keeping d taken never leaves it without one. */
+static void finish(struct delivery *d, bg_time now)
+{
+    struct sub *s = d->sub;
+    d->done = 0;
+    apply_outcome(s, d, now);
+    d->busy = 0;
+    s->in_flight--;
 }
 
 /* Finish every attempt that ended, reserve more, and stop when stopping

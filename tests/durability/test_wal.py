@@ -2415,6 +2415,33 @@ def test_idempotent_replay_waits_on_a_slow_disk():
     srv.stop_checked()
 
 
+def test_id_of_a_lost_put_is_never_given_again():
+    """Ids never come back (issue 21): with -f 50 a put is answered before
+    its write; when that write fails and the process dies, the put is lost,
+    but the id the client saw is not given to another job after the
+    restart (the log's id floor is above it)."""
+    d = new_dir("lost_put_id")
+    faults = disk_faults("lost_put_id")
+    srv = Server(d, ["-f", "50"], env=faults.env()).start()
+    c = srv.connect()
+    put(c, b"kept")
+    testlib.wait_until(lambda: c.yaml(b"stats")["binlog-records-written"], "the first put written", 10.0,
+                       ok=lambda n: int(n) >= 1)
+    faults.set(["write EIO"])
+    lost = put(c, b"lost")            # answered at once; its write fails
+    wait_log_failed(srv, "the write of the lost put")
+    srv.kill()
+    faults.clear()
+    srv.start()
+    c = srv.connect()
+    c.send(b"peek %d\r\n" % lost)
+    check_eq(read_peek(c, lost), None, "the put whose write failed, after SIGKILL (lost, as -f 50 allows)")
+    again = put(c, b"after")
+    check(again > lost, "the first id after the restart is %d: id %d, seen by a client, given again"
+          % (again, lost))
+    srv.stop_checked()
+
+
 class TcpPutter(threading.Thread):
     """Pipelines puts of unique bodies, 10 per write, until the connection
     ends: acked (bodies answered INSERTED), unanswered (sent, no answer)."""
@@ -2688,6 +2715,7 @@ TESTS = [
     test_idempotent_replay_waits_for_the_original,
     test_idempotent_replay_waits_on_a_slow_disk,
     test_sigterm_answers_every_kept_put,
+    test_id_of_a_lost_put_is_never_given_again,
     test_sigterm_keeps_acknowledged_put_whose_write_failed,
     test_sigterm_with_failing_disk_says_records_lost,
 ]

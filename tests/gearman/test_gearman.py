@@ -1631,6 +1631,32 @@ def test_durable_status_after_restart(srv):
 
 
 @test
+@beangate_only(why=LIMITS)
+def test_assign_waits_for_the_put_on_disk(srv):
+    """Issue 21: with -f 0 on a slow disk (BEANGATE_TEST_DISK_FAULTS: every
+    sync waits 1.5 s), JOB_CREATED and a worker's JOB_ASSIGN of that job
+    come only after the put is synced: its handle never reaches anyone
+    before the job is kept."""
+    delay = 1.5
+    faults = testlib.DiskFaults(os.path.join(srv.tmp, "faults"))
+    srv = new_server(extra=wal_args, env=faults.env())
+    faults.set(["sync delay %dms" % int(delay * 1000)])
+    w = srv.conn()
+    w.send("CAN_DO", "slow")
+    c = srv.conn()
+    t0 = time.monotonic()
+    c.send("SUBMIT_JOB_BG", "slow", "", "kept first")
+    wait_until(lambda: srv.status().get("slow", (0, 0, 0))[0] == 1, "the job made")
+    w.send("GRAB_JOB")
+    w.expect("JOB_ASSIGN", timeout=10.0)
+    assigned = time.monotonic() - t0
+    c.expect("JOB_CREATED", timeout=10.0)
+    check(assigned >= delay * 0.75, "JOB_ASSIGN came %.2f s after the submit, before its %.1f s sync ended"
+          % (assigned, delay))
+    faults.clear()
+
+
+@test
 @beangate_only(why=FRONTEND)
 def test_slow_reader_backpressure(srv):
     n, size = 2000, 65536

@@ -12,10 +12,12 @@ puts to 100 tubes through the proxy land on the shard that owns each tube
 id is K mod 3 on instance K; reserves and deletes through the proxy find the
 jobs; a reservation over tubes of two shards is answered 421 WRONG_SHARD;
 the routes that cannot be merged answer 421 NOT_SHARDED and /shard/K/ reaches
-one shard; the documented client-side sharding (docs/scaling.md, Python
+shard K, whatever the rest of the path names (a job id of another shard,
+/readyz); the documented client-side sharding (docs/scaling.md, Python
 and Node.js with jackd) puts and reserves on the right instances over
 beanstalk TCP; and stopping one instance fails only its tubes and ids (503
-SHARD_DOWN from HAProxy) while the others keep working, until it is back.
+SHARD_DOWN from HAProxy, /shard/K/ included) while the others keep working,
+until it is back.
 The Kubernetes manifests (contrib/kubernetes) are checked as YAML, and the
 HAProxy configuration inside shards.yaml is the shipped file.
 
@@ -348,6 +350,22 @@ def test_routes_that_cannot_be_merged():
         check_eq(http_get(proxy_port(), path)[0], 200, "GET %s through the proxy" % path)
 
 
+def test_shard_prefix_names_the_shard():
+    """/shard/K/jobs/ID goes to shard K whatever shard the id's is (issue 21,
+    defect 13: the prefix was taken off before the routing rules asked
+    whether the path had it, so the id's own shard answered): shard K finds
+    its own job there and answers 404 for another shard's."""
+    tubes = [same_shard_tubes(k, 1, "prefix")[0] for k in range(N)]
+    ids = [http_json(proxy_port(), "POST", "/tubes/%s/jobs" % t, 201, body=b"p")["id"] for t in tubes]
+    for k in range(N):
+        for owner, jid in enumerate(ids):
+            status, _, body = http_request(proxy_port(), "GET", "/shard/%d/jobs/%d" % (k, jid))
+            check_eq(status, 200 if owner == k else 404,
+                     "GET /shard/%d/jobs/%d (a job of shard %d): %r" % (k, jid, owner, body[:200]))
+    for jid in ids:
+        check_eq(http_request(proxy_port(), "DELETE", "/jobs/%d" % jid)[0], 204, "delete %d" % jid)
+
+
 def node_modules_with_jackd():
     """The node_modules that hold jackd (tests/client's pinned install), or None."""
     work = os.environ.get("CLIENT_SUITE_DIR", os.path.join(REPO, "build", "client-suite"))
@@ -450,6 +468,8 @@ def test_stopping_one_shard_affects_only_its_tubes():
     mine = same_shard_tubes(1, 3, "down")
     others = same_shard_tubes(0, 3, "up") + same_shard_tubes(2, 3, "up")
     held = http_json(proxy_port(), "POST", "/tubes/%s/jobs" % mine[0], 201, body=b"held")["id"]
+    kept = same_shard_tubes(0, 1, "kept")[0]
+    elsewhere = http_json(proxy_port(), "POST", "/tubes/%s/jobs" % kept, 201, body=b"kept")["id"]
     down.stop()
     deadline = time.monotonic() + 3  # also once the checks (every 1 s, down after 2) took it out
     while True:
@@ -458,6 +478,10 @@ def test_stopping_one_shard_affects_only_its_tubes():
             check("shard 1" in p["detail"], "the detail %r" % p["detail"])
         status, headers, _ = http_request(proxy_port(), "GET", "/jobs/%d" % held)
         check_eq((status, headers.get("retry-after")), (503, "5"), "GET /jobs/%d of the stopped shard" % held)
+        # /shard/1/... is shard 1's, down (issue 21, defect 13: its /readyz
+        # answered 200 from another shard, a job id went to the id's shard)
+        problem(proxy_port(), "GET", "/shard/1/readyz", 503, "SHARD_DOWN")
+        problem(proxy_port(), "GET", "/shard/1/jobs/%d" % elsewhere, 503, "SHARD_DOWN")
         for t in others:
             jid = http_json(proxy_port(), "POST", "/tubes/%s/jobs" % t, 201, body=b"still",
                             what="put to %r (shard %d) while shard 1 is down" % (t, tube_shard(t)))["id"]
@@ -470,9 +494,13 @@ def test_stopping_one_shard_affects_only_its_tubes():
     check("shard1/shard1 is DOWN" in CLUSTER["proxy"].output(),
           "HAProxy's health check did not mark shard 1 down: %s" % CLUSTER["proxy"].output()[-1500:])
     # back on the same ports: its tubes work again (its jobs were in memory only)
+    check_eq(http_request(proxy_port(), "GET", "/jobs/%d" % elsewhere)[0], 200,
+             "GET /jobs/%d (of shard %d) while shard 1 is down" % (elsewhere, elsewhere % N))
     down.start(down.tcp_port, down.http_port)
     wait_until(lambda: http_request(proxy_port(), "POST", "/tubes/%s/jobs" % mine[1], body=b"back")[0] == 201,
                "a put to shard 1's tube %r to work again" % mine[1], timeout=15)
+    wait_until(lambda: http_get(proxy_port(), "/shard/1/readyz")[0] == 200, "/shard/1/readyz to answer 200 again",
+               timeout=15)
 
 
 def test_kubernetes_manifests():
@@ -523,7 +551,7 @@ NEEDS_CLUSTER = {
     "test_shipped_config_is_valid", "test_puts_land_on_the_owning_shard",
     "test_reserve_and_delete_through_the_proxy", "test_ids_are_k_mod_n_on_every_instance",
     "test_reservation_over_several_tubes", "test_routes_that_cannot_be_merged",
-    "test_client_side_sharding_python", "test_client_side_sharding_node_jackd",
+    "test_shard_prefix_names_the_shard", "test_client_side_sharding_python", "test_client_side_sharding_node_jackd",
     "test_stopping_one_shard_affects_only_its_tubes",
 }
 
@@ -534,6 +562,7 @@ TESTS = [
     test_ids_are_k_mod_n_on_every_instance,
     test_reservation_over_several_tubes,
     test_routes_that_cannot_be_merged,
+    test_shard_prefix_names_the_shard,
     test_client_side_sharding_python,
     test_client_side_sharding_node_jackd,
     test_stopping_one_shard_affects_only_its_tubes,

@@ -297,7 +297,8 @@ struct live {
     int log_paused;
 };
 
-static void live_start(struct live *l)
+/* A live gateway whose header timeout is header_timeout_s (0: the default). */
+static void live_start_with(struct live *l, uint32_t header_timeout_s)
 {
     memset(l, 0, sizeof *l);
     l->base = event_base_new();
@@ -313,6 +314,7 @@ static void live_start(struct live *l)
     cfg.listen_addr = "127.0.0.1";
     cfg.port = "0";
     cfg.wal = l->wal;
+    cfg.header_timeout_s = header_timeout_s;
     l->gw = gateway_start(l->base, &l->engine, &cfg, fake_clock, NULL, NULL);
     assert_non_null(l->gw);
     struct sockaddr_in bound;
@@ -320,6 +322,8 @@ static void live_start(struct live *l)
     assert_int_equal(getsockname(gateway_listen_fd(l->gw), (struct sockaddr *)&bound, &len), 0);
     l->port = ntohs(bound.sin_port);
 }
+
+static void live_start(struct live *l) { live_start_with(l, 0); }
 
 static void live_stop(struct live *l)
 {
@@ -450,6 +454,98 @@ static void test_match_once(void **state)
     assert_int_equal(gw_match_count() - before, 7);
 
     bg_client_close(&producer, fake_now);
+    live_stop(&l);
+}
+
+/* ---- the header deadline and a head completed in the same loop turn ---- */
+
+/* Text to send on fd from a timer of the loop. */
+struct send_later {
+    int fd;
+    const char *text;
+    int sent;
+};
+
+static void send_later_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct send_later *s = arg;
+    assert_int_equal(send(s->fd, s->text, strlen(s->text), 0), (ssize_t)strlen(s->text));
+    s->sent = 1;
+}
+
+/* Let more than `ms` milliseconds of real time pass without a loop turn. */
+static void pass_without_turns(unsigned ms)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        struct timespec step = {0, 10000000};
+        nanosleep(&step, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 <= (long)ms);
+}
+
+/* The rest of a head (`rest`) reaches the gateway in the loop turn in which
+ * its 1 s header deadline fires, after the loop looked for I/O: a timer of
+ * the test, due at once (so before the deadline, which began earlier),
+ * sends it in that turn. Then one turn runs them both, the earlier timer
+ * first; the status that comes back on fd. */
+static int rest_at_the_deadline(struct live *l, int fd, const char *rest)
+{
+    struct send_later later = {fd, rest, 0};
+    struct event *ev = evtimer_new(l->base, send_later_cb, &later);
+    struct timeval at_once = {0, 1};
+    assert_int_equal(evtimer_add(ev, &at_once), 0);
+    pass_without_turns(1300); /* the deadline (1 s from its start, before this) has passed */
+    event_base_loop(l->base, EVLOOP_NONBLOCK);
+    assert_true(later.sent);
+    event_free(ev);
+    return live_finish(l, fd, NULL, 0);
+}
+
+/* Issue 21: a head completed in the loop turn in which its header deadline
+ * fires is served, not answered 408 (before, the deadline's callback answered
+ * 408 with the whole head in the kernel). For the first head, which this
+ * file reads, and for a later head of a keep-alive connection, which
+ * libmicrohttpd reads. An incomplete head still gets its 408. */
+static void test_head_complete_at_its_deadline(void **state)
+{
+    (void)state;
+    struct live l;
+    live_start_with(&l, 1);
+
+    /* the first head */
+    int fd = live_connect(&l, "GET /stats HTTP/1.1\r\n");
+    for (int i = 0; i < 5000 && l.gw->admit.open == 0; i++) live_turn(&l);
+    assert_int_equal(l.gw->admit.open, 1);
+    assert_int_equal(rest_at_the_deadline(&l, fd, CLOSE "\r\n"), 200);
+
+    /* a later head: the first request's answer read, the second head begun */
+    fd = live_connect(&l, "HEAD /stats HTTP/1.1\r\nHost: x\r\n\r\n");
+    char got[4096] = "";
+    size_t n = 0;
+    for (int i = 0; i < 5000 && !strstr(got, "\r\n\r\n"); i++) {
+        live_turn(&l);
+        ssize_t k = recv(fd, got + n, sizeof got - 1 - n, 0);
+        if (k > 0) n += (size_t)k;
+        got[n] = '\0';
+    }
+    assert_non_null(strstr(got, "HTTP/1.1 200"));
+    assert_int_equal(send(fd, "GET /stats HTTP/1.1\r\n", 21, 0), 21);
+    /* the sweep sees the later head begin and starts its deadline */
+    for (int i = 0; i < 5000 && !(l.gw->admit.wait_head && l.gw->admit.wait_head->head_started); i++)
+        live_turn(&l);
+    assert_non_null(l.gw->admit.wait_head);
+    assert_true(l.gw->admit.wait_head->head_started);
+    assert_int_equal(rest_at_the_deadline(&l, fd, CLOSE "\r\n"), 200);
+
+    /* still incomplete when the deadline fires: 408 */
+    fd = live_connect(&l, "GET /stats HTTP/1.1\r\n");
+    for (int i = 0; i < 5000 && l.gw->admit.open == 0; i++) live_turn(&l);
+    assert_int_equal(rest_at_the_deadline(&l, fd, "Host: x\r\n"), 408);
+
     live_stop(&l);
 }
 
@@ -1207,6 +1303,7 @@ int main(void)
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_route_long_url),
         cmocka_unit_test(test_match_once),
+        cmocka_unit_test(test_head_complete_at_its_deadline),
         cmocka_unit_test(test_head_wherever_get),
         cmocka_unit_test(test_outcome_problems),
         cmocka_unit_test(test_json_job_bodies),

@@ -1,15 +1,26 @@
 /* test_push.c - the pure parts of push delivery (core/push.c): the
  * subscription syntax, the retry policy, Retry-After, the rate limiter and
- * the table of last failures. Time is injected. */
+ * the table of last failures; and server/push.c's delivery slots against a
+ * receiver in the same event loop. Time is injected. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
 #include "core.h"
+#include "../../server/push.h"
 
 /* ---- lists and specs ---------------------------------------------------- */
 
@@ -386,6 +397,124 @@ static void test_failures_out_of_memory(void **state)
     bg_push_failures_free(&t);
 }
 
+
+/* ---- delivery slots (server/push.c) ----------------------------------- */
+
+/* A receiver in the test's own event loop: 2xx for the job named `good`,
+ * 500 for every other. Answering `good` first moves the injected clock to
+ * `advance_to`, so a delayed job comes due while that 2xx is on its way. */
+struct slot_world {
+    struct event_base *base;
+    struct evhttp *http;
+    struct bg_engine engine;
+    struct bg_client producer;
+    uint64_t good;
+    bg_time advance_to;
+    unsigned answered_good, answered_bad;
+};
+
+static bg_time fake_clock;
+static bg_time fake_now(void) { return fake_clock; }
+
+static void receiver_cb(struct evhttp_request *req, void *arg)
+{
+    struct slot_world *w = arg;
+    const char *id = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Beangate-Job-Id");
+    if (id && strtoull(id, NULL, 10) == w->good) {
+        fake_clock = w->advance_to;
+        w->answered_good++;
+        evhttp_send_reply(req, 204, "No Content", NULL);
+    } else {
+        w->answered_bad++;
+        evhttp_send_reply(req, 500, "Internal Server Error", NULL);
+    }
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+}
+
+/* A figure of the only subscription (GET /subscriptions). */
+static json_int_t sub_figure(struct push *p, const char *name)
+{
+    json_t *list = push_subscriptions_json(p);
+    json_int_t v = json_integer_value(json_object_get(json_array_get(list, 0), name));
+    json_decref(list);
+    return v;
+}
+
+/* Issue 21, defect 12: with two slots, job B (ready) goes out on one while
+ * the reserver waits with the other free; job A is delayed and comes due
+ * exactly when B's 2xx is finished. A must start on the free slot and get
+ * its own outcome (500: released for a retry); B's 2xx deletes B and only
+ * B. Before the fix, finish() freed B's slot before the catch-up that made
+ * A due, A took that slot, B's 2xx deleted A (never delivered), B stayed
+ * reserved, and A's 500 then counted a lost reservation. */
+static void test_outcome_stays_with_its_attempt(void **state)
+{
+    (void)state;
+    struct slot_world w;
+    memset(&w, 0, sizeof w);
+    fake_clock = 1000 * BG_SECOND;
+    w.advance_to = fake_clock + 10 * BG_SECOND;
+    assert_non_null(w.base = event_base_new());
+    assert_non_null(w.http = evhttp_new(w.base));
+    struct evhttp_bound_socket *bound = evhttp_bind_socket_with_handle(w.http, "127.0.0.1", 0);
+    assert_non_null(bound);
+    evhttp_set_gencb(w.http, receiver_cb, &w);
+    struct sockaddr_in addr;
+    socklen_t alen = sizeof addr;
+    assert_int_equal(getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&addr, &alen), 0);
+
+    assert_int_equal(bg_engine_init(&w.engine, 65535, NULL), 0);
+    assert_int_equal(bg_client_init_bare(&w.engine, &w.producer, &bg_client_ops_never_wait, NULL), 0);
+    uint64_t a_id = 0;
+    assert_int_equal(bg_put_copy(&w.producer, "t", 1, 0, 60, "b", 1, fake_clock, &w.good), 0);
+    assert_int_equal(bg_put_copy(&w.producer, "t", 1, 10, 60, "a", 1, fake_clock, &a_id), 0);
+
+    char text[200];
+    snprintf(text, sizeof text, "tube=t url=http://127.0.0.1:%u/ concurrency=2 attempts=5 backoff=1..1",
+             (unsigned)ntohs(addr.sin_port));
+    struct push_source src = {text, "test"};
+    struct push_setup setup;
+    assert_int_equal(push_setup_load(&setup, &src, 1, NULL, 1), 0);
+    struct push *p = push_start(&setup, w.base, &w.engine, fake_now, NULL, NULL);
+    assert_non_null(p);
+
+    /* the loop turns until both answers were acted on (10 s of wall time at most) */
+    struct event *wake = event_new(w.base, -1, EV_PERSIST, wake_cb, NULL);
+    struct timeval tick = {0, 20000};
+    event_add(wake, &tick);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        event_base_loop(w.base, EVLOOP_ONCE);
+        if (w.answered_good && w.answered_bad && sub_figure(p, "in_flight") == 0) break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10) fail_msg("the deliveries did not end within 10 s");
+    }
+
+    assert_int_equal(w.answered_good, 1);
+    assert_int_equal(w.answered_bad, 1);
+    assert_null(bg_job_find(&w.engine, w.good));           /* its 2xx deleted it */
+    struct bg_job *a = bg_job_find(&w.engine, a_id);
+    assert_non_null(a);                                     /* answered only 500: kept */
+    assert_int_equal(a->state, BG_JOB_DELAYED);             /* released for its retry */
+    assert_int_equal(sub_figure(p, "delivered"), 1);
+    assert_int_equal(sub_figure(p, "reservations_lost"), 0);
+
+    push_free(p);
+    push_setup_free(&setup);
+    event_free(wake);
+    evhttp_free(w.http);
+    bg_client_close(&w.producer, fake_clock);
+    bg_engine_destroy(&w.engine);
+    event_base_free(w.base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -400,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_failures_bounded),
         cmocka_unit_test(test_failures_grow),
         cmocka_unit_test(test_failures_out_of_memory),
+        cmocka_unit_test(test_outcome_stays_with_its_attempt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
