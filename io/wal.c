@@ -1436,7 +1436,8 @@ static int recover(struct wal *w, struct recovery *rc)
     bg_engine_restore_finish(w->engine);
     int refuse = rc->failed || rc->other_version || ((rc->damaged || rc->missing) && !rc->accept_damage) ||
                  (!rc->check && other_shard_jobs(w));
-    if (!rc->check && rc->torn_newest && cut_torn_tail(w, rc, !refuse) != 0) refuse = 1;
+    /* a failed cut is an I/O error (said), not damage: a start may succeed */
+    if (!rc->check && rc->torn_newest && cut_torn_tail(w, rc, !refuse) != 0) refuse = rc->failed = 1;
     report_summary(w, rc);
     if (!rc->check && !refuse) {
         if (start) { /* superseded by the snapshot */
