@@ -404,15 +404,18 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     attempt_ended(d);
 }
 
-/* The attempt's timeout: the subscription's, and within the job's TTR by a
- * margin of 1 s (half the TTR when that is shorter), so that the TTR never
- * ends under an attempt and the job never needs a touch. */
-static bg_time attempt_timeout(const struct sub *s, const struct bg_job *j)
+/* The attempt's timeout, counted from `now`, when its request is sent: the
+ * subscription's, and a margin of 1 s (half the TTR when that is shorter)
+ * before the reservation's actual deadline, so that the TTR never ends
+ * under an attempt. (A delivery that waited for its put's sync restarts its
+ * reservation before it is sent: delivery_durable.) */
+static bg_time attempt_timeout(const struct sub *s, const struct bg_job *j, bg_time now)
 {
     bg_time ttr = (bg_time)(j->ttr_s ? j->ttr_s : 1) * BG_SECOND;
     bg_time margin = ttr / 2 < BG_SECOND ? ttr / 2 : BG_SECOND;
+    bg_time left = j->deadline_at > now + margin ? j->deadline_at - now - margin : 0;
     bg_time t = (bg_time)s->spec.timeout_s * BG_SECOND;
-    return t < ttr - margin ? t : ttr - margin;
+    return t < left ? t : left;
 }
 
 static void hex(const uint8_t *in, size_t n, char *out)
@@ -492,7 +495,7 @@ static void attempt_start(struct delivery *d, const struct bg_job *j, bg_time no
     }
     evbuffer_add(evhttp_request_get_output_buffer(req), j->body, body_len);
     d->req = req;
-    struct timeval tv = tv_of(attempt_timeout(s, j));
+    struct timeval tv = tv_of(attempt_timeout(s, j, now));
     evtimer_add(d->timer, &tv);
     /* a connect that fails at once may call on_response inside this call */
     if (evhttp_make_request(conn, req, EVHTTP_REQ_POST, s->spec.path) != 0 && !d->done) {
@@ -501,19 +504,37 @@ static void attempt_start(struct delivery *d, const struct bg_job *j, bg_time no
     }
 }
 
-/* The log keeps the put of d's job now: start its attempt, unless the job
- * is no longer this slot's (then finish() counts it lost). */
+/* Slot d is done with its job: free it (the caller kicks to reserve more). */
+static void slot_free(struct delivery *d)
+{
+    d->busy = 0;
+    d->sub->in_flight--;
+}
+
+/* The log keeps the put of d's job now. Its reservation ran while the put
+ * waited: if it is still d's, restart its TTR (the attempt gets the whole
+ * TTR, as a worker that starts work late touches its job) and start the
+ * attempt. If the TTR ended during the wait, the engine gave the job back
+ * (its TTR expiry, the normal path: it is delivered again like any ready
+ * job); no attempt was made, so nothing is counted: d is just freed. */
 static void delivery_durable(struct wal_hold *h)
 {
     struct delivery *d = (struct delivery *)((char *)h - offsetof(struct delivery, hold));
     struct sub *s = d->sub;
-    struct bg_job *j = bg_job_find(s->push->engine, d->job_id);
-    if (j && j->state == BG_JOB_RESERVED && j->reserver == &s->holder && j->reserves == d->reserves) {
-        attempt_start(d, j, s->push->now());
+    struct bg_engine *e = s->push->engine;
+    bg_time now = s->push->now();
+    bg_engine_catch_up(e, now); /* a TTR that ended is seen as ended */
+    struct bg_job *j = bg_job_find(e, d->job_id);
+    if (j && j->state == BG_JOB_RESERVED && j->reserver == &s->holder && j->reserves == d->reserves &&
+        bg_touch(&s->holder, j->id, now) == 0) {
+        attempt_start(d, j, now);
         return;
     }
-    d->failure = BG_PUSH_FAIL_CONNECT;
-    attempt_ended(d);
+    log_event(BG_LOG_INFO, "push_hold_expired", "tube=%s job=%llu attempt=%u msg=\"the reservation ended "
+              "while the put waited for the log; no attempt was made\"", log_str(s->spec.tube),
+              (unsigned long long)d->job_id, d->reserves);
+    slot_free(d);
+    kick(s->push);
 }
 
 /* Take job j (just reserved by s's reserver) into a free slot and start it
@@ -633,8 +654,9 @@ static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
     struct bg_job *j = bg_job_find(e, d->job_id);
     if (!j || j->state != BG_JOB_RESERVED || j->reserves != d->reserves ||
         (j->reserver != &s->holder && j->reserver != &s->reserver)) {
-        /* the engine took the reservation back (it cannot, within the TTR
-         * margin, unless the loop stalled): the job is not ours to touch */
+        /* the engine took the reservation back (it cannot: an attempt ends
+         * a margin before its reservation does, unless the loop stalled):
+         * the job is not ours to touch */
         s->lost++;
         log_event(BG_LOG_WARN, "push_reservation_lost", "tube=%s job=%llu attempt=%u outcome=%s",
                   log_str(s->spec.tube), (unsigned long long)d->job_id, d->reserves,
@@ -688,8 +710,7 @@ static void finish(struct delivery *d, bg_time now)
     struct sub *s = d->sub;
     d->done = 0;
     apply_outcome(s, d, now);
-    d->busy = 0;
-    s->in_flight--;
+    slot_free(d);
 }
 
 /* Finish every attempt that ended, reserve more, and stop when stopping

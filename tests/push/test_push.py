@@ -18,6 +18,7 @@ The command line and the output are those of every suite (tests/lib/testlib.py):
 and the last line is `push: N passed, M failed, K skipped`.
 """
 
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -676,29 +677,95 @@ def test_kill_with_binlog_loses_nothing():
             check_eq(sorted(delivered), sorted(ids), "every job answered 2xx")
 
 
+@contextlib.contextmanager
+def server_on_a_faulty_disk(rx, tube, **opts):
+    """A server with -b (in a temporary directory) and -f 0 whose log's disk fails as
+    the DiskFaults it yields says, pushing tube to rx's /tube: yields (server, faults)."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        faults = testlib.DiskFaults(os.path.join(work, "faults"))
+        logdir = os.path.join(work, "log")
+        os.makedirs(logdir)
+        with Server(["-b", logdir, "-f", "0"] + push_arg(tube, rx.url("/" + tube), **opts),
+                    env=faults.env()) as srv:
+            yield srv, faults
+
+
 def test_delivery_waits_for_the_put_on_disk():
     """Issue 21: a job is POSTed only once the log keeps its put (-f 0 on a
     slow disk, BEANGATE_TEST_DISK_FAULTS sync delay): its id and body never
     reach a receiver before its INSERTED may go."""
     delay = 1.5
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
-        faults = testlib.DiskFaults(os.path.join(work, "faults"))
-        logdir = os.path.join(work, "log")
-        os.makedirs(logdir)
-        with Receiver() as rx, Server(["-b", logdir, "-f", "0"] + push_arg("slow", rx.url("/slow")),
-                                      env=faults.env()) as srv:
-            faults.set(["sync delay %dms" % int(delay * 1000)])
-            with socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=10) as s:
-                t0 = time.monotonic()
-                s.sendall(b"use slow\r\nput 0 0 60 4\r\nslow\r\n")
-                wait_until(lambda: rx.got("/slow"), "the delivery", 15)
-                took = rx.got("/slow")[0]["arrived"] - t0
-                f = s.makefile("rb")
-                check_eq(f.readline(), b"USING slow\r\n", "use")
-                check(f.readline().startswith(b"INSERTED "), "the put's answer")
-            check(took >= delay * 0.75, "the job was delivered %.2f s after its put, before its %.1f s sync "
-                  "ended" % (took, delay))
+    with Receiver() as rx, server_on_a_faulty_disk(rx, "slow") as (srv, faults):
+        faults.set(["sync delay %dms" % int(delay * 1000)])
+        with socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(b"use slow\r\nput 0 0 60 4\r\nslow\r\n")
+            wait_until(lambda: rx.got("/slow"), "the delivery", 15)
+            took = rx.got("/slow")[0]["arrived"] - t0
+            f = s.makefile("rb")
+            check_eq(f.readline(), b"USING slow\r\n", "use")
+            check(f.readline().startswith(b"INSERTED "), "the put's answer")
+        check(took >= delay * 0.75, "the job was delivered %.2f s after its put, before its %.1f s sync "
+              "ended" % (took, delay))
+        faults.clear()
+
+
+def put_held_by_the_log(srv, tube, ttr, wait_before_answer):
+    """Put a 1-byte job with ttr over beanstalk (its INSERTED waits for the log); call
+    wait_before_answer() before reading the answer: the job's id."""
+    with socket.create_connection(("127.0.0.1", srv.tcp_port), timeout=30) as s:
+        s.sendall(b"use %s\r\nput 0 0 %d 1\r\nx\r\n" % (tube.encode(), ttr))
+        wait_before_answer()
+        f = s.makefile("rb")
+        check_eq(f.readline(), b"USING %s\r\n" % tube.encode(), "use")
+        line = f.readline()
+        check(line.startswith(b"INSERTED "), "the put's answer: %r" % line)
+        return int(line.split()[1])
+
+
+def test_attempt_after_a_slow_sync_gets_its_ttr():
+    """Issue 21 (push-hold 1): with -f 0 on a disk whose syncs take 4 s, a job with TTR
+    8 s goes out once its put is kept, and the receiver answers 204 after 5 s, inside
+    the attempt's 7 s (TTR - 1 s). It is delivered once and deleted; nothing counts as
+    a lost reservation. Before the fix its TTR had run during the wait and ended 4 s
+    into the attempt: the job went out again on the other slot and the first 2xx
+    counted as a lost reservation."""
+    delay, answer_after, ttr = 4.0, 5.0, 8
+    with Receiver(answers((204, {}, answer_after))) as rx, \
+            server_on_a_faulty_disk(rx, "ttr", concurrency=2) as (srv, faults):
+        faults.set(["sync delay %dms" % int(delay * 1000)])
+        job = put_held_by_the_log(srv, "ttr", ttr, lambda: None)
+        faults.clear()  # the put is kept: its delivery has waited for that
+        wait_deleted(srv, job, 30)
+        check_eq(len(rx.got("/ttr")), 1, "deliveries of the job")
+        sub = srv.subscription("ttr")
+        check_eq(sub["reservations_lost"], 0, "reservations_lost")
+        check_eq(sub["delivered"], 1, "delivered")
+
+
+def test_reservation_that_ends_while_the_log_fails():
+    """Issue 21 (push-hold 2): while every sync fails, a delivery waiting for its put
+    keeps its reservation until the TTR (2 s) ends; the job is then ready again, as
+    any reservation whose TTR ended. When the log works again it is delivered once,
+    as attempt 2, with no failure recorded and no lost reservation counted. Before the
+    fix the held slot's end counted a connect failure in reservations_lost."""
+    with Receiver() as rx, server_on_a_faulty_disk(rx, "down") as (srv, faults):
+        faults.set(["sync EIO"])
+
+        def ttr_ends_while_held():
+            wait_until(lambda: srv.http("GET", "/stats")[1]["job_timeouts"] >= 1,
+                       "the held job's TTR to end", 15)
+            check_eq(rx.got("/down"), [], "deliveries before the put is kept")
             faults.clear()
+        job = put_held_by_the_log(srv, "down", 2, ttr_ends_while_held)
+        wait_deleted(srv, job, 20)
+        got = rx.got("/down")
+        check_eq(len(got), 1, "deliveries of the job")
+        check_eq(got[0]["headers"]["x-beangate-attempt"], "2", "the attempt of the delivery")
+        sub = srv.subscription("down")
+        check_eq(sub["reservations_lost"], 0, "reservations_lost")
+        check_eq(sub["retried"], 0, "retried")
+        check(sub["last_error"] is None, "last_error: %r" % sub["last_error"])
 
 
 # Start a server with args, put body on tube (pushed to rx's /tube), SIGTERM it once the
@@ -829,6 +896,8 @@ TESTS = [
     test_restart_with_binlog_midway,
     test_kill_with_binlog_loses_nothing,
     test_delivery_waits_for_the_put_on_disk,
+    test_attempt_after_a_slow_sync_gets_its_ttr,
+    test_reservation_that_ends_while_the_log_fails,
     test_sigterm_during_delivery,
     test_pause_and_other_protocols,
     test_settings_and_refusals,

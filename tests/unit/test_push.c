@@ -1,7 +1,8 @@
 /* test_push.c - the pure parts of push delivery (core/push.c): the
  * subscription syntax, the retry policy, Retry-After, the rate limiter and
  * the table of last failures; and server/push.c's delivery slots against a
- * receiver in the same event loop. Time is injected. */
+ * receiver in the same event loop, also behind a write-ahead log whose
+ * syncs the test runs. Time is injected. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +21,9 @@
 #include <netinet/in.h>
 
 #include "core.h"
+#include "../../io/wal.h"
 #include "../../server/push.h"
+#include "tempdir.h"
 
 /* ---- lists and specs ---------------------------------------------------- */
 
@@ -515,6 +518,203 @@ static void test_outcome_stays_with_its_attempt(void **state)
     event_base_free(w.base);
 }
 
+/* ---- deliveries that wait for their put's sync --------------------------- */
+
+/* A receiver that answers every job 204 after `answer_after` of injected
+ * time, and a write-ahead log (synchronous: nothing is synced until the
+ * test runs the flusher) that push delivery waits for. */
+struct held_world {
+    char dir[40];
+    struct event_base *base;
+    struct evhttp *http;
+    struct bg_engine engine;
+    struct bg_client producer;
+    struct wal *wal;
+    struct push_setup setup;
+    struct push *push;
+    struct event *wake;
+    uint16_t port;
+    bg_time answer_after;
+    unsigned answered;
+    unsigned last_attempt;      /* X-Beangate-Attempt of the last request */
+};
+
+static void held_receiver_cb(struct evhttp_request *req, void *arg)
+{
+    struct held_world *w = arg;
+    const char *attempt = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Beangate-Attempt");
+    w->last_attempt = attempt ? (unsigned)strtoul(attempt, NULL, 10) : 0;
+    fake_clock += w->answer_after;
+    w->answered++;
+    evhttp_send_reply(req, 204, "No Content", NULL);
+}
+
+/* The receiver, the engine and its log; no subscription yet. */
+static void held_world_open(struct held_world *w)
+{
+    memset(w, 0, sizeof *w);
+    fake_clock = 1000 * BG_SECOND;
+    tempdir_make(w->dir, sizeof w->dir, "push");
+    assert_non_null(w->base = event_base_new());
+    assert_non_null(w->http = evhttp_new(w->base));
+    struct evhttp_bound_socket *bound = evhttp_bind_socket_with_handle(w->http, "127.0.0.1", 0);
+    assert_non_null(bound);
+    evhttp_set_gencb(w->http, held_receiver_cb, w);
+    struct sockaddr_in addr;
+    socklen_t alen = sizeof addr;
+    assert_int_equal(getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&addr, &alen), 0);
+    w->port = ntohs(addr.sin_port);
+    assert_int_equal(bg_engine_init(&w->engine, 65535, NULL), 0);
+    struct wal_config cfg = {.dir = w->dir, .fsync_ms = 0, .segment_size = 1 << 20, .synchronous = 1};
+    assert_int_equal(wal_open(&w->wal, &cfg, &w->engine, w->base, fake_clock,
+                              (uint64_t)time(NULL) * BG_SECOND), 0);
+    assert_int_equal(bg_client_init_bare(&w->engine, &w->producer, &bg_client_ops_never_wait, NULL), 0);
+    assert_non_null(w->wake = event_new(w->base, -1, EV_PERSIST, wake_cb, NULL));
+    struct timeval tick = {0, 20000};
+    event_add(w->wake, &tick);
+}
+
+/* Start push delivery of tube t to the receiver with `options`. */
+static void held_world_push(struct held_world *w, const char *options)
+{
+    char text[200];
+    snprintf(text, sizeof text, "tube=t url=http://127.0.0.1:%u/ %s", (unsigned)w->port, options);
+    struct push_source src = {text, "test"};
+    assert_int_equal(push_setup_load(&w->setup, &src, 1, NULL, 1), 0);
+    assert_non_null(w->push = push_start(&w->setup, w->base, &w->engine, fake_now, NULL, NULL));
+    push_set_log(w->push, w->wal);
+}
+
+static void held_world_close(struct held_world *w)
+{
+    push_free(w->push);
+    push_setup_free(&w->setup);
+    event_free(w->wake);
+    evhttp_free(w->http);
+    bg_client_close(&w->producer, fake_clock);
+    wal_close(w->wal);
+    bg_engine_destroy(&w->engine);
+    event_base_free(w->base);
+    tempdir_remove(w->dir);
+}
+
+/* Turn the loop until `answered` answers were given and nothing is in
+ * flight (10 s of wall time at most). */
+static void held_world_run(struct held_world *w, unsigned answered)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        event_base_loop(w->base, EVLOOP_ONCE);
+        if (w->answered >= answered && sub_figure(w->push, "in_flight") == 0) return;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10) fail_msg("the deliveries did not end within 10 s");
+    }
+}
+
+/* Turn the loop until `n` jobs are taken (10 s of wall time at most). */
+static void held_world_wait_taken(struct held_world *w, json_int_t n)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (sub_figure(w->push, "in_flight") != n) {
+        event_base_loop(w->base, EVLOOP_ONCE);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10) fail_msg("%d jobs were not taken within 10 s", (int)n);
+    }
+}
+
+/* The log syncs what was appended: the holds it secures end. */
+static void held_world_sync(struct held_world *w)
+{
+    wal_kick(w->wal);
+    wal_run_flusher(w->wal);
+}
+
+/* Issue 21, push-hold 1: a delivery waits 1.5 s for its put's sync (TTR
+ * 3 s, timeout 10 s: the attempt's timeout is 2 s), then the receiver
+ * answers 204 after 1.9 s, inside that timeout. The 2xx must delete the
+ * job, delivered once. Before the fix the attempt's timeout was counted
+ * from the full TTR at the send, while the reservation had run since the
+ * job was taken: its TTR ended under the attempt at 1.5 s, the job went to
+ * the free slot and was delivered a second time, and the first 2xx counted
+ * a lost reservation. */
+static void test_attempt_gets_its_ttr_after_a_hold(void **state)
+{
+    (void)state;
+    struct held_world w;
+    held_world_open(&w);
+    uint64_t id;
+    assert_int_equal(bg_put_copy(&w.producer, "t", 1, 0, 3, "j", 1, fake_clock, &id), 0);
+    held_world_push(&w, "concurrency=2 timeout=10 attempts=5 backoff=1..1");
+    held_world_wait_taken(&w, 1);
+    assert_int_equal(w.answered, 0); /* held: its put is not synced */
+    fake_clock += BG_SECOND * 3 / 2;
+    w.answer_after = BG_SECOND * 19 / 10;
+    held_world_sync(&w);
+    held_world_run(&w, 1);
+
+    assert_int_equal(w.answered, 1);
+    assert_null(bg_job_find(&w.engine, id));
+    assert_int_equal(sub_figure(w.push, "delivered"), 1);
+    assert_int_equal(sub_figure(w.push, "attempts_started"), 1);
+    assert_int_equal(sub_figure(w.push, "reservations_lost"), 0);
+    held_world_close(&w);
+}
+
+/* Issue 21, push-hold 2: the put waits for the log longer than the job's
+ * TTR (2 s). The reservation ends as any TTR does (the job is ready
+ * again); the held slot is freed without an attempt, a failure or a lost
+ * reservation, and the job is delivered once, on its next reservation.
+ * `tick`: the server's clock runs the engine's timers during the wait (a
+ * second slot then takes the job again and waits too); without it the end
+ * of the TTR is seen only when the log comes back. Before the fix, the
+ * held slot's end counted a connect failure and a lost reservation, or
+ * (no tick) sent the job under an ended TTR and delivered it twice. */
+static void expired_hold(uint32_t concurrency, int tick)
+{
+    struct held_world w;
+    held_world_open(&w);
+    uint64_t id;
+    assert_int_equal(bg_put_copy(&w.producer, "t", 1, 0, 2, "j", 1, fake_clock, &id), 0);
+    char options[100];
+    snprintf(options, sizeof options, "concurrency=%u timeout=10 attempts=5 backoff=1..1", concurrency);
+    held_world_push(&w, options);
+    held_world_wait_taken(&w, 1);
+    fake_clock += 5 * BG_SECOND;
+    if (tick) {
+        bg_engine_catch_up(&w.engine, fake_clock); /* the TTR ends: ready, taken again */
+        held_world_wait_taken(&w, concurrency < 2 ? 1 : 2);
+    }
+    assert_int_equal(w.answered, 0);
+    held_world_sync(&w);
+    held_world_run(&w, 1);
+
+    assert_int_equal(w.answered, 1);
+    assert_int_equal(w.last_attempt, 2); /* the job's second reservation */
+    assert_null(bg_job_find(&w.engine, id));
+    assert_int_equal(sub_figure(w.push, "delivered"), 1);
+    assert_int_equal(sub_figure(w.push, "attempts_started"), 1);
+    assert_int_equal(sub_figure(w.push, "retried"), 0);
+    assert_int_equal(sub_figure(w.push, "reservations_lost"), 0);
+    json_t *list = push_subscriptions_json(w.push);
+    assert_true(json_is_null(json_object_get(json_array_get(list, 0), "last_error")));
+    json_decref(list);
+    held_world_close(&w);
+}
+
+static void test_expired_hold_frees_its_slot(void **state)
+{
+    (void)state;
+    expired_hold(2, 1);
+}
+
+static void test_expired_hold_seen_when_the_log_returns(void **state)
+{
+    (void)state;
+    expired_hold(1, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +730,9 @@ int main(void)
         cmocka_unit_test(test_failures_grow),
         cmocka_unit_test(test_failures_out_of_memory),
         cmocka_unit_test(test_outcome_stays_with_its_attempt),
+        cmocka_unit_test(test_attempt_gets_its_ttr_after_a_hold),
+        cmocka_unit_test(test_expired_hold_frees_its_slot),
+        cmocka_unit_test(test_expired_hold_seen_when_the_log_returns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
