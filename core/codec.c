@@ -336,6 +336,15 @@ static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_tim
         return;
     }
     const struct command *c = command_lookup(line);
+    if (!c && bg_line_is_http(line, len)) {
+        /* a browser's request (a page's form or fetch aimed at this port):
+         * its body would run as commands. Not the reference's: it answers
+         * UNKNOWN_COMMAND and goes on (docs/protocol.md) */
+        s->stream.closing = 1;
+        s->client.engine->stat.cross_protocol_closed++;
+        if (s->io && s->io->cross_protocol) s->io->cross_protocol(s);
+        return;
+    }
     if (!c) {
         reply_word(s, BG_UNKNOWN_COMMAND);
         return;
