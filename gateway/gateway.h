@@ -591,11 +591,14 @@ void gw_hosts_free(struct gw_hosts *h);
 /* Nonzero if h serves a request whose Host header is host (NULL: none), a
  * name with or without ":PORT", in any case. */
 int gw_hosts_allow(const struct gw_hosts *h, const char *host);
-/* 0 if r (its head in; version as libmicrohttpd gives it) may go on, else
+struct gw_framing;
+/* 0 if r (its head in, its fields counted in f; version as libmicrohttpd
+ * gives it) may go on, else
  * the status of its problem, *p set: 400 no Host in HTTP/1.1 or two Hosts,
  * 421 a Host name not served, 403 a state-changing request a browser marks
  * as cross-site from an origin not in --http-cors-origins. */
-unsigned gw_guard_check(struct gw_request *r, const char *version, struct gw_problem *p);
+unsigned gw_guard_check(struct gw_request *r, const char *version, const struct gw_framing *f,
+                        struct gw_problem *p);
 
 /* auth.c: bearer tokens */
 struct gw_auth;
@@ -703,6 +706,7 @@ struct gw_framing {
     int length_huge;              /* one does not fit in 64 bits */
     int length_conflict;          /* two disagree */
     int chunked;                  /* the one Transfer-Encoding is exactly chunked */
+    unsigned hosts;               /* Host fields seen (judged by guard.c) */
 };
 /* Take one header field (name any case; value with its spaces) into f. */
 void gw_framing_field(struct gw_framing *f, const char *name, size_t name_len, const char *value,

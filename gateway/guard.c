@@ -111,16 +111,6 @@ int gw_hosts_allow(const struct gw_hosts *h, const char *host)
            listed(h->name, h->count, host, n);
 }
 
-/* Count the Host fields (MHD_get_connection_values' iterator). */
-static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key,
-                                  const char *value)
-{
-    (void)kind;
-    (void)value;
-    if (strcasecmp(key, "Host") == 0) ++*(unsigned *)cls;
-    return MHD_YES;
-}
-
 /* Nonzero if origin is the gateway's own as the request reached it:
  * http:// or https:// and then its Host, in any case. */
 static int own_origin(const char *origin, const char *host)
@@ -142,7 +132,8 @@ static int cross_site(struct gw_request *r)
     return !gw_cors_allows(r->gw->cors, origin);
 }
 
-unsigned gw_guard_check(struct gw_request *r, const char *version, struct gw_problem *p)
+unsigned gw_guard_check(struct gw_request *r, const char *version, const struct gw_framing *f,
+                        struct gw_problem *p)
 {
     static const struct gw_problem host_count = {
         0, 400, "BAD_FORMAT", "an HTTP/1.1 request carries exactly one Host header, HTTP/1.0 at most one"};
@@ -154,8 +145,7 @@ unsigned gw_guard_check(struct gw_request *r, const char *version, struct gw_pro
         0, 403, "ORIGIN_NOT_ALLOWED",
         "a page of another site or origin may not change the queue from a browser: its origin "
         "is not in --http-cors-origins"};
-    unsigned hosts = 0;
-    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_host, &hosts);
+    unsigned hosts = f->hosts;
     int http11 = version && strcmp(version, "HTTP/1.1") == 0;
     const struct gw_problem *found = NULL;
     if (hosts > 1 || (http11 && hosts == 0)) found = &host_count;

@@ -161,7 +161,7 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_field, &f);
     gw_conn_request_began(gw, conn, &f);
     if (gw_framing_verdict(&f, &p)) return refuse_request(r, p.status, p.code, p.detail);
-    if (gw_guard_check(r, version, &p)) return refuse_request(r, p.status, p.code, p.detail);
+    if (gw_guard_check(r, version, &f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!gw_auth_check(gw->auth, given)) {
