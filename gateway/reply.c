@@ -133,7 +133,8 @@ static int reply_over_budget(struct MHD_Connection *c)
 static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
 {
     if (!resp) return GW_NO_REPLY;
-    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    if (!MHD_get_response_header(resp, "X-Content-Type-Options")) /* ui.c sets its own */
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     if (!MHD_get_response_header(resp, "Cache-Control"))
         MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (cors_origins) {

@@ -2568,8 +2568,12 @@ def test_nosniff_and_no_store_on_every_response():
         got.append(("a bad Content-Length (refused before libmicrohttpd)", r))
     for r in raw_exchange(b"GET /stats HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"):
         got.append(("a foreign Host", r))
-    for what, r in got:
+    ui = request("GET", "/ui/app.js", via="direct")
+    for what, r in got + [("GET /ui/app.js", ui)]:
+        for name in ("X-Content-Type-Options", "Cache-Control"):
+            check_eq(len([k for k, _ in r.headers if k.lower() == name.lower()]), 1, "%s: %s fields" % (what, name))
         check_eq(r.header("X-Content-Type-Options"), "nosniff", "%s: X-Content-Type-Options" % what)
+    for what, r in got:
         check_eq(r.header("Cache-Control"), "no-store", "%s: Cache-Control" % what)
     body = got[4][1]
     check_eq((body.status, body.header("Content-Disposition"), body.header("Content-Type")),
@@ -2577,7 +2581,6 @@ def test_nosniff_and_no_store_on_every_response():
     check_eq((got[11][1].status, got[11][1].header("Content-Disposition")), (200, "attachment"),
              "a raw peek's status and Content-Disposition")
     check_eq(got[3][1].header("Content-Disposition"), None, "a JSON job's Content-Disposition")
-    ui = request("GET", "/ui/app.js", via="direct")
     check_eq((ui.header("X-Content-Type-Options"), ui.header("Cache-Control")), ("nosniff", "no-cache"),
              "a dashboard file keeps its own Cache-Control")
     # the 408 of the header timeout, written without libmicrohttpd
