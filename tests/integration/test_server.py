@@ -1231,13 +1231,18 @@ def test_http_lines_close_the_connection():
             b"OPTIONS * HTTP/1.1\r\n" + body,
             b"host: 127.0.0.1\r\n" + body,
             b"use web\r\nPUT /jobs HTTP/1.1\r\n" + body,
+            # a request line and a Host longer than a command line may be
+            # (a long path, a long rebinding name): each is dropped as too
+            # long, but the Host line still closes
+            b"POST /" + b"p" * 300 + b" HTTP/1.1\r\nHost: " + b"a" * 250 + b".example:%d\r\n\r\n" % srv.port + body,
         ]
         for i, attack in enumerate(attacks):
             c = srv.connect()
             c.send(attack)
             got = read_until_closed(c, "attack %d" % i)
             c.close()
-            check_eq(got, b"USING web\r\n" if attack.startswith(b"use web") else b"", "replies to attack %d" % i)
+            want = b"USING web\r\n" if attack.startswith(b"use web") else b"BAD_FORMAT\r\n" if len(attack) > 600 else b""
+            check_eq(got, want, "replies to attack %d" % i)
         victim.send(b"stats-job 1\r\n")
         check(b"\nstate: ready\n" in victim.read_ok(), "job 1 is not ready any more")
         victim.send(b"stats\r\n")
