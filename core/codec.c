@@ -326,6 +326,17 @@ static int parse_args(const struct command *c, const char *line, size_t len, str
     return BG_BAD_FORMAT;
 }
 
+/* A line of HTTP came (bg_line_is_http): a browser's request (a page's form
+ * or fetch aimed at this port), whose body would run as commands. Close
+ * the session, running nothing more; count and report it. Not the
+ * reference's: it answers UNKNOWN_COMMAND and goes on (docs/protocol.md). */
+static void close_cross_protocol(struct bg_session *s)
+{
+    s->stream.closing = 1;
+    s->client.engine->stat.cross_protocol_closed++;
+    if (s->io && s->io->cross_protocol) s->io->cross_protocol(s);
+}
+
 /* Parse and execute one command line of len bytes (CRLF excluded). */
 static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_time now)
 {
@@ -337,6 +348,10 @@ static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_tim
         return;
     }
     const struct command *c = command_lookup(line);
+    if (!c && bg_line_is_http(line, len)) {
+        close_cross_protocol(s);
+        return;
+    }
     if (!c) {
         reply_word(s, BG_UNKNOWN_COMMAND);
         return;
@@ -689,7 +704,13 @@ static size_t feed_requests(struct bg_session *s, const char *in, size_t len, bg
                 continue;
             }
             if (avail < BG_LINE_MAX) return used;
-            used += BG_LINE_MAX; /* too long: drop this window */
+            /* too long: drop this window; a Host line made long by a long
+             * name closes as a short one does */
+            if (bg_line_is_http(p, BG_LINE_MAX)) {
+                close_cross_protocol(s);
+                return used;
+            }
+            used += BG_LINE_MAX;
             s->state = BG_WANT_ENDLINE;
             continue;
         }

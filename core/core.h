@@ -100,6 +100,12 @@ void bg_job_free_sized(void *p, size_t size);
 int bg_parse_u64(const char *s, size_t len, uint64_t max, uint64_t *out);
 /* How many ASCII digits s[0..len) starts with (0: none). */
 size_t bg_digits_span(const char *s, size_t len);
+/* Nonzero if line[0..len) (its line end left off) is an HTTP request line
+ * ("METHOD SP target SP HTTP/1.x") or a Host header field (any case): what
+ * a browser's request sent to the beanstalk or Gearman port starts with.
+ * No beanstalk or Gearman client sends such a line; the sessions close the
+ * connection on one (docs/security.md, "Cross-protocol requests"). */
+int bg_line_is_http(const char *line, size_t len);
 
 /* ---- buf.c: growable byte buffer ---------------------------------------- */
 
@@ -316,6 +322,8 @@ struct bg_server_counters {
     /* what happened to jobs, whichever front-end asked: reservations made
      * (a job reserved again counts again) and jobs deleted */
     uint64_t total_jobs_reserved, total_jobs_deleted;
+    /* beanstalk and Gearman connections closed on a line of HTTP (bg_line_is_http) */
+    uint64_t cross_protocol_closed;
 };
 
 struct bg_engine {
@@ -961,6 +969,8 @@ struct bg_session;
 struct bg_session_io {
     /* Fill in process facts for `stats`. */
     void (*process_info)(struct bg_session *s, struct bg_process_info *out);
+    /* The session closes on a line of HTTP (bg_line_is_http); may be NULL. */
+    void (*cross_protocol)(struct bg_session *s);
 };
 
 /* One beanstalk TCP connection as the codec sees it. A reserve that waits

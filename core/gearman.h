@@ -229,6 +229,8 @@ struct gm_hooks {
     /* A malformed request was answered with ERROR `code` (for a log line;
      * NULL: nothing). */
     void (*bad_request)(void *ctx, const struct gm_session *s, const char *code);
+    /* The session closes on a line of HTTP (bg_line_is_http); NULL: nothing. */
+    void (*cross_protocol)(void *ctx, const struct gm_session *s);
 };
 
 /* A hash table of records, chained through one of their next pointers. */

@@ -958,6 +958,15 @@ size_t gm_session_feed(struct gm_session *s, const char *in, size_t len, bg_time
                 st->closing = 1;
                 break;
             }
+            size_t line_len = (size_t)used - 1;
+            if (line_len && data[line_len - 1] == '\r') line_len--;
+            if (bg_line_is_http(data, line_len)) {
+                /* a browser's request (docs/gearman.md): nothing of it runs */
+                g->engine->stat.cross_protocol_closed++;
+                if (g->hooks.cross_protocol) g->hooks.cross_protocol(g->hooks.ctx, s);
+                st->closing = 1;
+                break;
+            }
             bg_engine_catch_up(g->engine, now); /* reads job states */
             run_admin(s, &line, now);
         } else {

@@ -47,6 +47,9 @@
 #include "gateway.h"
 #include "../io/eventlog.h"
 
+/* What every response carries (reply.c, send_response), in the answers
+ * written here without libmicrohttpd. */
+#define GW_RAW_HEADERS "X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n"
 #define ACCEPT_BATCH 64           /* connections accepted per wake-up */
 #define TCP_STATE_ESTABLISHED 1   /* tcpi_state: the kernel's TCP_ESTABLISHED (not in linux/tcp.h) */
 
@@ -243,7 +246,7 @@ static void refuse(struct gw_conn *c, unsigned status, const char *code, const c
     char head[320];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %u %s\r\nContent-Type: application/problem+json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n%s\r\n",
+                     "Content-Length: %zu\r\nConnection: close\r\n" GW_RAW_HEADERS "%s\r\n",
                      status, gw_status_title(status), text ? strlen(text) : 0,
                      status == 503 ? "Retry-After: 5\r\n" : "");
     struct iovec iov[2] = {{head, (size_t)n}, {text, text ? strlen(text) : 0}};
@@ -405,7 +408,8 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     char head[256];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/problem+json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n", text ? strlen(text) : 0);
+                     "Content-Length: %zu\r\nConnection: close\r\n" GW_RAW_HEADERS "\r\n",
+                     text ? strlen(text) : 0);
     struct iovec iov[2] = {{head, (size_t)n}, {text, text ? strlen(text) : 0}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
     ssize_t sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -15,6 +15,20 @@ struct gw_cors {
     size_t count;
 };
 
+size_t gw_host_span(const char *s, size_t n)
+{
+    size_t i = 0;
+    if (n && s[0] == '[') {
+        while (++i < n && s[i] != ']')
+            if (!strchr("0123456789abcdefABCDEF:.", s[i])) return 0;
+        return i == n || i == 1 ? 0 : i + 1;
+    }
+    while (i < n && (s[i] == '-' || s[i] == '.' || (s[i] >= '0' && s[i] <= '9') ||
+                     ((s[i] | 0x20) >= 'a' && (s[i] | 0x20) <= 'z')))
+        i++;
+    return i;
+}
+
 /* Why origin[0..n) is not "http(s)://HOST[:PORT]", or NULL if it is. HOST
  * is a name of letters, digits, '-' and '.', or an [IPv6] address. */
 static const char *origin_why(const char *origin, size_t n)
@@ -25,18 +39,9 @@ static const char *origin_why(const char *origin, size_t n)
     size_t i = n >= 7 && strncasecmp(origin, "http://", 7) == 0    ? 7
              : n >= 8 && strncasecmp(origin, "https://", 8) == 0 ? 8 : 0;
     if (!i) return "an origin must start with http:// or https://";
-    size_t host = i;
-    if (i < n && origin[i] == '[') {
-        while (++i < n && origin[i] != ']')
-            if (!strchr("0123456789abcdefABCDEF:.", origin[i])) return "a bad [IPv6] address in an origin";
-        if (i == n || i == host + 1) return "a bad [IPv6] address in an origin";
-        i++;
-    } else {
-        while (i < n && (origin[i] == '-' || origin[i] == '.' || (origin[i] >= '0' && origin[i] <= '9') ||
-                         ((origin[i] | 0x20) >= 'a' && (origin[i] | 0x20) <= 'z')))
-            i++;
-        if (i == host) return "an origin has no host";
-    }
+    size_t host = gw_host_span(origin + i, n - i);
+    if (!host) return i < n && origin[i] == '[' ? "a bad [IPv6] address in an origin" : "an origin has no host";
+    i += host;
     if (i < n && origin[i] == ':') {
         uint64_t port;
         if (bg_parse_u64(origin + i + 1, n - i - 1, 65535, &port) != 0 || port == 0 || n - i - 1 > 5)

@@ -9,6 +9,7 @@
  * frame the body differently: request smuggling); the only transfer coding
  * is chunked; a header line that starts with a space or tab (obsolete line
  * folding) or has no name, a space before its colon or no colon is refused.
+ * The Host fields are counted on the way, for guard.c (RFC 9112 section 3.2).
  */
 #include <string.h>
 #include <strings.h>
@@ -64,6 +65,8 @@ void gw_framing_field(struct gw_framing *f, const char *name, size_t name_len, c
     } else if (name_is(name, name_len, "Transfer-Encoding")) {
         f->chunked = f->codings == 0 && value_len == 7 && strncasecmp(value, "chunked", 7) == 0;
         f->codings++;
+    } else if (name_is(name, name_len, "Host")) {
+        f->hosts++;
     }
 }
 

@@ -29,6 +29,8 @@
  *   idempotency.c  Idempotency-Key -> job, for a window
  *   auth.c      optional bearer tokens, compared in constant time
  *   cors.c      the origins allowed to call from a browser (CORS), below reply.c
+ *   guard.c     what a browser's page must not do: Host names (DNS rebinding),
+ *               Host count, cross-site state changes (docs/security.md)
  */
 #ifndef BEANGATE_GATEWAY_H
 #define BEANGATE_GATEWAY_H
@@ -80,6 +82,8 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
 #define GW_TUBE_PAGE_DEFAULT 100
 #define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
 #define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
+#define GW_ALLOWED_HOSTS_MAX 64       /* names in --http-allowed-hosts at most */
+#define GW_ALLOWED_HOST_MAX 253       /* bytes in one name */
 #define GW_CORS_MAX_AGE "600"         /* seconds a browser may keep a preflight's answer */
 /* What a page of an allowed origin may send (beyond the CORS-safelisted
  * headers) and read (beyond the safelisted response headers). */
@@ -114,6 +118,10 @@ struct gateway_config {
     void (*process_info)(void *arg, struct bg_process_info *pi);
     uint32_t max_wait_s;          /* long-poll cap in seconds; 0: GW_MAX_WAIT_DEFAULT_S */
     const char *cors_origins;     /* comma-separated origins (gw_cors_check); NULL: CORS off */
+    /* comma-separated host names served besides the loopback ones
+     * (gw_hosts_check); NULL: on a loopback bind only those, on another
+     * bind every Host */
+    const char *allowed_hosts;
     /* more /metrics families from the server (the connection layer's
      * limits, job memory); arg is log_arg; 0 or BG_OUT_OF_MEMORY. NULL: none */
     int (*extra_metrics)(void *arg, struct bg_buf *out);
@@ -364,6 +372,7 @@ struct gateway {
     struct gw_metrics *metrics;
     struct gw_push_hooks push;    /* all NULL without push delivery */
     struct gw_cors *cors;         /* NULL: CORS off */
+    struct gw_hosts *hosts;       /* the Host names served (guard.c) */
     gw_role_fn role;              /* gateway_set_role; NULL: always serving */
     void *role_arg;
 };
@@ -578,6 +587,34 @@ void gw_cors_free(struct gw_cors *c);
  * compared without regard to ASCII case. */
 int gw_cors_allows(const struct gw_cors *c, const char *origin);
 
+/* The length of the host at s[0..n): a name of letters, digits, '-' and
+ * '.', or an [IPv6] address with its brackets; 0 if there is none. */
+size_t gw_host_span(const char *s, size_t n);
+
+/* guard.c: what a browser's page must not make the gateway do */
+struct gw_hosts;
+/* Check a comma-separated list of host names (each as gw_host_span has it,
+ * no port, at most GW_ALLOWED_HOSTS_MAX): NULL, or why it is refused. */
+const char *gw_hosts_check(const char *list);
+/* Nonzero if sa is a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
+int gw_addr_is_loopback(const struct sockaddr *sa);
+/* The Host names a gateway bound to a loopback address (loopback nonzero)
+ * or another serves: the loopback names and list's (NULL: none; then on
+ * another bind every name). NULL if list is refused or out of memory. */
+struct gw_hosts *gw_hosts_new(const char *list, int loopback);
+void gw_hosts_free(struct gw_hosts *h);
+/* Nonzero if h serves a request whose Host header is host (NULL: none), a
+ * name with or without ":PORT", in any case. */
+int gw_hosts_allow(const struct gw_hosts *h, const char *host);
+struct gw_framing;
+/* 0 if r (its head in, its fields counted in f; version as libmicrohttpd
+ * gives it) may go on, else
+ * the status of its problem, *p set: 400 no Host in HTTP/1.1 or two Hosts,
+ * 421 a Host name not served, 403 a state-changing request a browser marks
+ * as cross-site from an origin not in --http-cors-origins. */
+unsigned gw_guard_check(struct gw_request *r, const char *version, const struct gw_framing *f,
+                        struct gw_problem *p);
+
 /* auth.c: bearer tokens */
 struct gw_auth;
 /* Copy n tokens (each 1..GW_AUTH_TOKEN_MAX bytes). NULL if one is too long
@@ -685,6 +722,7 @@ struct gw_framing {
     int length_huge;              /* one does not fit in 64 bits */
     int length_conflict;          /* two disagree */
     int chunked;                  /* the one Transfer-Encoding is exactly chunked */
+    unsigned hosts;               /* Host fields seen (judged by guard.c) */
 };
 /* Take one header field (name any case; value with its spaces) into f. */
 void gw_framing_field(struct gw_framing *f, const char *name, size_t name_len, const char *value,

@@ -151,7 +151,7 @@ static enum MHD_Result refuse_request(struct gw_request *r, unsigned status, con
  * framing, its token and its body's size against the row's limit and the
  * budget of all bodies, before any byte of the body is read. */
 static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, const char *url,
-                                     const char *method)
+                                     const char *method, const char *version)
 {
     struct MHD_Connection *conn = r->conn;
     gw_match_route(method, url, &r->match);
@@ -163,6 +163,7 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_field, &f);
     gw_conn_request_began(gw, conn, &f);
     if (gw_framing_verdict(&f, &p)) return refuse_request(r, p.status, p.code, p.detail);
+    if (gw_guard_check(r, version, &f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!gw_auth_check(gw->auth, given)) {
@@ -270,7 +271,6 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                                  const char *method, const char *version,
                                  const char *upload_data, size_t *upload_size, void **con_cls)
 {
-    (void)version;
     struct gateway *gw = cls;
     struct gw_request *r = *con_cls;
     if (!r) {
@@ -281,7 +281,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         r->started = gw->now();
         gw->in_flight++;
         *con_cls = r;
-        return begin_request(gw, r, url, method);
+        return begin_request(gw, r, url, method, version);
     }
     if (*upload_size) {
         size_t n = *upload_size;
@@ -506,6 +506,7 @@ static void free_parts(struct gateway *gw)
     gw_reply_set_cors(NULL);
     gw_reply_set_budget(NULL);
     gw_cors_free(gw->cors);
+    gw_hosts_free(gw->hosts);
     gw_metrics_free(gw->metrics);
     free(gw);
 }
@@ -557,8 +558,13 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->metrics = new_metrics();
     if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
     if (cfg->cors_origins) gw->cors = gw_cors_new(cfg->cors_origins);
+    struct sockaddr_storage bound;
+    socklen_t bound_len = sizeof bound;
+    int loopback = getsockname(fd, (struct sockaddr *)&bound, &bound_len) == 0 &&
+                   gw_addr_is_loopback((struct sockaddr *)&bound);
+    gw->hosts = gw_hosts_new(cfg->allowed_hosts, loopback);
     if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth) ||
-        (cfg->cors_origins && !gw->cors)) {
+        (cfg->cors_origins && !gw->cors) || !gw->hosts) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         free_parts(gw);
         return NULL;

@@ -157,6 +157,8 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     /* what happened to jobs, whatever front-end asked (the cmd_* count requests) */
     json_object_set_new(v, "total_jobs_reserved", json_integer((json_int_t)e->stat.total_jobs_reserved));
     json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
+    /* beanstalk and Gearman connections closed on a line of HTTP (docs/security.md) */
+    json_object_set_new(v, "cross_protocol_closed", json_integer((json_int_t)e->stat.cross_protocol_closed));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
     /* what the log did with each sink (docs/durability.md, "Stats") */

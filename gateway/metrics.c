@@ -302,6 +302,11 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                      "Beanstalk and Gearman connections accepted since the start (total-connections).",
                      e->stat.total_connections);
     if (rc == 0)
+        rc = counter(b, "beangate_cross_protocol_closed_total",
+                     "Beanstalk and Gearman connections closed on a line of HTTP, a web page's "
+                     "request (cross_protocol_closed of GET /stats; docs/security.md).",
+                     e->stat.cross_protocol_closed);
+    if (rc == 0)
         rc = gauge(b, "beangate_current_producers",
                    "Connections that have put a job (current-producers).", e->producers);
     if (rc == 0)

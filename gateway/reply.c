@@ -124,11 +124,19 @@ static int reply_over_budget(struct MHD_Connection *c)
                             "(--http-max-response-buffer): retry later");
 }
 
-/* Queue resp (NULL: out of memory) for c with the CORS headers, and let it
- * go. Every response of the gateway leaves through here. */
+/* Queue resp (NULL: out of memory) for c with the headers every response
+ * carries, and let it go. Every response of the gateway leaves through
+ * here. A browser must not run or render a response as another type than
+ * it says (a job body loaded by a <script> of another site); no cache
+ * keeps one whose handler did not say how long it may (queue state, job
+ * bodies: the dashboard's files and /metrics say); and the CORS headers. */
 static int send_response(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
 {
     if (!resp) return GW_NO_REPLY;
+    if (!MHD_get_response_header(resp, "X-Content-Type-Options")) /* ui.c sets its own */
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    if (!MHD_get_response_header(resp, "Cache-Control"))
+        MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (cors_origins) {
         /* the answer depends on the Origin: a cache must not give one
          * origin's answer to another */
@@ -265,6 +273,8 @@ int gw_reply_raw_job(struct MHD_Connection *c, const struct bg_job *j, const cha
     snprintf(num, sizeof num, "%u", j->ttr_s);
     MHD_add_response_header(resp, "X-Job-Ttr", num);
     if (token) MHD_add_response_header(resp, "X-Reservation", token);
+    /* a browser that opens the body's URL saves it instead of showing it */
+    MHD_add_response_header(resp, "Content-Disposition", "attachment");
     return send_response(c, 200, resp);
 }
 

@@ -15,7 +15,14 @@ static void session_process_info(struct bg_session *s, struct bg_process_info *p
     server_process_info(s->io_owner, pi);
 }
 
-static const struct bg_session_io session_io = {.process_info = session_process_info};
+static void session_cross_protocol(struct bg_session *s)
+{
+    (void)s;
+    server_log_cross_protocol("beanstalk", NULL);
+}
+
+static const struct bg_session_io session_io = {.process_info = session_process_info,
+                                                .cross_protocol = session_cross_protocol};
 
 static int beanstalk_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
 {

@@ -30,6 +30,7 @@ enum kind {
     K_STATE,    /* no flag, no variable: a field other rows set, in the log only */
     K_LIST,     /* --push: each flag adds a value (the first replaces the variable's) */
     K_ORIGINS,  /* web origins, comma-separated, checked by the gateway (gw_cors_check) */
+    K_HOSTS,    /* host names, comma-separated, checked by the gateway (gw_hosts_check) */
     K_SHARD,    /* --shard K/N: the text, and shard_index, shard_count (0 <= K < N <= max) */
     K_HELP,     /* print the usage, exit 0 */
     K_VERSION,  /* print the version, exit 0 */
@@ -197,6 +198,12 @@ static const struct setting settings[] = {
      .help = "let web pages of these origins call the gateway from a browser (CORS):\n"
              "comma-separated, each http(s)://HOST[:PORT], exactly as the browser\n"
              "sends it; no '*'. Default: none, no CORS headers (docs/http.md)"},
+    {0, "--http-allowed-hosts", "BEANGATE_HTTP_ALLOWED_HOSTS", "LIST", K_HOSTS,
+     .key = "http_allowed_hosts", FIELD(http_allowed_hosts),
+     .help = "host names the gateway answers to besides localhost, 127.0.0.1 and\n"
+             "[::1] (comma-separated, no port): a request whose Host names another\n"
+             "gets 421 (DNS rebinding). Default: none; on an address that is not\n"
+             "loopback, every name is served then (docs/security.md)"},
     {0, NULL, NULL, NULL, K_STATE, .key = "gearman", FIELD(gearman_enabled)},
     {0, "--gearman-listen", "BEANGATE_GEARMAN_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1",
      .key = "gearman_listen", FIELD(gearman_listen), ALSO(gearman_enabled, 1),
@@ -461,6 +468,11 @@ static const char *set_value(const struct setting *s, struct server_config *cfg,
         break;
     case K_ORIGINS: {
         const char *why = gw_cors_check(text);
+        if (why) return why;
+        break;
+    }
+    case K_HOSTS: {
+        const char *why = gw_hosts_check(text);
         if (why) return why;
         break;
     }
@@ -796,6 +808,7 @@ static void log_config(const struct server_config *c)
         case K_STRING:
         case K_PORT:
         case K_ORIGINS:
+        case K_HOSTS:
         case K_SHARD:
             fprintf(m, "%s%s=%s", sep, s->key, log_str(*(const char *const *)p));
             break;

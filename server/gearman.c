@@ -53,6 +53,12 @@ static void hook_bad_request(void *ctx, const struct gm_session *s, const char *
     log_event(BG_LOG_DEBUG, "gearman_bad_packet", "fd=%d code=%s", s->peer_fd, log_str(code));
 }
 
+static void hook_cross_protocol(void *ctx, const struct gm_session *s)
+{
+    (void)ctx;
+    server_log_cross_protocol("gearman", s->peer);
+}
+
 /* ---- the session in the connection layer ---------------------------------- */
 
 static int gearman_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
@@ -115,6 +121,7 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         .wall_s = hook_wall_s,
         .stop = hook_stop,
         .bad_request = hook_bad_request,
+        .cross_protocol = hook_cross_protocol,
     };
     uint32_t max_packet = srv->engine.max_job_size + GM_IN_SLACK;
     if (gm_server_init(&g->server, &srv->engine, &hooks, max_packet, cfg->gearman_admin_shutdown,

@@ -23,6 +23,17 @@
 #include "../io/eventlog.h"
 #include "push.h"
 
+void server_log_cross_protocol(const char *protocol, const char *peer)
+{
+    static struct log_limit limit;
+    unsigned long long held = 0;
+    if (!log_limit_pass(&limit, loop_now(), 10 * BG_SECOND, &held)) return;
+    log_event(BG_LOG_WARN, "cross_protocol_closed",
+              "protocol=%s peer=%s held_back=%llu msg=\"a line of HTTP (a web page's request?) "
+              "on this port: connection closed, nothing of it run\"",
+              protocol, log_str(peer), held);
+}
+
 void server_process_info(struct server *srv, struct bg_process_info *pi)
 {
     struct rusage ru;
@@ -518,7 +529,8 @@ int main(int argc, char **argv)
             .max_header_size = cfg.http_max_header_size,
             .max_body_buffer = cfg.http_max_body_buffer,
             .max_response_buffer = cfg.http_max_response_buffer,
-            .cors_origins = cfg.http_cors_origins, .extra_metrics = server_metrics};
+            .cors_origins = cfg.http_cors_origins,
+            .allowed_hosts = cfg.http_allowed_hosts, .extra_metrics = server_metrics};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */

@@ -60,6 +60,7 @@ struct server_config {
     size_t http_token_count;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
+    const char *http_allowed_hosts; /* --http-allowed-hosts, or NULL: the loopback names */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
@@ -163,5 +164,9 @@ struct server {
 
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);
+/* A beanstalk or Gearman connection (protocol) was closed on a line of
+ * HTTP: a warning, at most one per 10 s with how many were held back
+ * (peer: the client's address, or NULL). */
+void server_log_cross_protocol(const char *protocol, const char *peer);
 
 #endif

@@ -1744,6 +1744,47 @@ def test_tool_many_background_jobs(srv):
     bs.close()
 
 
+@test
+@beangate_only(why="a deliberate difference from gearmand (docs/gearman.md): beangate only")
+def test_http_lines_close_the_connection(srv):
+    """A browser's request sent to the Gearman port (a form or no-cors fetch)
+    starts with an HTTP request line and a Host header; its body would run
+    as admin lines (`cancel job H:...`). gearmand answers ERR for each line
+    and runs the body (a browser's request is refused there only because
+    its User-Agent line has too many words); beangate closes at the request
+    line or a Host line, running nothing, and counts it."""
+    bs = Beanstalk(srv.bport)
+    jid = bs.put("f", "keep me", 0)
+    bs.close()
+    handle = "H:%s:%d" % (socket.gethostname(), jid)
+    body = "cancel job %s\nversion\n" % handle
+    attacks = ["POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: %d\r\n\r\n%s" % (srv.port, len(body), body),
+               "GET / HTTP/1.0\n" + body, "Host: x\r\n" + body]
+    for i, attack in enumerate(attacks):
+        g = Gear(srv.port)
+        g.raw(attack.encode())
+        deadline = time.monotonic() + 5
+        got = b""
+        while True:
+            check(time.monotonic() < deadline, "attack %d: the connection stayed open; got %r" % (i, got))
+            g.s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                d = g.s.recv(65536)
+            except socket.timeout:
+                continue
+            except ConnectionResetError:
+                break
+            if not d:
+                break
+            got += d
+        g.close()
+        check_eq(got, b"", "replies to attack %d" % i)
+    check_eq(srv.status().get("f"), (1, 0, 0), "the job a page tried to cancel")
+    check_eq(srv.admin(b"version\n")[:3], b"OK ", "admin lines of another connection")
+    status, body = http_req(srv.hport, "GET", "/stats")
+    check_eq((status, json.loads(body)["cross_protocol_closed"]), (200, len(attacks)), "the count in /stats")
+
+
 # ------------------------------------------------------------------ main
 
 def alarm(signum, frame):

@@ -259,7 +259,7 @@ def percentile(values, p):
 
 FRAMING = [
     # name, request bytes, status, code
-    ("malformed Content-Length", b"POST /tubes/t/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\nxx",
+    ("malformed Content-Length", b"POST /tubes/t/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\nxx",
      400, "BAD_FORMAT"),
     ("negative Content-Length", b"POST /tubes/t/jobs HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "BAD_FORMAT"),
     ("Content-Length list", b"POST /tubes/t/jobs HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc",
@@ -311,7 +311,7 @@ def test_framing_errors_answered_once():
         check_problem(raw, status, code, name)
     for name, req, status, code in FRAMING_LATER:
         s = connect(srv.port)
-        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
         first = read_response(s)
         check_eq(first[0], 200, "%s: the first request" % name)
         s.sendall(req)
@@ -321,7 +321,8 @@ def test_framing_errors_answered_once():
         check_problem(first[3] + raw, status, code, name + " (later request)")
     # the largest head allowed (8192 bytes, 100 fields) fits libmicrohttpd's
     # buffer too, for a first and a later request
-    head = b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-F%02d: %s\r\n" % (i, b"v" * 50) for i in range(99))
+    head = b"GET /livez HTTP/1.1\r\nHost: localhost\r\n" + b"".join(b"X-F%02d: %s\r\n" % (i, b"v" * 50)
+                                                                for i in range(98))
     head += b"X-P: " + b"p" * (8192 - len(head) - 9) + b"\r\n\r\n"
     check_eq(len(head), 8192, "the largest head's size")
     s = connect(srv.port)
@@ -367,11 +368,11 @@ def test_header_deadline_and_idle_timeout():
     check_problem(raw, 408, "HEADER_TIMEOUT", "slowloris")
     # keep-alive: idle past the header timeout is fine; a stalled head is not
     s = connect(srv.port)
-    s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
     check_eq(read_response(s)[0], 200, "keep-alive first request")
     _, closed = read_to_eof(s, 3)
     check(not closed, "a keep-alive connection idle for 3 s (idle timeout 4) was closed")
-    s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
     check_eq(read_response(s)[0], 200, "keep-alive request after 3 s idle")
     t0 = time.monotonic()
     s.sendall(b"GET /liv")
@@ -381,7 +382,7 @@ def test_header_deadline_and_idle_timeout():
     check_problem(raw, 408, "HEADER_TIMEOUT", "stalled later head")
     # idle timeout
     s = connect(srv.port)
-    s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
     check_eq(read_response(s)[0], 200, "idle-timeout request")
     t0 = time.monotonic()
     raw, closed = read_to_eof(s, 10)
@@ -396,9 +397,9 @@ def test_header_deadline_and_idle_timeout():
           "header timeouts are counted")
 
 
-GET_LIVEZ = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
-PUT_LENGTH = b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
-PUT_CHUNKED = (b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+GET_LIVEZ = b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n"
+PUT_LENGTH = b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello"
+PUT_CHUNKED = (b"POST /tubes/kinds/jobs HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
 PARTIAL_HEAD = b"GET /liv"
 
@@ -514,11 +515,11 @@ def test_recovers_after_connection_limit():
     polls = []
     for _ in range(limit):
         s = connect(srv.port)
-        s.sendall(b"POST /tubes/hostile-full/reservations?timeout=4 HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"POST /tubes/hostile-full/reservations?timeout=4 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         polls.append(s)
     wait_until(lambda: tube_waiting(srv, "hostile-full") == limit, "the long-polls to wait", 10)
     s = connect(srv.port)
-    s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
     raw, closed = read_to_eof(s, 5)
     s.close()
     check(closed, "a refused connection was left open")
@@ -630,7 +631,7 @@ def test_rss_bounded_under_declared_bodies():
     srv = server()
     limit = 100 * ((65535 + 2) // 3 * 4 + 256)
     base = srv.peak_rss_mb()
-    head = ("POST /tubes/hostile-big/jobs/batch HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    head = ("POST /tubes/hostile-big/jobs/batch HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n"
             % limit).encode()
     socks = [connect(srv.port) for _ in range(n)]
     for s in socks:
@@ -694,7 +695,7 @@ def unread_get(port, path):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.settimeout(IO_TIMEOUT)
     s.connect(("127.0.0.1", port))
-    s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n\r\n" % path.encode())
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = s.recv(4096)
@@ -744,7 +745,7 @@ def test_response_budget_at_its_limit():
         while len(body) < int(headers["content-length"]):
             body += s.recv(4096)
         check_eq(json.loads(body)["code"], "RESPONSE_BUFFER_FULL", "the refusal's code")
-        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
         check_eq(read_response(s)[0], 200, "the refused client's connection, used again")
         s.close()
         # small reads, a put and health go on while the budget is full
@@ -795,15 +796,15 @@ def test_body_budget_and_route_limits():
     batch; a batch's limit comes from -z."""
     srv = server("--http-max-body-buffer", "1048576", "-z", "1000000")
     a = connect(srv.port)
-    a.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 600000\r\n\r\n" + b"x" * 1000)
+    a.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 600000\r\n\r\n" + b"x" * 1000)
     wait_until(lambda: srv.metric("beangate_http_body_buffer_bytes") == 600000, "the first body's budget", 5)
     b = connect(srv.port)
-    b.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 600000\r\n\r\n")
+    b.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 600000\r\n\r\n")
     raw, closed = read_to_eof(b, 5)
     check(closed, "a refused body's connection stayed open")
     doc = check_problem(raw, 503, "BODY_BUFFER_FULL", "a body past the budget")
     c = connect(srv.port)
-    c.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 448577\r\n\r\n")
+    c.sendall(b"POST /tubes/budget/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 448577\r\n\r\n")
     raw, _ = read_to_eof(c, 5)
     check_problem(raw, 503, "BODY_BUFFER_FULL", "a body one byte past the budget")
     status, _, _ = get(srv.port, "/tubes/budget/jobs", 5, "POST", b"y" * 448576)
@@ -818,7 +819,7 @@ def test_body_budget_and_route_limits():
     # route limits: a put route whose tube name starts with "batch" is a put
     for path, length, want in (("/tubes/batchy/jobs", 1000001, 413), ("/tubes/batchy/jobs", 1000000, None)):
         s = connect(srv.port)
-        s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (path, length)).encode())
+        s.sendall(("POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % (path, length)).encode())
         if want:
             raw, _ = read_to_eof(s, 5)
             check_problem(raw, 413, "JOB_TOO_BIG", "%s with %d bytes" % (path, length), closes=False)
@@ -836,7 +837,8 @@ def test_body_budget_and_route_limits():
     status, _, _ = get(srv2.port, "/tubes/hostile-batch/jobs/batch", 30, "POST", doc + b" " * (limit - len(doc)))
     check_eq(status, 200, "a batch of %d bytes" % limit)
     s = connect(srv2.port)
-    s.sendall(b"POST /tubes/hostile-batch/jobs/batch HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (limit + 1))
+    s.sendall(b"POST /tubes/hostile-batch/jobs/batch HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n"
+              % (limit + 1))
     raw, _ = read_to_eof(s, 5)
     check_problem(raw, 413, "JOB_TOO_BIG", "a batch of %d bytes" % (limit + 1), closes=False)
     status, _, _ = get(srv2.port, "/tubes/hostile-batch/jobs", 5, "POST", b"q" * 65536)
@@ -893,12 +895,12 @@ def test_client_disconnects_are_debug_level():
 
     for i in range(n):
         s = connect(srv.port)
-        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost")
         s.close()
     wait_until(lambda: client_closes() >= n, "the first-head disconnects to be counted", 10)
     for i in range(n):
         s = connect(srv.port)
-        s.sendall(b"POST /tubes/gone/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        s.sendall(b"POST /tubes/gone/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
         # close once the server has begun the request (it is in flight)
         wait_until(lambda: srv.metric("beangate_http_requests_in_flight") >= 2, "the body's request", 5)
         s.close()
@@ -907,7 +909,7 @@ def test_client_disconnects_are_debug_level():
     check_eq(client_closes(), 2 * n, "disconnects during a first head or a body, each counted once")
     for i in range(n):
         s = connect(srv.port)
-        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
         read_response(s)
         s.close()
     settled()
@@ -915,7 +917,7 @@ def test_client_disconnects_are_debug_level():
     timeouts = srv.metric("beangate_http_connections_closed_total", reason="header_timeout")
     for i in range(n):
         s = connect(srv.port)
-        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
         read_response(s)
         s.sendall(b"GET /livez HTTP/1.1\r\nHo")
         s.close()
@@ -941,7 +943,7 @@ def test_limits_at_their_limit():
     the cap, its own longest waiting connection gives its slot; when all are
     busy, 503; another address is not affected."""
     srv = server("--http-max-header-size", "2048", "--http-max-connections-per-ip", "3")
-    line = b"GET /livez HTTP/1.1\r\nX-Pad: "
+    line = b"GET /livez HTTP/1.1\r\nHost: localhost\r\nX-Pad: "
     for size, want in ((2048, 200), (2049, 431)):
         pad = size - len(line) - 4
         s = connect(srv.port)
@@ -964,7 +966,7 @@ def test_limits_at_their_limit():
     polls = []
     for _ in range(3):
         s = connect(srv.port)
-        s.sendall(b"POST /tubes/addr/reservations?timeout=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"POST /tubes/addr/reservations?timeout=3 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         polls.append(s)
     wait_until(lambda: srv.metric("beangate_http_connections", source="127.0.0.2") >= 4, "three long-polls", 5)
     s = connect(srv.port)

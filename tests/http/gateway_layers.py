@@ -23,7 +23,7 @@ LAYERS = [
     ["http.c"],                                     # daemon, libevent, request lifecycle
     ["admit.c"],                                    # accept, limits, deadlines, the first head
     ["router.c"],                                   # the route table and matching
-    ["routes.c", "metrics.c", "ui.c"],              # handlers
+    ["routes.c", "metrics.c", "ui.c", "guard.c"],   # handlers; the browser guards
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
      "tube_page.c", "framing.c"],                    # pages of tubes, body framing

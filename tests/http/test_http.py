@@ -87,7 +87,8 @@ SERVER_KEYS = {
     "binlog_records_written", "binlog_max_size", "binlog_torn_records",
     # beyond beanstalk's keys, for the dashboard
     "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
-    "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "binlog_enabled", "binlog_size",
+    "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "cross_protocol_closed",
+    "binlog_enabled", "binlog_size",
     "binlog_last_sync_age_ms", "subscriptions", "shard_index", "shard_count"}
 SERVER_KEYS_NOT_COUNTS = {"draining", "binlog_failed", "version", "binlog_enabled", "binlog_last_sync_age_ms",
                           "subscriptions"}
@@ -699,9 +700,9 @@ def test_put_413_before_body_is_sent():
     smuggled = uniq("smuggled")
     s = socket.create_connection((host, port), timeout=5)
     try:
-        s.sendall(("POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" % tube).encode())
+        s.sendall(("POST /tubes/%s/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 70000\r\n\r\n" % tube).encode())
         data = read_http_head(s, 3.0)  # the 413, before any byte of the body
-        inner = ("POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" % smuggled).encode()
+        inner = ("POST /tubes/%s/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n\r\nx" % smuggled).encode()
         try:
             s.sendall(inner + b"y" * (70000 - len(inner)))
         except OSError:
@@ -2176,7 +2177,7 @@ def test_idempotency_key_invalid_400():
         host, port = T.direct
         s = socket.create_connection((host, port), timeout=5)
         try:
-            s.sendall(b"POST /tubes/%s/jobs HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"
+            s.sendall(b"POST /tubes/%s/jobs HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: %s\r\n"
                       b"Content-Length: 1\r\nConnection: close\r\n\r\nx" % (tube.encode(), hdr))
             data = read_http_head(s, 3.0)
         finally:
@@ -2344,8 +2345,9 @@ def test_cors_preflight_on_every_route():
 def test_cors_actual_responses():
     """Answers to a listed origin carry Access-Control-Allow-Origin and
     expose the headers a page needs (Location, X-Job-Id, X-Reservation,
-    Retry-After, ...), errors and 401s included, raw replies too; a request
-    from another origin is served without them."""
+    Retry-After, ...), errors and 401s included, raw replies too; a read
+    from another origin is served without them, and its state changes are
+    refused (403)."""
     srv = cors_server()
     at = ("127.0.0.1", srv.http_port)
     auth = {"Authorization": "Bearer " + CORS_TOKEN}
@@ -2384,7 +2386,13 @@ def test_cors_actual_responses():
         allowed(r, "dashboard file")
         for other in ({"Origin": "https://evil.example"}, {"Origin": "null"}, {}):
             r = request("POST", "/tubes/%s/jobs" % tube, body=b"x", headers=dict(other, **auth), via=at)
-            expect_status(r, 201, "put from %r" % other)
+            # a state change from a page of another origin is refused even
+            # with a token (docs/security.md); without an Origin it is not a
+            # browser's request
+            if other:
+                expect_problem(r, 403, "ORIGIN_NOT_ALLOWED", "put from %r" % other)
+            else:
+                expect_status(r, 201, "put from %r" % other)
             check_eq(cors_headers(r), {"vary": "Origin"}, "CORS headers for %r" % other)
     finally:
         check_stopped(*srv.stop(), what="the CORS server")
@@ -2409,6 +2417,184 @@ def test_cors_origins_checked_at_start():
             what = "%s%s" % ("BEANGATE_HTTP_CORS_ORIGINS=" if extra_env else "--http-cors-origins ", value[:60])
             check_eq(p.returncode, 5, "%s: exit status (stderr %s)" % (what, err[-300:]))
             check(why in err, "%s: %r not in %r" % (what, why, err[-400:]))
+
+# ---- beside a browser (issue 22; docs/security.md) -------------------------
+
+def raw_exchange(data, via="direct", timeout=HTTP_TIMEOUT):
+    """Send data (whole requests, the last with Connection: close or one the
+    server closes) on a raw socket; every response until the server closes,
+    as [Resp]."""
+    host, port = T.direct if via == "direct" else via
+    s = socket.create_connection((host, port), timeout=timeout)
+    try:
+        s.sendall(data)
+        raw = read_to_eof(s, timeout)
+    finally:
+        close_quietly(s)
+    out = []
+    while raw:
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        check(sep, "a response head without its end: %r" % raw[:300])
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = [tuple(x.strip() for x in l.split(":", 1)) for l in lines[1:]]
+        length = int(dict((k.lower(), v) for k, v in headers).get("content-length", "0"))
+        out.append(Resp(status, lines[0], headers, rest[:length], 0.0, "raw %r" % data[:60]))
+        raw = rest[length:]
+    return out
+
+
+def raw_get(path, host_lines, version="HTTP/1.1", via="direct"):
+    """One request with exactly these Host lines (a list of values)."""
+    head = "GET %s %s\r\n%sConnection: close\r\n\r\n" % (
+        path, version, "".join("Host: %s\r\n" % h for h in host_lines))
+    got = raw_exchange(head.encode(), via=via)
+    check_eq(len(got), 1, "responses to %r" % head)
+    return got[0]
+
+
+def test_host_header_required_once_400():
+    """RFC 9112 section 3.2: an HTTP/1.1 request without Host, or with two,
+    is 400 (problem+json, the connection closed); HTTP/1.0 may leave it out."""
+    host = "127.0.0.1:%d" % T.direct[1]
+    for lines, what in (([], "no Host"), ([host, host], "two Hosts"), ([host, "localhost"], "two Hosts that differ")):
+        r = raw_get("/stats", lines)
+        expect_problem(r, 400, "BAD_FORMAT", "HTTP/1.1 with %s" % what)
+        check("Host" in r.json()["detail"], "the detail does not name Host: %r" % r.body)
+    expect_status(raw_get("/livez", [], version="HTTP/1.0"), 200, "HTTP/1.0 without Host")
+    expect_status(raw_get("/livez", [host]), 200, "HTTP/1.1 with one Host")
+    # a later request of a keep-alive connection too
+    ok = "GET /livez HTTP/1.1\r\nHost: %s\r\n\r\n" % host
+    got = raw_exchange((ok + "GET /livez HTTP/1.1\r\nConnection: close\r\n\r\n").encode())
+    check_eq([r.status for r in got], [200, 400], "a keep-alive connection's second request without Host")
+
+
+def test_foreign_host_421():
+    """DNS rebinding: on a loopback address the gateway answers only to the
+    loopback names (localhost, 127.0.0.1, [::1], with or without a port, in
+    any case); any other Host gets 421 HOST_NOT_ALLOWED naming
+    --http-allowed-hosts, whatever the route, and changes nothing."""
+    port = T.direct[1]
+    for name in ("localhost", "localhost:%d" % port, "LocalHost:%d" % port, "127.0.0.1", "127.0.0.1:%d" % port,
+                 "[::1]", "[::1]:%d" % port, "127.0.0.1:1"):
+        expect_status(raw_get("/livez", [name]), 200, "Host %s" % name)
+    for name in ("attacker.example", "attacker.example:%d" % port, "localhost.attacker.example",
+                 "127.1", "127.0.0.2:%d" % port, "2130706433", "[::2]", "localhost:", "localhost:x",
+                 "localhost:%d/x" % port, ""):
+        r = raw_get("/stats", [name])
+        doc = expect_problem(r, 421, "HOST_NOT_ALLOWED", "Host %r" % name)
+        check("--http-allowed-hosts" in doc["detail"], "421 detail does not name the setting: %r" % doc)
+    tube = uniq("rebind")
+    r = request("POST", "/tubes/%s/jobs" % tube, body=b"from a rebound page",
+                headers={"Host": "attacker.example:%d" % port}, via="direct")
+    expect_problem(r, 421, "HOST_NOT_ALLOWED", "a put for attacker.example")
+    expect_problem(get("/tubes/%s" % tube, via="direct"), 404, "NOT_FOUND", "the tube of a refused put")
+    # the dashboard's files too: a rebound page must not get them either
+    r = request("GET", "/ui/", headers={"Host": "attacker.example"}, via="direct")
+    expect_problem(r, 421, "HOST_NOT_ALLOWED", "the dashboard for attacker.example")
+
+
+def test_allowed_hosts_setting():
+    """--http-allowed-hosts adds names (any port, any case) to the loopback
+    ones; other names stay refused; a bad list is refused at start."""
+    srv = Server(["--http-allowed-hosts", "queue.internal,[fd00::1]"]).start()
+    try:
+        at = ("127.0.0.1", srv.http_port)
+        for name in ("queue.internal", "Queue.Internal:%d" % srv.http_port, "[fd00::1]:80", "localhost"):
+            expect_status(raw_get("/livez", [name], via=at), 200, "Host %s with the setting" % name)
+        for name in ("other.internal", "internal", "queue.internal.example"):
+            expect_problem(raw_get("/livez", [name], via=at), 421, "HOST_NOT_ALLOWED", "Host %s" % name)
+    finally:
+        srv.stop()
+    env = testlib.clean_env()
+    for bad in ("", "a:80", "http://a", "a b", "a,,b", ",".join("h%d" % i for i in range(65))):
+        p = subprocess.run([T.binary, "--http-allowed-hosts", bad, "-p", "0", "--http-port", "0"], env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        err = p.stderr.decode("utf-8", "replace")
+        check(p.returncode == 5 and "http-allowed-hosts" in err, "--http-allowed-hosts %r: exit %r, stderr %r"
+              % (bad, p.returncode, err[-300:]))
+
+
+def test_cross_site_state_changes_403():
+    """A state-changing request that a browser marks as another site's
+    (Sec-Fetch-Site cross-site or same-site, or an Origin that is not the
+    gateway's own) is refused with 403 ORIGIN_NOT_ALLOWED and changes
+    nothing; reads are served; requests without these headers (curl,
+    services) and the gateway's own pages are not affected."""
+    host, port = T.direct
+    own = "http://%s:%d" % (host, port)
+    tube = uniq("xsite")
+    jid = expect_json(request("POST", "/tubes/%s/jobs" % tube, body=b"kept", via="direct"), 201, "put")["id"]
+    refused = ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+               {"Sec-Fetch-Site": "cross-site", "Origin": own},
+               {"Origin": "http://attacker.example"}, {"Origin": "null"},
+               {"Origin": "http://%s:%d" % (host, port + 1)}, {"Origin": "https://%s:%d.evil" % (host, port)})
+    changes = (("POST", "/tubes/%s/jobs" % tube, b"x"), ("POST", "/tubes/%s/reservations" % tube, None),
+               ("POST", "/tubes/%s/kick?bound=5" % tube, None),
+               ("POST", "/tubes/%s/pause?delay=4294967295" % tube, None),
+               ("DELETE", "/jobs/%d" % jid, None), ("POST", "/jobs/%d/bury" % jid, None))
+    for hdrs in refused:
+        for method, path, body in changes:
+            r = request(method, path, body=body, headers=hdrs, via="direct")
+            doc = expect_problem(r, 403, "ORIGIN_NOT_ALLOWED", "%s %s with %r" % (method, path, hdrs))
+            check("--http-cors-origins" in doc["detail"], "403 detail does not name the setting: %r" % doc)
+    st = expect_json(get("/tubes/%s" % tube, via="direct"), 200, "the tube after the refusals")
+    check_eq((st["current_jobs_ready"], st["total_jobs"], st["pause"]), (1, 1, 0), "ready, total, pause")
+    for hdrs in refused:
+        expect_status(request("GET", "/jobs/%d" % jid, headers=hdrs, via="direct"), 200, "a read with %r" % hdrs)
+    for hdrs in ({}, {"Sec-Fetch-Site": "same-origin", "Origin": own}, {"Sec-Fetch-Site": "none"},
+                 {"Origin": own}, {"Origin": own.upper()}):
+        expect_status(request("POST", "/tubes/%s/jobs" % tube, body=b"y", headers=hdrs, via="direct"), 201,
+                      "a put with %r" % hdrs)
+
+
+def test_nosniff_and_no_store_on_every_response():
+    """Every response carries X-Content-Type-Options: nosniff, and every one
+    about the queue Cache-Control: no-store: successes, errors, the refusals
+    answered before libmicrohttpd and the header timeout's 408. A raw job
+    body is an attachment, so that a browser opening its URL saves it."""
+    tube = uniq("headers")
+    jid = expect_json(post("/tubes/%s/jobs" % tube, body=b"alert(1)//", via="direct"), 201, "put")["id"]
+    got = []
+    for method, path, hdrs in (("GET", "/stats", {}), ("GET", "/tubes/%s" % tube, {}), ("GET", "/tubes", {}),
+                               ("GET", "/jobs/%d" % jid, {}), ("GET", "/jobs/%d/body" % jid, {}),
+                               ("GET", "/stats/tubes", {}), ("GET", "/jobs/987654321", {}),
+                               ("PUT", "/stats", {}), ("GET", "/nope", {}), ("GET", "/livez", {}),
+                               ("POST", "/tubes/%s/reservations" % uniq("empty"), {}),
+                               ("GET", "/tubes/%s/ready" % tube, {"Accept": "application/octet-stream"}),
+                               ("GET", "/metrics", {}), ("GET", "/openapi.yaml", {})):
+        got.append(("%s %s" % (method, path), request(method, path, headers=hdrs, via="direct")))
+    for r in raw_exchange(b"POST /tubes/t/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: x\r\n\r\n"):
+        got.append(("a bad Content-Length (refused before libmicrohttpd)", r))
+    for r in raw_exchange(b"GET /stats HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"):
+        got.append(("a foreign Host", r))
+    ui = request("GET", "/ui/app.js", via="direct")
+    for what, r in got + [("GET /ui/app.js", ui)]:
+        for name in ("X-Content-Type-Options", "Cache-Control"):
+            check_eq(len([k for k, _ in r.headers if k.lower() == name.lower()]), 1, "%s: %s fields" % (what, name))
+        check_eq(r.header("X-Content-Type-Options"), "nosniff", "%s: X-Content-Type-Options" % what)
+    for what, r in got:
+        check_eq(r.header("Cache-Control"), "no-store", "%s: Cache-Control" % what)
+    body = got[4][1]
+    check_eq((body.status, body.header("Content-Disposition"), body.header("Content-Type")),
+             (200, "attachment", "application/octet-stream"), "the raw body's headers")
+    check_eq((got[11][1].status, got[11][1].header("Content-Disposition")), (200, "attachment"),
+             "a raw peek's status and Content-Disposition")
+    check_eq(got[3][1].header("Content-Disposition"), None, "a JSON job's Content-Disposition")
+    check_eq((ui.header("X-Content-Type-Options"), ui.header("Cache-Control")), ("nosniff", "no-cache"),
+             "a dashboard file keeps its own Cache-Control")
+    # the 408 of the header timeout, written without libmicrohttpd
+    srv = Server(["--http-header-timeout", "1"]).start()
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+        s.sendall(b"GET /stats HTTP/1.1\r\nHost: localhost\r\n")
+        raw = read_to_eof(s, 10)
+        close_quietly(s)
+        check(raw.startswith(b"HTTP/1.1 408 ") and b"\r\nX-Content-Type-Options: nosniff\r\n" in raw
+              and b"\r\nCache-Control: no-store\r\n" in raw, "the 408's headers: %r" % raw[:400])
+    finally:
+        srv.stop()
+
 
 # ---- the shell examples of docs/http.md, run as they are ------------------------------
 
@@ -2767,6 +2953,11 @@ def test_push_last_delivery_error():
 
 
 TESTS = [
+    test_host_header_required_once_400,
+    test_foreign_host_421,
+    test_allowed_hosts_setting,
+    test_cross_site_state_changes_403,
+    test_nosniff_and_no_store_on_every_response,
     test_subscriptions,
     test_push_last_delivery_error,
     test_tube_name_with_slash,

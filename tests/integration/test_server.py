@@ -1191,6 +1191,79 @@ def _fd_open(fd):
         return False
 
 
+# ---- a web page's request on the beanstalk port (issue 22) -----------------
+
+def read_until_closed(conn, what, timeout=5.0):
+    """Everything the server sends on conn until it closes it."""
+    data = conn.buf
+    conn.buf = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        check(left > 0, "%s: the server did not close the connection; got %s" % (what, show(data)))
+        conn.sock.settimeout(left)
+        try:
+            chunk = conn.sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_http_lines_close_the_connection():
+    """A browser's form or no-cors fetch to the beanstalk port sends an HTTP
+    request line, then a Host header, then its body, which would run as
+    commands (a put, a delete). The connection is closed at the request
+    line (or a Host line), nothing after it runs, earlier commands' replies
+    still arrive, and the closing is counted and logged. Lines that only
+    look alike stay UNKNOWN_COMMAND, as in beanstalkd."""
+    with Server(["-V"]) as srv:
+        victim = srv.connect()
+        victim.cmd(put_cmd(b"keep me"), b"INSERTED 1\r\n", "put the job a page tries to delete")
+        body = b"put 0 0 60 5\r\nhello\r\ndelete 1\r\n"
+        attacks = [
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+            % (srv.port, len(body)) + body,
+            b"GET /?x HTTP/1.0\r\n" + body,
+            b"OPTIONS * HTTP/1.1\r\n" + body,
+            b"host: 127.0.0.1\r\n" + body,
+            b"use web\r\nPUT /jobs HTTP/1.1\r\n" + body,
+            # a request line and a Host longer than a command line may be
+            # (a long path, a long rebinding name): each is dropped as too
+            # long, but the Host line still closes
+            b"POST /" + b"p" * 300 + b" HTTP/1.1\r\nHost: " + b"a" * 250 + b".example:%d\r\n\r\n" % srv.port + body,
+        ]
+        for i, attack in enumerate(attacks):
+            c = srv.connect()
+            c.send(attack)
+            got = read_until_closed(c, "attack %d" % i)
+            c.close()
+            want = b"USING web\r\n" if attack.startswith(b"use web") else b"BAD_FORMAT\r\n" if len(attack) > 600 else b""
+            check_eq(got, want, "replies to attack %d" % i)
+        victim.send(b"stats-job 1\r\n")
+        check(b"\nstate: ready\n" in victim.read_ok(), "job 1 is not ready any more")
+        victim.send(b"stats\r\n")
+        doc = victim.read_ok().decode()
+        check("\ntotal-jobs: 1\n" in doc and "\ncurrent-jobs-ready: 1\n" in doc,
+              "a job was made or deleted by a page: %s" % doc[:400])
+        for line in (b"POST /", b"GET / HTTP/2", b"GET  / HTTP/1.1", b"Hostname: x", b"GET / HTTP/1.1 x"):
+            victim.cmd(line + b"\r\n", b"UNKNOWN_COMMAND\r\n", "%r (not a request line)" % line)
+        victim.close()
+        testlib.wait_until(lambda: "event=cross_protocol_closed protocol=beanstalk" in srv.stderr(),
+                           "the closing to be logged", 5)
+        check_eq(srv.stderr().count("event=cross_protocol_closed"), 1, "log lines (one per 10 s)")
+        if HAS_HTTP:
+            s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+            s.sendall(b"GET /stats HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            conn = Conn(s)
+            reply = read_until_closed(conn, "GET /stats")
+            conn.close()
+            check(b'"cross_protocol_closed":%d' % len(attacks) in reply, "the count in /stats: %s" % show(reply, 2000))
+
+
 TESTS = [
     test_put_reserve_delete_binary_body,
     test_systemd_socket_activation,
@@ -1225,6 +1298,7 @@ TESTS = [
     test_pipelined_replies_beyond_output_high_water,
     test_garbage_flood_without_crlf,
     test_flag_u_nobody,
+    test_http_lines_close_the_connection,
 ]
 
 

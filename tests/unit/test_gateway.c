@@ -399,7 +399,7 @@ static void assert_no_answer(int fd)
     assert_int_equal(recv(fd, &byte, 1, MSG_PEEK), -1);
 }
 
-#define CLOSE "Host: x\r\nConnection: close\r\n"
+#define CLOSE "Host: localhost\r\nConnection: close\r\n"
 
 /* However often libmicrohttpd calls the access handler for a request, its
  * route is matched once: a body that arrives in two writes, a long-poll
@@ -738,10 +738,10 @@ static void test_head_check(void **state)
 {
     (void)state;
     static const struct { const char *head; unsigned status; const char *code; } cases[] = {
-        {"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0, NULL},
+        {"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", 0, NULL},
         {"GET / HTTP/1.0\r\n\r\n", 0, NULL},
         {"\r\nGET / HTTP/1.1\r\n\r\n", 0, NULL},
-        {"GET / HTTP/1.1\nHost: x\n\n", 0, NULL},
+        {"GET / HTTP/1.1\nHost: localhost\n\n", 0, NULL},
         {"POST /t HTTP/1.1\r\nContent-Length: 3\r\n\r\n", 0, NULL},
         {"POST /t HTTP/1.1\r\ncontent-length:  3 \r\n\r\n", 0, NULL},
         {"POST /t HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", 0, NULL},
@@ -789,7 +789,7 @@ static void test_head_check(void **state)
         }
     }
     /* incomplete heads have no end yet */
-    static const char *const partial[] = {"", "G", "GET / HTTP/1.1\r\n", "GET / HTTP/1.1\r\nHost: x\r\n\r",
+    static const char *const partial[] = {"", "G", "GET / HTTP/1.1\r\n", "GET / HTTP/1.1\r\nHost: localhost\r\n\r",
                                           "\r\n\r\n"};
     for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++)
         assert_int_equal(gw_head_end(partial[i], strlen(partial[i])), 0);
@@ -850,6 +850,61 @@ static void test_batch_body_limit(void **state)
 
 /* The origins of --http-cors-origins: exact http(s)://HOST[:PORT] only; a
  * refused list says why (the message's key words here). */
+/* The Host names served (guard.c): on a loopback bind the loopback names
+ * and the list's; on another bind every name without a list, and with one
+ * only the list's and the loopback names. */
+static void test_allowed_hosts(void **state)
+{
+    (void)state;
+    struct gw_hosts *loop = gw_hosts_new(NULL, 1), *open = gw_hosts_new(NULL, 0);
+    struct gw_hosts *listed = gw_hosts_new("queue.internal,[fd00::1]", 0);
+    assert_non_null(loop);
+    assert_non_null(open);
+    assert_non_null(listed);
+    static const char *const loopback[] = {"localhost", "LOCALHOST:11301", "127.0.0.1", "127.0.0.1:1",
+                                           "[::1]", "[::1]:65535", NULL};
+    for (int i = 0; loopback[i]; i++) {
+        assert_true(gw_hosts_allow(loop, loopback[i]));
+        assert_true(gw_hosts_allow(listed, loopback[i]));
+    }
+    static const char *const foreign[] = {"attacker.example", "attacker.example:11301", "127.1", "127.0.0.2",
+                                          "2130706433", "[::2]", "localhost:", "localhost:123456",
+                                          "localhost:x", "localhost.", "", "queue.internal.example", NULL};
+    for (int i = 0; foreign[i]; i++) {
+        assert_false(gw_hosts_allow(loop, foreign[i]));
+        assert_false(gw_hosts_allow(listed, foreign[i]));
+        assert_true(gw_hosts_allow(open, foreign[i])); /* not loopback, no list: every name */
+    }
+    assert_true(gw_hosts_allow(listed, "Queue.Internal:8080"));
+    assert_true(gw_hosts_allow(listed, "[FD00::1]"));
+    assert_false(gw_hosts_allow(loop, "queue.internal"));
+    assert_true(gw_hosts_allow(loop, NULL)); /* HTTP/1.0 without Host */
+    gw_hosts_free(loop);
+    gw_hosts_free(open);
+    gw_hosts_free(listed);
+    assert_null(gw_hosts_check("a,b.example,[::1]"));
+    static const char *const bad[] = {"", "a,", ",a", "a:80", "http://a", "a b", "[zz]", "[]", NULL};
+    for (int i = 0; bad[i]; i++) assert_non_null(gw_hosts_check(bad[i]));
+    assert_null(gw_hosts_new("a:80", 1));
+
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    struct sockaddr_in6 v6 = {.sin6_family = AF_INET6};
+    inet_pton(AF_INET, "127.0.0.1", &v4.sin_addr);
+    assert_true(gw_addr_is_loopback((struct sockaddr *)&v4));
+    inet_pton(AF_INET, "127.3.2.1", &v4.sin_addr);
+    assert_true(gw_addr_is_loopback((struct sockaddr *)&v4));
+    inet_pton(AF_INET, "0.0.0.0", &v4.sin_addr);
+    assert_false(gw_addr_is_loopback((struct sockaddr *)&v4));
+    inet_pton(AF_INET, "192.168.1.2", &v4.sin_addr);
+    assert_false(gw_addr_is_loopback((struct sockaddr *)&v4));
+    inet_pton(AF_INET6, "::1", &v6.sin6_addr);
+    assert_true(gw_addr_is_loopback((struct sockaddr *)&v6));
+    inet_pton(AF_INET6, "::ffff:127.0.0.1", &v6.sin6_addr);
+    assert_true(gw_addr_is_loopback((struct sockaddr *)&v6));
+    inet_pton(AF_INET6, "::", &v6.sin6_addr);
+    assert_false(gw_addr_is_loopback((struct sockaddr *)&v6));
+}
+
 static void test_cors_origins(void **state)
 {
     (void)state;
@@ -1325,6 +1380,7 @@ int main(void)
         cmocka_unit_test(test_batch_body_limit),
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_cors_origins),
+        cmocka_unit_test(test_allowed_hosts),
         cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_idempotency_bounded),
         cmocka_unit_test(test_idempotency_fingerprint),

@@ -113,7 +113,7 @@ static int setup(void **state)
     if (bg_engine_init(&w->e, BG_JOB_SIZE_DEFAULT, NULL) != 0) return -1;
     w->e.journal = &journal;
     w->e.journal_ctx = w;
-    struct gm_hooks hooks = {w, 4242, "host", hook_verbosity, hook_wall_s, hook_stop, hook_bad_request};
+    struct gm_hooks hooks = {w, 4242, "host", hook_verbosity, hook_wall_s, hook_stop, hook_bad_request, NULL};
     if (gm_server_init(&w->g, &w->e, &hooks, MAX_PACKET, 1, key) != 0) return -1;
     for (int i = 0; i < SESSIONS; i++) open_session(w, i);
     *state = w;

@@ -59,6 +59,23 @@ static void test_parse_reads_only_len(void **state)
     assert_int_equal(bg_parse_u64("123", 0, UINT64_MAX, &v), BG_BAD_FORMAT);
 }
 
+/* What a browser's request starts with, and lines of beanstalk and Gearman
+ * that only look alike. */
+static void test_line_is_http(void **state)
+{
+    (void)state;
+    static const char *const http[] = {"POST / HTTP/1.1", "GET /?a=b HTTP/1.0", "OPTIONS * HTTP/1.1",
+                                       "PUT http://x/y HTTP/1.1", "M-SEARCH * HTTP/1.1", "Host: x",
+                                       "host:127.0.0.1", "HOST: a b c", NULL};
+    for (int i = 0; http[i]; i++) assert_true(bg_line_is_http(http[i], strlen(http[i])));
+    static const char *const other[] = {"", "POST /", "POST / HTTP/2", "GET  / HTTP/1.1", "GET / HTTP/1.1 ",
+                                        "GET / x HTTP/1.1", " GET / HTTP/1.1", "GET / HTTP/1.", "GET / HTTP/1.x",
+                                        "Hostname: x", "Host", "use HTTP/1.1", "put 0 0 60 5",
+                                        "watch HTTP/1.1", "GET / HTTP/1.1\r", NULL};
+    for (int i = 0; other[i]; i++) assert_false(bg_line_is_http(other[i], strlen(other[i])));
+    assert_false(bg_line_is_http("POST / HTTP/1.1", 14)); /* only len bytes count */
+}
+
 static void test_digits_span(void **state)
 {
     (void)state;
@@ -74,6 +91,7 @@ int main(void)
         cmocka_unit_test(test_parse_cases),
         cmocka_unit_test(test_parse_reads_only_len),
         cmocka_unit_test(test_digits_span),
+        cmocka_unit_test(test_line_is_http),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
