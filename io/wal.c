@@ -811,11 +811,6 @@ static int batch_done(struct wal *w)
         return EPERM;
     }
     if (b->disk) disk_done(w, b);
-    if (w->failed_errno && !w->records_unbuffered) {
-        log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
-        w->failed_errno = 0;
-        w->engine->journal_broken = 0;
-    }
     if (w->repl) {
         if (b->purged) {
             w->stream_bytes -= w->purge_bytes < w->stream_bytes ? w->purge_bytes : w->stream_bytes;
@@ -847,6 +842,11 @@ static int batch_done(struct wal *w)
         w->compact_seq = 0;
         /* the state is whole on disk again, if nothing was lost since it began */
         if (w->records_unbuffered == w->snap_heals) w->records_unbuffered = 0;
+    }
+    if (w->failed_errno && !w->records_unbuffered) {
+        log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
+        w->failed_errno = 0;
+        w->engine->journal_broken = 0;
     }
     return 0;
 }
