@@ -3,8 +3,18 @@
  * The loop thread appends records to `pending` (engine hooks below) and,
  * after each callback, hands them as one batch to the flusher thread, which
  * writes them and (per -f) syncs: every put of a loop turn shares one
- * fsync. An eventfd brings the result back to the loop. With -f 0, replies
- * that depend on a record are held until its batch is synced (server/net.c).
+ * fsync. An eventfd brings the result back to the loop (in the synchronous
+ * mode of the simulator there is no thread: wal_run_flusher). With -f 0,
+ * replies that depend on a record are held until its batch is synced. All
+ * file I/O goes through struct storage (io/storage.h).
+ *
+ * wal_kick is a sequence of steps: a failed batch waiting for its retry
+ * (once a second, alone); else what is due, the compaction step, the
+ * rotation step, taking a batch, submitting it. A failed write is retried
+ * in place; after a failed sync, everything since the last good sync is
+ * written again into a fresh segment (rewrite_plan). With --replicate and
+ * -b, the stream is the log of record and the directory a copy that a
+ * failing disk drops (copy_failed) and a snapshot starts again.
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
  * twice the live data (plus one segment), a snapshot of every live job is
@@ -61,6 +71,7 @@ struct wal_batch {
     int sync_dir;              /* a segment was created or deleted: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
     enum wal_op failed_op;     /* what failed: a write (or create) or a sync */
+    int copy_error;            /* -b with --replicate: the local copy failed (errno); the stream went on */
     /* replication (cfg.repl) */
     int repl_rc;               /* repl_append's result: 0, REPL_FENCED, REPL_STOPPED */
     uint64_t first_seq;        /* the stream sequence of data's first message */
@@ -83,6 +94,11 @@ struct wal {
     int cur_file;              /* the newest segment's handle, or -1 */
     uint64_t cur_synced;       /* bytes of it known synced (0: not even its header) */
     int rotate_next;           /* the next batch starts a new segment */
+    /* -b with --replicate: the local copy failed; batches go to the stream
+     * alone until, a second later, a snapshot into a new segment starts
+     * the copy again */
+    int copy_broken;
+    bg_time copy_retry_at;
     /* bytes written since the last good sync (not with -F): after a failed
      * sync they are written again, into a fresh segment (fsyncgate) */
     struct bg_buf unsynced_data;
@@ -372,9 +388,11 @@ static int flush_to_disk(struct wal_batch *b, struct storage *st, int fsync_neve
 static int flush_batch(struct wal_batch *b, struct storage *st, int fsync_never, struct repl *repl)
 {
     b->failed_op = WAL_OP_NONE;
+    b->copy_error = 0;
     if (b->disk) {
         int e = flush_to_disk(b, st, fsync_never);
-        if (e) return e;
+        if (e && !repl) return e;
+        b->copy_error = e; /* the stream is the log of record: it goes on */
     }
     if (repl) {
         b->purged = b->purge_before && repl_purge(repl, b->purge_before) == 0;
@@ -554,7 +572,8 @@ static int compaction_due(const struct wal *w)
     if (w->compact_seq || w->snap_ids) return 0;
     /* each sink by its own bytes: the directory's, the stream's */
     uint64_t limit = 2 * w->live_bytes + w->cfg.segment_size;
-    return w->force_snapshot || (w->storage && w->disk_bytes > limit) || (w->repl && w->stream_bytes > limit);
+    return w->force_snapshot || (w->storage && !w->copy_broken && w->disk_bytes > limit) ||
+           (w->repl && w->stream_bytes > limit);
 }
 
 /* The compaction step of a batch: begin a snapshot if one is due, append
@@ -605,10 +624,10 @@ static int take_batch(struct wal *w)
     bg_buf_consume(&w->pending, take);
     w->pending_records -= records;
     b->end_seq = w->appended_seq - w->pending_records;
-    b->disk = w->storage != NULL;
-    b->file = w->storage ? w->cur_file : -1;
-    b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
-    b->new_index = w->storage && w->rotate_next ? w->cur_index + 1 : 0;
+    b->disk = w->storage && !w->copy_broken;
+    b->file = b->disk ? w->cur_file : -1;
+    b->offset = b->disk ? *segment_size_at(w, w->cur_index) : 0;
+    b->new_index = b->disk && (w->rotate_next || w->cur_file < 0) ? w->cur_index + 1 : 0;
     b->new_file = -1;
     b->fresh = 0;
     b->sync_dir = w->dir_dirty || b->new_index;
@@ -640,6 +659,20 @@ static int retry_due(struct wal *w, bg_time now)
     return 0;
 }
 
+/* -b with --replicate: once the copy has been dropped for a second, and no
+ * snapshot is being written, start it again: a snapshot into a new
+ * segment (the older segments go once it is complete). */
+static void copy_restart_step(struct wal *w, bg_time now)
+{
+    if (!w->copy_broken) return;
+    if (now < w->copy_retry_at || w->snap_ids || w->compact_seq) {
+        timer_in(w->retry_timer, now < w->copy_retry_at ? w->copy_retry_at - now : RETRY_SECONDS * BG_SECOND);
+        return;
+    }
+    w->copy_broken = 0;
+    w->force_snapshot = 1; /* snapshot_begin starts the new segment */
+}
+
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
@@ -654,6 +687,7 @@ void wal_kick(struct wal *w)
         submit_batch(w, !w->storage || !w->cfg.fsync_never); /* healthy again only once synced */
         return;
     }
+    copy_restart_step(w, now);
     if (!batch_due(w, now, sync)) return;
     bg_buf_clear(&b->data);
     b->purge_before = w->purge_due;
@@ -781,6 +815,41 @@ static void disk_done(struct wal *w, struct wal_batch *b)
     }
 }
 
+/* Close every segment handle still open: the current one, and a batch's
+ * that did not finish (a rotation, a rewrite); the flusher is idle. The
+ * handles' fields are left as they are. */
+static void segments_close_all(struct wal *w)
+{
+    struct storage *st = w->storage;
+    struct wal_batch *b = &w->batch;
+    int files[] = {w->cur_file, b->file, b->new_file, b->cut[0].file, b->cut[1].file};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        int seen = 0;
+        for (size_t k = 0; k < i; k++) seen |= files[k] == files[i];
+        if (files[i] >= 0 && !seen) st->ops->close(st, files[i]);
+    }
+}
+
+/* -b with --replicate: the batch reached the stream (the log of record)
+ * but not the local copy. Drop the copy (its segments are not read at a
+ * start, the stream is) and start it again later with a snapshot. */
+static void copy_failed(struct wal *w, struct wal_batch *b)
+{
+    if (!w->copy_broken)
+        log_event(BG_LOG_ERROR, "wal_copy_failed", "op=%s error=%s stream=continues",
+                  b->failed_op == WAL_OP_SYNC ? "sync" : "write", log_str(strerror(b->copy_error)));
+    w->disk_sink.failures++;
+    w->copy_broken = 1;
+    w->copy_retry_at = loop_now() + RETRY_SECONDS * BG_SECOND;
+    timer_in(w->retry_timer, RETRY_SECONDS * BG_SECOND);
+    segments_close_all(w);
+    if (b->new_file >= 0) w->cur_index = b->new_index; /* it exists: the next one follows it */
+    w->cur_file = b->file = b->new_file = b->cut[0].file = b->cut[1].file = -1;
+    b->new_index = 0;
+    b->fresh = 0;
+    bg_buf_clear(&w->unsynced_data);
+}
+
 /* Account for a batch the flusher finished (on the loop thread, or in
  * wal_finish). Returns 0 if it was written, or the flusher's errno. */
 static int batch_done(struct wal *w)
@@ -810,7 +879,8 @@ static int batch_done(struct wal *w)
         w->engine->journal_broken = 1;
         return EPERM;
     }
-    if (b->disk) disk_done(w, b);
+    if (b->copy_error) copy_failed(w, b);
+    else if (b->disk) disk_done(w, b);
     if (w->repl) {
         if (b->purged) {
             w->stream_bytes -= w->purge_bytes < w->stream_bytes ? w->purge_bytes : w->stream_bytes;
@@ -834,7 +904,7 @@ static int batch_done(struct wal *w)
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        if (w->storage) {
+        if (w->storage && !w->copy_broken) {
             segments_drop_below(w, w->compact_index);
             w->dir_dirty = 1; /* the next batch syncs the directory */
         }
@@ -1759,15 +1829,7 @@ void wal_close(struct wal *w)
     if (w->retry_timer) event_free(w->retry_timer);
     if (w->notify_fd >= 0) close(w->notify_fd);
     if (st) {
-        /* the handles of the segments still open: the current one, or a
-         * batch's that did not finish (a rotation, a rewrite) */
-        struct wal_batch *b = &w->batch;
-        int files[] = {w->cur_file, b->file, b->new_file, b->cut[0].file, b->cut[1].file};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-            int seen = 0;
-            for (size_t k = 0; k < i; k++) seen |= files[k] == files[i];
-            if (files[i] >= 0 && !seen) st->ops->close(st, files[i]);
-        }
+        segments_close_all(w);
         if (w->own_storage) st->ops->destroy(st);
     }
     pthread_mutex_destroy(&w->lock);
