@@ -754,9 +754,13 @@ static void rewrite_plan(struct wal *w)
 {
     struct wal_batch *b = &w->batch;
     if (b->fresh) return;
-    if (bg_buf_append(&w->unsynced_data, bg_buf_head(&b->data), b->data.len) != 0) {
-        note_failure(w, ENOMEM, "rewrite"); /* then only the batch goes again */
-    } else {
+    if (w->unsynced_data.len) {
+        if (bg_buf_append(&w->unsynced_data, bg_buf_head(&b->data), b->data.len) != 0) {
+            /* without the whole rewrite nothing may be cut: the batch goes
+             * again in place, and the log stays failed until it is synced */
+            note_failure(w, ENOMEM, "rewrite");
+            return;
+        }
         struct bg_buf all = w->unsynced_data;
         w->unsynced_data = b->data;
         b->data = all;
@@ -1047,9 +1051,11 @@ int wal_finish(struct wal *w, bg_time deadline)
     release_holds(w);
     w->finished_seq = w->appended_seq;
     uint64_t kept = durable_seq(w);
-    if (!w->writing || kept >= w->appended_seq) return 0;
+    if (!w->writing || (kept >= w->appended_seq && !w->records_unbuffered)) return 0;
+    /* records never buffered (out of memory) count too: no snapshot wrote them */
     log_event(BG_LOG_ERROR, "wal_lost", "records=%llu error=%s flusher=%s",
-              (unsigned long long)(w->appended_seq - kept),
+              (unsigned long long)(w->appended_seq - (kept < w->appended_seq ? kept : w->appended_seq) +
+                                   w->records_unbuffered),
               log_str(w->repl_dead ? "the stream refused" : w->failed_errno ? strerror(w->failed_errno)
                                                                              : "deadline passed"),
               w->busy ? "busy" : "idle");

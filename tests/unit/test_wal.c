@@ -134,6 +134,7 @@ struct sync_world {
     struct bg_client client;
     struct storage *storage;
     struct wal *wal;
+    int fsync_ms;              /* -f (0 unless a test sets it before sync_open) */
 };
 
 static void write_faults(struct sync_world *w, const char *text)
@@ -154,8 +155,8 @@ static void sync_open(struct sync_world *w, uint64_t segment_size)
     struct storage *posix;
     assert_int_equal(storage_posix_open(&posix, w->dir, 1), 0);
     assert_int_equal(storage_faulty_wrap(&w->storage, posix, w->faults), 0);
-    struct wal_config cfg = {.dir = w->dir, .segment_size = segment_size, .storage = w->storage,
-                             .synchronous = 1};
+    struct wal_config cfg = {.dir = w->dir, .fsync_ms = w->fsync_ms, .segment_size = segment_size,
+                             .storage = w->storage, .synchronous = 1};
     assert_int_equal(wal_open(&w->wal, &cfg, &w->engine, w->base, T0, (uint64_t)time(NULL) * BG_SECOND), 0);
     assert_int_equal(bg_client_init(&w->engine, &w->client, &bg_client_ops_never_wait, NULL), 0);
 }
@@ -261,6 +262,46 @@ static void test_failed_sync_rewrites_into_fresh_segment(void **state)
     sync_world_free(&w);
 }
 
+/* Nonzero if dir holds the file name. */
+static int file_exists(const char *dir, const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* A rotation creates the new segment only once the old one is synced (the
+ * flusher does both, in that order): after a failed sync of the old one the
+ * new one does not exist. Before, the loop created it (header and all)
+ * while the old one's last batch was not synced yet, so a machine crash
+ * could leave a torn segment that is not the newest: damage. */
+static void test_rotation_creates_segment_after_old_is_synced(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    memset(&w, 0, sizeof w);
+    tempdir_make(w.dir, sizeof w.dir, "walrot");
+    snprintf(w.faults, sizeof w.faults, "%s.faults", w.dir);
+    write_faults(&w, "");
+    w.base = event_base_new();
+    w.fsync_ms = 1000; /* -f 1000: batches are written, synced later */
+    sync_open(&w, 4096);
+    static char body[3000];
+    memset(body, 'r', sizeof body);
+    uint64_t a = sync_put(&w, body, sizeof body);
+    sync_flush(&w, 1); /* written into segment 1, not synced */
+    write_faults(&w, "sync EIO once\n");
+    uint64_t b = sync_put(&w, body, sizeof body); /* segment 1 is full: rotation */
+    sync_flush(&w, 1);
+    assert_int_equal(w.engine.journal_broken, 1);
+    assert_false(file_exists(w.dir, "beangate.2.wal")); /* not before segment 1 is synced */
+    assert_int_equal(wal_finish(w.wal, loop_now() + 5 * BG_SECOND), 0);
+    sync_restart(&w);
+    assert_non_null(bg_job_find(&w.engine, a));
+    assert_non_null(bg_job_find(&w.engine, b));
+    sync_world_free(&w);
+}
+
 /* A record that could not be buffered (out of memory): the change is in
  * the engine but not in the log. The log stays failed until a snapshot
  * that began after it is on disk; then the job is there after a restart. */
@@ -331,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_no_mark_without_durable_replies),
         cmocka_unit_test(test_synchronous_mode_runs_the_flusher_here),
         cmocka_unit_test(test_failed_sync_rewrites_into_fresh_segment),
+        cmocka_unit_test(test_rotation_creates_segment_after_old_is_synced),
         cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
         cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
     };
