@@ -144,8 +144,8 @@ static void forget_handle(struct faulty_storage *f, int handle)
     pthread_mutex_unlock(&f->lock);
 }
 
-/* Move a *.wal file's marks: written up to `written` (or cut to `cut`), or
- * synced; no-op for other handles. */
+/* A *.wal file's marks (no-op for other handles): written up to `end`;
+ * cut to `len` (marks_cut); synced or not (marks_synced). */
 static void marks_written(struct faulty_storage *f, int handle, uint64_t end)
 {
     pthread_mutex_lock(&f->lock);
