@@ -34,7 +34,12 @@ struct faulty_storage {
     off_t seen_size;
     int seen_exists;
     struct fault_rule rules[FAULT_OPS];
-    int wal_handles[MAX_WAL_HANDLES]; /* the open handles of *.wal files */
+    /* the open handles of *.wal files, with how far each was written and
+     * synced (a failed sync loses what lies between, as a kernel may) */
+    struct wal_file {
+        int handle;
+        uint64_t written_end, synced_end;
+    } wal_files[MAX_WAL_HANDLES];
     size_t wal_count;
 };
 
@@ -105,11 +110,18 @@ static struct fault_rule rule_take(struct faulty_storage *f, enum fault_op op)
     return r;
 }
 
+/* The *.wal file of handle (under f->lock), or NULL. */
+static struct wal_file *wal_file_of(struct faulty_storage *f, int handle)
+{
+    for (size_t i = 0; i < f->wal_count; i++)
+        if (f->wal_files[i].handle == handle) return &f->wal_files[i];
+    return NULL;
+}
+
 static int handle_is_wal(struct faulty_storage *f, int handle)
 {
     pthread_mutex_lock(&f->lock);
-    int found = 0;
-    for (size_t i = 0; i < f->wal_count && !found; i++) found = f->wal_handles[i] == handle;
+    int found = wal_file_of(f, handle) != NULL;
     pthread_mutex_unlock(&f->lock);
     return found;
 }
@@ -120,19 +132,58 @@ static void note_handle(struct faulty_storage *f, const char *name, int handle)
     size_t n = strlen(name);
     if (n <= 4 || strcmp(name + n - 4, ".wal") != 0) return;
     pthread_mutex_lock(&f->lock);
-    if (f->wal_count < MAX_WAL_HANDLES) f->wal_handles[f->wal_count++] = handle;
+    if (f->wal_count < MAX_WAL_HANDLES) f->wal_files[f->wal_count++] = (struct wal_file){handle, 0, 0};
     pthread_mutex_unlock(&f->lock);
 }
 
 static void forget_handle(struct faulty_storage *f, int handle)
 {
     pthread_mutex_lock(&f->lock);
-    for (size_t i = 0; i < f->wal_count; i++)
-        if (f->wal_handles[i] == handle) {
-            f->wal_handles[i] = f->wal_handles[--f->wal_count];
-            break;
-        }
+    struct wal_file *wf = wal_file_of(f, handle);
+    if (wf) *wf = f->wal_files[--f->wal_count];
     pthread_mutex_unlock(&f->lock);
+}
+
+/* A *.wal file's marks (no-op for other handles): written up to `end`;
+ * cut to `len` (marks_cut); synced or not (marks_synced). */
+static void marks_written(struct faulty_storage *f, int handle, uint64_t end)
+{
+    pthread_mutex_lock(&f->lock);
+    struct wal_file *wf = wal_file_of(f, handle);
+    if (wf && end > wf->written_end) wf->written_end = end;
+    pthread_mutex_unlock(&f->lock);
+}
+
+static void marks_cut(struct faulty_storage *f, int handle, uint64_t len)
+{
+    pthread_mutex_lock(&f->lock);
+    struct wal_file *wf = wal_file_of(f, handle);
+    if (wf) {
+        if (wf->written_end > len) wf->written_end = len;
+        if (wf->synced_end > len) wf->synced_end = len;
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* The sync of handle: succeeded (synced up to what was written) or failed
+ * (the bytes written since the last good sync are lost: zeroed, as pages a
+ * kernel dropped after a writeback error read back after a reboot). */
+static void marks_synced(struct faulty_storage *f, int handle, int failed)
+{
+    pthread_mutex_lock(&f->lock);
+    struct wal_file *wf = wal_file_of(f, handle);
+    uint64_t from = 0, to = 0;
+    if (wf) {
+        if (failed) from = wf->synced_end, to = wf->written_end;
+        else wf->synced_end = wf->written_end;
+    }
+    pthread_mutex_unlock(&f->lock);
+    static const char zeros[4096];
+    while (from < to) {
+        size_t n = to - from < sizeof zeros ? (size_t)(to - from) : sizeof zeros, written;
+        if (f->inner->ops->pwrite(f->inner, handle, zeros, n, from, &written) != 0 || written == 0) break;
+        from += written;
+    }
 }
 
 static int faulty_create(struct storage *s, const char *name, int *handle)
@@ -162,7 +213,9 @@ static int faulty_pwrite(struct storage *s, int handle, const void *p, size_t n,
         }
         if (r.short_write) n /= 2;
     }
-    return f->inner->ops->pwrite(f->inner, handle, p, n, off, written);
+    int e = f->inner->ops->pwrite(f->inner, handle, p, n, off, written);
+    marks_written(f, handle, off + *written);
+    return e;
 }
 
 static int faulty_sync(struct storage *s, int handle)
@@ -170,9 +223,14 @@ static int faulty_sync(struct storage *s, int handle)
     struct faulty_storage *f = faulty_of(s);
     if (handle_is_wal(f, handle)) {
         struct fault_rule r = rule_take(f, FAULT_SYNC);
-        if (r.error) return r.error;
+        if (r.error) {
+            marks_synced(f, handle, 1);
+            return r.error;
+        }
     }
-    return f->inner->ops->sync(f->inner, handle);
+    int e = f->inner->ops->sync(f->inner, handle);
+    if (!e) marks_synced(f, handle, 0);
+    return e;
 }
 
 static int faulty_sync_dir(struct storage *s)
@@ -185,7 +243,9 @@ static int faulty_sync_dir(struct storage *s)
 static int faulty_truncate(struct storage *s, int handle, uint64_t len)
 {
     struct faulty_storage *f = faulty_of(s);
-    return f->inner->ops->truncate(f->inner, handle, len);
+    int e = f->inner->ops->truncate(f->inner, handle, len);
+    if (!e) marks_cut(f, handle, len);
+    return e;
 }
 
 static int faulty_close(struct storage *s, int handle)

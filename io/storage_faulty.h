@@ -16,6 +16,8 @@
  *   write EIO | sync EIO | sync_dir EIO   every such call fails (any errno
  *                                         name of ENOSPC, EIO, EDQUOT, EROFS)
  *   write EIO once | sync EIO once        the next such call fails, then not
+ * A failed sync of a segment also zeroes what was written to it since its
+ * last good sync (the pages a kernel may drop after a writeback error).
  *   sync delay 300ms                      every sync first waits that long
  *   write short                           a write takes half its bytes
  * 0 or ENOMEM. */

@@ -3,13 +3,24 @@
  * The loop thread appends records to `pending` (engine hooks below) and,
  * after each callback, hands them as one batch to the flusher thread, which
  * writes them and (per -f) syncs: every put of a loop turn shares one
- * fsync. An eventfd brings the result back to the loop. With -f 0, replies
- * that depend on a record are held until its batch is synced (the rule:
- * wal_reply_may_go, io/wal.h; positions are record sequences).
+ * fsync. An eventfd brings the result back to the loop (in the synchronous
+ * mode of the simulator there is no thread: wal_run_flusher). With -f 0,
+ * replies that depend on a record are held until its batch is synced (the
+ * rule: wal_reply_may_go, io/wal.h; positions are record sequences). All
+ * file I/O goes through struct storage (io/storage.h).
+ *
+ * wal_kick is a sequence of steps: a failed batch waiting for its retry
+ * (once a second, alone); else what is due, the compaction step, the
+ * rotation step, taking a batch, submitting it. A failed write is retried
+ * in place; after a failed sync, everything since the last good sync is
+ * written again into a fresh segment (rewrite_plan). With --replicate and
+ * -b, the stream is the log of record and the directory a copy that a
+ * failing disk drops (copy_failed) and a snapshot starts again.
  *
  * Segments are DIR/beangate.<index>.wal. When the segments hold more than
  * twice the live data (plus one segment), a snapshot of every live job is
- * written into a new segment, WAL_SNAPSHOT_CHUNK jobs per batch so that the
+ * written into a new segment, WAL_SNAPSHOT_STEP_BYTES of records per batch
+ * (whatever the jobs' sizes: the memory it takes is one step's) so that the
  * loop never stops for long, between the records of what happens
  * meanwhile; the older segments are deleted once its end record is on
  * disk. Replayed in order, the segment gives the state: a record about a
@@ -34,17 +45,36 @@
 #include "storage.h"
 #include "storage_faulty.h"
 
+/* A segment the flusher cuts back to what was synced of it, then closes
+ * (after a failed sync: its unsynced bytes may be lost or garbage). */
+struct segment_cut {
+    int file;                  /* -1: none (or done) */
+    uint64_t keep;             /* bytes synced; below a header: an empty segment */
+};
+
+enum wal_op { WAL_OP_NONE, WAL_OP_WRITE, WAL_OP_SYNC };
+
 struct wal_batch {
     struct bg_buf data;
-    int file;                  /* the storage handle data goes to; -1: no disk */
-    uint64_t offset;           /* file size before data */
     uint64_t end_seq;          /* last record seq in data */
     uint64_t put_id;           /* every put up to this job id is in data or before it */
     int sync;
-    int close_file;            /* an older segment to close, or -1 */
-    int sync_close;            /* sync close_file before writing data (not with -F) */
-    int sync_dir;              /* a segment was created: sync the directory */
+    /* the disk: data goes to `file` at `offset`, or with new_index into a
+     * new segment the flusher starts once `file` is synced (not with -F)
+     * and closed: after a crash of the machine only the newest segment may
+     * end torn, and a segment's header is never on disk before the data of
+     * the one before it */
+    int disk;                  /* the batch has a disk part */
+    int file;                  /* the current segment; -1 once closed */
+    uint64_t offset;           /* its size before data */
+    uint64_t new_index;        /* nonzero: start this segment, data after its header */
+    int new_file;              /* its handle once created; -1 */
+    int fresh;                 /* (re)create new_index on every attempt: a rewrite */
+    struct segment_cut cut[2]; /* before anything else (a rewrite) */
+    int sync_dir;              /* a segment was created or deleted: sync the directory */
     int error;                 /* errno of the flusher, 0 if written */
+    enum wal_op failed_op;     /* what failed: a write (or create) or a sync */
+    int copy_error;            /* -b with --replicate: the local copy failed (errno); the stream went on */
     /* replication (cfg.repl) */
     int repl_rc;               /* repl_append's result: 0, REPL_FENCED, REPL_STOPPED */
     uint64_t first_seq;        /* the stream sequence of data's first message */
@@ -65,7 +95,19 @@ struct wal {
     uint64_t *segment_sizes;
     size_t segment_cap;
     int cur_file;              /* the newest segment's handle, or -1 */
-    uint64_t total_bytes, live_bytes;
+    uint64_t cur_synced;       /* bytes of it known synced (0: not even its header) */
+    int rotate_next;           /* the next batch starts a new segment */
+    /* -b with --replicate: the local copy failed; batches go to the stream
+     * alone until, a second later, a snapshot into a new segment starts
+     * the copy again */
+    int copy_broken;
+    bg_time copy_retry_at;
+    /* bytes written since the last good sync (not with -F): after a failed
+     * sync they are written again, into a fresh segment (fsyncgate) */
+    struct bg_buf unsynced_data;
+    uint64_t disk_bytes;       /* bytes in the segment files */
+    uint64_t stream_bytes;     /* bytes in the stream since its last purge point */
+    uint64_t live_bytes;
     /* records */
     struct bg_buf pending;
     uint64_t pending_records;  /* records in pending (the last ones appended) */
@@ -85,6 +127,12 @@ struct wal {
     } retry;
     struct bg_log_sink_counters disk_sink, stream_sink; /* stats: per sink */
     int finishing;             /* wal_finish ran: nothing new is handed on by wal_kick */
+    int sync_now;              /* the next batch syncs whatever -f says */
+    /* records the engine changed that could not be buffered (out of
+     * memory): the log stays failed until a snapshot that began after the
+     * last of them is on disk (it writes the whole state again) */
+    uint64_t records_unbuffered;
+    uint64_t snap_heals;       /* records_unbuffered when the snapshot began */
     uint64_t finished_seq;     /* appended_seq when it last returned */
     /* compaction: a snapshot is written a chunk per batch (snap_ids: the
      * jobs alive when it began; snap_next: the next one to write) */
@@ -114,7 +162,7 @@ struct wal {
     uint64_t id_floor_seq;     /* ... by this record (an id floor, below) */
     uint64_t id_floor_kept;    /* ids up to it are covered by a synced floor */
     /* replication: the stream is a sink too, and without a directory the
-     * only one; total_bytes is then the bytes of the stream */
+     * only one */
     struct repl *repl;
     int writing;               /* this node logs (a standby only applies) */
     int repl_dead;             /* the stream refused an append: nothing more goes */
@@ -138,7 +186,8 @@ struct wal {
  * the floor. With -f 0 a reply showing an id waits for its put: no floor. */
 #define WAL_ID_BLOCK (1u << 20)
 #define WAL_CLOSE_FINISH_SECONDS 3 /* wal_close without wal_finish: two retries */
-#define WAL_SNAPSHOT_CHUNK 4096  /* jobs a snapshot writes per batch (a few ms) */
+#define WAL_UNSYNCED_MAX ((size_t)4 << 20) /* bytes kept for a rewrite before a sync is forced (-f N) */
+#define WAL_SNAPSHOT_STEP_BYTES ((size_t)1 << 20) /* records a snapshot writes per batch (about 1 ms) */
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
 static uint64_t job_record_size(const struct bg_job *j)
@@ -188,30 +237,38 @@ static int write_fully(struct storage *st, int file, const void *p, size_t n, ui
     return e ? e : written < n ? ENOSPC : 0;
 }
 
-/* Create segment `index` with its header. Returns its handle, or
- * BG_IO_ERROR (errno set). */
-static int segment_create(struct wal *w, uint64_t index)
+/* Create segment `index` (empty again if it exists) with its header, on
+ * the storage alone (the flusher's side). 0 or an errno. */
+static int segment_start(struct storage *st, uint64_t index, int *file)
 {
     char name[64];
     segment_name(name, sizeof name, index);
-    struct storage *st = w->storage;
-    int file, e = st->ops->create(st, name, &file);
-    if (e) {
-        errno = e;
-        return BG_IO_ERROR;
-    }
+    int e = st->ops->create(st, name, file);
+    if (e) return e;
     char header[BG_JOURNAL_HEADER_SIZE];
     bg_journal_segment_header(header);
-    if ((e = write_fully(st, file, header, sizeof header, 0)) != 0) {
-        st->ops->close(st, file);
+    if ((e = write_fully(st, *file, header, sizeof header, 0)) != 0) {
+        st->ops->close(st, *file);
         st->ops->unlink(st, name);
-        errno = e;
-        return BG_IO_ERROR;
     }
-    uint64_t *size = segment_size_at(w, index);
-    if (size) *size = BG_JOURNAL_HEADER_SIZE;
-    w->total_bytes += BG_JOURNAL_HEADER_SIZE;
-    return file;
+    return e;
+}
+
+/* Cut a segment back to what was synced of it (at least an empty segment
+ * with its header), sync it (best effort: it failed before) and close it. */
+static void segment_cut_back(struct storage *st, struct segment_cut *c)
+{
+    if (c->file < 0) return;
+    if (c->keep < BG_JOURNAL_HEADER_SIZE) {
+        char header[BG_JOURNAL_HEADER_SIZE];
+        bg_journal_segment_header(header);
+        write_fully(st, c->file, header, sizeof header, 0);
+        c->keep = BG_JOURNAL_HEADER_SIZE;
+    }
+    st->ops->truncate(st, c->file, c->keep);
+    st->ops->sync(st, c->file);
+    st->ops->close(st, c->file);
+    c->file = -1;
 }
 
 /* Delete the segments below `index` (their data is in later ones). One
@@ -229,7 +286,7 @@ static void segments_drop_below(struct wal *w, uint64_t index)
             log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
         else
             w->storage->ops->unlink(w->storage, name);
-        w->total_bytes -= w->segment_sizes[0];
+        w->disk_bytes -= w->segment_sizes[0];
         memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
         w->segment_sizes[w->segment_cap - 1] = 0;
         w->first_index++;
@@ -272,11 +329,14 @@ static uint64_t job_position(const struct wal *w, uint64_t id)
     return w->id_floor_seq > w->synced_seq ? w->id_floor_seq : 0;
 }
 
-/* A record could not even be buffered: the log is behind; say so loudly.
- * The change it was for is not in the log: its reply never goes. */
+/* A record could not even be buffered: the log is behind; say so loudly,
+ * and stay failed until a snapshot begun after it is on disk. The change it
+ * was for is not in the log: its reply never goes. */
 static void append_failed(struct wal *w)
 {
     note_failure(w, ENOMEM, "buffer");
+    w->records_unbuffered++;
+    w->force_snapshot = 1;
     bg_engine_depends_on(w->engine, UINT64_MAX);
 }
 
@@ -352,39 +412,55 @@ const struct bg_journal_ops wal_journal_ops = {hook_job_saved, hook_job_deleted,
 
 /* ---- the flusher thread ------------------------------------------------ */
 
-/* Write all of b->data at the end of b->file; then sync as asked. On failure
- * the partial write is cut off again, so a retry starts clean. */
-static int flush_to_disk(struct wal_batch *b, struct storage *st)
+/* Note what failed in b: its op and errno (returned). */
+static int batch_failed(struct wal_batch *b, enum wal_op op, int e)
+{
+    b->failed_op = op;
+    return e;
+}
+
+/* The disk's part of a batch (the flusher's side): cut back what a failed
+ * sync left (a rewrite), start a new segment if asked (the current one
+ * synced and closed first), write data, sync as asked; a failed write is
+ * cut off again, so that a retry starts clean. 0 or an errno. */
+static int flush_to_disk(struct wal_batch *b, struct storage *st, int fsync_never)
 {
     int e;
-    /* a segment is complete on disk before anything goes into the next:
-     * after a crash of the machine only the newest may end torn */
-    if (b->close_file >= 0 && b->sync_close && (e = st->ops->sync(st, b->close_file)) != 0) return e;
-    if ((e = write_fully(st, b->file, bg_buf_head(&b->data), b->data.len, b->offset)) != 0) {
-        st->ops->truncate(st, b->file, b->offset); /* best effort */
-        return e;
+    for (int i = 0; i < 2; i++) segment_cut_back(st, &b->cut[i]);
+    if (b->new_index && b->file >= 0) {
+        if (!fsync_never && (e = st->ops->sync(st, b->file)) != 0) return batch_failed(b, WAL_OP_SYNC, e);
+        st->ops->close(st, b->file);
+        b->file = -1;
     }
-    if (b->sync && (e = st->ops->sync(st, b->file)) != 0) return e;
-    if (b->close_file >= 0) {
-        st->ops->close(st, b->close_file);
-        b->close_file = -1;
+    if (b->new_index && b->fresh && b->new_file >= 0) {
+        st->ops->close(st, b->new_file); /* written afresh: nothing of a failed attempt is trusted */
+        b->new_file = -1;
     }
-    /* a new segment's name is on disk with the first synced batch after it */
-    if (b->sync_dir && b->sync) {
-        if ((e = st->ops->sync_dir(st)) != 0) return e;
-        b->sync_dir = 0;
+    if (b->new_index && b->new_file < 0 && (e = segment_start(st, b->new_index, &b->new_file)) != 0)
+        return batch_failed(b, WAL_OP_WRITE, e);
+    int file = b->new_index ? b->new_file : b->file;
+    uint64_t offset = b->new_index ? BG_JOURNAL_HEADER_SIZE : b->offset;
+    if ((e = write_fully(st, file, bg_buf_head(&b->data), b->data.len, offset)) != 0) {
+        st->ops->truncate(st, file, offset); /* best effort */
+        return batch_failed(b, WAL_OP_WRITE, e);
     }
+    if (b->sync && (e = st->ops->sync(st, file)) != 0) return batch_failed(b, WAL_OP_SYNC, e);
+    /* a new segment's name is durable with the first synced batch in it */
+    if (b->sync_dir && b->sync && (e = st->ops->sync_dir(st)) != 0) return batch_failed(b, WAL_OP_SYNC, e);
     return 0;
 }
 
 /* The flusher's work on one batch: the disk (if any), then the stream (if
  * replicating): the batch is done when every sink has it. An errno of the
  * disk, or 0 (b->repl_rc says how the stream took it). */
-static int flush_batch(struct wal_batch *b, struct storage *st, struct repl *repl)
+static int flush_batch(struct wal_batch *b, struct storage *st, int fsync_never, struct repl *repl)
 {
-    if (b->file >= 0) {
-        int e = flush_to_disk(b, st);
-        if (e) return e;
+    b->failed_op = WAL_OP_NONE;
+    b->copy_error = 0;
+    if (b->disk) {
+        int e = flush_to_disk(b, st, fsync_never);
+        if (e && !repl) return e;
+        b->copy_error = e; /* the stream is the log of record: it goes on */
     }
     if (repl) {
         b->purged = b->purge_before && repl_purge(repl, b->purge_before) == 0;
@@ -402,7 +478,7 @@ static void *flusher_main(void *arg)
         if (!w->has_work && w->stop) break;
         w->has_work = 0;
         pthread_mutex_unlock(&w->lock);
-        w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
+        w->batch.error = flush_batch(&w->batch, w->storage, w->cfg.fsync_never, w->repl);
         uint64_t one = 1;
         if (write(w->notify_fd, &one, sizeof one) != sizeof one) { /* the loop polls anyway */ }
         pthread_mutex_lock(&w->lock);
@@ -437,7 +513,7 @@ static void sleep_until(bg_time until, bg_time step)
 static int flusher_wait(struct wal *w, bg_time deadline)
 {
     if (!w->thread_started) {
-        if (w->has_work) w->batch.error = flush_batch(&w->batch, w->storage, w->repl);
+        if (w->has_work) w->batch.error = flush_batch(&w->batch, w->storage, w->cfg.fsync_never, w->repl);
         w->has_work = 0;
         return 0;
     }
@@ -449,7 +525,6 @@ static int flusher_wait(struct wal *w, bg_time deadline)
     return 0;
 }
 
-static int rotate(struct wal *w);
 
 /* Count one record appended to pending. */
 static void pending_added(struct wal *w)
@@ -458,7 +533,8 @@ static void pending_added(struct wal *w)
     w->pending_records++;
 }
 
-/* Append the next WAL_SNAPSHOT_CHUNK jobs of the snapshot to pending; after
+/* Append the snapshot's next jobs to pending, about WAL_SNAPSHOT_STEP_BYTES
+ * of records (at least one job); after
  * the last, the highest id, the paused tubes and the end record. 0 or
  * BG_OUT_OF_MEMORY (the snapshot then stops; older segments stay). */
 static int snapshot_step(struct wal *w)
@@ -466,9 +542,8 @@ static int snapshot_step(struct wal *w)
     struct bg_engine *e = w->engine;
     uint64_t wall = loop_wall_now();
     bg_time now = loop_now();
-    size_t stop = w->snap_next + WAL_SNAPSHOT_CHUNK;
-    if (stop > w->snap_count) stop = w->snap_count;
-    for (; w->snap_next < stop; w->snap_next++) {
+    size_t step_end = w->pending.len + WAL_SNAPSHOT_STEP_BYTES;
+    for (; w->snap_next < w->snap_count && w->pending.len < step_end; w->snap_next++) {
         struct bg_job *j = bg_job_find(e, w->snap_ids[w->snap_next]);
         if (!j) continue; /* deleted meanwhile: its delete record is in pending */
         struct bg_journal_job r;
@@ -506,8 +581,8 @@ static int snapshot_step(struct wal *w)
     return 0;
 }
 
-/* Begin a snapshot: note the ids of the live jobs, start a new segment.
- * 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after noting the failure. */
+/* Begin a snapshot: note the ids of the live jobs; the batch starts a new
+ * segment. 0, or BG_OUT_OF_MEMORY after noting the failure. */
 static int snapshot_begin(struct wal *w)
 {
     struct bg_engine *e = w->engine;
@@ -517,15 +592,12 @@ static int snapshot_begin(struct wal *w)
         return BG_OUT_OF_MEMORY;
     }
     size_t n = bg_engine_job_ids(e, ids);
-    if (w->storage && rotate(w) != 0) {
-        free(ids);
-        note_failure(w, errno, "create_segment");
-        return BG_IO_ERROR;
-    }
+    if (w->storage) w->rotate_next = 1; /* the snapshot begins a segment */
     w->snap_ids = ids;
     w->snap_count = n;
     w->snap_next = 0;
-    w->compact_index = w->cur_index;
+    w->compact_index = w->cur_index + 1;
+    w->snap_heals = w->records_unbuffered;
     w->force_snapshot = 0;
     return 0;
 }
@@ -537,20 +609,6 @@ static int snapshot_in_progress(const struct wal *w)
     return w->snap_ids || (w->compact_seq && w->appended_seq - w->pending_records < w->compact_seq);
 }
 
-/* Start a new segment for the next batch; the old fd is closed by the
- * flusher after its last sync. 0 or BG_IO_ERROR (errno set). */
-static int rotate(struct wal *w)
-{
-    int fd = segment_create(w, w->cur_index + 1);
-    if (fd < 0) return BG_IO_ERROR;
-    w->batch.close_file = w->cur_file;
-    w->batch.sync_close = !w->cfg.fsync_never;
-    w->batch.sync_dir = 1;
-    w->cur_file = fd;
-    w->cur_index++;
-    return 0;
-}
-
 /* ---- handing batches on: the steps of wal_kick ----------------------- */
 
 /* Nonzero when the next batch must be synced: without a disk always (a
@@ -560,7 +618,7 @@ static int sync_due(const struct wal *w, bg_time now)
 {
     if (!w->storage) return 1;
     if (w->cfg.fsync_never) return 0;
-    return w->cfg.fsync_ms == 0 || now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
+    return w->cfg.fsync_ms == 0 || w->sync_now || now - w->last_sync >= (bg_time)w->cfg.fsync_ms * 1000000ull;
 }
 
 /* Nonzero if a batch is due now. When none is but written records wait for
@@ -575,21 +633,25 @@ static int batch_due(struct wal *w, bg_time now, int sync)
     return 0;
 }
 
-/* Nonzero when the log holds more than twice the live data plus a segment
- * (or damage was accepted at start): a snapshot is due. */
+/* Nonzero when a sink (the directory, the stream) holds more than twice
+ * the live data plus a segment, or a snapshot is forced (damage accepted
+ * at start, a failed sync, a record that could not be buffered). */
 static int compaction_due(const struct wal *w)
 {
     if (w->compact_seq || w->snap_ids) return 0;
-    return w->force_snapshot || w->total_bytes > 2 * w->live_bytes + w->cfg.segment_size;
+    /* each sink by its own bytes: the directory's, the stream's */
+    uint64_t limit = 2 * w->live_bytes + w->cfg.segment_size;
+    return w->force_snapshot || (w->storage && !w->copy_broken && w->disk_bytes > limit) ||
+           (w->repl && w->stream_bytes > limit);
 }
 
 /* The compaction step of a batch: begin a snapshot if one is due, append
- * its next chunk if one is being written. 0, or BG_IO_ERROR /
- * BG_OUT_OF_MEMORY after noting the failure (no batch then). */
+ * its next chunk if one is being written. 0, or BG_OUT_OF_MEMORY after
+ * noting the failure (a later compaction starts over). */
 static int compaction_step(struct wal *w)
 {
     int begin = compaction_due(w);
-    if (begin && snapshot_begin(w) != 0) return BG_IO_ERROR;
+    if (begin && snapshot_begin(w) != 0) return BG_OUT_OF_MEMORY;
     w->batch.snapshot_first = begin;
     if (w->snap_ids && snapshot_step(w) != 0) {
         free(w->snap_ids); /* a later compaction starts over */
@@ -602,16 +664,13 @@ static int compaction_step(struct wal *w)
 
 /* The rotation step: a new segment when the pending records would make
  * the current one grow past -s (never in the middle of a snapshot, which
- * must stay in one segment). 0, or BG_IO_ERROR after noting it. */
-static int rotation_step(struct wal *w)
+ * must stay in one segment). The flusher creates it. */
+static void rotation_step(struct wal *w)
 {
     uint64_t *size = w->storage ? segment_size_at(w, w->cur_index) : NULL;
     if (size && *size + w->pending.len > w->cfg.segment_size && *size > BG_JOURNAL_HEADER_SIZE &&
-        !snapshot_in_progress(w) && rotate(w) != 0) {
-        note_failure(w, errno, "create_segment");
-        return BG_IO_ERROR;
-    }
-    return 0;
+        !snapshot_in_progress(w))
+        w->rotate_next = 1;
 }
 
 /* Move the records of the next batch from pending into w->batch: at most
@@ -633,11 +692,16 @@ static int take_batch(struct wal *w)
     }
     bg_buf_consume(&w->pending, take);
     w->pending_records -= records;
-    b->file = w->storage ? w->cur_file : -1;
-    b->offset = w->storage ? *segment_size_at(w, w->cur_index) : 0;
     b->end_seq = w->appended_seq - w->pending_records;
     b->put_id = w->pending_records ? w->durable_id : w->last_put_id; /* cut: not known */
-    b->sync_dir |= w->dir_dirty;
+    b->disk = w->storage && !w->copy_broken;
+    b->file = b->disk ? w->cur_file : -1;
+    b->offset = b->disk ? *segment_size_at(w, w->cur_index) : 0;
+    b->new_index = b->disk && (w->rotate_next || w->cur_file < 0) ? w->cur_index + 1 : 0;
+    b->new_file = -1;
+    b->fresh = 0;
+    b->sync_dir = w->dir_dirty || b->new_index;
+    w->rotate_next = 0;
     w->dir_dirty = 0;
     return 0;
 }
@@ -650,7 +714,7 @@ static void submit_batch(struct wal *w, int sync)
     b->error = 0;
     b->repl_rc = 0;
     b->purged = 0;
-    if (b->file >= 0) w->disk_sink.attempts++;
+    if (b->disk) w->disk_sink.attempts++;
     if (w->repl) w->stream_sink.attempts++;
     submit(w);
 }
@@ -665,6 +729,20 @@ static int retry_due(struct wal *w, bg_time now)
     return 0;
 }
 
+/* -b with --replicate: once the copy has been dropped for a second, and no
+ * snapshot is being written, start it again: a snapshot into a new
+ * segment (the older segments go once it is complete). */
+static void copy_restart_step(struct wal *w, bg_time now)
+{
+    if (!w->copy_broken) return;
+    if (now < w->copy_retry_at || w->snap_ids || w->compact_seq) {
+        timer_in(w->retry_timer, now < w->copy_retry_at ? w->copy_retry_at - now : RETRY_SECONDS * BG_SECOND);
+        return;
+    }
+    w->copy_broken = 0;
+    w->force_snapshot = 1; /* snapshot_begin starts the new segment */
+}
+
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
@@ -674,33 +752,191 @@ void wal_kick(struct wal *w)
     if (w->retry.waiting) {
         /* the same batch again, alone: what was appended since waits */
         if (!retry_due(w, now)) return;
-        if (b->file >= 0) w->disk_sink.retries++;
+        if (b->disk) w->disk_sink.retries++;
         if (w->repl) w->stream_sink.retries++;
-        submit_batch(w, b->sync || sync);
+        submit_batch(w, !w->storage || !w->cfg.fsync_never); /* healthy again only once synced */
         return;
     }
+    copy_restart_step(w, now);
     if (!batch_due(w, now, sync)) return;
     bg_buf_clear(&b->data);
-    b->close_file = -1;
     b->purge_before = w->purge_due;
-    if (compaction_step(w) != 0 || rotation_step(w) != 0 || take_batch(w) != 0) return;
+    compaction_step(w); /* a snapshot that cannot go now does not hold up the records */
+    rotation_step(w);
+    if (take_batch(w) != 0) return;
     /* the batch that completes a snapshot is synced at once: the older
      * segments can go as soon as it is on disk */
     if (w->compact_seq && b->end_seq >= w->compact_seq) sync = !w->storage || !w->cfg.fsync_never;
     submit_batch(w, sync);
 }
 
+/* Drop the snapshot end records from buf (an abandoned snapshot must not
+ * make recovery skip the segments before it). The count dropped, or -1
+ * out of memory. */
+static long snapshot_ends_drop(struct bg_buf *buf)
+{
+    struct bg_buf kept = {0};
+    long dropped = 0;
+    size_t at = 0, used;
+    const char *p = bg_buf_head(buf);
+    struct bg_journal_record rec;
+    while (at < buf->len) {
+        used = bg_journal_record_span(p + at, buf->len - at);
+        if (bg_journal_decode(p + at, buf->len - at, &rec, &used) == 0 && rec.type == BG_REC_SNAPSHOT_END) dropped++;
+        else if (bg_buf_append(&kept, p + at, used) != 0) {
+            bg_buf_free(&kept);
+            return -1;
+        }
+        at += used;
+    }
+    if (!dropped) {
+        bg_buf_free(&kept);
+        return 0;
+    }
+    bg_buf_free(buf);
+    *buf = kept;
+    return dropped;
+}
+
+/* A snapshot cannot span the fresh segment of a rewrite: give it up (its
+ * records already written stay, harmless) and take a new one later. */
+static void compaction_abandon(struct wal *w)
+{
+    if (w->snap_ids || w->compact_seq) {
+        long n = snapshot_ends_drop(&w->batch.data);
+        long m = snapshot_ends_drop(&w->pending);
+        if (m > 0) w->pending_records -= (uint64_t)m;
+        if (n < 0 || m < 0) note_failure(w, ENOMEM, "snapshot_abandon");
+        free(w->snap_ids);
+        w->snap_ids = NULL;
+        w->compact_seq = 0;
+    }
+    w->force_snapshot = 1; /* also supersedes the segment the sync failed in */
+}
+
+/* After a failed sync nothing written since the last good one counts as
+ * kept: the kernel may have dropped those pages ("fsyncgate"). Turn the
+ * batch into a rewrite: everything since the last good sync, then the
+ * batch, into a fresh segment; the flusher first cuts the segments written
+ * since back to what was synced of them. Once a batch is a rewrite, its
+ * retries write the same segment afresh. */
+static void rewrite_plan(struct wal *w)
+{
+    struct wal_batch *b = &w->batch;
+    if (b->fresh) return;
+    if (w->unsynced_data.len) {
+        if (bg_buf_append(&w->unsynced_data, bg_buf_head(&b->data), b->data.len) != 0) {
+            /* without the whole rewrite nothing may be cut: the batch goes
+             * again in place, and the log stays failed until it is synced */
+            note_failure(w, ENOMEM, "rewrite");
+            return;
+        }
+        struct bg_buf all = w->unsynced_data;
+        w->unsynced_data = b->data;
+        b->data = all;
+    }
+    bg_buf_clear(&w->unsynced_data);
+    uint64_t *size = segment_size_at(w, w->cur_index);
+    uint64_t keep = w->cur_synced > BG_JOURNAL_HEADER_SIZE ? w->cur_synced : BG_JOURNAL_HEADER_SIZE;
+    if (b->file >= 0) {
+        b->cut[0] = (struct segment_cut){b->file, w->cur_synced};
+        if (size && *size > keep) w->disk_bytes -= *size - keep, *size = keep;
+    }
+    if (b->new_file >= 0) { /* the rotation's segment exists: cut to its header */
+        b->cut[1] = (struct segment_cut){b->new_file, 0};
+        w->cur_index = b->new_index;
+        if ((size = segment_size_at(w, w->cur_index)) != NULL) *size = BG_JOURNAL_HEADER_SIZE;
+        w->disk_bytes += BG_JOURNAL_HEADER_SIZE;
+    }
+    w->cur_file = -1;
+    w->cur_synced = 0;
+    b->file = -1;
+    b->new_file = -1;
+    b->new_index = w->cur_index + 1;
+    b->fresh = 1;
+    b->sync_dir = 1;
+    compaction_abandon(w);
+}
+
+/* The disk's side of a finished batch: the segment it wrote, the bytes,
+ * what is synced now. */
+static void disk_done(struct wal *w, struct wal_batch *b)
+{
+    if (b->new_index) { /* a new segment (a rotation or a rewrite) exists now */
+        w->cur_index = b->new_index;
+        w->cur_file = b->new_file;
+        w->cur_synced = 0;
+        uint64_t *size = segment_size_at(w, w->cur_index);
+        if (size) *size = BG_JOURNAL_HEADER_SIZE;
+        w->disk_bytes += BG_JOURNAL_HEADER_SIZE;
+        b->new_index = 0;
+        b->new_file = -1;
+        b->fresh = 0;
+    }
+    uint64_t *size = segment_size_at(w, w->cur_index);
+    if (size) *size += b->data.len;
+    w->disk_bytes += b->data.len;
+    w->disk_sink.bytes += b->data.len;
+    if (b->sync) {
+        w->cur_synced = size ? *size : 0;
+        bg_buf_clear(&w->unsynced_data);
+        bg_buf_shrink(&w->unsynced_data);
+    } else if (!w->cfg.fsync_never) {
+        /* without a copy for a rewrite, or with a large one: sync at once */
+        if (bg_buf_append(&w->unsynced_data, bg_buf_head(&b->data), b->data.len) != 0 ||
+            w->unsynced_data.len >= WAL_UNSYNCED_MAX)
+            w->sync_now = 1;
+    }
+}
+
+/* Close every segment handle still open: the current one, and a batch's
+ * that did not finish (a rotation, a rewrite); the flusher is idle. The
+ * handles' fields are left as they are. */
+static void segments_close_all(struct wal *w)
+{
+    struct storage *st = w->storage;
+    struct wal_batch *b = &w->batch;
+    int files[] = {w->cur_file, b->file, b->new_file, b->cut[0].file, b->cut[1].file};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        int seen = 0;
+        for (size_t k = 0; k < i; k++) seen |= files[k] == files[i];
+        if (files[i] >= 0 && !seen) st->ops->close(st, files[i]);
+    }
+}
+
+/* -b with --replicate: the batch reached the stream (the log of record)
+ * but not the local copy. Drop the copy (its segments are not read at a
+ * start, the stream is) and start it again later with a snapshot. */
+static void copy_failed(struct wal *w, struct wal_batch *b)
+{
+    if (!w->copy_broken)
+        log_event(BG_LOG_ERROR, "wal_copy_failed", "op=%s error=%s stream=continues",
+                  b->failed_op == WAL_OP_SYNC ? "sync" : "write", log_str(strerror(b->copy_error)));
+    w->disk_sink.failures++;
+    w->copy_broken = 1;
+    w->copy_retry_at = loop_now() + RETRY_SECONDS * BG_SECOND;
+    timer_in(w->retry_timer, RETRY_SECONDS * BG_SECOND);
+    segments_close_all(w);
+    if (b->new_file >= 0) w->cur_index = b->new_index; /* it exists: the next one follows it */
+    w->cur_file = b->file = b->new_file = b->cut[0].file = b->cut[1].file = -1;
+    b->new_index = 0;
+    b->fresh = 0;
+    bg_buf_clear(&w->unsynced_data);
+}
+
 /* Account for a batch the flusher finished (on the loop thread, or in
- * wal_close). Returns 0 if it was written, or the flusher's errno. */
+ * wal_finish). Returns 0 if it was written, or the flusher's errno. */
 static int batch_done(struct wal *w)
 {
     pthread_mutex_lock(&w->lock);
     w->busy = 0;
     pthread_mutex_unlock(&w->lock);
     struct wal_batch *b = &w->batch;
+    if (b->disk && !b->fresh) w->cur_file = b->file; /* -1 once a rotation closed it */
     if (b->error) {
-        note_failure(w, b->error, b->sync ? "write_or_sync" : "write");
+        note_failure(w, b->error, b->failed_op == WAL_OP_SYNC ? "sync" : "write");
         w->disk_sink.failures++;
+        if (b->failed_op == WAL_OP_SYNC && !w->cfg.fsync_never) rewrite_plan(w);
         w->retry.waiting = 1;
         w->retry.attempts++;
         w->retry.next_at = loop_now() + RETRY_SECONDS * BG_SECOND;
@@ -708,7 +944,6 @@ static int batch_done(struct wal *w)
     }
     w->retry.waiting = 0;
     w->retry.attempts = 0;
-    if (b->file >= 0) w->disk_sink.bytes += b->data.len;
     if (w->repl && !b->repl_rc) w->stream_sink.bytes += b->data.len;
     if (b->repl_rc) {
         w->stream_sink.failures++;
@@ -718,44 +953,45 @@ static int batch_done(struct wal *w)
         w->engine->journal_broken = 1;
         return EPERM;
     }
-    if (w->failed_errno) {
-        log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
-        w->failed_errno = 0;
-        w->engine->journal_broken = 0;
-    }
-    if (b->file >= 0) {
-        uint64_t *size = segment_size_at(w, w->cur_index);
-        if (size && b->file == w->cur_file) *size += b->data.len;
-    }
+    if (b->copy_error) copy_failed(w, b);
+    else if (b->disk) disk_done(w, b);
     if (w->repl) {
         if (b->purged) {
-            if (!w->storage) w->total_bytes -= w->purge_bytes < w->total_bytes ? w->purge_bytes : w->total_bytes;
+            w->stream_bytes -= w->purge_bytes < w->stream_bytes ? w->purge_bytes : w->stream_bytes;
             w->purge_due = 0;
         }
         if (b->snapshot_first && b->data.len) {
             w->purge_seq = b->first_seq;
-            w->purge_bytes = w->total_bytes;
+            w->purge_bytes = w->stream_bytes;
         }
+        w->stream_bytes += b->data.len;
     }
-    w->total_bytes += b->data.len;
     w->written_seq = b->end_seq;
     if (b->sync) {
         w->synced_seq = b->end_seq;
         if (b->put_id > w->durable_id) w->durable_id = b->put_id;
         w->last_sync = loop_now();
         w->unsynced = 0;
+        w->sync_now = 0;
     } else {
         w->unsynced = 1;
     }
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        if (w->storage) {
+        if (w->storage && !w->copy_broken) {
             segments_drop_below(w, w->compact_index);
             w->dir_dirty = 1; /* the next batch syncs the directory */
         }
         if (w->repl && w->purge_seq) w->purge_due = w->purge_seq; /* the stream likewise */
         w->compact_seq = 0;
+        /* the state is whole on disk again, if nothing was lost since it began */
+        if (w->records_unbuffered == w->snap_heals) w->records_unbuffered = 0;
+    }
+    if (w->failed_errno && !w->records_unbuffered) {
+        log_event(BG_LOG_WARN, "wal_recovered", "puts=accepted"); /* pairs with wal_failure: always shown */
+        w->failed_errno = 0;
+        w->engine->journal_broken = 0;
     }
     return 0;
 }
@@ -858,13 +1094,12 @@ static int finish_turn(struct wal *w, bg_time deadline)
             sleep_until(w->retry.next_at < deadline ? w->retry.next_at : deadline, BG_SECOND);
             return 0;
         }
-        if (b->file >= 0) w->disk_sink.retries++;
+        if (b->disk) w->disk_sink.retries++;
         if (w->repl) w->stream_sink.retries++;
         submit_batch(w, sync);
         return 0;
     }
     bg_buf_clear(&b->data);
-    b->close_file = -1;
     b->purge_before = 0;
     b->snapshot_first = 0;
     if (take_batch(w) != 0) return 1;
@@ -880,9 +1115,11 @@ int wal_finish(struct wal *w, bg_time deadline)
     release_holds(w);
     w->finished_seq = w->appended_seq;
     uint64_t kept = durable_seq(w);
-    if (!w->writing || kept >= w->appended_seq) return 0;
+    if (!w->writing || (kept >= w->appended_seq && !w->records_unbuffered)) return 0;
+    /* records never buffered (out of memory) count too: no snapshot wrote them */
     log_event(BG_LOG_ERROR, "wal_lost", "records=%llu error=%s flusher=%s",
-              (unsigned long long)(w->appended_seq - kept),
+              (unsigned long long)(w->appended_seq - (kept < w->appended_seq ? kept : w->appended_seq) +
+                                   w->records_unbuffered),
               log_str(w->repl_dead ? "the stream refused" : w->failed_errno ? strerror(w->failed_errno)
                                                                              : "deadline passed"),
               w->busy ? "busy" : "idle");
@@ -929,7 +1166,7 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_max_size = w->cfg.segment_size;
     pi->binlog_torn = w->torn_records;
     pi->binlog_enabled = 1;
-    pi->binlog_bytes = w->total_bytes;
+    pi->binlog_bytes = w->disk_bytes;
     pi->binlog_sync_age_ms = w->cfg.fsync_never ? -1 : (int64_t)((loop_now() - w->last_sync) / 1000000);
 }
 
@@ -1333,7 +1570,7 @@ static int cut_torn_tail(struct wal *w, struct recovery *rc, int cut)
     uint64_t *size = segment_size_at(w, s->index);
     if (size) {
         uint64_t left = offset < BG_JOURNAL_HEADER_SIZE ? 0 : offset;
-        w->total_bytes -= *size - left;
+        w->disk_bytes -= *size - left;
         *size = left;
     }
     return 0;
@@ -1428,7 +1665,7 @@ static int recover(struct wal *w, struct recovery *rc)
             if (s.status == SEG_DAMAGED || s.status == SEG_UNREADABLE) note_damaged_index(w, s.index);
             uint64_t *size = segment_size_at(w, indexes[i]);
             if (size) *size = s.bytes;
-            w->total_bytes += s.bytes;
+            w->disk_bytes += s.bytes;
         }
         report_segment(rc, &s);
     }
@@ -1510,14 +1747,19 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
     r = recover(w, &rc);
     if (r != 0) return r;
     /* new records go to a new segment: a torn tail is never appended to */
-    w->cur_file = segment_create(w, w->cur_index + 1);
-    if (w->cur_file < 0) {
-        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(errno)));
+    int e = segment_start(w->storage, w->cur_index + 1, &w->cur_file);
+    if (e) {
+        w->cur_file = -1;
+        log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=create_segment error=%s", log_str(cfg->dir), log_str(strerror(e)));
+        errno = e;
         return BG_IO_ERROR;
     }
     w->cur_index++;
+    uint64_t *size = segment_size_at(w, w->cur_index);
+    if (size) *size = BG_JOURNAL_HEADER_SIZE;
+    w->disk_bytes += BG_JOURNAL_HEADER_SIZE;
     if (w->first_index > w->cur_index) w->first_index = w->cur_index;
-    int e = w->storage->ops->sync_dir(w->storage);
+    e = w->storage->ops->sync_dir(w->storage);
     if (e) {
         log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=sync_dir error=%s", log_str(cfg->dir), log_str(strerror(e)));
         errno = e;
@@ -1551,7 +1793,7 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     w->engine = e;
     w->base = base;
     w->repl = cfg->repl;
-    w->batch.close_file = -1;
+    w->batch.file = w->batch.new_file = w->batch.cut[0].file = w->batch.cut[1].file = -1;
     w->cur_file = w->notify_fd = -1;
     int r;
     if ((cfg->dir || cfg->storage) && (r = open_dir(w, cfg, now, wall)) != 0) return r;
@@ -1661,14 +1903,14 @@ void wal_close(struct wal *w)
     if (w->retry_timer) event_free(w->retry_timer);
     if (w->notify_fd >= 0) close(w->notify_fd);
     if (st) {
-        st->ops->close(st, w->cur_file);
-        if (w->batch.close_file >= 0) st->ops->close(st, w->batch.close_file);
+        segments_close_all(w);
         if (w->own_storage) st->ops->destroy(st);
     }
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     bg_buf_free(&w->pending);
     bg_buf_free(&w->batch.data);
+    bg_buf_free(&w->unsynced_data);
     free(w->segment_sizes);
     free(w->damaged_indexes);
     free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
@@ -1686,7 +1928,7 @@ void wal_start_writing(struct wal *w, uint64_t stream_bytes)
     resync_drop(w);
     bg_engine_restore_finish(w->engine);
     if (w->storage) w->force_snapshot = 1;
-    else w->total_bytes = stream_bytes;
+    w->stream_bytes = stream_bytes;
     start_writing(w);
 }
 
@@ -1761,6 +2003,6 @@ int wal_apply(struct wal *w, uint64_t seq, const char *data, size_t len)
         if (w->resync_ids && rec.type == BG_REC_SNAPSHOT_END) resync_finish(w);
         at += used;
     }
-    w->total_bytes += len;
+    w->stream_bytes += len;
     return 0;
 }

@@ -1,6 +1,8 @@
-/* wal.h - the write-ahead log: segment files in one directory, a single
- * flusher thread that writes and syncs batches (group commit), recovery at
- * start, and compaction. The record format is core/journal.c. */
+/* wal.h - the write-ahead log: segment files in one directory (through
+ * io/storage.h), a single flusher thread that writes and syncs batches
+ * (group commit; or none, in the synchronous mode), recovery at start,
+ * compaction, and the stop's finish. The record format is core/journal.c;
+ * the fault model is docs/durability.md. */
 #ifndef BEANGATE_WAL_H
 #define BEANGATE_WAL_H
 

@@ -1405,6 +1405,7 @@ def test_failed_batch_retried_once_a_second():
     srv = Server(d, ["-f", "50"], http=True, env=faults.env()).start()
     c = srv.connect()
     put(c, b"before")
+    testlib.wait_until(lambda: max(segments(d).values()) > JOURNAL_HEADER, "the first put written", 10.0)
     faults.set(["write EIO"])
     jid = put(c, b"during")  # -f 50: answered at once; its batch fails
     testlib.wait_until(lambda: stats_json(srv.http_port)["binlog_disk_failures"] >= 1, "a failed write", 10.0)
@@ -1501,6 +1502,143 @@ def test_sigterm_with_failing_disk_says_records_lost():
     # the failed put, and "before" too if its sync (50 ms later) had not come yet
     check(int(m.group(1)) in (1, 2), "wal_lost records=%s, want the failed put (and maybe the one before)"
           % m.group(1))
+
+
+def failed_sync_under_load(name, fsync_args, stop_signal):
+    """Writers put under load; one sync of a segment fails
+    (BEANGATE_TEST_DISK_FAULTS 'sync EIO once', which also zeroes what was
+    written to it since its last good sync, as a kernel may drop those
+    pages); once the log says wal_recovered and more puts went, stop the
+    server (SIGKILL with -f 0, whose replies mean synced; SIGTERM with -f N,
+    whose replies may precede the write) and restart: the start must not be
+    refused and every acknowledged put must be there."""
+    d = new_dir(name)
+    faults = disk_faults(name)
+    srv = Server(d, fsync_args, http=True, env=faults.env()).start()
+    acked = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors = []
+    refused = [0]
+
+    def writer(k):
+        try:
+            c = srv.connect()
+            i = 0
+            while not stop.is_set():
+                body = b"w%d-%d " % (k, i) + b"x" * 200
+                c.send(put_cmd(body))
+                line = c.read_line(what="put")
+                i += 1
+                if line == b"OUT_OF_MEMORY\r\n":  # refused while the log is failed
+                    refused[0] += 1
+                    time.sleep(0.01)
+                    continue
+                check(line.startswith(b"INSERTED "), "put: got %s" % show(line))
+                with lock:
+                    acked[int(line[9:-2])] = body
+            c.close()
+        except Exception as e:  # reported below
+            errors.append("writer %d: %s" % (k, e))
+    threads = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    testlib.wait_until(lambda: len(acked) >= 300, "300 puts acknowledged", 20.0)
+    faults.set(["sync EIO once"])
+    testlib.wait_until(lambda: "event=wal_recovered" in srv.stderr(), "wal_recovered after the failed sync", 20.0)
+    with lock:
+        at_recovery = len(acked)
+    testlib.wait_until(lambda: len(acked) >= at_recovery + 300, "300 more puts after the recovery", 20.0)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    check(not errors, "writers failed: %s" % errors)
+    err = srv.stderr()
+    check("event=wal_failure op=sync" in err, "the failed sync was not logged: %s" % err.strip()[-600:])
+    log("%d puts acknowledged (%d refused while the log was failed), one sync failed, then %s"
+        % (len(acked), refused[0], stop_signal.name))
+    if stop_signal == signal.SIGKILL:
+        srv.kill()
+    else:
+        srv.stop_checked()
+    srv.start()
+    err = srv.stderr()
+    bad = [e for e in ("event=wal_refused", "event=wal_damaged", "event=wal_damage_dropped") if e in err]
+    check(not bad, "the log was damaged after the failed sync (%s): %s" % (bad, err.strip()[-800:]))
+    c = srv.connect()
+    check_bodies(c, acked, "acknowledged before SIGKILL")
+    c.close()
+    srv.stop_checked()
+
+
+def test_failed_sync_rewrites_f0():
+    """Issue 21 defect 5 (fsyncgate), -f 0: after a failed sync nothing since
+    the last good sync counts as written; it is written again into a fresh
+    segment and synced before wal_recovered and before the held replies go."""
+    failed_sync_under_load("failed_sync_f0", ["-f", "0"], signal.SIGKILL)
+
+
+def test_failed_sync_rewrites_f50():
+    """Issue 21 defect 5 (fsyncgate), -f 50: the batches written since the
+    last good sync are written again into a fresh segment, so the next start
+    reads a log without a hole (before: refused, damage in the newest
+    segment followed by more records)."""
+    failed_sync_under_load("failed_sync_f50", ["-f", "50"], signal.SIGTERM)
+
+
+def vm_kib(pid, key):
+    """A figure of /proc/PID/status in KiB (VmRSS, VmHWM)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (key, pid))
+
+
+def test_compaction_memory_bounded():
+    """Issue 21 defect 8: a snapshot step is capped by bytes (1 MiB of
+    records), not by a count of jobs (4096 jobs of 4 KB made a 16 MB step,
+    in pending and again in the batch). 12,000 live 4 KB jobs and a log over
+    twice their size (written with a large -s, so that no snapshot came
+    yet); a restart with -s 4 MiB compacts with its first put, with nothing
+    else going on: the peak RSS (VmHWM, reset first) may grow by less than
+    16 MB over the RSS before it."""
+    d = new_dir("compaction_memory")
+    srv = Server(d, ["-f", "50", "-s", str(256 << 20)]).start()
+    c = srv.connect()
+    body = b"m" * 4096
+    live = 12000
+    for _ in range(0, live, 500):
+        c.send(put_cmd(body) * 500)
+        for _ in range(500):
+            read_inserted(c, "put of a live job")
+    for _ in range(300):  # 120 MB of churn: the log is over 2 * 48 MB + 4 MiB
+        c.send(put_cmd(body) * 100)
+        ids = [read_inserted(c, "churn put") for _ in range(100)]
+        c.send(b"".join(b"delete %d\r\n" % j for j in ids))
+        for _ in ids:
+            check_eq(c.read_line(what="delete"), b"DELETED\r\n", "churn delete")
+    c.close()
+    srv.stop_checked()
+    srv.args = ["-f", "50", "-s", str(4 << 20)]
+    srv.http = True
+    srv.start()
+    check_eq(stats_json(srv.http_port)["binlog_records_migrated"], 0, "records migrated before the first command")
+    with open("/proc/%d/clear_refs" % srv.proc.pid, "w") as f:
+        f.write("5")  # reset VmHWM to the RSS now
+    rss_before = vm_kib(srv.proc.pid, "VmRSS")
+    c = srv.connect()
+    put(c, b"the first record after the start")  # its batch begins the snapshot
+    testlib.wait_until(lambda: stats_json(srv.http_port)["binlog_records_migrated"] >= live,
+                       "a snapshot of every live job", 60.0)
+    grew = vm_kib(srv.proc.pid, "VmHWM") - rss_before
+    log("compaction of %d live 4 KB jobs: peak RSS %.1f MB over the %.1f MB before it"
+        % (live, grew / 1024.0, rss_before / 1024.0))
+    c.close()
+    srv.stop_checked()
+    if testlib.is_asan_build(BINARY):
+        raise testlib.Skip("ASan build: RSS figures are the sanitizer's (measured: +%.1f MB)" % (grew / 1024.0))
+    check(grew < 16 * 1024, "peak RSS grew %.1f MB during compaction, want < 16 MB" % (grew / 1024.0))
 
 
 def read_peek_cmd(c, jid):
@@ -2718,6 +2856,9 @@ TESTS = [
     test_id_of_a_lost_put_is_never_given_again,
     test_sigterm_keeps_acknowledged_put_whose_write_failed,
     test_sigterm_with_failing_disk_says_records_lost,
+    test_failed_sync_rewrites_f0,
+    test_failed_sync_rewrites_f50,
+    test_compaction_memory_bounded,
 ]
 
 

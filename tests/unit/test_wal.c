@@ -1,17 +1,24 @@
-/* test_wal.c - when a reply may go (io/wal.c): positions and holds, on a
- * real log in a temporary directory (the loop is this test's own event
- * base: nothing is written until the test hands the log its batch). */
+/* test_wal.c - io/wal.c on a real log in a temporary directory: when a
+ * reply may go (positions and holds; the loop is this test's own event
+ * base: nothing is written until the test hands the log its batch), and,
+ * in the synchronous mode (no flusher thread) on the disk-fault storage
+ * (io/storage_faulty.h), what a failed sync, a record that could not be
+ * buffered and bytes applied from a stream do to the log. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "../../io/loop.h"
+#include "../../io/storage_faulty.h"
 #include "../../io/wal.h"
 #include "tempdir.h"
 
@@ -189,6 +196,252 @@ static void test_ids_continue_above_the_floor(void **state)
     close_world(&w);
 }
 
+/* ---- the synchronous mode on the disk-fault storage ---------------------- */
+
+/* A log in synchronous mode on the fault storage of dir (its control file
+ * dir/../<dir>.faults), with its own engine. */
+struct sync_world {
+    char dir[40];
+    char faults[64];
+    struct event_base *base;
+    struct bg_engine engine;
+    struct bg_client client;
+    struct storage *storage;
+    struct wal *wal;
+    int fsync_ms;              /* -f (0 unless a test sets it before sync_open) */
+    uint64_t put_pos;          /* the log position the last sync_put's reply depends on */
+};
+
+static void write_faults(struct sync_world *w, const char *text)
+{
+    FILE *f = fopen(w->faults, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    /* a new mtime even within one clock tick: the size differs, or touch */
+    struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}};
+    utimensat(AT_FDCWD, w->faults, times, 0);
+}
+
+static void sync_open(struct sync_world *w, uint64_t segment_size)
+{
+    memset(&w->engine, 0, sizeof w->engine);
+    assert_int_equal(bg_engine_init(&w->engine, 1 << 20, NULL), 0);
+    struct storage *posix;
+    assert_int_equal(storage_posix_open(&posix, w->dir, 1), 0);
+    assert_int_equal(storage_faulty_wrap(&w->storage, posix, w->faults), 0);
+    struct wal_config cfg = {.dir = w->dir, .fsync_ms = w->fsync_ms, .segment_size = segment_size,
+                             .storage = w->storage, .synchronous = 1};
+    assert_int_equal(wal_open(&w->wal, &cfg, &w->engine, w->base, T0, (uint64_t)time(NULL) * BG_SECOND), 0);
+    assert_int_equal(bg_client_init(&w->engine, &w->client, &bg_client_ops_never_wait, NULL), 0);
+}
+
+static void sync_close(struct sync_world *w)
+{
+    bg_client_close(&w->client, T0);
+    wal_close(w->wal);
+    w->storage->ops->destroy(w->storage);
+    bg_engine_destroy(&w->engine);
+}
+
+static void sync_world_make(struct sync_world *w, uint64_t segment_size)
+{
+    memset(w, 0, sizeof *w);
+    tempdir_make(w->dir, sizeof w->dir, "walsync");
+    snprintf(w->faults, sizeof w->faults, "%s.faults", w->dir);
+    write_faults(w, "");
+    w->base = event_base_new();
+    assert_non_null(w->base);
+    sync_open(w, segment_size);
+}
+
+static void sync_world_free(struct sync_world *w)
+{
+    sync_close(w);
+    event_base_free(w->base);
+    tempdir_remove(w->dir);
+    unlink(w->faults);
+}
+
+/* Hand on what was appended and do the flusher's work, until nothing is
+ * handed on any more (at most `turns`). */
+static void sync_flush(struct sync_world *w, int turns)
+{
+    for (int i = 0; i < turns; i++) {
+        wal_kick(w->wal);
+        wal_run_flusher(w->wal);
+    }
+}
+
+static uint64_t sync_put(struct sync_world *w, const char *body, size_t len)
+{
+    uint64_t id;
+    w->engine.reply_pos = 0;
+    assert_int_equal(bg_put_copy(&w->client, "t", 0, 0, 60, body, len, T0, &id), 0);
+    w->put_pos = w->engine.reply_pos;
+    return id;
+}
+
+/* Restart: close, open again on the same directory (recovery). */
+static void sync_restart(struct sync_world *w)
+{
+    sync_close(w);
+    sync_open(w, 1 << 20);
+}
+
+/* The synchronous mode: wal_kick hands a batch on, wal_run_flusher writes
+ * and syncs it on this thread and releases the holds it secured. */
+static void test_synchronous_mode_runs_the_flusher_here(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    memset(&calls, 0, sizeof calls);
+    sync_put(&w, "a", 1);
+    uint64_t m = w.put_pos;
+    struct wal_hold h = {0};
+    wal_hold(w.wal, &h, m, durable);
+    wal_kick(w.wal);
+    assert_false(wal_reply_may_go(w.wal, m)); /* handed on, not written */
+    wal_run_flusher(w.wal);
+    assert_true(wal_reply_may_go(w.wal, m));
+    assert_int_equal(calls.n, 1);
+    wal_run_flusher(w.wal); /* nothing handed on: nothing */
+    sync_world_free(&w);
+}
+
+/* fsyncgate: a failed sync (whose bytes the fault storage then zeroes, as
+ * a kernel may drop them) makes the log write everything since the last
+ * good sync again into a fresh segment; the mark is reached only once
+ * that is synced, and a restart reads every job. */
+static void test_failed_sync_rewrites_into_fresh_segment(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    uint64_t first = sync_put(&w, "first", 5);
+    sync_flush(&w, 2);
+    write_faults(&w, "sync EIO once\n");
+    uint64_t second = sync_put(&w, "second", 6);
+    uint64_t m = w.put_pos;
+    sync_flush(&w, 2);
+    assert_false(wal_reply_may_go(w.wal, m));
+    assert_int_equal(w.engine.journal_broken, 1);
+    /* the retry comes once a second: the stop's finish waits for it */
+    assert_int_equal(wal_finish(w.wal, loop_now() + 5 * BG_SECOND), 0);
+    assert_true(wal_reply_may_go(w.wal, m));
+    struct bg_process_info pi = {0};
+    wal_stats(w.wal, &pi);
+    assert_int_equal(pi.binlog_current, 2); /* 1: the one the sync failed in, cut back; 2: the rewrite */
+    sync_restart(&w);
+    assert_non_null(bg_job_find(&w.engine, first));
+    assert_non_null(bg_job_find(&w.engine, second));
+    sync_world_free(&w);
+}
+
+/* Nonzero if dir holds the file name. */
+static int file_exists(const char *dir, const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* A rotation creates the new segment only once the old one is synced (the
+ * flusher does both, in that order): after a failed sync of the old one the
+ * new one does not exist. Before, the loop created it (header and all)
+ * while the old one's last batch was not synced yet, so a machine crash
+ * could leave a torn segment that is not the newest: damage. */
+static void test_rotation_creates_segment_after_old_is_synced(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    memset(&w, 0, sizeof w);
+    tempdir_make(w.dir, sizeof w.dir, "walrot");
+    snprintf(w.faults, sizeof w.faults, "%s.faults", w.dir);
+    write_faults(&w, "");
+    w.base = event_base_new();
+    w.fsync_ms = 1000; /* -f 1000: batches are written, synced later */
+    sync_open(&w, 4096);
+    static char body[3000];
+    memset(body, 'r', sizeof body);
+    uint64_t a = sync_put(&w, body, sizeof body);
+    sync_flush(&w, 1); /* written into segment 1, not synced */
+    write_faults(&w, "sync EIO once\n");
+    uint64_t b = sync_put(&w, body, sizeof body); /* segment 1 is full: rotation */
+    sync_flush(&w, 1);
+    assert_int_equal(w.engine.journal_broken, 1);
+    assert_false(file_exists(w.dir, "beangate.2.wal")); /* not before segment 1 is synced */
+    assert_int_equal(wal_finish(w.wal, loop_now() + 5 * BG_SECOND), 0);
+    sync_restart(&w);
+    assert_non_null(bg_job_find(&w.engine, a));
+    assert_non_null(bg_job_find(&w.engine, b));
+    sync_world_free(&w);
+}
+
+/* A record that could not be buffered (out of memory): the change is in
+ * the engine but not in the log. The log stays failed until a snapshot
+ * that began after it is on disk; then the job is there after a restart. */
+static void test_unbuffered_record_heals_by_snapshot(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    sync_put(&w, "a", 1);
+    sync_flush(&w, 2);
+    /* a body bigger than the buffer holds: the record's append reallocates;
+     * fail the allocations one by one until the put goes and its record not */
+    static char big[200000];
+    memset(big, 'b', sizeof big);
+    uint64_t id = 0;
+    for (uint64_t n = 1; n < 20 && !w.engine.journal_broken; n++) {
+        bg_alloc_fail_after(n);
+        if (bg_put_copy(&w.client, "t", 0, 0, 60, big, sizeof big, T0, &id) != 0) id = 0;
+        bg_alloc_fail_after(0);
+        if (!w.engine.journal_broken && id) bg_delete(&w.client, id, T0), id = 0, sync_flush(&w, 2);
+    }
+    assert_int_equal(w.engine.journal_broken, 1);
+    assert_true(id != 0);
+    sync_flush(&w, 1); /* a good batch alone does not heal it */
+    sync_flush(&w, 8); /* the snapshot forced by the loss */
+    assert_int_equal(w.engine.journal_broken, 0);
+    sync_restart(&w);
+    struct bg_job *j = bg_job_find(&w.engine, id);
+    assert_non_null(j);
+    assert_int_equal(j->body_size, sizeof big + 2); /* with its CRLF */
+    sync_world_free(&w);
+}
+
+/* Bytes applied from a stream count for the stream, not for the
+ * directory: a log that applied more than its segments hold compacts once,
+ * not on every batch (defect 7: records_migrated grew while idle). */
+static void test_applied_stream_bytes_do_not_compact_the_directory(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 65536);
+    struct bg_buf msg = {0};
+    for (uint64_t id = 1000; id < 2000; id++) { /* 1000 puts and their deletes: nothing alive */
+        struct bg_journal_job r = {.id = id, .tube = "t", .ttr_s = 60, .body = "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n",
+                                   .body_len = 40, .state = BG_JOB_READY};
+        assert_int_equal(bg_journal_encode_job(&msg, &r, 1), 0);
+        assert_int_equal(bg_journal_encode_delete(&msg, id), 0);
+    }
+    assert_int_equal(wal_apply(w.wal, 1, bg_buf_head(&msg), msg.len), 0);
+    bg_buf_free(&msg);
+    sync_put(&w, "alive", 5);
+    sync_flush(&w, 4);
+    struct bg_process_info before = {0}, after = {0};
+    wal_stats(w.wal, &before);
+    for (int i = 0; i < 20; i++) {
+        sync_put(&w, "more", 4);
+        sync_flush(&w, 2);
+    }
+    wal_stats(w.wal, &after);
+    assert_int_equal(after.binlog_migrated, before.binlog_migrated);
+    sync_world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -196,6 +449,11 @@ int main(void)
         cmocka_unit_test(test_showing_a_job_waits_for_its_put),
         cmocka_unit_test(test_only_new_ids_wait_with_fsync_interval),
         cmocka_unit_test(test_ids_continue_above_the_floor),
+        cmocka_unit_test(test_synchronous_mode_runs_the_flusher_here),
+        cmocka_unit_test(test_failed_sync_rewrites_into_fresh_segment),
+        cmocka_unit_test(test_rotation_creates_segment_after_old_is_synced),
+        cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
+        cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
