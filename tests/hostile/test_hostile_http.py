@@ -460,7 +460,10 @@ def test_later_head_deadline_after_every_kind_of_request():
         check(status in (200, 201), "%s: the first request's status %d" % (what, status))
         check(after is not None, "%s: the connection was not closed" % what)
         limit = idle_s if then == "idle" else header_s
-        check(limit - 0.2 <= after <= limit + 2.0,
+        # late is only a loaded machine: a header case must still end before
+        # the idle timeout could have closed it, an idle one before the read gives up
+        slack = 2.0 if then != "idle" else 3.5
+        check(limit - 0.2 <= after <= limit + slack,
               "%s: closed after %.2f s, want about %d s" % (what, after, limit))
         if then == "idle":
             check_eq(raw, b"", "%s: an idle connection is closed without an answer" % what)
