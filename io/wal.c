@@ -1363,9 +1363,10 @@ static void describe_damage(char *out, size_t n, const struct seg_report *s)
     switch (s->status) {
     case SEG_TORN:
     case SEG_DAMAGED:
-        snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu readable_records_after=%llu%s",
+        snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu readable_records_after=%llu%s%s",
                  bg_journal_damage_name(t->damage), t->offset, t->dropped_bytes,
-                 (unsigned long long)t->readable, t->search_complete ? "" : " search=incomplete");
+                 (unsigned long long)t->readable, t->unwritten_page ? " unwritten_page=yes" : "",
+                 t->search_complete ? "" : " search=incomplete");
         break;
     case SEG_MISSING:
         snprintf(out, n, " damage=missing_segment missing_segments=%llu", (unsigned long long)s->missing);
