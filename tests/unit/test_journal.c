@@ -251,15 +251,14 @@ static void test_restore_into_engine(void **state)
 
 /* A segment: the header, then n records (jobs, updates, deletes, pauses in
  * turn, job ids from 1); at[i] is where record i starts, at[n] the end. */
-static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
+/* Append n records to seg (jobs, updates, deletes, pauses in turn, job
+ * ids from first_id); at[i] is where record i starts, at[n] the end. */
+static void append_records(struct bg_buf *seg, size_t n, size_t *at, uint64_t first_id)
 {
-    char h[BG_JOURNAL_HEADER_SIZE];
-    bg_journal_segment_header(h);
-    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
     for (size_t i = 0; i < n; i++) {
         at[i] = seg->len;
         struct bg_journal_job j = cases[0].job;
-        j.id = i + 1;
+        j.id = first_id + i;
         switch (i % 4) {
         case 0: assert_int_equal(bg_journal_encode_job(seg, &j, 1), 0); break;
         case 1: assert_int_equal(bg_journal_encode_job(seg, &j, 0), 0); break;
@@ -268,6 +267,14 @@ static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
         }
     }
     at[n] = seg->len;
+}
+
+static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
+{
+    char h[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
+    append_records(seg, n, at, 1);
 }
 
 /* Read records from `from` as recovery does; where it stops. */
@@ -428,18 +435,7 @@ static void build_padded_segment(struct bg_buf *seg, size_t next, char fill, siz
     assert_int_equal(bg_journal_encode_job(seg, &j, 1), 0);
     free(body);
     assert_int_equal(seg->len, next);
-    for (size_t i = 0; i < n; i++) {
-        at[i] = seg->len;
-        struct bg_journal_job r = cases[0].job;
-        r.id = i + 100;
-        switch (i % 4) {
-        case 0: assert_int_equal(bg_journal_encode_job(seg, &r, 1), 0); break;
-        case 1: assert_int_equal(bg_journal_encode_job(seg, &r, 0), 0); break;
-        case 2: assert_int_equal(bg_journal_encode_delete(seg, r.id), 0); break;
-        default: assert_int_equal(bg_journal_encode_pause(seg, "tube-x", 5, 77), 0); break;
-        }
-    }
-    at[n] = seg->len;
+    append_records(seg, n, at, 100);
 }
 
 /* Examine seg from where reading stops. */
