@@ -800,9 +800,9 @@ struct bg_journal_tail {
     uint64_t readable_bytes;   /* bytes those records take */
     uint64_t readable_by_type[BG_REC_SNAPSHOT_END + 1];
     int search_complete;       /* 0: the search gave up (budget): more may be readable */
-    int unwritten_page;        /* the bytes from offset up to a page end (at least a
-                                * record frame's worth) are all zero, and data
-                                * follows: a page never written back */
+    int unwritten_page;        /* the bytes from offset up to the end of its page
+                                * are all zero, and data follows: a page never
+                                * written back */
 };
 
 /* The header's damage: BG_DAMAGE_NONE for a header of our version. */

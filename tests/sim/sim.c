@@ -820,6 +820,9 @@ static const struct sim_case regression_cases[] = {
     {"unsynced-pages-out-of-order-2", 33726, "the log was refused at recovery (CORRUPT)"},
     {"unsynced-pages-out-of-order-3", 43809, "the log was refused at recovery (CORRUPT)"},
     {"unsynced-pages-out-of-order-4", 48487, "the log was refused at recovery (CORRUPT)"},
+    /* the same, where the lost page ends a byte into the frame of the
+     * record at the stop (the rest of the frame on a page written back) */
+    {"unwritten-page-ends-inside-frame", 98654, "the log was refused at recovery (CORRUPT)"},
     {NULL, 0, NULL},
 };
 
