@@ -722,6 +722,9 @@ void bg_push_failures_each(const struct bg_push_failures *t,
 
 #define BG_JOURNAL_VERSION 1
 #define BG_JOURNAL_HEADER_SIZE 16
+/* The unit a kernel writes back (or not) after a crash of the machine: a
+ * zero run up to a multiple of it is a page never written (journal.c). */
+#define BG_JOURNAL_PAGE_SIZE 4096
 enum bg_record_type {
     BG_REC_JOB = 1, BG_REC_UPDATE = 2, BG_REC_DELETE = 3, BG_REC_PAUSE = 4,
     BG_REC_SNAPSHOT_END = 5, /* the records before it in this segment are the
@@ -797,6 +800,9 @@ struct bg_journal_tail {
     uint64_t readable_bytes;   /* bytes those records take */
     uint64_t readable_by_type[BG_REC_SNAPSHOT_END + 1];
     int search_complete;       /* 0: the search gave up (budget): more may be readable */
+    int unwritten_page;        /* the bytes from offset up to the end of its page
+                                * are all zero, and data follows: a page never
+                                * written back */
 };
 
 /* The header's damage: BG_DAMAGE_NONE for a header of our version. */
@@ -810,7 +816,8 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
                         struct bg_journal_tail *t,
                         void (*each)(void *ctx, const struct bg_journal_record *rec), void *ctx);
 /* Nonzero if t is a torn tail: an interrupted write can have left it (no
- * header yet, or a bad record) and no valid record follows. Anything else is
+ * header yet, or a bad record) and no valid record follows, or it starts
+ * a page never written back (t->unwritten_page). Anything else is
  * damage. Only the newest segment may end in a torn tail. */
 int bg_journal_tail_torn(const struct bg_journal_tail *t);
 /* "checksum", "truncated", ... for messages. */

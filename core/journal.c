@@ -386,6 +386,37 @@ static enum bg_journal_damage record_damage(const unsigned char *p, size_t avail
     return (uint64_t)payload > avail - FRAME ? BG_DAMAGE_TRUNCATED : BG_DAMAGE_CHECKSUM;
 }
 
+/* Nonzero if data[offset, len) starts with a page never written back: zero
+ * bytes from offset up to the end of its page, and more data after it.
+ *
+ * Why it is safe to call the stop a torn tail then (docs/durability.md,
+ * "Torn tail or damage"): offset is where a record starts (the end of the
+ * last good one, or the header), and every record the log writes has a
+ * nonzero type byte in its frame, every header a nonzero magic; zeros
+ * there up to a page end mean the page holding them was never written
+ * back. A sync writes back every page written before it and synced bytes
+ * never vanish, so nothing from offset on was synced: the records after
+ * the hole are the unsynced rest of the same writes (the kernel wrote a
+ * later page first). When the page ends inside the frame (fewer than its 9
+ * bytes before the page end), the zeros are the low bytes of the record's
+ * length, and of its checksum, which are zero for a written record only by
+ * chance (a length a multiple of 256, ...); the record still fails to
+ * decode, so a write was lost there.
+ *
+ * Zeros inside a record (a job body may be all zeros) never count: only
+ * the bytes at the stop itself are looked at, and they are the frame of a
+ * record, never a body. A zero run that ends elsewhere than at a page end
+ * (a torn sector, a zeroed range inside a page) or a bad record with
+ * nonzero bytes at the stop stays damage when records follow. */
+static int unwritten_page_at(const unsigned char *p, size_t len, size_t offset)
+{
+    size_t page_end = (offset / BG_JOURNAL_PAGE_SIZE + 1) * BG_JOURNAL_PAGE_SIZE;
+    if (page_end >= len) return 0; /* zeros to the end: a torn tail anyway if nothing follows */
+    for (size_t i = offset; i < page_end; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
 void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budget,
                         struct bg_journal_tail *t,
                         void (*each)(void *ctx, const struct bg_journal_record *rec), void *ctx)
@@ -402,6 +433,7 @@ void bg_journal_examine(const char *data, size_t len, size_t offset, size_t budg
     } else {
         t->damage = record_damage(p + offset, len - offset);
     }
+    t->unwritten_page = unwritten_page_at(p, len, offset);
     size_t spent = 0, used;
     struct bg_journal_record rec;
     while (at < len) {
@@ -454,7 +486,7 @@ int bg_journal_tail_torn(const struct bg_journal_tail *t)
     case BG_DAMAGE_TRUNCATED:
     case BG_DAMAGE_CHECKSUM:
     case BG_DAMAGE_BAD_FRAME:
-        return t->readable == 0 && t->search_complete;
+        return t->unwritten_page || (t->readable == 0 && t->search_complete);
     default:
         return 0; /* a foreign header, or a record with a good checksum and bad fields:
                    * no interrupted write leaves those */

@@ -770,32 +770,36 @@ void wal_kick(struct wal *w)
     submit_batch(w, sync);
 }
 
-/* Drop the snapshot end records from buf (an abandoned snapshot must not
- * make recovery skip the segments before it). The count dropped, or -1
- * out of memory. */
-static long snapshot_ends_drop(struct bg_buf *buf)
+/* Replace the snapshot end records in buf by a delete of id 0 (no job has
+ * it: it replays as nothing). An abandoned snapshot must not make recovery
+ * skip the segments before it; and the records keep their number, since
+ * record sequences are the positions replies wait for (removing one would
+ * make every later batch claim a record it does not hold: issue 21, sim
+ * seed 53040). The count replaced, or -1 out of memory. */
+static long snapshot_ends_replace(struct bg_buf *buf)
 {
     struct bg_buf kept = {0};
-    long dropped = 0;
+    long replaced = 0;
     size_t at = 0, used;
     const char *p = bg_buf_head(buf);
     struct bg_journal_record rec;
     while (at < buf->len) {
         used = bg_journal_record_span(p + at, buf->len - at);
-        if (bg_journal_decode(p + at, buf->len - at, &rec, &used) == 0 && rec.type == BG_REC_SNAPSHOT_END) dropped++;
-        else if (bg_buf_append(&kept, p + at, used) != 0) {
+        int end = bg_journal_decode(p + at, buf->len - at, &rec, &used) == 0 && rec.type == BG_REC_SNAPSHOT_END;
+        if (end) replaced++;
+        if ((end ? bg_journal_encode_delete(&kept, 0) : bg_buf_append(&kept, p + at, used)) != 0) {
             bg_buf_free(&kept);
             return -1;
         }
         at += used;
     }
-    if (!dropped) {
+    if (!replaced) {
         bg_buf_free(&kept);
         return 0;
     }
     bg_buf_free(buf);
     *buf = kept;
-    return dropped;
+    return replaced;
 }
 
 /* A snapshot cannot span the fresh segment of a rewrite: give it up (its
@@ -803,10 +807,8 @@ static long snapshot_ends_drop(struct bg_buf *buf)
 static void compaction_abandon(struct wal *w)
 {
     if (w->snap_ids || w->compact_seq) {
-        long n = snapshot_ends_drop(&w->batch.data);
-        long m = snapshot_ends_drop(&w->pending);
-        if (m > 0) w->pending_records -= (uint64_t)m;
-        if (n < 0 || m < 0) note_failure(w, ENOMEM, "snapshot_abandon");
+        if (snapshot_ends_replace(&w->batch.data) < 0 || snapshot_ends_replace(&w->pending) < 0)
+            note_failure(w, ENOMEM, "snapshot_abandon");
         free(w->snap_ids);
         w->snap_ids = NULL;
         w->compact_seq = 0;
@@ -1361,9 +1363,10 @@ static void describe_damage(char *out, size_t n, const struct seg_report *s)
     switch (s->status) {
     case SEG_TORN:
     case SEG_DAMAGED:
-        snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu readable_records_after=%llu%s",
+        snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu readable_records_after=%llu%s%s",
                  bg_journal_damage_name(t->damage), t->offset, t->dropped_bytes,
-                 (unsigned long long)t->readable, t->search_complete ? "" : " search=incomplete");
+                 (unsigned long long)t->readable, t->unwritten_page ? " unwritten_page=yes" : "",
+                 t->search_complete ? "" : " search=incomplete");
         break;
     case SEG_MISSING:
         snprintf(out, n, " damage=missing_segment missing_segments=%llu", (unsigned long long)s->missing);

@@ -790,13 +790,6 @@ static const struct sim_case regression_cases[] = {
      * session had appended nothing, so its reply waited for nothing); the
      * machine stopped, the put was lost and its id given to the next put */
     {"reserved-before-put-kept", 7927, "id reuse: the next id is 2, but a reply showed id 2"},
-    {NULL, 0, NULL},
-};
-
-/* Seeds that fail because of a defect not fixed yet: run, and reported as
- * expected failures (a pass is reported too: move it to the list above).
- * Each names the defect of issue 21 it shows. */
-static const struct sim_case expected_to_fail[] = {
     /* defect 5: a failed fdatasync forgets the new segment's header and
      * first batch; the batch is written again and synced, the header is
      * not: after a crash the segment has no header and records after it,
@@ -809,12 +802,34 @@ static const struct sim_case expected_to_fail[] = {
      * a segment that is not the newest, and the start is refused (the
      * suspected "header written before the old segment is synced") */
     {"header-before-older-segment-synced", 23535, "the log was refused at recovery (CORRUPT)"},
+    /* after a failed sync, compaction_abandon dropped the snapshot end
+     * record from pending without renumbering: every later batch claimed
+     * one record more than it held, so a DELETED waiting for its record
+     * went while the record was still in pending; the log then failed for
+     * good, the machine stopped, the job was back */
+    {"snapshot-end-dropped-shifts-positions", 53040, "job 97 is back, but its delete was acknowledged"},
     /* a batch of 1499 bytes at offset 3286 spans two pages; the machine
      * stops before its sync and the kernel had written only the second
      * page: zeros, then valid records. The unsynced tail of the newest
      * segment is taken for damage (readable records after the tear), and
-     * the start is refused although nothing acknowledged is missing */
+     * the start is refused although nothing acknowledged is missing; now a
+     * torn tail (an unwritten page, core/journal.c) */
     {"unsynced-pages-out-of-order", 20213, "the log was refused at recovery (CORRUPT)"},
+    /* the same (a page never written back before valid records), found
+     * by random runs after the merge */
+    {"unsynced-pages-out-of-order-2", 33726, "the log was refused at recovery (CORRUPT)"},
+    {"unsynced-pages-out-of-order-3", 43809, "the log was refused at recovery (CORRUPT)"},
+    {"unsynced-pages-out-of-order-4", 48487, "the log was refused at recovery (CORRUPT)"},
+    /* the same, where the lost page ends a byte into the frame of the
+     * record at the stop (the rest of the frame on a page written back) */
+    {"unwritten-page-ends-inside-frame", 98654, "the log was refused at recovery (CORRUPT)"},
+    {NULL, 0, NULL},
+};
+
+/* Seeds that fail because of a defect not fixed yet: run, and reported as
+ * expected failures (a pass is reported too: move it to the list above).
+ * Each names the defect of issue 21 it shows. */
+static const struct sim_case expected_to_fail[] = {
     {NULL, 0, NULL},
 };
 

@@ -251,15 +251,14 @@ static void test_restore_into_engine(void **state)
 
 /* A segment: the header, then n records (jobs, updates, deletes, pauses in
  * turn, job ids from 1); at[i] is where record i starts, at[n] the end. */
-static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
+/* Append n records to seg (jobs, updates, deletes, pauses in turn, job
+ * ids from first_id); at[i] is where record i starts, at[n] the end. */
+static void append_records(struct bg_buf *seg, size_t n, size_t *at, uint64_t first_id)
 {
-    char h[BG_JOURNAL_HEADER_SIZE];
-    bg_journal_segment_header(h);
-    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
     for (size_t i = 0; i < n; i++) {
         at[i] = seg->len;
         struct bg_journal_job j = cases[0].job;
-        j.id = i + 1;
+        j.id = first_id + i;
         switch (i % 4) {
         case 0: assert_int_equal(bg_journal_encode_job(seg, &j, 1), 0); break;
         case 1: assert_int_equal(bg_journal_encode_job(seg, &j, 0), 0); break;
@@ -268,6 +267,14 @@ static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
         }
     }
     at[n] = seg->len;
+}
+
+static void build_segment(struct bg_buf *seg, size_t n, size_t *at)
+{
+    char h[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
+    append_records(seg, n, at, 1);
 }
 
 /* Read records from `from` as recovery does; where it stops. */
@@ -405,6 +412,124 @@ static void test_zeroed_block_is_damage(void **state)
     bg_buf_free(&seg);
 }
 
+#define PAGE BG_JOURNAL_PAGE_SIZE
+
+/* A segment: the header, a job whose body of body_len bytes (zeros, then
+ * CRLF) makes the next record start at `next`, then n more records
+ * (build_segment's kinds); at[i] is where record i of those starts, at[n]
+ * the end. */
+static void build_padded_segment(struct bg_buf *seg, size_t next, char fill, size_t n, size_t *at)
+{
+    char h[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(h);
+    assert_int_equal(bg_buf_append(seg, h, sizeof h), 0);
+    struct bg_journal_job j = cases[0].job;
+    size_t fixed = bg_journal_job_record_size(strlen(j.tube), 0);
+    assert_true(next > BG_JOURNAL_HEADER_SIZE + fixed + 2);
+    j.body_len = (uint32_t)(next - BG_JOURNAL_HEADER_SIZE - fixed);
+    char *body = malloc(j.body_len);
+    assert_non_null(body);
+    memset(body, fill, j.body_len);
+    memcpy(body + j.body_len - 2, "\r\n", 2);
+    j.body = body;
+    assert_int_equal(bg_journal_encode_job(seg, &j, 1), 0);
+    free(body);
+    assert_int_equal(seg->len, next);
+    append_records(seg, n, at, 100);
+}
+
+/* Examine seg from where reading stops. */
+static void examine_all(struct bg_buf *seg, struct bg_journal_tail *t)
+{
+    size_t bad = first_bad(bg_buf_head(seg), seg->len, BG_JOURNAL_HEADER_SIZE);
+    bg_journal_examine(bg_buf_head(seg), seg->len, bad, BIG_BUDGET, t, NULL, NULL);
+}
+
+/* A machine crash wrote back a later page of an unsynced write but not the
+ * page before it: zeros from the end of the last good record up to a page
+ * end, then valid records. Nothing from there on was synced: a torn tail.
+ * Likewise a segment whose first page (its header) was never written. */
+static void test_unwritten_page_before_records_is_torn(void **state)
+{
+    (void)state;
+    size_t at[400];
+    struct bg_buf seg = {0};
+    build_padded_segment(&seg, 3000, 'x', 300, at);
+    size_t k = 0;
+    while (at[k + 1] + 9 <= PAGE) k++; /* the last record whose frame fits before the page end */
+    memset(bg_buf_head(&seg) + at[k], 0, PAGE - at[k]);
+    struct bg_journal_tail t;
+    examine_all(&seg, &t);
+    assert_int_equal(t.offset, at[k]);
+    assert_int_equal(t.damage, BG_DAMAGE_BAD_FRAME);
+    assert_true(t.unwritten_page);
+    assert_true(t.readable > 0);
+    assert_true(bg_journal_tail_torn(&t));
+    /* more than one page never written */
+    assert_true(at[300] > 2 * PAGE + 200);
+    memset(bg_buf_head(&seg) + PAGE, 0, PAGE);
+    examine_all(&seg, &t);
+    assert_true(t.unwritten_page && t.readable > 0 && bg_journal_tail_torn(&t));
+    /* the header's page */
+    memset(bg_buf_head(&seg), 0, PAGE);
+    bg_journal_examine(bg_buf_head(&seg), seg.len, 0, BIG_BUDGET, &t, NULL, NULL);
+    assert_int_equal(t.damage, BG_DAMAGE_NO_HEADER);
+    assert_true(t.unwritten_page && bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+    /* a record starting a byte before a page end (its frame crosses it,
+     * the next page was written back): its length's low byte is zero
+     * (sim seed 98654) */
+    build_padded_segment(&seg, PAGE - 1, 'x', 300, at);
+    bg_buf_head(&seg)[at[0]] = 0;
+    examine_all(&seg, &t);
+    assert_int_equal(t.offset, at[0]);
+    assert_true(t.unwritten_page && t.readable > 0 && bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
+/* What is not a page never written stays damage when records follow:
+ * zeros at the stop that end before its page end; zeros that are a record's
+ * own body (a job body may be all zeros) in a record whose checksum or
+ * length no longer matches; a zero page that does not start where reading
+ * stopped. */
+static void test_zeros_that_are_no_unwritten_page_are_damage(void **state)
+{
+    (void)state;
+    size_t at[400];
+    struct bg_buf seg = {0};
+    struct bg_journal_tail t;
+    build_padded_segment(&seg, 3000, 'x', 300, at);
+    size_t k = 0;
+    while (at[k + 1] + 9 <= PAGE) k++;
+    memset(bg_buf_head(&seg) + at[k], 0, PAGE - at[k] - 1); /* one byte short of the page end */
+    bg_buf_head(&seg)[PAGE - 1] = 0x5a;
+    examine_all(&seg, &t);
+    assert_false(t.unwritten_page);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+    /* a synced job whose body is 3 pages of zeros, then records; a changed
+     * byte in its checksum, its length, or the body itself */
+    static const size_t changed[] = {0, 4, 8, 100, 5000};
+    for (size_t c = 0; c < sizeof changed / sizeof changed[0]; c++) {
+        build_padded_segment(&seg, 3 * PAGE + 500, '\0', 20, at);
+        bg_buf_head(&seg)[BG_JOURNAL_HEADER_SIZE + changed[c]] ^= 0x40;
+        examine_all(&seg, &t);
+        assert_int_equal(t.offset, BG_JOURNAL_HEADER_SIZE);
+        assert_false(t.unwritten_page);
+        assert_false(bg_journal_tail_torn(&t));
+        bg_buf_free(&seg);
+    }
+    /* a good record, then a zero page inside a later record's body */
+    build_padded_segment(&seg, 3000, 'x', 300, at);
+    k = 0;
+    while (at[k + 1] + 9 <= PAGE) k++;
+    memset(bg_buf_head(&seg) + at[k] + 9, 0, PAGE - at[k] - 9);
+    examine_all(&seg, &t);
+    assert_false(t.unwritten_page);
+    assert_false(bg_journal_tail_torn(&t));
+    bg_buf_free(&seg);
+}
+
 /* A record cut by the end of the data whose body holds a whole valid
  * record is still a torn tail: a believable frame is skipped whole, never
  * searched (a client chooses body bytes). */
@@ -538,6 +663,8 @@ int main(void)
         cmocka_unit_test(test_zeros_or_garbage_after_last_record_are_torn),
         cmocka_unit_test(test_changed_byte_in_the_middle_is_damage),
         cmocka_unit_test(test_zeroed_block_is_damage),
+        cmocka_unit_test(test_unwritten_page_before_records_is_torn),
+        cmocka_unit_test(test_zeros_that_are_no_unwritten_page_are_damage),
         cmocka_unit_test(test_record_inside_a_cut_body_is_not_found),
         cmocka_unit_test(test_header_and_bad_record_damage),
         cmocka_unit_test(test_search_budget),
