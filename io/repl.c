@@ -78,8 +78,7 @@ struct repl {
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent (written under mu) */
     uint64_t renew_first_ns;     /* when the first renewal not yet confirmed was sent (0: none) */
     int unconfirmed;             /* renewals have failed for a lease time (said) */
-    int bucket_silent;           /* standby: the bucket did not answer its last read */
-    uint64_t take_after_ns;      /* standby: no take before then (standby_try_lease) */
+    uint64_t take_after_ns;      /* standby: no try of the lease before then (standby_try_lease) */
     /* primary (flusher) */
     uint64_t last_seq;           /* the stream's last sequence as this node knows it */
     uint64_t msg_counter;
@@ -194,37 +193,48 @@ static int lease_try_take(struct repl *r)
     return 1;
 }
 
-/* A standby's try of the lease: 1 won. It takes the key only when it is
- * absent (expired, or given back), and after the bucket did not answer (a
- * NATS node lost, a leader election) not before two renewal periods have
- * passed since it answers again: the primary, which renews on, takes an
- * expired key again first, and no failover follows a mere election. */
+/* A standby's try of the lease: 1 won. It creates the key only when it
+ * reads it absent (expired, or given back). When that create fails, the
+ * bucket cannot be written (it elects a leader: a NATS node was lost), and
+ * the standby waits two lease times before it tries again, while the
+ * primary, whose lease expired meanwhile, tries at each renewal: once the
+ * bucket has a leader again, the primary, trying more often, takes its
+ * expired key back first as a rule (not a guarantee), so an election is
+ * seldom followed by a failover. */
 static int standby_try_lease(struct repl *r)
 {
+    uint64_t now = mono_ns();
+    if (now < r->take_after_ns) return 0;
     kvEntry *e = NULL;
     natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
-    uint64_t now = mono_ns();
     if (g == NATS_OK) kvEntry_Destroy(e);
-    if (g != NATS_NOT_FOUND) {
-        r->bucket_silent |= g != NATS_OK;
-        return 0;
-    }
-    if (r->bucket_silent) {
-        r->bucket_silent = 0;
-        r->take_after_ns = now + 2 * (uint64_t)r->cfg.renew_ms * 1000000ull;
-    }
-    return now >= r->take_after_ns && lease_try_take(r);
+    if (g != NATS_NOT_FOUND) return 0;
+    if (lease_try_take(r)) return 1;
+    r->take_after_ns = mono_ns() + 2 * (uint64_t)r->cfg.lease_ms * 1000000ull;
+    return 0;
 }
 
 /* Delete the lease if this node still holds it at its revision (a clean
  * stop, a takeover that gives up): a standby takes it at once instead of
- * after it expires. */
+ * after it expires. The delete is the key-value store's delete marker,
+ * published with the expected last revision of the key, so a lease that
+ * expired and was taken by another node meanwhile stays that node's. */
 static void lease_give_back(struct repl *r)
 {
-    kvEntry *e = NULL;
-    if (kvStore_Get(&e, r->kv, LEASE_KEY) != NATS_OK) return;
-    if (kvEntry_Revision(e) == r->lease_rev) kvStore_Delete(r->kv, LEASE_KEY);
-    kvEntry_Destroy(e);
+    if (!r->lease_rev) return;
+    char subject[200];
+    snprintf(subject, sizeof subject, "$KV.%s.%s", r->bucket, LEASE_KEY);
+    natsMsg *m = NULL;
+    if (natsMsg_Create(&m, subject, NULL, NULL, 0) != NATS_OK) return;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSubjectSeq = r->lease_rev;
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    if (natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK &&
+        js_PublishMsg(&pa, r->js_quick ? r->js_quick : r->js, m, &po, &jerr) == NATS_OK)
+        jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
 }
 
 /* Whether the NATS server this node is connected to answers a round trip
@@ -244,7 +254,7 @@ static int nats_answers(struct repl *r)
  * - the key held by anyone else, at any other revision: lost;
  * - the key expired (the bucket could not renew it for a lease time, as
  *   while it elects a leader): taken again; a standby leaves it to the
- *   primary for a while first (standby_try_lease);
+ *   primary for two lease times (standby_try_lease);
  * - no answer from JetStream for a lease time: lost only when the NATS
  *   server does not answer either (this node is cut off from NATS); while
  *   NATS elects a leader, the primary waits, as its standby must;
@@ -1130,10 +1140,9 @@ void repl_close(struct repl *r)
     if (!r) return;
     repl_stop(r);
     if (r->thread_started) pthread_join(r->thread, NULL);
-    /* give the lease up: a standby takes over at once instead of after it expires */
-    pthread_mutex_lock(&r->mu);
-    int held = r->st.role == REPL_PRIMARY || r->st.role == REPL_TAKING_OVER;
-    pthread_mutex_unlock(&r->mu);
-    if (held && r->kv) lease_give_back(r);
+    /* give the lease up (if this node still holds it: lease_give_back's
+     * delete is conditional): a standby takes over at once instead of after
+     * it expires */
+    if (r->kv) lease_give_back(r);
     free_all(r);
 }
