@@ -180,23 +180,26 @@ static void lease_held(struct repl *r, uint64_t rev, uint64_t sent_ns)
     r->unconfirmed = 0;
 }
 
-/* Try to take the lease (it exists only while a primary renews it). 1 won,
- * 0 not (someone holds it, or NATS cannot be reached). */
-static int lease_try_take(struct repl *r)
+/* Try to take the lease (it exists only while a primary renews it).
+ * NATS_OK won; NATS_ERR someone holds it (JetStream refused the create);
+ * anything else: the bucket did not answer. */
+static natsStatus lease_try_take(struct repl *r)
 {
     uint64_t rev = 0, sent = mono_ns();
     natsStatus s = kvStore_CreateString(&rev, r->kv, LEASE_KEY, r->node_id);
-    if (s != NATS_OK) return 0;
+    if (s != NATS_OK) return s;
     lease_held(r, rev, sent);
     log_event(BG_LOG_WARN, "replication_lease_taken", "node=%s bucket=%s revision=%" PRIu64,
               log_str(r->node_id), log_str(r->bucket), rev);
-    return 1;
+    return NATS_OK;
 }
 
 /* A standby's try of the lease: 1 won. It creates the key only when it
- * reads it absent (expired, or given back). When that create fails, the
- * bucket cannot be written (it elects a leader: a NATS node was lost), and
- * the standby waits two lease times before it tries again, while the
+ * reads it absent (expired, or given back). When that create goes
+ * unanswered, the bucket cannot be written (it elects a leader: a NATS node
+ * was lost), and the standby waits two lease times before it tries again
+ * (a create refused because the key exists, as when the read came from a
+ * replica that is behind, is tried again at the next poll), while the
  * primary, whose lease expired meanwhile, tries at each renewal: once the
  * bucket has a leader again, the primary, trying more often, takes its
  * expired key back first as a rule (not a guarantee), so an election is
@@ -209,8 +212,9 @@ static int standby_try_lease(struct repl *r)
     natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
     if (g == NATS_OK) kvEntry_Destroy(e);
     if (g != NATS_NOT_FOUND) return 0;
-    if (lease_try_take(r)) return 1;
-    r->take_after_ns = mono_ns() + 2 * (uint64_t)r->cfg.lease_ms * 1000000ull;
+    natsStatus s = lease_try_take(r);
+    if (s == NATS_OK) return 1;
+    if (s != NATS_ERR) r->take_after_ns = mono_ns() + 2 * (uint64_t)r->cfg.lease_ms * 1000000ull;
     return 0;
 }
 
@@ -246,6 +250,8 @@ static int nats_answers(struct repl *r)
     return natsConnection_FlushTimeout(r->nc, (int64_t)r->cfg.lease_ms) == NATS_OK;
 }
 
+static int stream_ends_with_mine(struct repl *r);
+
 /* Renew the lease if it is due. 0 held (or NATS cannot say yet), -1 lost
  * (posted). The rules (docs/scaling.md, "The fault model"):
  * - a renewal whose answer was lost may have been applied: the key then
@@ -253,8 +259,9 @@ static int nats_answers(struct repl *r)
  *   the lease is this node's, renewed;
  * - the key held by anyone else, at any other revision: lost;
  * - the key expired (the bucket could not renew it for a lease time, as
- *   while it elects a leader): taken again; a standby leaves it to the
- *   primary for two lease times (standby_try_lease);
+ *   while it elects a leader): taken again if the stream still ends with
+ *   this node's message (lost if another node appended); a standby leaves
+ *   it to the primary for two lease times (standby_try_lease);
  * - no answer from JetStream for a lease time: lost only when the NATS
  *   server does not answer either (this node is cut off from NATS); while
  *   NATS elects a leader, the primary waits, as its standby must;
@@ -308,8 +315,19 @@ static int lease_renew_due(struct repl *r)
             return -1;
         }
         /* unchanged: the renewal did not get through (yet) */
-    } else if (g == NATS_NOT_FOUND && lease_try_take(r)) {
-        return 0; /* it expired (the bucket had no leader for a lease time): taken again */
+    } else if (g == NATS_NOT_FOUND) {
+        /* it expired (the bucket had no leader for a lease time): taken
+         * again, unless another node appended meanwhile (this one is
+         * fenced: it could not write, and would serve a stale state) */
+        pthread_mutex_lock(&r->mu);
+        int primary = r->st.role == REPL_PRIMARY;
+        pthread_mutex_unlock(&r->mu);
+        int mine = primary ? stream_ends_with_mine(r) : 1; /* a takeover's own message fences */
+        if (mine == 0) {
+            post_lost(r, "the lease expired and another node appended to the stream since");
+            return -1;
+        }
+        if (mine == 1 && lease_try_take(r) == NATS_OK) return 0;
     }
     if (mono_ns() - r->lease_sent_ns >= lease_ns) {
         if (!r->unconfirmed) {
@@ -456,6 +474,34 @@ static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *
     return 0;
 }
 
+/* The stream's last sequence and the id (Nats-Msg-Id) of its last
+ * message, "" when the stream is empty, asked with options o (NULL: the
+ * context's). 0 or -1. */
+static int stream_tail(struct repl *r, jsOptions *o, uint64_t *last, char *id, size_t n)
+{
+    id[0] = 0;
+    if (stream_state(r, o, last, NULL, NULL) != 0) return -1;
+    if (!*last) return 0;
+    natsMsg *tail = NULL;
+    jsErrCode jerr = 0;
+    const char *tail_id = NULL;
+    if (js_GetMsg(&tail, r->js, r->stream, *last, o, &jerr) != NATS_OK) return -1;
+    if (natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id) snprintf(id, n, "%s", tail_id);
+    natsMsg_Destroy(tail);
+    return 0;
+}
+
+/* Whether the stream ends with a message this process appended (or is
+ * empty): no other node took over since. 1 yes, 0 no, -1 cannot tell. */
+static int stream_ends_with_mine(struct repl *r)
+{
+    uint64_t last = 0;
+    char id[160], mine[96];
+    if (stream_tail(r, &r->quick, &last, id, sizeof id) != 0) return -1;
+    int len = snprintf(mine, sizeof mine, "%s.%s.", r->node_id, r->nonce);
+    return !last || strncmp(id, mine, (size_t)len) == 0;
+}
+
 /* How long a takeover may go without progress (no message read or applied,
  * no takeover message appended) before it gives the lease back: ten lease
  * times, at least 10 s, far beyond a NATS leader election, so a takeover
@@ -510,18 +556,18 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
         }
         if (jerr == JSStreamWrongLastSequenceErr) {
             /* an earlier try of this very message may have been stored
-             * with its acknowledgement lost: then the stream ends with it */
+             * with its acknowledgement lost: then the stream ends with it
+             * (when the end cannot be read now, it is asked again) */
             uint64_t last = 0;
-            natsMsg *tail = NULL;
-            const char *tail_id = NULL;
-            int ours = attempt > 0 && stream_state(r, NULL, &last, NULL, NULL) == 0 &&
-                       js_GetMsg(&tail, r->js, r->stream, last, NULL, &jerr) == NATS_OK &&
-                       natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id &&
-                       strcmp(tail_id, id) == 0;
-            if (tail) natsMsg_Destroy(tail);
-            if (ours) {
+            char tail_id[sizeof id];
+            int tail = attempt > 0 ? stream_tail(r, NULL, &last, tail_id, sizeof tail_id) : 0;
+            if (tail == 0 && attempt > 0 && strcmp(tail_id, id) == 0) {
                 r->last_seq = last;
                 continue; /* counted as stored: the next attempt is a duplicate, acknowledged */
+            }
+            if (tail < 0) {
+                nap(r, RETRY_NS);
+                continue;
             }
             /* a takeover reads on; a primary's append was refused because
              * another node took over: it must step down (and never renew) */

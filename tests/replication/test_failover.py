@@ -22,8 +22,9 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
   recognises its own renewal and serves on.
 - cut_off_from_nats: the primary's links to NATS dropped while its clients
   reach it: nothing acknowledged, it steps down (75), the standby serves.
-- fenced_primary_steps_down (defect 11): a fenced old primary that finds
-  the lease expired exits 75 instead of taking it again.
+- fenced_primary_steps_down, fenced_idle_primary_steps_down (defect 11):
+  a fenced old primary (a put waiting, or idle) that finds the lease
+  expired exits 75 instead of taking it again.
 - takeover_gives_up (defect 11): a takeover that cannot read the stream
   gives the lease back and exits 75.
 - fencing: a primary frozen (SIGSTOP) past its lease comes back after the
@@ -44,6 +45,7 @@ nodes in a JetStream cluster and two beangate nodes on loopback.
 - late_standby_without_consumer: such a standby started beside 8,000
   messages and made primary at once reads them by sequence (many requests
   in flight) within the failover limit, with every job.
+- fault_proxy: the harness's fault proxy delays, cuts and heals.
 - cluster_start_survives_a_taken_port: the harness starts the NATS
   cluster again on fresh ports when a node cannot bind one of its own.
 - kubernetes_manifests: contrib/kubernetes/ha/ parses, and wires the pair's
@@ -747,14 +749,12 @@ def test_cut_off_from_nats():
         stepped, why[0].split("why=")[-1] if why else "?", took), flush=True)
 
 
-def test_fenced_primary_steps_down():
-    """Defect 11: a primary frozen (SIGSTOP) past its lease; the standby
-    takes over, acknowledges a put, and dies; its lease expires. The old
-    primary, resumed, finds its append refused (fenced) and the lease free.
-    It must step down (exit 75), not take the lease again and hold it while
-    it cannot write (before the fix it sat at 503 LOG_UNAVAILABLE renewing
-    the lease for good, and the other node never took over). Started again,
-    the other node takes over with every acknowledged job."""
+def _fenced_primary_steps_down(pending):
+    """A primary frozen (SIGSTOP) past its lease; the standby takes over,
+    acknowledges a put, and dies; its lease expires. The old primary is
+    resumed, with a put waiting for it (pending) or idle: it must step down
+    (exit 75), never take the lease again and serve. Started again, the
+    other node takes over with every acknowledged job."""
     global WORLD
     WORLD = world = World()
     world.start_pair()
@@ -763,7 +763,8 @@ def test_fenced_primary_steps_down():
     check(conn.cmd(b"put 0 0 60 4", b"keep").startswith(b"INSERTED"), "a put on the primary")
     a.proc.send_signal(signal.SIGSTOP)
     try:
-        conn.s.sendall(b"put 0 0 60 5\r\nstale\r\n")
+        if pending:
+            conn.s.sendall(b"put 0 0 60 5\r\nstale\r\n")
         wait_until(b.primary, "b to take over from the frozen a", timeout=20)
         check(Conn(b.port).cmd(b"put 0 0 60 3", b"new").startswith(b"INSERTED"), "a put on b")
         b.kill()
@@ -771,11 +772,12 @@ def test_fenced_primary_steps_down():
                    "b's lease to expire", timeout=20)
     finally:
         a.proc.send_signal(signal.SIGCONT)
-    try:
-        reply = conn.line()
-    except (OSError, ConnectionError):
-        reply = None
-    check(reply is None, "the fenced a answered %r to a put it could not replicate" % reply)
+    if pending:
+        try:
+            reply = conn.line()
+        except (OSError, ConnectionError):
+            reply = None
+        check(reply is None, "the fenced a answered %r to a put it could not replicate" % reply)
     code = wait_until(lambda: a.proc.poll(), "the fenced a to step down", timeout=20, ok=lambda c: c is not None)
     check(code == LOST_EXIT, "the fenced a exited with %s, want %d" % (code, LOST_EXIT))
     b.start()
@@ -784,8 +786,25 @@ def test_fenced_primary_steps_down():
     found = Conn(b.port).peek_many(range(1, 5))
     bodies = sorted(v for v in found.values() if v)
     check(bodies == [b"keep", b"new"], "b holds %r, want keep and new" % bodies)
-    print("  the fenced a exited %d (%s); b started again served %.2f s later with keep and new" % (
-        code, a.events("replication_lost")[0].split("why=")[-1], time.monotonic() - t0), flush=True)
+    print("  the fenced a (%s) exited %d (%s); b started again served %.2f s later with keep and new" % (
+        "a put waiting" if pending else "idle", code, a.events("replication_lost")[0].split("why=")[-1],
+        time.monotonic() - t0), flush=True)
+
+
+def test_fenced_primary_steps_down():
+    """Defect 11: a fenced old primary with a put waiting finds its append
+    refused and the lease free: it exits 75 (before the fix it took the
+    expired lease again and sat at 503 LOG_UNAVAILABLE renewing it for good,
+    and the other node never took over)."""
+    _fenced_primary_steps_down(pending=True)
+
+
+def test_fenced_idle_primary_steps_down():
+    """Defect 11: a fenced old primary with nothing to append finds the
+    lease expired and another node's messages at the stream's end: it exits
+    75 (before the fix it took the lease again and served its stale state,
+    without the other node's put, until its next append)."""
+    _fenced_primary_steps_down(pending=False)
 
 
 def test_takeover_gives_up():
@@ -1127,6 +1146,78 @@ def test_cluster_start_survives_a_taken_port():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_fault_proxy():
+    """The harness: tests/lib/faultproxy.py passes bytes both ways, holds the
+    server's answers for the delay set (in order), drops everything while
+    cut (a connection made meanwhile carries nothing), and passes again on
+    new connections once healed."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def echo():
+        while not stop.is_set():
+            try:
+                c, _ = server.accept()
+            except OSError:
+                return
+
+            def serve(c=c):
+                try:
+                    while True:
+                        data = c.recv(4096)
+                        if not data:
+                            break
+                        c.sendall(data)
+                except OSError:
+                    pass
+                c.close()
+            threading.Thread(target=serve, daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = FaultProxy(server.getsockname()[1])
+    try:
+        def round_trip(c, data, timeout=5.0):
+            c.settimeout(timeout)
+            t0 = time.monotonic()
+            c.sendall(data)
+            got = b""
+            try:
+                while len(got) < len(data):
+                    chunk = c.recv(4096)
+                    if not chunk:
+                        break
+                    got += chunk
+            except socket.timeout:
+                pass
+            return got, time.monotonic() - t0
+
+        c = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        got, took = round_trip(c, b"hello")
+        check(got == b"hello", "through the proxy: %r" % got)
+        proxy.delay(0.3)
+        got, took = round_trip(c, b"late")
+        check(got == b"late" and took >= 0.29, "a delayed answer came after %.3f s: %r" % (took, got))
+        proxy.delay(0)
+        proxy.cut()
+        got, _ = round_trip(c, b"cut", timeout=0.5)
+        check(got == b"", "an answer passed the cut: %r" % got)
+        during = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        got, _ = round_trip(during, b"new", timeout=0.5)
+        check(got == b"", "a connection made during the cut carried %r" % got)
+        proxy.heal()
+        after_heal = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        got, _ = round_trip(after_heal, b"again")
+        check(got == b"again", "after heal: %r" % got)
+        for sock in (c, during, after_heal):
+            sock.close()
+    finally:
+        stop.set()
+        proxy.close()
+        server.close()
+
+
 def test_kubernetes_manifests():
     """contrib/kubernetes/ha/ parses as YAML, its Service selects the pair and
     its readiness probe is /readyz (no cluster here to apply it to)."""
@@ -1156,8 +1247,9 @@ def test_kubernetes_manifests():
 
 TESTS = [test_standby_refuses, test_fencing, test_fencing_http, test_stream_bounded, test_sigterm_hands_over,
          test_takeover_without_consumer, test_late_standby_without_consumer, test_failover, test_nats_node_loss,
-         test_lease_answers_late, test_cut_off_from_nats, test_fenced_primary_steps_down, test_takeover_gives_up,
-         test_kubernetes_manifests, test_cluster_start_survives_a_taken_port]
+         test_lease_answers_late, test_cut_off_from_nats, test_fenced_primary_steps_down,
+         test_fenced_idle_primary_steps_down, test_takeover_gives_up, test_fault_proxy, test_kubernetes_manifests,
+         test_cluster_start_survives_a_taken_port]
 
 if __name__ == "__main__":
     ARGS = parse_args(arg_parser(__doc__), sys.argv)
