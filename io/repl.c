@@ -194,25 +194,28 @@ static natsStatus lease_try_take(struct repl *r)
     return NATS_OK;
 }
 
+static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *bytes, uint64_t *first);
+
 /* A standby's try of the lease: 1 won. It creates the key only when it
- * reads it absent (expired, or given back). When that create goes
- * unanswered, the bucket cannot be written (it elects a leader: a NATS node
- * was lost), and the standby waits two lease times before it tries again
- * (a create refused because the key exists, as when the read came from a
- * replica that is behind, is tried again at the next poll), while the
- * primary, whose lease expired meanwhile, tries at each renewal: once the
- * bucket has a leader again, the primary, trying more often, takes its
- * expired key back first as a rule (not a guarantee), so an election is
- * seldom followed by a failover. */
+ * reads it absent (expired, or given back) and the stream answers (a node
+ * that cannot reach the stream does not take the lease). When the stream
+ * does not answer, or the create goes unanswered (the stream or the bucket
+ * elects a leader: a NATS node was lost), the standby waits two lease
+ * times before it tries again (a create refused because the key exists, as
+ * when the read came from a replica that is behind, is tried again at the
+ * next poll), while the primary, whose lease expired meanwhile, tries at
+ * each renewal: once NATS has its leaders again, the primary, trying more
+ * often, takes its expired key back first as a rule (not a guarantee), so
+ * an election is seldom followed by a failover. */
 static int standby_try_lease(struct repl *r)
 {
-    uint64_t now = mono_ns();
+    uint64_t now = mono_ns(), last = 0;
     if (now < r->take_after_ns) return 0;
     kvEntry *e = NULL;
     natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
     if (g == NATS_OK) kvEntry_Destroy(e);
     if (g != NATS_NOT_FOUND) return 0;
-    natsStatus s = lease_try_take(r);
+    natsStatus s = stream_state(r, &r->quick, &last, NULL, NULL) == 0 ? lease_try_take(r) : NATS_TIMEOUT;
     if (s == NATS_OK) return 1;
     if (s != NATS_ERR) r->take_after_ns = mono_ns() + 2 * (uint64_t)r->cfg.lease_ms * 1000000ull;
     return 0;

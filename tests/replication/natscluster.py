@@ -38,13 +38,13 @@ cluster {
 
 # users and what they may not do: all (True), create consumers (False: the
 # JetStream API's consumer requests go unanswered, as when the server chosen
-# for a consumer is down), or "no_stream_read": neither that nor ask a
-# stream's state or a message by sequence (a node that cannot read the
-# stream: its takeover stalls)
+# for a consumer is down), or "no_stream_read": neither that nor ask for a
+# message by sequence (a node that sees the stream's state but cannot read
+# its messages: its takeover stalls)
 USER_CONF = "    {user: %s, password: %s%s}\n"
 DENIED = {True: "", False: ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\"]}}",
           "no_stream_read": ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\", "
-                            "\"$JS.API.STREAM.INFO.bgtest\", \"$JS.API.STREAM.MSG.GET.bgtest\"]}}"}
+                            "\"$JS.API.STREAM.MSG.GET.bgtest\"]}}"}
 
 
 def nats_server_binary():

@@ -546,9 +546,10 @@ def test_failover():
         wait_until(lambda: load.acks_since(0) > before + 20, "puts on %s before the kill" % old.name, timeout=20)
         t0 = time.monotonic()
         old.kill()
+        dead = time.monotonic()  # a put sent from now on can only be acknowledged by the new primary
         took = {}
         for kind in ("tcp", "http"):
-            when = wait_until(lambda: load.first_ack_after(t0, kind), "a %s put acknowledged through HAProxy "
+            when = wait_until(lambda: load.first_ack_after(dead, kind), "a %s put acknowledged through HAProxy "
                               "after %s was killed" % (kind, old.name), timeout=30)
             took[kind] = when - t0
             times[kind].append(took[kind])
@@ -809,7 +810,8 @@ def test_fenced_idle_primary_steps_down():
 
 def test_takeover_gives_up():
     """Defect 11: a takeover that cannot finish (here the standby's NATS user
-    may not read the stream, so it never reaches the stream's end) gives
+    sees the stream's state but may not read its messages, so it never
+    reaches the stream's end) gives
     the lease back and steps down (exit 75) once it made no progress for
     ten lease times (at least 10 s); before the fix it held the lease for
     ever and nobody served. The other node, started again, then takes over
