@@ -78,7 +78,9 @@ struct repl {
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent (written under mu) */
     uint64_t renew_first_ns;     /* when the first renewal not yet confirmed was sent (0: none) */
     int unconfirmed;             /* renewals have failed for a lease time (said) */
-    uint64_t take_after_ns;      /* standby: no try of the lease before then (standby_try_lease) */
+    uint64_t absent_since_ns;    /* standby: the lease key absent, NATS answering, since then (0: not) */
+    uint64_t trouble_ns;         /* standby: when NATS last failed to answer it (0: not lately) */
+    char kv_stream[170];         /* the lease bucket's stream: KV_<bucket> */
     /* primary (flusher) */
     uint64_t last_seq;           /* the stream's last sequence as this node knows it */
     uint64_t msg_counter;
@@ -196,28 +198,52 @@ static natsStatus lease_try_take(struct repl *r)
 
 static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *bytes, uint64_t *first);
 
+/* Whether stream `name` has a leader: its state is asked with the quick
+ * wait, and only a stream's leader answers. */
+static int stream_led(struct repl *r, const char *name)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    if (js_GetStreamInfo(&si, r->js, name, &r->quick, &jerr) != NATS_OK) return 0;
+    jsStreamInfo_Destroy(si);
+    return 1;
+}
+
 /* A standby's try of the lease: 1 won. It creates the key only when it
- * reads it absent (expired, or given back) and the stream answers (a node
- * that cannot reach the stream does not take the lease). When the stream
- * does not answer, or the create goes unanswered (the stream or the bucket
- * elects a leader: a NATS node was lost), the standby waits two lease
- * times before it tries again (a create refused because the key exists, as
- * when the read came from a replica that is behind, is tried again at the
- * next poll), while the primary, whose lease expired meanwhile, tries at
- * each renewal: once NATS has its leaders again, the primary, trying more
- * often, takes its expired key back first as a rule (not a guarantee), so
- * an election is seldom followed by a failover. */
+ * reads it absent (expired, or given back) while the stream and the lease
+ * bucket answer (a node that cannot reach the stream does not take the
+ * lease). After NATS trouble (a check or a create unanswered: a stream or
+ * the bucket elects a leader after a NATS node was lost) it waits until
+ * the key has been absent with both answering for a whole lease time: the
+ * primary, whose lease expired during the election, takes its key back
+ * within milliseconds once NATS answers, so an election is not followed by
+ * a failover (a primary that died meanwhile is replaced a lease time
+ * later). Without recent trouble (five lease times) it creates at once. */
 static int standby_try_lease(struct repl *r)
 {
-    uint64_t now = mono_ns(), last = 0;
-    if (now < r->take_after_ns) return 0;
+    uint64_t now = mono_ns(), lease_ns = (uint64_t)r->cfg.lease_ms * 1000000ull;
     kvEntry *e = NULL;
     natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
-    if (g == NATS_OK) kvEntry_Destroy(e);
-    if (g != NATS_NOT_FOUND) return 0;
-    natsStatus s = stream_state(r, &r->quick, &last, NULL, NULL) == 0 ? lease_try_take(r) : NATS_TIMEOUT;
+    if (g == NATS_OK) { /* held */
+        kvEntry_Destroy(e);
+        r->absent_since_ns = 0;
+        return 0;
+    }
+    uint64_t last = 0;
+    if (g != NATS_NOT_FOUND || !stream_led(r, r->kv_stream) || stream_state(r, &r->quick, &last, NULL, NULL) != 0) {
+        r->trouble_ns = mono_ns();
+        r->absent_since_ns = 0;
+        return 0;
+    }
+    if (!r->absent_since_ns) r->absent_since_ns = now;
+    if (r->trouble_ns && now - r->trouble_ns > 5 * lease_ns) r->trouble_ns = 0;
+    if (r->trouble_ns && now - r->absent_since_ns < lease_ns) return 0; /* the primary's turn first */
+    natsStatus s = lease_try_take(r);
     if (s == NATS_OK) return 1;
-    if (s != NATS_ERR) r->take_after_ns = mono_ns() + 2 * (uint64_t)r->cfg.lease_ms * 1000000ull;
+    if (s != NATS_ERR) {
+        r->trouble_ns = mono_ns();
+        r->absent_since_ns = 0;
+    }
     return 0;
 }
 
@@ -1140,6 +1166,7 @@ int repl_open(struct repl **out, const struct repl_config *cfg, struct event_bas
              (unsigned)(raw[4] | raw[5] << 8 | raw[6] << 16) ^ (unsigned)getpid() ^ (unsigned)mono_ns());
     snprintf(r->subject, sizeof r->subject, "%s.log", cfg->stream);
     snprintf(r->bucket, sizeof r->bucket, "%s_lease", cfg->stream);
+    snprintf(r->kv_stream, sizeof r->kv_stream, "KV_%s", r->bucket);
     int rc = !r->servers || !r->stream || !r->node_id ? BG_OUT_OF_MEMORY : connect_all(r);
     if (rc == 0) {
         r->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
