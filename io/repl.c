@@ -289,8 +289,9 @@ static int stream_ends_with_mine(struct repl *r);
  * - the key held by anyone else, at any other revision: lost;
  * - the key expired (the bucket could not renew it for a lease time, as
  *   while it elects a leader): taken again if the stream still ends with
- *   this node's message (lost if another node appended); a standby leaves
- *   it to the primary for two lease times (standby_try_lease);
+ *   this node's message (lost if another node appended); after such
+ *   trouble a standby leaves it to the primary for a lease time
+ *   (standby_try_lease);
  * - no answer from JetStream for a lease time: lost only when the NATS
  *   server does not answer either (this node is cut off from NATS); while
  *   NATS elects a leader, the primary waits, as its standby must;
@@ -594,14 +595,14 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
                 r->last_seq = last;
                 continue; /* counted as stored: the next attempt is a duplicate, acknowledged */
             }
-            if (tail < 0) {
-                nap(r, RETRY_NS);
-                continue;
+            if (tail == 0) {
+                /* a takeover reads on; a primary's append was refused
+                 * because another node took over: it must step down (and
+                 * never renew) */
+                if (!takeover) post_lost(r, "another node appended to the stream: this one is fenced");
+                return REPL_FENCED;
             }
-            /* a takeover reads on; a primary's append was refused because
-             * another node took over: it must step down (and never renew) */
-            if (!takeover) post_lost(r, "another node appended to the stream: this one is fenced");
-            return REPL_FENCED;
+            /* the end could not be read: retried as any passing failure */
         }
         if (!*retried) {
             char err[256];
