@@ -122,8 +122,15 @@ class Cluster:
         return None
 
     def stream_state(self, stream, only=None):
-        """The stream's state (messages, bytes, first_seq, last_seq) as a running
-        node's (or node `only`'s) monitoring endpoint reports it, or None."""
+        """The stream's state (messages, bytes, first_seq, last_seq) as its
+        leader's monitoring endpoint reports it (a follower may be a message
+        behind), else as any running node's; or as node `only`'s. None when
+        no node reports it."""
+        if only is None:
+            j = self.leader(stream)
+            sd = self.stream_detail(j, stream) if j is not None else None
+            if sd and sd.get("state"):
+                return sd["state"]
         for i in range(len(self.nodes)):
             if only is not None and i != only:
                 continue

@@ -1087,8 +1087,8 @@ def test_late_standby_without_consumer():
     wait_until(a.primary, "node a to become primary", timeout=30)
     t_put = time.monotonic()
     bodies = _put_many(a.port, LATE_STANDBY_MESSAGES)
-    st = wait_until(lambda: world.cluster.stream_state(world.stream), "the stream's state", timeout=10)
-    check(st["messages"] >= LATE_STANDBY_MESSAGES, "the stream holds %d messages" % st["messages"])
+    st = wait_until(lambda: world.cluster.stream_state(world.stream), "the stream to hold every put", timeout=30,
+                    ok=lambda st: st and st["messages"] >= LATE_STANDBY_MESSAGES)
     put_s = time.monotonic() - t_put
     b.start()
     wait_until(b.standby, "b to be a standby", timeout=30)
