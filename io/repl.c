@@ -286,7 +286,8 @@ static int stream_ends_with_mine(struct repl *r);
  * - a renewal whose answer was lost may have been applied: the key then
  *   holds this node's name at the revision after the one it renewed, and
  *   the lease is this node's, renewed;
- * - the key held by anyone else, at any other revision: lost;
+ * - the key held by anyone else at a later revision: lost (an earlier
+ *   revision is a stale read from a replica that is behind: no answer);
  * - the key expired (the bucket could not renew it for a lease time, as
  *   while it elects a leader): taken again if the stream still ends with
  *   this node's message (lost if another node appended); after such
@@ -337,14 +338,16 @@ static int lease_renew_due(struct repl *r)
             pthread_mutex_unlock(&r->mu);
             return 0;
         }
-        if (!(named && at == r->lease_rev)) {
+        if (at > r->lease_rev) {
             char why[256];
             snprintf(why, sizeof why, "the lease is held by %s (revision %" PRIu64 ", this node's was %" PRIu64 ")",
                      who, at, r->lease_rev);
             post_lost(r, why);
             return -1;
         }
-        /* unchanged: the renewal did not get through (yet) */
+        /* unchanged (the renewal did not get through yet), or an older
+         * revision: the read was answered by a replica of the bucket that is
+         * behind (its leader is being elected), which cannot say */
     } else if (g == NATS_NOT_FOUND) {
         /* it expired (the bucket had no leader for a lease time): taken
          * again, unless another node appended meanwhile (this one is
