@@ -264,10 +264,14 @@ static void lease_give_back(struct repl *r)
     po.ExpectLastSubjectSeq = r->lease_rev;
     jsPubAck *pa = NULL;
     jsErrCode jerr = 0;
-    if (natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK &&
-        js_PublishMsg(&pa, r->js_quick ? r->js_quick : r->js, m, &po, &jerr) == NATS_OK)
-        jsPubAck_Destroy(pa);
+    natsStatus st = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+    if (st == NATS_OK) st = js_PublishMsg(&pa, r->js_quick ? r->js_quick : r->js, m, &po, &jerr);
+    if (st == NATS_OK) jsPubAck_Destroy(pa);
     natsMsg_Destroy(m);
+    char err[256] = "";
+    if (st != NATS_OK) nats_error_fields(err, sizeof err, st, jerr);
+    log_event(BG_LOG_WARN, "replication_lease_given_back", "node=%s revision=%" PRIu64 " done=%s %s",
+              log_str(r->node_id), r->lease_rev, st == NATS_OK ? "yes" : "no (it expires)", err);
 }
 
 /* Whether the NATS server this node is connected to answers a round trip
