@@ -78,6 +78,7 @@ struct repl {
     uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent (written under mu) */
     uint64_t renew_first_ns;     /* when the first renewal not yet confirmed was sent (0: none) */
     int unconfirmed;             /* renewals have failed for a lease time (said) */
+    int end_unchecked;           /* primary: took its expired key back before it could read the stream's end */
     uint64_t absent_since_ns;    /* standby: the lease key absent, NATS answering, since then (0: not) */
     uint64_t trouble_ns;         /* standby: when NATS last failed to answer it (0: not lately) */
     char kv_stream[170];         /* the lease bucket's stream: KV_<bucket> */
@@ -293,8 +294,9 @@ static int stream_ends_with_mine(struct repl *r);
  * - the key held by anyone else at a later revision: lost (an earlier
  *   revision is a stale read from a replica that is behind: no answer);
  * - the key expired (the bucket could not renew it for a lease time, as
- *   while it elects a leader): taken again if the stream still ends with
- *   this node's message (lost if another node appended); after such
+ *   while it elects a leader): taken again unless the stream ends with
+ *   another node's message (lost; when the end cannot be read yet, it is
+ *   checked at the next renewals); after such
  *   trouble a standby leaves it to the primary for a lease time
  *   (standby_try_lease);
  * - no answer from JetStream for a lease time: lost only when the NATS
@@ -312,6 +314,12 @@ static int lease_renew_due(struct repl *r)
     if (s == NATS_OK) {
         if (r->unconfirmed) log_event(BG_LOG_WARN, "replication_lease_confirmed", "node=%s", log_str(r->node_id));
         lease_held(r, rev, now);
+        int mine = r->end_unchecked ? stream_ends_with_mine(r) : 1;
+        if (mine == 0) {
+            post_lost(r, "the lease expired and another node appended to the stream since");
+            return -1;
+        }
+        r->end_unchecked = mine < 0;
         pthread_mutex_lock(&r->mu);
         r->st.lease_renewals++;
         pthread_mutex_unlock(&r->mu);
@@ -364,7 +372,12 @@ static int lease_renew_due(struct repl *r)
             post_lost(r, "the lease expired and another node appended to the stream since");
             return -1;
         }
-        if (mine == 1 && lease_try_take(r) == NATS_OK) return 0;
+        /* the stream's end unreadable (its leader elected too): the key is
+         * taken back at once, and the end checked at the next renewals */
+        if (lease_try_take(r) == NATS_OK) {
+            r->end_unchecked = mine < 0;
+            return 0;
+        }
     }
     if (mono_ns() - r->lease_sent_ns >= lease_ns) {
         if (!r->unconfirmed) {
