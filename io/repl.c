@@ -63,7 +63,7 @@ struct repl {
     uint64_t applied_seq;        /* loop: the last message applied (under mu) */
     int ev_primary, ev_lost;     /* under mu: events for the loop */
     uint64_t ev_seq, ev_bytes;
-    char ev_why[128];
+    char ev_why[256];
     int notify_fd;
     struct event *notify_ev;
     /* reading by sequence (thread) */
@@ -75,8 +75,13 @@ struct repl {
     uint64_t read_by_sequence;   /* messages read by sequence since the start (the log) */
     /* the lease (thread) */
     uint64_t lease_rev;
-    uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent */
+    uint64_t lease_sent_ns;      /* when the last confirmed renewal was sent (written under mu) */
+    uint64_t renew_first_ns;     /* when the first renewal not yet confirmed was sent (0: none) */
     int unconfirmed;             /* renewals have failed for a lease time (said) */
+    int end_unchecked;           /* primary: took its expired key back before it could read the stream's end */
+    uint64_t absent_since_ns;    /* standby: the lease key absent, NATS answering, since then (0: not) */
+    uint64_t trouble_ns;         /* standby: when NATS last failed to answer it (0: not lately) */
+    char kv_stream[170];         /* the lease bucket's stream: KV_<bucket> */
     /* primary (flusher) */
     uint64_t last_seq;           /* the stream's last sequence as this node knows it */
     uint64_t msg_counter;
@@ -156,33 +161,165 @@ static void post_lost(struct repl *r, const char *why)
 
 /* ---- the lease ------------------------------------------------------------ */
 
-/* Try to take the lease (it exists only while a primary renews it). 1 won,
- * 0 not (someone holds it, or NATS cannot be reached). */
-static int lease_try_take(struct repl *r)
+/* Whether leadership was given up (post_lost): by the flusher when the
+ * stream refused its append, or by this thread. A node in that state never
+ * renews or takes the lease again. */
+static int has_lost(struct repl *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int lost = r->st.role == REPL_LOST;
+    pthread_mutex_unlock(&r->mu);
+    return lost;
+}
+
+/* The lease is held at revision rev, confirmed by a renewal sent at sent_ns. */
+static void lease_held(struct repl *r, uint64_t rev, uint64_t sent_ns)
+{
+    pthread_mutex_lock(&r->mu);
+    r->lease_rev = rev;
+    r->lease_sent_ns = sent_ns;
+    pthread_mutex_unlock(&r->mu);
+    r->renew_first_ns = 0;
+    r->unconfirmed = 0;
+}
+
+/* Try to take the lease (it exists only while a primary renews it).
+ * NATS_OK won; NATS_ERR someone holds it (JetStream refused the create);
+ * anything else: the bucket did not answer. */
+static natsStatus lease_try_take(struct repl *r)
 {
     uint64_t rev = 0, sent = mono_ns();
     natsStatus s = kvStore_CreateString(&rev, r->kv, LEASE_KEY, r->node_id);
-    if (s != NATS_OK) return 0;
-    r->lease_rev = rev;
-    r->lease_sent_ns = sent;
-    r->unconfirmed = 0;
+    if (s != NATS_OK) return s;
+    lease_held(r, rev, sent);
     log_event(BG_LOG_WARN, "replication_lease_taken", "node=%s bucket=%s revision=%" PRIu64,
               log_str(r->node_id), log_str(r->bucket), rev);
+    return NATS_OK;
+}
+
+static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *bytes, uint64_t *first);
+
+/* Whether stream `name` has a leader: its state is asked with the quick
+ * wait, and only a stream's leader answers. */
+static int stream_led(struct repl *r, const char *name)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    if (js_GetStreamInfo(&si, r->js, name, &r->quick, &jerr) != NATS_OK) return 0;
+    jsStreamInfo_Destroy(si);
     return 1;
 }
 
-/* Renew the lease if it is due. 0 held, -1 lost (posted). */
+/* A standby's try of the lease: 1 won. It creates the key only when it
+ * reads it absent (expired, or given back) while the stream and the lease
+ * bucket answer (a node that cannot reach the stream does not take the
+ * lease). After NATS trouble (a check or a create unanswered: a stream or
+ * the bucket elects a leader after a NATS node was lost) it waits until
+ * the key has been absent with both answering for a whole lease time: the
+ * primary, whose lease expired during the election, takes its key back
+ * within milliseconds once NATS answers, so an election is not followed by
+ * a failover (a primary that died meanwhile is replaced a lease time
+ * later). Without recent trouble (five lease times) it creates at once. */
+static int standby_try_lease(struct repl *r)
+{
+    uint64_t now = mono_ns(), lease_ns = (uint64_t)r->cfg.lease_ms * 1000000ull;
+    kvEntry *e = NULL;
+    natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
+    if (g == NATS_OK) { /* held */
+        kvEntry_Destroy(e);
+        r->absent_since_ns = 0;
+        return 0;
+    }
+    uint64_t last = 0;
+    if (g != NATS_NOT_FOUND || !stream_led(r, r->kv_stream) || stream_state(r, &r->quick, &last, NULL, NULL) != 0) {
+        r->trouble_ns = mono_ns();
+        r->absent_since_ns = 0;
+        return 0;
+    }
+    if (!r->absent_since_ns) r->absent_since_ns = now;
+    if (r->trouble_ns && now - r->trouble_ns > 5 * lease_ns) r->trouble_ns = 0;
+    if (r->trouble_ns && now - r->absent_since_ns < lease_ns) return 0; /* the primary's turn first */
+    natsStatus s = lease_try_take(r);
+    if (s == NATS_OK) return 1;
+    if (s != NATS_ERR) {
+        r->trouble_ns = mono_ns();
+        r->absent_since_ns = 0;
+    }
+    return 0;
+}
+
+/* Delete the lease if this node still holds it at its revision (a clean
+ * stop, a takeover that gives up): a standby takes it at once instead of
+ * after it expires. The delete is the key-value store's delete marker,
+ * published with the expected last revision of the key, so a lease that
+ * expired and was taken by another node meanwhile stays that node's. */
+static void lease_give_back(struct repl *r)
+{
+    if (!r->lease_rev) return;
+    char subject[200];
+    snprintf(subject, sizeof subject, "$KV.%s.%s", r->bucket, LEASE_KEY);
+    natsMsg *m = NULL;
+    if (natsMsg_Create(&m, subject, NULL, NULL, 0) != NATS_OK) return;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSubjectSeq = r->lease_rev;
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+    if (st == NATS_OK) st = js_PublishMsg(&pa, r->js_quick ? r->js_quick : r->js, m, &po, &jerr);
+    if (st == NATS_OK) jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    char err[256] = "";
+    if (st != NATS_OK) nats_error_fields(err, sizeof err, st, jerr);
+    log_event(BG_LOG_WARN, "replication_lease_given_back", "node=%s revision=%" PRIu64 " done=%s %s",
+              log_str(r->node_id), r->lease_rev, st == NATS_OK ? "yes" : "no (it expires)", err);
+}
+
+/* Whether the NATS server this node is connected to answers a round trip
+ * within the lease time. A node cut off from NATS gets no answer; one whose
+ * JetStream requests go unanswered while NATS elects a stream's or the
+ * bucket's leader does. */
+static int nats_answers(struct repl *r)
+{
+    return natsConnection_FlushTimeout(r->nc, (int64_t)r->cfg.lease_ms) == NATS_OK;
+}
+
+static int stream_ends_with_mine(struct repl *r);
+
+/* Renew the lease if it is due. 0 held (or NATS cannot say yet), -1 lost
+ * (posted). The rules (docs/scaling.md, "The fault model"):
+ * - a renewal whose answer was lost may have been applied: the key then
+ *   holds this node's name at the revision after the one it renewed, and
+ *   the lease is this node's, renewed;
+ * - the key held by anyone else at a later revision: lost (an earlier
+ *   revision is a stale read from a replica that is behind: no answer);
+ * - the key expired (the bucket could not renew it for a lease time, as
+ *   while it elects a leader): taken again unless the stream ends with
+ *   another node's message (lost; when the end cannot be read yet, it is
+ *   checked at the next renewals); after such
+ *   trouble a standby leaves it to the primary for a lease time
+ *   (standby_try_lease);
+ * - no answer from JetStream for a lease time: lost only when the NATS
+ *   server does not answer either (this node is cut off from NATS); while
+ *   NATS elects a leader, the primary waits, as its standby must;
+ * - once leadership is lost (a fenced append), never renewed again. */
 static int lease_renew_due(struct repl *r)
 {
-    uint64_t now = mono_ns();
+    if (has_lost(r)) return -1;
+    uint64_t now = mono_ns(), lease_ns = (uint64_t)r->cfg.lease_ms * 1000000ull;
     if (now - r->lease_sent_ns < (uint64_t)r->cfg.renew_ms * 1000000ull) return 0;
+    if (!r->renew_first_ns) r->renew_first_ns = now; /* the first renewal not yet confirmed */
     uint64_t rev = 0;
     natsStatus s = kvStore_UpdateString(&rev, r->kv, LEASE_KEY, r->node_id, r->lease_rev);
     if (s == NATS_OK) {
         if (r->unconfirmed) log_event(BG_LOG_WARN, "replication_lease_confirmed", "node=%s", log_str(r->node_id));
-        r->unconfirmed = 0;
-        r->lease_rev = rev;
-        r->lease_sent_ns = now;
+        lease_held(r, rev, now);
+        int mine = r->end_unchecked ? stream_ends_with_mine(r) : 1;
+        if (mine == 0) {
+            post_lost(r, "the lease expired and another node appended to the stream since");
+            return -1;
+        }
+        r->end_unchecked = mine < 0;
         pthread_mutex_lock(&r->mu);
         r->st.lease_renewals++;
         pthread_mutex_unlock(&r->mu);
@@ -193,33 +330,66 @@ static int lease_renew_due(struct repl *r)
     pthread_mutex_lock(&r->mu);
     r->st.lease_failures++;
     pthread_mutex_unlock(&r->mu);
-    /* the key changed under us: it expired (then nobody else may hold it
-     * yet, and it can be taken again) or another node took it */
     kvEntry *e = NULL;
     natsStatus g = kvStore_Get(&e, r->kv, LEASE_KEY);
-    if (g == NATS_NOT_FOUND) {
-        if (lease_try_take(r)) return 0;
-    } else if (g == NATS_OK) {
+    if (g == NATS_OK) {
         const char *holder = kvEntry_ValueString(e);
-        int mine = holder && strcmp(holder, r->node_id) == 0 && kvEntry_Revision(e) == r->lease_rev;
+        uint64_t at = kvEntry_Revision(e);
+        int named = holder && strcmp(holder, r->node_id) == 0;
         char who[96];
         snprintf(who, sizeof who, "%s", holder ? holder : "?");
         kvEntry_Destroy(e);
-        if (!mine) {
-            char why[128];
-            snprintf(why, sizeof why, "the lease is held by %s", who);
+        if (named && at == r->lease_rev + 1) {
+            /* an earlier renewal was applied and its answer lost: renewed
+             * then, at the latest since the first unconfirmed one was sent */
+            log_event(BG_LOG_WARN, "replication_lease_recognised", "node=%s revision=%" PRIu64 " msg=%s",
+                      log_str(r->node_id), at, log_str("a renewal was applied but its answer was lost"));
+            lease_held(r, at, r->renew_first_ns);
+            pthread_mutex_lock(&r->mu);
+            r->st.lease_renewals++;
+            pthread_mutex_unlock(&r->mu);
+            return 0;
+        }
+        if (at > r->lease_rev) {
+            char why[256];
+            snprintf(why, sizeof why, "the lease is held by %s (revision %" PRIu64 ", this node's was %" PRIu64 ")",
+                     who, at, r->lease_rev);
             post_lost(r, why);
             return -1;
         }
+        /* unchanged (the renewal did not get through yet), or an older
+         * revision: the read was answered by a replica of the bucket that is
+         * behind (its leader is being elected), which cannot say */
+    } else if (g == NATS_NOT_FOUND) {
+        /* it expired (the bucket had no leader for a lease time): taken
+         * again, unless another node appended meanwhile (this one is
+         * fenced: it could not write, and would serve a stale state) */
+        pthread_mutex_lock(&r->mu);
+        int primary = r->st.role == REPL_PRIMARY;
+        pthread_mutex_unlock(&r->mu);
+        int mine = primary ? stream_ends_with_mine(r) : 1; /* a takeover's own message fences */
+        if (mine == 0) {
+            post_lost(r, "the lease expired and another node appended to the stream since");
+            return -1;
+        }
+        /* the stream's end unreadable (its leader elected too): the key is
+         * taken back at once, and the end checked at the next renewals */
+        if (lease_try_take(r) == NATS_OK) {
+            r->end_unchecked = mine < 0;
+            return 0;
+        }
     }
-    /* NATS cannot say (no quorum, a leader election, no connection): go on.
-     * Nothing unreplicated is acknowledged anyway, and if another node
-     * takes the lease meanwhile, its takeover fences this one's next
-     * append, and the next renewal that gets through finds the key taken */
-    if (!r->unconfirmed && mono_ns() - r->lease_sent_ns >= (uint64_t)r->cfg.lease_ms * 1000000ull) {
-        r->unconfirmed = 1;
-        log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64 " %s",
-                  log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000, err);
+    if (mono_ns() - r->lease_sent_ns >= lease_ns) {
+        if (!r->unconfirmed) {
+            r->unconfirmed = 1;
+            log_event(BG_LOG_WARN, "replication_lease_unconfirmed", "node=%s ms_since_renewal=%" PRIu64 " %s",
+                      log_str(r->node_id), (mono_ns() - r->lease_sent_ns) / 1000000, err);
+        }
+        if (!nats_answers(r)) {
+            post_lost(r, "cut off from NATS: the lease went unconfirmed for a lease time and the NATS server "
+                         "does not answer");
+            return -1;
+        }
     }
     return 0;
 }
@@ -354,15 +524,60 @@ static int stream_state(struct repl *r, jsOptions *o, uint64_t *last, uint64_t *
     return 0;
 }
 
+/* The stream's last sequence and the id (Nats-Msg-Id) of its last
+ * message, "" when the stream is empty, asked with options o (NULL: the
+ * context's). 0 or -1. */
+static int stream_tail(struct repl *r, jsOptions *o, uint64_t *last, char *id, size_t n)
+{
+    id[0] = 0;
+    if (stream_state(r, o, last, NULL, NULL) != 0) return -1;
+    if (!*last) return 0;
+    natsMsg *tail = NULL;
+    jsErrCode jerr = 0;
+    const char *tail_id = NULL;
+    if (js_GetMsg(&tail, r->js, r->stream, *last, o, &jerr) != NATS_OK) return -1;
+    if (natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id) snprintf(id, n, "%s", tail_id);
+    natsMsg_Destroy(tail);
+    return 0;
+}
+
+/* Whether the stream ends with a message this process appended (or is
+ * empty): no other node took over since. 1 yes, 0 no, -1 cannot tell. */
+static int stream_ends_with_mine(struct repl *r)
+{
+    uint64_t last = 0;
+    char id[160], mine[96];
+    if (stream_tail(r, &r->quick, &last, id, sizeof id) != 0) return -1;
+    int len = snprintf(mine, sizeof mine, "%s.%s.", r->node_id, r->nonce);
+    return !last || strncmp(id, mine, (size_t)len) == 0;
+}
+
+/* How long a takeover may go without progress (no message read or applied,
+ * no takeover message appended) before it gives the lease back: ten lease
+ * times, at least 10 s, far beyond a NATS leader election, so a takeover
+ * that stalls (the stream unreadable to this node) never holds the lease
+ * for good. */
+static uint64_t takeover_stall_ns(const struct repl_config *cfg)
+{
+    uint64_t ms = (uint64_t)cfg->lease_ms * 10;
+    return (ms < 10000 ? 10000 : ms) * 1000000ull;
+}
+
+#define REPL_STALLED 3 /* publish_one: a takeover message could not be appended in that time */
+
 /* Publish one message (data may be empty: the takeover) with the expected
  * last sequence r->last_seq (none when it is 0: a stream never written).
  * Retries what may be passing (no quorum, a leader election, a lost
  * connection) until it is stored or refused. 0 (r->last_seq is its
- * sequence), REPL_FENCED or REPL_STOPPED. Any thread that owns publishing. */
+ * sequence), REPL_FENCED (a primary's append refused: leadership lost, and
+ * posted), REPL_STOPPED, or for the takeover message REPL_STALLED (not
+ * stored within takeover_stall_ns; it renews the lease meanwhile, and
+ * REPL_STOPPED means the lease was lost). Any thread that owns publishing. */
 static int publish_one(struct repl *r, const char *data, size_t len, int takeover, int *retried)
 {
     char id[128];
     snprintf(id, sizeof id, "%s.%s.%" PRIu64, r->node_id, r->nonce, ++r->msg_counter);
+    uint64_t began = mono_ns();
     for (int attempt = 0;; attempt++) {
         if (is_stopping(r)) return REPL_STOPPED;
         natsMsg *m = NULL;
@@ -391,20 +606,23 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
         }
         if (jerr == JSStreamWrongLastSequenceErr) {
             /* an earlier try of this very message may have been stored
-             * with its acknowledgement lost: then the stream ends with it */
+             * with its acknowledgement lost: then the stream ends with it
+             * (when the end cannot be read now, it is asked again) */
             uint64_t last = 0;
-            natsMsg *tail = NULL;
-            const char *tail_id = NULL;
-            int ours = attempt > 0 && stream_state(r, NULL, &last, NULL, NULL) == 0 &&
-                       js_GetMsg(&tail, r->js, r->stream, last, NULL, &jerr) == NATS_OK &&
-                       natsMsgHeader_Get(tail, "Nats-Msg-Id", &tail_id) == NATS_OK && tail_id &&
-                       strcmp(tail_id, id) == 0;
-            if (tail) natsMsg_Destroy(tail);
-            if (ours) {
+            char tail_id[sizeof id];
+            int tail = attempt > 0 ? stream_tail(r, NULL, &last, tail_id, sizeof tail_id) : 0;
+            if (tail == 0 && attempt > 0 && strcmp(tail_id, id) == 0) {
                 r->last_seq = last;
                 continue; /* counted as stored: the next attempt is a duplicate, acknowledged */
             }
-            return REPL_FENCED;
+            if (tail == 0) {
+                /* a takeover reads on; a primary's append was refused
+                 * because another node took over: it must step down (and
+                 * never renew) */
+                if (!takeover) post_lost(r, "another node appended to the stream: this one is fenced");
+                return REPL_FENCED;
+            }
+            /* the end could not be read: retried as any passing failure */
         }
         if (!*retried) {
             char err[256];
@@ -415,6 +633,8 @@ static int publish_one(struct repl *r, const char *data, size_t len, int takeove
         pthread_mutex_lock(&r->mu);
         r->st.publish_retries++;
         pthread_mutex_unlock(&r->mu);
+        if (takeover && lease_renew_due(r) != 0) return REPL_STOPPED;
+        if (takeover && mono_ns() - began > takeover_stall_ns(&r->cfg)) return REPL_STALLED;
         nap(r, RETRY_NS);
     }
 }
@@ -616,18 +836,46 @@ static int read_by_sequence(struct repl *r, uint64_t last, uint64_t until)
     return -1;
 }
 
+/* Give up a takeover that made no progress for takeover_stall_ns: the lease
+ * goes back, and leadership is posted lost (the server exits 75 and comes
+ * back as a standby). -1. */
+static int takeover_give_up(struct repl *r, uint64_t last)
+{
+    char why[128];
+    snprintf(why, sizeof why, "the takeover made no progress for %" PRIu64 " ms at sequence %" PRIu64
+             " of %" PRIu64 "; the lease is given back", takeover_stall_ns(&r->cfg) / 1000000, applied(r), last);
+    lease_give_back(r);
+    post_lost(r, why);
+    return -1;
+}
+
+/* Whether a takeover stalled: the messages handed and applied (*seen) have
+ * not changed for takeover_stall_ns (*progress_ns: when they last did). */
+static int takeover_stalled(struct repl *r, uint64_t *seen, uint64_t *progress_ns)
+{
+    uint64_t now_seen = r->handed_seq + applied(r), now = mono_ns();
+    if (now_seen != *seen) {
+        *seen = now_seen;
+        *progress_ns = now;
+    }
+    return now - *progress_ns > takeover_stall_ns(&r->cfg);
+}
+
 /* Holding the lease: read and apply the stream to its end, then append the
  * takeover message with that end as the expected last sequence. The
  * messages come from the subscription (NULL: none) while it delivers them,
- * else by sequence: a standby takes over without a consumer. 0 primary,
- * -1 stopping or lost. */
+ * else by sequence: a standby takes over without a consumer. It always
+ * finishes or gives the lease back (takeover_give_up). 0 primary, -1
+ * stopping or lost. */
 static int take_over(struct repl *r, natsSubscription *sub)
 {
     set_role(r, REPL_TAKING_OVER);
     uint64_t began = mono_ns(), read_before = r->read_by_sequence;
+    uint64_t progress_ns = began, seen = r->handed_seq + applied(r), last = 0;
     for (;;) {
         if (is_stopping(r) || lease_renew_due(r) != 0) return -1;
-        uint64_t last = 0, bytes = 0;
+        if (takeover_stalled(r, &seen, &progress_ns)) return takeover_give_up(r, last);
+        uint64_t bytes = 0;
         if (stream_state(r, &r->quick, &last, &bytes, NULL) != 0) {
             nap(r, RETRY_NS);
             continue;
@@ -635,6 +883,7 @@ static int take_over(struct repl *r, natsSubscription *sub)
         /* read up to the end, renewing the lease meanwhile */
         while (r->handed_seq < last && !is_stopping(r)) {
             if (lease_renew_due(r) != 0) return -1;
+            if (takeover_stalled(r, &seen, &progress_ns)) return takeover_give_up(r, last);
             if (sub && pump_one(r, sub, 50000000ull)) continue;
             sub = NULL; /* it has nothing for now: the rest by sequence */
             uint64_t slice = (uint64_t)r->cfg.renew_ms * 1000000ull / 2 + 1;
@@ -642,12 +891,14 @@ static int take_over(struct repl *r, natsSubscription *sub)
         }
         while (applied(r) < last && !is_stopping(r)) {
             if (lease_renew_due(r) != 0) return -1;
+            if (takeover_stalled(r, &seen, &progress_ns)) return takeover_give_up(r, last);
             nap(r, 2000000ull);
         }
         r->last_seq = last;
         int retried = 0;
         int rc = publish_one(r, "", 0, 1, &retried);
         if (rc == REPL_STOPPED) return -1;
+        if (rc == REPL_STALLED) return takeover_give_up(r, last);
         if (rc == REPL_FENCED) continue; /* the old primary appended meanwhile: read on */
         pthread_mutex_lock(&r->mu);
         r->st.role = REPL_PRIMARY;
@@ -705,7 +956,7 @@ static void *repl_main(void *arg)
         uint64_t now = mono_ns();
         if (now >= next_try) {
             next_try = now + poll_ns;
-            if (lease_try_take(r)) {
+            if (standby_try_lease(r)) {
                 if (take_over(r, sub) != 0) break;
                 primary = 1;
                 drop_subscription(&sub);
@@ -936,6 +1187,7 @@ int repl_open(struct repl **out, const struct repl_config *cfg, struct event_bas
              (unsigned)(raw[4] | raw[5] << 8 | raw[6] << 16) ^ (unsigned)getpid() ^ (unsigned)mono_ns());
     snprintf(r->subject, sizeof r->subject, "%s.log", cfg->stream);
     snprintf(r->bucket, sizeof r->bucket, "%s_lease", cfg->stream);
+    snprintf(r->kv_stream, sizeof r->kv_stream, "KV_%s", r->bucket);
     int rc = !r->servers || !r->stream || !r->node_id ? BG_OUT_OF_MEMORY : connect_all(r);
     if (rc == 0) {
         r->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -985,16 +1237,9 @@ void repl_close(struct repl *r)
     if (!r) return;
     repl_stop(r);
     if (r->thread_started) pthread_join(r->thread, NULL);
-    /* give the lease up: a standby takes over at once instead of after it expires */
-    pthread_mutex_lock(&r->mu);
-    int held = r->st.role == REPL_PRIMARY || r->st.role == REPL_TAKING_OVER;
-    pthread_mutex_unlock(&r->mu);
-    if (held && r->kv) {
-        kvEntry *e = NULL;
-        if (kvStore_Get(&e, r->kv, LEASE_KEY) == NATS_OK) {
-            if (kvEntry_Revision(e) == r->lease_rev) kvStore_Delete(r->kv, LEASE_KEY);
-            kvEntry_Destroy(e);
-        }
-    }
+    /* give the lease up (if this node still holds it: lease_give_back's
+     * delete is conditional): a standby takes over at once instead of after
+     * it expires */
+    if (r->kv) lease_give_back(r);
     free_all(r);
 }

@@ -11,7 +11,11 @@
  * key-value bucket whose entries expire after the lease time: the primary
  * renews it; a standby creates it once it has expired, applies the stream
  * to its end, and appends an empty takeover message, which fences the old
- * primary.
+ * primary. A node that learns it cannot write (its append refused, its
+ * lease held by another, cut off from NATS for a lease time, a takeover
+ * without progress) posts `lost` and never renews or takes the lease again;
+ * the server exits 75 and a supervisor starts it again as a standby
+ * (docs/scaling.md, "The fault model").
  *
  * Threads: the log's flusher calls repl_append and repl_purge (they block
  * on NATS); repl's own thread keeps the lease and reads the stream while
@@ -37,7 +41,8 @@ struct repl_events {
     /* this node holds the lease and the stream up to seq is applied and
      * fenced: serve. stream_bytes: what the stream holds now. */
     void (*primary)(void *arg, uint64_t seq, uint64_t stream_bytes);
-    /* leadership is lost (why: a short phrase): stop serving at once */
+    /* leadership is lost or given up (why: a short phrase): stop serving
+     * at once (the server exits 75) */
     void (*lost)(void *arg, const char *why);
 };
 

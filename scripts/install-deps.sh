@@ -8,7 +8,7 @@
 #          docs/http.md), node/npm (client library suites),
 #          gearmand + the gearman/gearadmin tools (the Gearman reference),
 #          chromium + chromium-driver + python3-selenium (the dashboard's
-#          browser tests), haproxy (the sharding test's proxy, Debian's
+#          browser tests), haproxy (the sharding and failover tests' proxy, Debian's
 #          HAProxy 2.6), python3-yaml (its check of the Kubernetes
 #          manifests and of openapi.yaml), python3-hypothesis and
 #          python3-jsonschema (the property-based tests of the HTTP API) and

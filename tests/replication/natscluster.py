@@ -1,10 +1,13 @@
 """A NATS JetStream cluster on loopback for the replication tests and
 benchmarks: N nats-server processes with free client and cluster ports, a
 store directory each under a temporary directory, routes to one another.
-Nodes can be killed (SIGKILL) and started again with their store. Python 3
-standard library only; needs the nats-server binary (Debian: nats-server).
+Nodes can be killed (SIGKILL) and started again with their store, and
+wait_settled tells when the cluster is whole again (every node healthy,
+each named stream led, with every replica current). Python 3 standard
+library only; needs the nats-server binary (Debian: nats-server).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -27,13 +30,21 @@ cluster {
   name: beangate-test
   listen: 127.0.0.1:%(cport)d
   routes: [%(routes)s]
+  # clients learn no other server's address: one that reaches NATS through
+  # a fault proxy (tests/lib/faultproxy.py) reconnects through it only
+  no_advertise: true
 }
 %(auth)s"""
 
-# a user that may not create consumers (the JetStream API's consumer requests
-# go unanswered, as when the server chosen for a consumer is down)
+# users and what they may not do: all (True), create consumers (False: the
+# JetStream API's consumer requests go unanswered, as when the server chosen
+# for a consumer is down), or "no_stream_read": neither that nor ask for a
+# message by sequence (a node that sees the stream's state but cannot read
+# its messages: its takeover stalls)
 USER_CONF = "    {user: %s, password: %s%s}\n"
-NO_CONSUMERS = ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\"]}}"
+DENIED = {True: "", False: ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\"]}}",
+          "no_stream_read": ", permissions: {publish: {deny: [\"$JS.API.CONSUMER.>\", "
+                            "\"$JS.API.STREAM.MSG.GET.bgtest\"]}}"}
 
 
 def nats_server_binary():
@@ -41,8 +52,9 @@ def nats_server_binary():
 
 
 class Cluster:
-    """users: None (no authorization), or {name: may_create_consumers} (the
-    password is the name); urls(user) then logs in as that user."""
+    """users: None (no authorization), or {name: what it may do (a key of
+    DENIED)} (the password is the name); urls(user) then logs in as that
+    user."""
 
     def __init__(self, workdir, size=3, users=None):
         self.workdir = workdir
@@ -55,7 +67,7 @@ class Cluster:
         auth = ""
         if users:
             auth = "authorization {\n  users: [\n%s  ]\n}\n" % "".join(
-                USER_CONF % (name, name, "" if consumers else NO_CONSUMERS) for name, consumers in users.items())
+                USER_CONF % (name, name, DENIED[may]) for name, may in users.items())
         for n in self.nodes:
             n["store"] = os.path.join(workdir, n["name"])
             os.makedirs(n["store"], exist_ok=True)
@@ -91,23 +103,88 @@ class Cluster:
         for i in range(len(self.nodes)):
             self.kill(i)
 
-    def stream_state(self, stream, only=None):
-        """The stream's state (messages, bytes, first_seq, last_seq) as a running
-        node's (or node `only`'s) monitoring endpoint reports it, or None."""
-        import json
+    def stream_detail(self, i, stream):
+        """Stream `stream` as node i's monitoring endpoint (/jsz) describes it
+        (its "state" and "cluster": leader, replicas), or None."""
         import urllib.request
+        n = self.nodes[i]
+        if not n["proc"]:
+            return None
+        try:
+            url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true" % n["mport"]
+            data = json.loads(urllib.request.urlopen(url, timeout=2).read())
+        except (OSError, ValueError):
+            return None
+        for acc in data.get("account_details") or []:
+            for sd in acc.get("stream_detail") or []:
+                if sd.get("name") == stream:
+                    return sd
+        return None
+
+    def stream_state(self, stream, only=None):
+        """The stream's state (messages, bytes, first_seq, last_seq) as its
+        leader's monitoring endpoint reports it (a follower may be a message
+        behind), else as any running node's; or as node `only`'s. None when
+        no node reports it."""
+        if only is None:
+            j = self.leader(stream)
+            sd = self.stream_detail(j, stream) if j is not None else None
+            if sd and sd.get("state"):
+                return sd["state"]
+        for i in range(len(self.nodes)):
+            if only is not None and i != only:
+                continue
+            sd = self.stream_detail(i, stream)
+            if sd and sd.get("state"):
+                return sd["state"]
+        return None
+
+    def index(self, name):
+        """The index of the node named name ("n2"), or None."""
+        return next((i for i, n in enumerate(self.nodes) if n["name"] == name), None)
+
+    def leader(self, stream):
+        """The index of the node that leads stream (as that node itself says),
+        or None while it has no leader."""
+        for i in range(len(self.nodes)):
+            sd = self.stream_detail(i, stream)
+            j = self.index(((sd or {}).get("cluster") or {}).get("leader"))
+            if j is not None:
+                lead = self.stream_detail(j, stream)
+                if lead and (lead.get("cluster") or {}).get("leader") == self.nodes[j]["name"]:
+                    return j
+        return None
+
+    def unsettled(self, streams):
+        """Why the cluster is not whole, or None when it is: every node runs
+        and is healthy, and each stream has a leader whose every replica is
+        current (a stream or bucket of 3 replicas then survives the loss of
+        any one node)."""
         for i, n in enumerate(self.nodes):
-            if not n["proc"] or (only is not None and i != only):
-                continue
-            try:
-                url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true" % n["mport"]
-                data = json.loads(urllib.request.urlopen(url, timeout=2).read())
-            except (OSError, ValueError):
-                continue
-            for acc in data.get("account_details") or []:
-                for sd in acc.get("stream_detail") or []:
-                    if sd.get("name") == stream and sd.get("state"):
-                        return sd["state"]
+            if not self.healthy(i):
+                return "node %s is not healthy" % n["name"]
+        for stream in streams:
+            j = self.leader(stream)
+            if j is None:
+                return "stream %s has no leader" % stream
+            replicas = (self.stream_detail(j, stream).get("cluster") or {}).get("replicas") or []
+            behind = [r.get("name") for r in replicas if not r.get("current")]
+            if len(replicas) != len(self.nodes) - 1 or behind:
+                return "stream %s (leader %s): replicas %s, not current: %s" % (
+                    stream, self.nodes[j]["name"], [r.get("name") for r in replicas], behind)
+        return None
+
+    def wait_settled(self, streams, timeout=60.0):
+        """Seconds until unsettled(streams) is None (polled), or None after
+        timeout, with the reason printed."""
+        t0 = time.monotonic()
+        why = None
+        while time.monotonic() - t0 < timeout:
+            why = self.unsettled(streams)
+            if why is None:
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        print("  the NATS cluster did not settle in %.0f s: %s" % (timeout, why), flush=True)
         return None
 
     def healthy(self, i):
