@@ -323,23 +323,29 @@ class Conn:
             raise AssertionError("%s: the server closed the connection, want silence" % what)
         raise AssertionError("%s: want no reply, got %s" % (what, show(data)))
 
-    def expect_close(self, what, timeout=None):
+    def read_until_closed(self, what, timeout=None):
+        """Everything the server sends (after what was buffered) until it
+        closes the connection; fails if it is still open after timeout."""
+        data, self.buf = self.buf, b""
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError("%s: connection still open; extra bytes %s" % (what, show(self.buf)))
+                raise AssertionError("%s: connection still open; got %s" % (what, show(data)))
             self.sock.settimeout(left)
             try:
-                data = self.sock.recv(65536)
+                chunk = self.sock.recv(65536)
             except socket.timeout:
                 continue
             except ConnectionResetError:
-                data = b""
-            if not data:
-                check(not self.buf, "%s: extra bytes before close: %s" % (what, show(self.buf)))
-                return
-            self.buf += data
+                return data
+            if not chunk:
+                return data
+            data += chunk
+
+    def expect_close(self, what, timeout=None):
+        data = self.read_until_closed(what, timeout)
+        check(not data, "%s: extra bytes before close: %s" % (what, show(data)))
 
 
 def job_reply(word, jid, body):
@@ -1193,26 +1199,6 @@ def _fd_open(fd):
 
 # ---- a web page's request on the beanstalk port (issue 22) -----------------
 
-def read_until_closed(conn, what, timeout=5.0):
-    """Everything the server sends on conn until it closes it."""
-    data = conn.buf
-    conn.buf = b""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        check(left > 0, "%s: the server did not close the connection; got %s" % (what, show(data)))
-        conn.sock.settimeout(left)
-        try:
-            chunk = conn.sock.recv(65536)
-        except socket.timeout:
-            continue
-        except ConnectionResetError:
-            return data
-        if not chunk:
-            return data
-        data += chunk
-
-
 def test_http_lines_close_the_connection():
     """A browser's form or no-cors fetch to the beanstalk port sends an HTTP
     request line, then a Host header, then its body, which would run as
@@ -1239,7 +1225,7 @@ def test_http_lines_close_the_connection():
         for i, attack in enumerate(attacks):
             c = srv.connect()
             c.send(attack)
-            got = read_until_closed(c, "attack %d" % i)
+            got = c.read_until_closed("attack %d" % i, 5.0)
             c.close()
             want = b"USING web\r\n" if attack.startswith(b"use web") else b"BAD_FORMAT\r\n" if len(attack) > 600 else b""
             check_eq(got, want, "replies to attack %d" % i)
@@ -1259,7 +1245,7 @@ def test_http_lines_close_the_connection():
             s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
             s.sendall(b"GET /stats HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             conn = Conn(s)
-            reply = read_until_closed(conn, "GET /stats")
+            reply = conn.read_until_closed("GET /stats", 5.0)
             conn.close()
             check(b'"cross_protocol_closed":%d' % len(attacks) in reply, "the count in /stats: %s" % show(reply, 2000))
 

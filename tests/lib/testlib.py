@@ -497,3 +497,34 @@ def run(suite, tests, args, namespace=None, setup=None, call=None, skip=None, af
 # suite's docstring and run its tests under its name; the exit status.
 def main_without_binary(suite, doc, tests, argv, namespace):
     return run(suite, tests, parse_args(arg_parser(doc, binary=False), argv), namespace=namespace)
+
+
+# ---- browser tests (tests/ui, tests/security) ------------------------------------------
+
+def selenium_missing():
+    """None when selenium imports, else why not. Debian's python3-selenium
+    lives in /usr/lib/python3/dist-packages, which another python3 (pyenv, a
+    virtualenv) does not search: look there too."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        sys.path.append("/usr/lib/python3/dist-packages")
+        try:
+            import selenium  # noqa: F401,F811
+        except ImportError as e:
+            return "python3-selenium is not installed (%s)" % e
+    return None
+
+
+def find_browser():
+    """(chromium, chromedriver) paths, or (None, why)."""
+    import shutil
+    chromium = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                                 "/usr/lib/chromium/chromium") if p and os.access(p, os.X_OK)), None)
+    driver = next((p for p in (shutil.which("chromedriver"), "/usr/lib/chromium/chromedriver")
+                   if p and os.access(p, os.X_OK)), None)
+    if not chromium:
+        return None, "chromium is not installed (apt-get install chromium)"
+    if not driver:
+        return None, "chromedriver is not installed (apt-get install chromium-driver)"
+    return (chromium, driver), None

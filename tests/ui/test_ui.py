@@ -38,6 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
+import testlib  # noqa: E402
 from testlib import SANITIZER_MARKERS, LineSocket, check, check_eq, free_port, signal_and_wait  # noqa: E402
 
 SKIP_EXIT = 77
@@ -49,17 +50,10 @@ WIDTHS = (390, 1280)
 
 
 def load_selenium():
-    """The selenium modules, or (None, why). Debian's python3-selenium lives
-    in /usr/lib/python3/dist-packages, which another python3 (pyenv, a
-    virtualenv) does not search: look there too."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        sys.path.append("/usr/lib/python3/dist-packages")
-        try:
-            import selenium  # noqa: F401
-        except ImportError as e:
-            return None, "python3-selenium is not installed (%s)" % e
+    """The selenium modules, or (None, why) (testlib.selenium_missing)."""
+    why = testlib.selenium_missing()
+    if why:
+        return None, why
     from selenium import webdriver
     from selenium.common.exceptions import (NoSuchElementException, StaleElementReferenceException,
                                             TimeoutException)
@@ -74,17 +68,7 @@ def load_selenium():
             "ignored": (NoSuchElementException, StaleElementReferenceException)}, None
 
 
-def find_browser():
-    """(chromium, chromedriver) paths, or (None, why)."""
-    chromium = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                                 "/usr/lib/chromium/chromium") if p and os.access(p, os.X_OK)), None)
-    driver = next((p for p in (shutil.which("chromedriver"), "/usr/lib/chromium/chromedriver")
-                   if p and os.access(p, os.X_OK)), None)
-    if not chromium:
-        return None, "chromium is not installed (apt-get install chromium)"
-    if not driver:
-        return None, "chromedriver is not installed (apt-get install chromium-driver)"
-    return (chromium, driver), None
+find_browser = testlib.find_browser
 
 
 # ---- the server ------------------------------------------------------------------
