@@ -848,8 +848,6 @@ static void test_batch_body_limit(void **state)
 
 /* ---- CORS origins ------------------------------------------------------- */
 
-/* The origins of --http-cors-origins: exact http(s)://HOST[:PORT] only; a
- * refused list says why (the message's key words here). */
 /* The Host names served (guard.c): on a loopback bind the loopback names
  * and the list's; on another bind every name without a list, and with one
  * only the list's and the loopback names. */
@@ -886,6 +884,19 @@ static void test_allowed_hosts(void **state)
     static const char *const bad[] = {"", "a,", ",a", "a:80", "http://a", "a b", "[zz]", "[]", NULL};
     for (int i = 0; bad[i]; i++) assert_non_null(gw_hosts_check(bad[i]));
     assert_null(gw_hosts_new("a:80", 1));
+    /* the limits: GW_ALLOWED_HOSTS_MAX names, GW_ALLOWED_HOST_MAX bytes each */
+    char list[GW_ALLOWED_HOSTS_MAX * 4 + 8] = "", name[GW_ALLOWED_HOST_MAX + 2];
+    for (int i = 0; i < GW_ALLOWED_HOSTS_MAX; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%sh%d", i ? "," : "", i);
+    assert_null(gw_hosts_check(list));
+    strcat(list, ",one-more");
+    assert_non_null(gw_hosts_check(list));
+    memset(name, 'a', GW_ALLOWED_HOST_MAX);
+    name[GW_ALLOWED_HOST_MAX] = '\0';
+    assert_null(gw_hosts_check(name));
+    name[GW_ALLOWED_HOST_MAX] = 'a';
+    name[GW_ALLOWED_HOST_MAX + 1] = '\0';
+    assert_non_null(gw_hosts_check(name));
 
     struct sockaddr_in v4 = {.sin_family = AF_INET};
     struct sockaddr_in6 v6 = {.sin6_family = AF_INET6};
@@ -905,6 +916,8 @@ static void test_allowed_hosts(void **state)
     assert_false(gw_addr_is_loopback((struct sockaddr *)&v6));
 }
 
+/* The origins of --http-cors-origins: exact http(s)://HOST[:PORT] only; a
+ * refused list says why (the message's key words here). */
 static void test_cors_origins(void **state)
 {
     (void)state;
