@@ -2,7 +2,8 @@
 # Install what building and testing beangate needs on Debian 12, skipping
 # what is already there. Usage: scripts/install-deps.sh [build|test]
 #   build: compiler, CMake, libevent, libmicrohttpd, jansson, nettle, libnats
-#          (replication through NATS JetStream; beangate builds without it)
+#          (replication through NATS JetStream; beangate builds without it),
+#          GnuTLS (every TLS listener) and libcurl's GnuTLS build (HTTPS push)
 #   test:  build + cmocka, clang/libFuzzer, Debian's beanstalkd (the
 #          reference), python3, curl and jq (the shell examples of
 #          docs/http.md), node/npm (client library suites),
@@ -12,15 +13,19 @@
 #          HAProxy 2.6), python3-yaml (its check of the Kubernetes
 #          manifests and of openapi.yaml), python3-hypothesis and
 #          python3-jsonschema (the property-based tests of the HTTP API) and
-#          nats-server (the replication tests' JetStream cluster)
+#          nats-server (the replication tests' JetStream cluster),
+#          openssl and gnutls-bin (the TLS tests' clients and test CA),
+#          nginx-light and wrk (bench/compare's HTTPS reference)
 set -euo pipefail
 mode="${1:-test}"
 
-pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev libnats-dev)
+pkgs=(build-essential cmake pkg-config libevent-dev libmicrohttpd-dev libjansson-dev nettle-dev libnats-dev
+      libgnutls28-dev libcurl4-gnutls-dev)
 if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml
-           python3-hypothesis python3-jsonschema nats-server)
+           python3-hypothesis python3-jsonschema nats-server
+           openssl gnutls-bin python3-cryptography nginx-light wrk)
 fi
 
 missing=()
