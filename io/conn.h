@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 
 #include "../core/core.h"
+#include "tls.h"
 #include "wal.h"
 
 #define CONN_READ_CHUNK 65536          /* the loop-wide read buffer: bytes per read() */
@@ -34,6 +35,10 @@
 struct conn_peer {
     int fd;
     char addr[INET6_ADDRSTRLEN];
+    /* The verified client certificate's names (io/tls.h), on a TLS
+     * listener with a CA; NULL: plain TCP, or no client certificate. The
+     * session maps it to a scope (core/scope.c) in open(). */
+    const struct tls_identity *identity;
 };
 
 /* What a protocol allows one connection (docs/operations.md, "Limits"). */

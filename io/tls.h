@@ -1,0 +1,54 @@
+/* tls.h - TLS for every listener (GnuTLS): the one home of certificates,
+ * keys, the client CA, the priority string, reloading them (SIGHUP), and
+ * naming a peer by its client certificate. The connection layer (conn.c,
+ * beanstalk and Gearman ports) and the HTTPS gateway (libmicrohttpd, through
+ * its certificate callback) both take their credentials from here, so a
+ * reload reaches every listener at once. Outbound TLS (HTTPS push) is
+ * libcurl's, built on the same GnuTLS.
+ *
+ * Contract (issue 23; implementation in io/tls.c):
+ * - TLS 1.2 and 1.3 only; no renegotiation; TLS_DEFAULT_PRIORITY unless
+ *   --tls-priority says otherwise (checked at start: a bad string refuses it).
+ * - A reload reads every file again; if any is missing or bad, the old
+ *   credentials stay in use and the reason is returned. Sessions already
+ *   open keep what they began with; new handshakes use the new files.
+ * - With a CA file, a client certificate is asked for and, when
+ *   verify_client is set, required; a presented one must verify against the
+ *   CA, else the handshake fails.
+ */
+#ifndef BEANGATE_TLS_H
+#define BEANGATE_TLS_H
+
+#include <stddef.h>
+#include <gnutls/gnutls.h>
+
+#define TLS_IDENTITY_MAX 16      /* names taken from one client certificate at most */
+#define TLS_IDENTITY_NAME_MAX 256 /* bytes of one name, its "cn:" prefix included */
+
+/* What one listener is configured with (the flags --tls-* and --http-tls-*). */
+struct tls_files {
+    const char *cert;          /* PEM certificate chain */
+    const char *key;           /* PEM private key */
+    const char *ca;            /* PEM CAs for client certificates; NULL: none asked */
+    const char *priority;      /* GnuTLS priority string; NULL: TLS_DEFAULT_PRIORITY */
+    int verify_client;         /* with ca: a client without a certificate is refused */
+};
+
+/* One listener's credentials; reloadable. */
+struct tls_listener;
+
+/* Load f's files (the strings are copied): 0, or -1 with why in err. */
+int tls_listener_new(struct tls_listener **out, const struct tls_files *f, char *err, size_t errlen);
+void tls_listener_free(struct tls_listener *l);
+/* Read the files again: 0, or -1 with why in err (the old ones stay). */
+int tls_listener_reload(struct tls_listener *l, char *err, size_t errlen);
+
+/* A verified client certificate's names: "cn:NAME" for the subject's
+ * common name, then "dns:", "email:", "uri:" for each subjectAltName, at
+ * most TLS_IDENTITY_MAX. count 0: no client certificate. */
+struct tls_identity {
+    size_t count;
+    char names[TLS_IDENTITY_MAX][TLS_IDENTITY_NAME_MAX];
+};
+
+#endif
