@@ -22,6 +22,8 @@
  *                       (which ids and tubes an instance of N owns)
  *   audit.c             the engine's structure checked from scratch
  *   token.c             bg_siphash (the one keyed hash), reservation tokens
+ *   scope.c             what a token or a client certificate may do: the one
+ *                       place all three protocols ask (issue 23)
  *   journal.c           the write-ahead log's record format; engine <-> log;
  *                       CRC-32C (its checksum) and CRC-32 (the tube hash)
  *   stats.c             the one stats model
@@ -575,6 +577,58 @@ void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserve
 /* 0 if token names that reservation, else BG_NOT_FOUND (constant time). */
 int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t id,
                    uint32_t reserves);
+
+/* ---- scope.c: what a token or a client certificate may do --------------
+ * The access file (--http-token-file) has one entry per line (# comments):
+ *   TOKEN [GRANT ...]                    a bearer token for the gateway
+ *   identity NAME [GRANT ...]            a client certificate's name (io/tls.h:
+ *                                        cn:NAME, dns:NAME, email:NAME, uri:NAME),
+ *                                        or * for any verified certificate
+ * GRANT is KINDS:TUBES, each a comma-separated list: kinds among produce,
+ * consume, manage, read (or *); tubes exact names, or prefixes ending in *
+ * (a lone * is every tube). An entry without grants may do everything
+ * (today's meaning of a token). docs/security.md has examples.
+ * Which protocol action needs which kind is decided by the front-ends'
+ * tables from these kinds; whether a scope allows it is decided only here. */
+enum bg_scope_kind {
+    BG_SCOPE_PRODUCE,   /* put */
+    BG_SCOPE_CONSUME,   /* reserve, delete/release/bury/touch what one reserved */
+    BG_SCOPE_MANAGE,    /* kick, pause, delete any job */
+    BG_SCOPE_READ,      /* stats, peeks, the dashboard's views */
+    BG_SCOPE_KINDS
+};
+#define BG_SCOPE_GRANTS_MAX 64       /* grants on one line */
+#define BG_SCOPE_REQUIRED_MAX (16 + BG_TUBE_NAME_MAX) /* "consume:" + a tube name + NUL */
+/* One entry's grants. NULL wherever a scope is expected: unscoped (all). */
+struct bg_scope;
+/* A parsed access file. */
+struct bg_scopes;
+
+/* Parse an access file's text: 0, or BG_BAD_FORMAT with "line N: why" in
+ * err (nothing is kept), or BG_OUT_OF_MEMORY. */
+int bg_scopes_parse(struct bg_scopes **out, const char *text, size_t len, char *err, size_t errlen);
+void bg_scopes_free(struct bg_scopes *sc);
+/* How many token lines; the token of line i (i < count), for gateway/auth.c's
+ * constant-time match, and its scope (NULL: unscoped). */
+size_t bg_scopes_token_count(const struct bg_scopes *sc);
+const char *bg_scopes_token(const struct bg_scopes *sc, size_t i, size_t *len);
+const struct bg_scope *bg_scopes_token_scope(const struct bg_scopes *sc, size_t i);
+/* Whether sc has identity lines at all (without them, certificate holders
+ * on the beanstalk and Gearman ports keep beanstalkd's behaviour). */
+int bg_scopes_has_identities(const struct bg_scopes *sc);
+/* The scope of the first identity line matching one of names[0..n), into
+ * *out (NULL: unscoped): 0, or BG_NOT_FOUND when no line matches (the
+ * certificate may do nothing). */
+int bg_scopes_for_identity(const struct bg_scopes *sc, const char *const *names, size_t n,
+                           const struct bg_scope **out);
+/* 1 if s may do `kind` on the tube name[0..len), else 0. */
+int bg_scope_allows(const struct bg_scope *s, enum bg_scope_kind kind, const char *name, size_t len);
+/* 1 if s may do anything on the tube (listings show only such tubes). */
+int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len);
+/* "produce", "consume", "manage", "read". */
+const char *bg_scope_kind_name(enum bg_scope_kind kind);
+/* What a refusal names: "consume:emails" into out (BG_SCOPE_REQUIRED_MAX). */
+void bg_scope_required(enum bg_scope_kind kind, const char *name, size_t len, char *out);
 
 /* ---- push.c: the pure parts of push delivery (server/push.c does I/O) --- */
 

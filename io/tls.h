@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <gnutls/gnutls.h>
+#include <gnutls/abstract.h>
 
 #define TLS_IDENTITY_MAX 16      /* names taken from one client certificate at most */
 #define TLS_IDENTITY_NAME_MAX 256 /* bytes of one name, its "cn:" prefix included */
@@ -50,5 +51,25 @@ struct tls_identity {
     size_t count;
     char names[TLS_IDENTITY_MAX][TLS_IDENTITY_NAME_MAX];
 };
+
+/* The credentials and priorities a new server session takes now (conn.c:
+ * gnutls_credentials_set, gnutls_priority_set). Valid while l lives, across
+ * reloads (a session keeps what it began with). */
+gnutls_certificate_credentials_t tls_listener_credentials(struct tls_listener *l);
+gnutls_priority_t tls_listener_priority(struct tls_listener *l);
+/* The priority string in use (libmicrohttpd: MHD_OPTION_HTTPS_PRIORITIES). */
+const char *tls_listener_priority_string(const struct tls_listener *l);
+/* For libmicrohttpd's certificate callback (MHD_OPTION_HTTPS_CERT_CALLBACK,
+ * gnutls_certificate_retrieve_function2): the current chain and key, valid
+ * while l lives. 0, or -1 if none is loaded. */
+int tls_listener_current_cert(struct tls_listener *l, gnutls_pcert_st **certs, unsigned int *count,
+                              gnutls_privkey_t *key);
+/* The client CA file's PEM text as loaded last (NULL: no CA), for
+ * MHD_OPTION_HTTPS_MEM_TRUST. */
+const char *tls_listener_ca_pem(const struct tls_listener *l);
+
+/* The names of the verified client certificate of an established session
+ * into *out (count 0: none was presented, or it did not verify). */
+void tls_session_identity(gnutls_session_t s, struct tls_identity *out);
 
 #endif
