@@ -30,6 +30,30 @@
  * Refusals answered here are written, the socket is shut for writing, and
  * what the client still sends is read and dropped for GW_LINGER_MS, so that
  * closing does not reset the answer away before the client reads it.
+ *
+ * Over HTTPS (cfg.tls) the head is encrypted, so this file cannot read it:
+ * - the connection limits and eviction are the same; a refusal at a limit
+ *   (503) or a deadline before the first byte (408) closes the socket
+ *   without an answer (a client that waits for a handshake cannot read a
+ *   plain one);
+ * - the first byte is looked at: a TLS handshake record (0x16) is handed
+ *   to libmicrohttpd at once; anything else (plain HTTP sent to the HTTPS
+ *   port) gets a plain 400 PLAIN_HTTP_TO_HTTPS_PORT and is closed;
+ * - the header deadline, armed at the accept, keeps running after the
+ *   hand-over and covers the handshake and the first head: a handshake that
+ *   never completes, or a head that does not, is closed (no 408: nothing
+ *   can be written into a TLS stream from here) when it passes. The
+ *   connection stays on the waiting lists (evictable) until its first
+ *   request begins;
+ * - the first head's checks of framing.c are made by the request path
+ *   instead (http.c begin_request: framing, as for every later head), and
+ *   libmicrohttpd's own limits answer the rest: a version other than
+ *   1.0/1.1 (505), a head over the size limit (431, its memory limit);
+ * - a later head's deadline works as in plain text, counted in TLS bytes:
+ *   after each request the count is taken from the kernel (as after a
+ *   chunked body), and any byte received since starts the next head's
+ *   deadline (a client's close_notify alert too, which then counts as a
+ *   client that left during a head).
  */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
@@ -52,6 +76,7 @@
 #define GW_RAW_HEADERS "X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n"
 #define ACCEPT_BATCH 64           /* connections accepted per wake-up */
 #define TCP_STATE_ESTABLISHED 1   /* tcpi_state: the kernel's TCP_ESTABLISHED (not in linux/tcp.h) */
+#define TLS_HANDSHAKE_RECORD 0x16 /* the first byte of a TLS client's first record (RFC 8446 5.1) */
 
 static const char *const event_names[GW_CONN_EVENTS] = {
     "connections", "address", "fd_limit", "evicted", "header_timeout", "bad_head", "client",
@@ -240,6 +265,10 @@ static void refuse(struct gw_conn *c, unsigned status, const char *code, const c
 {
     struct gateway *gw = c->gw;
     struct gw_admit *a = &gw->admit;
+    if (gw->cfg.tls && !c->plain_text) { /* it waits for a handshake: no plain answer */
+        conn_free(c);
+        return;
+    }
     char sink[4096];
     for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
     char *text = gw_problem_text(status, code, detail);
@@ -302,14 +331,22 @@ static int evict(struct gw_conn *victim)
 
 /* ---- the first request head --------------------------------------------- */
 
+/* Hand c to libmicrohttpd: in plain text once its first head is complete
+ * (busy until the request ends); over TLS at its first byte, with its
+ * header deadline still running (head_started: the sweep leaves it be) and
+ * still evictable, until its first request begins. */
 static void hand_over(struct gw_conn *c)
 {
     struct gateway *gw = c->gw;
     struct gw_admit *a = &gw->admit;
     event_free(c->read_ev);
     c->read_ev = NULL;
-    event_del(c->deadline_ev);
-    wait_leave(c); /* its head is complete: busy until the request ends */
+    if (gw->cfg.tls) {
+        c->head_started = 1;
+    } else {
+        event_del(c->deadline_ev);
+        wait_leave(c);
+    }
     a->adding = c;
     a->adding_started = 0;
     int ok = MHD_add_connection(gw->daemon, c->fd, (struct sockaddr *)&c->sa, c->sa_len) == MHD_YES;
@@ -337,6 +374,17 @@ static int first_head_step(struct gw_conn *c, int closed)
     if (n <= 0) {
         note(c->gw, GW_CLOSED_CLIENT, c, "closed before a request");
         conn_free(c);
+        return 1;
+    }
+    if (c->gw->cfg.tls) {
+        if ((unsigned char)a->peek[0] == TLS_HANDSHAKE_RECORD) {
+            hand_over(c);
+            return 1;
+        }
+        c->plain_text = 1;
+        note(c->gw, GW_CLOSED_BAD_HEAD, c, "plain HTTP sent to the HTTPS port");
+        refuse(c, 400, "PLAIN_HTTP_TO_HTTPS_PORT",
+               "this port speaks HTTPS: connect with TLS (https://)");
         return 1;
     }
     size_t end = gw_head_end(a->peek, (size_t)n);
@@ -400,6 +448,10 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     note(c->gw, GW_CLOSED_HEADER_TIMEOUT, c, detail);
     if (!c->mhd) {
         refuse(c, 408, "HEADER_TIMEOUT", detail);
+        return;
+    }
+    if (c->gw->cfg.tls) { /* libmicrohttpd's TLS stream: no plain 408 into it */
+        shut(c);
         return;
     }
     /* no response is under way on it (it waits for a head): a 408, best
@@ -605,7 +657,6 @@ static struct gw_conn *conn_of(struct MHD_Connection *mhd)
 
 void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd, const struct gw_framing *f)
 {
-    (void)gw;
     struct gw_conn *c = conn_of(mhd);
     if (!c) return;
     wait_leave(c);
@@ -617,7 +668,7 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd, const
      * it, which a client has no reason to send, are not counted: seen as a
      * later head, they cost that client's connection a header deadline) */
     c->consumed += head ? head->header_size : 0;
-    if (f->chunked) c->consumed_unknown = 1;
+    if (f->chunked || gw->cfg.tls) c->consumed_unknown = 1; /* TLS: bytes on the wire are not the head's */
     else c->consumed += f->length;
 }
 

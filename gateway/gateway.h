@@ -133,6 +133,12 @@ struct gateway_config {
     uint32_t max_header_size;     /* bytes of a request head */
     uint64_t max_body_buffer;     /* bytes of request bodies buffered at once, all requests */
     uint64_t max_response_buffer; /* bytes of responses built and not yet sent, all connections */
+    /* HTTPS (io/tls.h): the port speaks TLS with this listener's
+     * credentials (reloaded on SIGHUP); NULL: plain HTTP. Outlives the
+     * gateway. With its CA, verify_client refuses a client without a
+     * certificate in the handshake. */
+    struct tls_listener *tls;
+    int tls_verify_client;
 };
 
 /* Push delivery's views (server/push.c), shown by GET /subscriptions,
@@ -302,6 +308,7 @@ struct gw_conn {
     uint8_t head_started;         /* a later request's first byte came, its head not yet whole */
     uint8_t deadline_extended;    /* its header deadline passed with bytes unread: one more loop turn */
     uint8_t consumed_unknown;     /* the request in progress has a chunked body: count at its end */
+    uint8_t plain_text;           /* HTTPS: its first byte is not a TLS handshake's (answered in plain text) */
     uint64_t consumed;            /* TCP bytes of the requests begun so far (heads and bodies) */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */

@@ -19,6 +19,7 @@
 #include "../io/eventlog.h"
 #include "../io/listen.h"
 #include "../io/loop.h"
+#include "../io/tls.h"
 
 static void gw_run(struct gateway *gw);
 
@@ -485,6 +486,48 @@ void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks)
     if (gw && hooks) gw->push = *hooks;
 }
 
+/* ---- HTTPS ------------------------------------------------------------------ */
+
+/* The listener whose credentials the HTTPS daemon serves: libmicrohttpd's
+ * certificate callback takes no argument of its own, and a process runs
+ * one gateway. */
+static struct tls_listener *https_listener;
+static int https_verify_client;
+
+/* libmicrohttpd's certificate callback (gnutls_certificate_retrieve_function2),
+ * called in each handshake as the client's hello is read: the listener's
+ * chain and key as they are now, so a reload (SIGHUP) reaches every new
+ * connection. With a client CA (MHD_OPTION_HTTPS_MEM_TRUST), the client's
+ * certificate is verified in the handshake (a bad one fails it) and, with
+ * verify_client, required. */
+static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int nreqs,
+                         const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length,
+                         gnutls_pcert_st **pcert, unsigned int *pcert_length, gnutls_privkey_t *key)
+{
+    (void)req_ca_dn;
+    (void)nreqs;
+    (void)pk_algos;
+    (void)pk_algos_length;
+    if (tls_listener_ca_pem(https_listener)) {
+        gnutls_certificate_server_set_request(session, https_verify_client ? GNUTLS_CERT_REQUIRE
+                                                                            : GNUTLS_CERT_REQUEST);
+        gnutls_session_set_verify_cert(session, NULL, 0);
+    }
+    return tls_listener_current_cert(https_listener, pcert, pcert_length, key);
+}
+
+/* The daemon's HTTPS options into opts (MHD_OPTION_END-terminated). */
+static void https_options(struct tls_listener *l, struct MHD_OptionItem opts[4])
+{
+    size_t n = 0;
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_CERT_CALLBACK, 0, (void *)&https_cert_cb};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0,
+                                        (void *)tls_listener_priority_string(l)};
+    if (tls_listener_ca_pem(l))
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)tls_listener_ca_pem(l)};
+    opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+}
+
 /* The request counters, labelled by the route table's patterns. */
 static struct gw_metrics *new_metrics(void)
 {
@@ -577,6 +620,13 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
      * header records and a response's head. */
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      MHD_USE_NO_LISTEN_SOCKET;
+    struct MHD_OptionItem tls_opts[4] = {{MHD_OPTION_END, 0, NULL}};
+    if (cfg->tls) {
+        flags |= MHD_USE_TLS;
+        https_listener = cfg->tls;
+        https_verify_client = cfg->tls_verify_client;
+        https_options(cfg->tls, tls_opts);
+    }
     size_t memory = (size_t)gw->cfg.max_header_size + 8192;
     gw->daemon = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, gw,
                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, gw, /* must be first */
@@ -586,6 +636,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
                                   MHD_OPTION_CONNECTION_LIMIT, 2 * gw->cfg.max_connections + 1024,
                                   MHD_OPTION_CONNECTION_TIMEOUT, gw->cfg.idle_timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, memory,
+                                  MHD_OPTION_ARRAY, tls_opts,
                                   MHD_OPTION_END);
     if (!gw->daemon || gw_admit_start(gw, fd) != 0) {
         log_event(BG_LOG_ERROR, "http_listen_failed", "addr=%s port=%s",

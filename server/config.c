@@ -204,6 +204,20 @@ static const struct setting settings[] = {
              "[::1] (comma-separated, no port): a request whose Host names another\n"
              "gets 421 (DNS rebinding). Default: none; on an address that is not\n"
              "loopback, every name is served then (docs/security.md)"},
+    /* HTTPS (docs/security.md, "HTTPS"): the gateway's port speaks TLS instead */
+    {0, "--http-tls-cert", "BEANGATE_HTTP_TLS_CERT", "FILE", K_STRING, .key = "http_tls_cert",
+     FIELD(http_tls_cert),
+     .help = "serve the HTTP gateway over HTTPS (TLS 1.2/1.3) on its port with this\n"
+             "PEM certificate chain; needs --http-tls-key. SIGHUP reloads it"},
+    {0, "--http-tls-key", "BEANGATE_HTTP_TLS_KEY", "FILE", K_STRING, .key = "http_tls_key",
+     FIELD(http_tls_key), .help = "the PEM private key of --http-tls-cert"},
+    {0, "--http-tls-ca", "BEANGATE_HTTP_TLS_CA", "FILE", K_STRING, .key = "http_tls_ca",
+     FIELD(http_tls_ca),
+     .help = "PEM CAs for HTTPS client certificates: one is asked for, and one\n"
+             "presented must verify against them (mutual TLS)"},
+    {0, "--http-tls-verify-client", "BEANGATE_HTTP_TLS_VERIFY_CLIENT", NULL, K_BOOL, .def = "0",
+     .key = "http_tls_verify_client", FIELD(http_tls_verify_client),
+     .help = "with --http-tls-ca: a client without a certificate is refused"},
     {0, NULL, NULL, NULL, K_STATE, .key = "gearman", FIELD(gearman_enabled)},
     {0, "--gearman-listen", "BEANGATE_GEARMAN_LISTEN", "ADDR", K_STRING, .def = "127.0.0.1",
      .key = "gearman_listen", FIELD(gearman_listen), ALSO(gearman_enabled, 1),
@@ -839,6 +853,20 @@ static void log_config(const struct server_config *c)
                       source_names[sources[i]], settings[i].env);
 }
 
+/* The --http-tls-* flags go together: a certificate with its key, a CA or
+ * verify-client only with them. 0, or the usage exit status. */
+static int check_http_tls(const struct server_config *cfg)
+{
+    if (!cfg->http_tls_cert != !cfg->http_tls_key)
+        return usage_error("--http-tls-cert and --http-tls-key are given together", "--http-tls-cert", NULL);
+    if ((cfg->http_tls_ca || cfg->http_tls_verify_client) && !cfg->http_tls_cert)
+        return usage_error("needs --http-tls-cert and --http-tls-key", cfg->http_tls_ca ? "--http-tls-ca" : "--http-tls-verify-client", NULL);
+    if (cfg->http_tls_verify_client && !cfg->http_tls_ca)
+        return usage_error("needs --http-tls-ca (the CAs client certificates verify against)",
+                           "--http-tls-verify-client", NULL);
+    return 0;
+}
+
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -861,6 +889,7 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
         return SERVER_USAGE_EXIT;
     }
     log_set_verbosity(cfg->verbose);
+    if ((rc = check_http_tls(cfg)) != 0) return rc;
     if ((rc = load_tokens(cfg)) != 0) return rc;
     log_config(cfg);
     return 0;

@@ -61,6 +61,10 @@ struct server_config {
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
     const char *http_allowed_hosts; /* --http-allowed-hosts, or NULL: the loopback names */
+    const char *http_tls_cert;   /* --http-tls-cert: HTTPS on the gateway's port, or NULL */
+    const char *http_tls_key;    /* --http-tls-key */
+    const char *http_tls_ca;     /* --http-tls-ca: client certificates' CAs, or NULL */
+    int http_tls_verify_client;  /* --http-tls-verify-client */
     const char *log_dir;         /* -b, NULL: in memory only */
     int fsync_ms;                /* -f, default 50; 0: durable replies */
     int fsync_never;             /* -F */
