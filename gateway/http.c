@@ -659,13 +659,15 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     log_event(BG_LOG_INFO, "http_listening",
               "addr=%s port=%s auth=%s tokens=%zu metrics_auth=%s max_wait=%u cors_origins=%s max_connections=%u "
               "max_connections_per_ip=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
-              "max_body_buffer=%llu max_response_buffer=%llu",
+              "max_body_buffer=%llu max_response_buffer=%llu tls=%s",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
               cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
               log_str(cfg->cors_origins ? cfg->cors_origins : "none"),
               gw->cfg.max_connections, gw->cfg.max_per_address, gw->cfg.header_timeout_s,
               gw->cfg.idle_timeout_s, gw->cfg.max_header_size,
-              (unsigned long long)gw->cfg.max_body_buffer, (unsigned long long)gw->cfg.max_response_buffer);
+              (unsigned long long)gw->cfg.max_body_buffer, (unsigned long long)gw->cfg.max_response_buffer,
+              !cfg->tls ? "off" : cfg->tls_verify_client ? "client_certificate_required"
+              : tls_listener_ca_pem(cfg->tls) ? "client_certificate_verified" : "on");
     return gw;
 }
 

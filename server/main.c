@@ -21,6 +21,7 @@
 #include "../io/wal.h"
 #include "../io/repl.h"
 #include "../io/eventlog.h"
+#include "../io/tls.h"
 #include "push.h"
 
 void server_log_cross_protocol(const char *protocol, const char *peer)
@@ -266,6 +267,7 @@ static void bound_address(int fd, char *out, size_t size)
 static void print_startup_block(const struct server *srv, const struct server_config *cfg)
 {
     char addr[NI_MAXHOST + NI_MAXSERV + 4], http[sizeof addr] = "";
+    const char *scheme = cfg->http_tls_cert ? "https" : "http";
     printf("beangate %s (beanstalkd %s protocol) is up; Ctrl-C or SIGTERM stops it\n",
            BEANGATE_VERSION, BG_VERSION);
     if (srv->unix_path[0]) {
@@ -276,7 +278,9 @@ static void print_startup_block(const struct server *srv, const struct server_co
     }
     if (srv->gateway) {
         bound_address(gateway_listen_fd(srv->gateway), http, sizeof http);
-        printf("  http       http://%s/\n", http);
+        printf("  http       %s://%s/%s\n", scheme, http,
+               cfg->http_tls_verify_client ? " (client certificates required)"
+               : cfg->http_tls_ca ? " (client certificates verified)" : "");
     } else if (cfg->http_enabled) {
         printf("  http       not started: %s:%s is in use (see the warning above)\n",
                cfg->http_listen, cfg->http_port);
@@ -311,7 +315,7 @@ static void print_startup_block(const struct server *srv, const struct server_co
                cfg->shard_count, cfg->shard_index);
     push_describe(srv->push, stdout);
     printf("  docs       man -l docs/beangate.1, docs/user-guide.md");
-    if (srv->gateway) printf(", API: http://%s/openapi.yaml", http);
+    if (srv->gateway) printf(", API: %s://%s/openapi.yaml", scheme, http);
     printf("\n");
     fflush(stdout);
 }
@@ -444,6 +448,23 @@ static void server_stop(struct server *srv)
     wal_close(srv->wal);
 }
 
+/* The HTTPS gateway's credentials (--http-tls-*) into *out (NULL: plain
+ * HTTP): 0, or 111 with why logged. */
+static int open_http_tls(const struct server_config *cfg, struct tls_listener **out)
+{
+    *out = NULL;
+    if (!cfg->http_tls_cert) return 0;
+    struct tls_files f = {.cert = cfg->http_tls_cert, .key = cfg->http_tls_key, .ca = cfg->http_tls_ca,
+                          .verify_client = cfg->http_tls_verify_client};
+    char err[256];
+    if (tls_listener_new(out, &f, err, sizeof err) != 0) {
+        log_event(BG_LOG_ERROR, "http_tls_failed", "cert=%s key=%s ca=%s msg=%s", log_str(f.cert),
+                  log_str(f.key), log_str(f.ca), log_str(err));
+        return 111;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct server_config cfg;
@@ -516,6 +537,8 @@ int main(int argc, char **argv)
         loop_set_changed_hook(hand_log_batch, srv.wal);
     }
 
+    struct tls_listener *http_tls = NULL;
+    if (cfg.http_enabled && (r = open_http_tls(&cfg, &http_tls)) != 0) return r;
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {
             .listen_addr = cfg.http_listen, .port = cfg.http_port, .wal = srv.wal, .log_arg = &srv,
@@ -530,7 +553,8 @@ int main(int argc, char **argv)
             .max_body_buffer = cfg.http_max_body_buffer,
             .max_response_buffer = cfg.http_max_response_buffer,
             .cors_origins = cfg.http_cors_origins,
-            .allowed_hosts = cfg.http_allowed_hosts, .extra_metrics = server_metrics};
+            .allowed_hosts = cfg.http_allowed_hosts, .extra_metrics = server_metrics,
+            .tls = http_tls, .tls_verify_client = cfg.http_tls_verify_client};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
@@ -550,6 +574,7 @@ int main(int argc, char **argv)
     }
     loop_run();
     server_stop(&srv);
+    tls_listener_free(http_tls);
     repl_close(srv.repl);
     bg_engine_destroy(&srv.engine);
     event_free(srv.sig_usr1);
