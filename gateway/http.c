@@ -497,9 +497,9 @@ static int https_verify_client;
 /* libmicrohttpd's certificate callback (gnutls_certificate_retrieve_function2),
  * called in each handshake as the client's hello is read: the listener's
  * chain and key as they are now, so a reload (SIGHUP) reaches every new
- * connection. With a client CA (MHD_OPTION_HTTPS_MEM_TRUST), the client's
- * certificate is verified in the handshake (a bad one fails it) and, with
- * verify_client, required. */
+ * connection. With a client CA (MHD_OPTION_HTTPS_MEM_TRUST), a presented
+ * client certificate is verified in the handshake (a bad one fails it), and
+ * with verify_client one is required. */
 static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int nreqs,
                          const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length,
                          gnutls_pcert_st **pcert, unsigned int *pcert_length, gnutls_privkey_t *key)
@@ -511,7 +511,7 @@ static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_
     if (tls_listener_ca_pem(https_listener)) {
         gnutls_certificate_server_set_request(session, https_verify_client ? GNUTLS_CERT_REQUIRE
                                                                             : GNUTLS_CERT_REQUEST);
-        gnutls_session_set_verify_cert(session, NULL, 0);
+        gnutls_session_set_verify_function(session, tls_session_verify_client);
     }
     return tls_listener_current_cert(https_listener, pcert, pcert_length, key);
 }

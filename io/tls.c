@@ -89,6 +89,8 @@ static int verify_client_cert(gnutls_session_t s)
     return 0;
 }
 
+int tls_session_verify_client(gnutls_session_t s) { return verify_client_cert(s); }
+
 static void generation_free(struct tls_generation *g)
 {
     if (!g)

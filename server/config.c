@@ -205,10 +205,13 @@ static const struct setting settings[] = {
              "gets 421 (DNS rebinding). Default: none; on an address that is not\n"
              "loopback, every name is served then (docs/security.md)"},
     /* HTTPS (docs/security.md, "HTTPS"): the gateway's port speaks TLS instead */
+    {0, "--http-tls", "BEANGATE_HTTP_TLS", NULL, K_BOOL, .def = "0", .key = "http_tls", FIELD(http_tls),
+     .help = "serve the HTTP gateway over HTTPS on its port with the shared TLS\n"
+             "settings (--tls-cert, --tls-key, --tls-ca, --tls-verify-client)"},
     {0, "--http-tls-cert", "BEANGATE_HTTP_TLS_CERT", "FILE", K_STRING, .key = "http_tls_cert",
      FIELD(http_tls_cert),
      .help = "serve the HTTP gateway over HTTPS (TLS 1.2/1.3) on its port with this\n"
-             "PEM certificate chain; needs --http-tls-key. SIGHUP reloads it"},
+             "PEM certificate chain of its own; needs --http-tls-key. SIGHUP reloads it"},
     {0, "--http-tls-key", "BEANGATE_HTTP_TLS_KEY", "FILE", K_STRING, .key = "http_tls_key",
      FIELD(http_tls_key), .help = "the PEM private key of --http-tls-cert"},
     {0, "--http-tls-ca", "BEANGATE_HTTP_TLS_CA", "FILE", K_STRING, .key = "http_tls_ca",
@@ -231,6 +234,29 @@ static const struct setting settings[] = {
      .help = "let the Gearman admin commands `shutdown` and `shutdown graceful` stop\n"
              "the server (off: unknown commands, as in gearmand 1.1.20); the Gearman\n"
              "port has no authentication"},
+    /* ---- TLS (issue 23; io/tls.h, docs/security.md, TLS) ---- */
+    {0, "--tls-cert", "BEANGATE_TLS_CERT", "FILE", K_STRING, .key = "tls_cert", FIELD(tls_cert),
+     .help = "PEM certificate chain of every TLS listener without its own; read\n"
+             "again at SIGHUP"},
+    {0, "--tls-key", "BEANGATE_TLS_KEY", "FILE", K_STRING, .key = "tls_key", FIELD(tls_key),
+     .help = "PEM private key of --tls-cert"},
+    {0, "--tls-ca", "BEANGATE_TLS_CA", "FILE", K_STRING, .key = "tls_ca", FIELD(tls_ca),
+     .help = "PEM CA certificates: TLS clients are asked for a certificate, which\n"
+             "must verify against them (its names are the session's identity)"},
+    {0, "--tls-verify-client", "BEANGATE_TLS_VERIFY_CLIENT", NULL, K_BOOL, .def = "0",
+     .key = "tls_verify_client", FIELD(tls_verify_client),
+     .help = "with --tls-ca: a TLS client without a certificate is refused"},
+    {0, "--tls-priority", "BEANGATE_TLS_PRIORITY", "STRING", K_STRING, .key = "tls_priority",
+     FIELD(tls_priority),
+     .help = "GnuTLS priority string (default " TLS_DEFAULT_PRIORITY ");\n"
+             "one GnuTLS refuses, or one enabling TLS 1.1 or older, stops the start"},
+    {0, "--tls-port", "BEANGATE_TLS_PORT", "PORT", K_PORT, .key = "tls_port", FIELD(tls_port),
+     .help = "serve beanstalk over TLS on this port of -l's address too (needs\n"
+             "--tls-cert and --tls-key); -p stays plain TCP"},
+    {0, "--gearman-tls-port", "BEANGATE_GEARMAN_TLS_PORT", "PORT", K_PORT, .key = "gearman_tls_port",
+     FIELD(gearman_tls_port), ALSO(gearman_enabled, 1),
+     .help = "serve Gearman over TLS on this port of --gearman-listen's address too\n"
+             "(turns Gearman on; needs --tls-cert and --tls-key)"},
     {0, "--push", "BEANGATE_PUSH", "SUBSCRIPTION", K_LIST, .max = BG_PUSH_SUBSCRIPTIONS_MAX,
      .key = "push",
      .help = "deliver the jobs of a tube to an HTTP endpoint (docs/http.md, Push\n"
@@ -853,18 +879,43 @@ static void log_config(const struct server_config *c)
                       source_names[sources[i]], settings[i].env);
 }
 
-/* The --http-tls-* flags go together: a certificate with its key, a CA or
- * verify-client only with them. 0, or the usage exit status. */
-static int check_http_tls(const struct server_config *cfg)
+/* The TLS flags go together: a TLS port needs the pair, a required client
+ * certificate a CA. 0, or SERVER_USAGE_EXIT after a message. (The files
+ * themselves are read at start: tls_listener_new.) */
+static int check_tls(const struct server_config *cfg)
 {
-    if (!cfg->http_tls_cert != !cfg->http_tls_key)
-        return usage_error("--http-tls-cert and --http-tls-key are given together", "--http-tls-cert", NULL);
-    if ((cfg->http_tls_ca || cfg->http_tls_verify_client) && !cfg->http_tls_cert)
-        return usage_error("needs --http-tls-cert and --http-tls-key", cfg->http_tls_ca ? "--http-tls-ca" : "--http-tls-verify-client", NULL);
-    if (cfg->http_tls_verify_client && !cfg->http_tls_ca)
-        return usage_error("needs --http-tls-ca (the CAs client certificates verify against)",
-                           "--http-tls-verify-client", NULL);
-    return 0;
+    const char *flag = NULL, *why = NULL;
+    if ((cfg->tls_port || cfg->gearman_tls_port) && (!cfg->tls_cert || !cfg->tls_key)) {
+        flag = cfg->tls_port ? "--tls-port" : "--gearman-tls-port";
+        why = "needs --tls-cert and --tls-key";
+    } else if (!cfg->tls_cert != !cfg->tls_key) {
+        flag = cfg->tls_cert ? "--tls-cert" : "--tls-key";
+        why = "--tls-cert and --tls-key go together";
+    } else if (cfg->tls_verify_client && !cfg->tls_ca) {
+        flag = "--tls-verify-client";
+        why = "needs --tls-ca";
+    } else if (cfg->http_tls && !cfg->tls_cert) {
+        flag = "--http-tls";
+        why = "needs --tls-cert and --tls-key (or give the gateway its own: --http-tls-cert, --http-tls-key)";
+    } else if (cfg->http_tls && cfg->http_tls_cert) {
+        flag = "--http-tls";
+        why = "takes the shared --tls-cert; --http-tls-cert gives the gateway its own: one or the other";
+    } else if (!cfg->http_tls_cert != !cfg->http_tls_key) {
+        flag = cfg->http_tls_cert ? "--http-tls-cert" : "--http-tls-key";
+        why = "--http-tls-cert and --http-tls-key go together";
+    } else if ((cfg->http_tls_ca || cfg->http_tls_verify_client) && !cfg->http_tls_cert) {
+        flag = cfg->http_tls_ca ? "--http-tls-ca" : "--http-tls-verify-client";
+        why = "needs --http-tls-cert and --http-tls-key (with --http-tls: --tls-ca, --tls-verify-client)";
+    } else if (cfg->http_tls_verify_client && !cfg->http_tls_ca) {
+        flag = "--http-tls-verify-client";
+        why = "needs --http-tls-ca";
+    } else if (cfg->tls_port && strncmp(cfg->listen_addr, "unix:", 5) == 0) {
+        flag = "--tls-port";
+        why = "needs a TCP address in -l";
+    }
+    if (!flag) return 0;
+    log_event(BG_LOG_ERROR, "bad_flag", "flag=%s msg=%s", flag, log_str(why));
+    return SERVER_USAGE_EXIT;
 }
 
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
@@ -889,8 +940,8 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
         return SERVER_USAGE_EXIT;
     }
     log_set_verbosity(cfg->verbose);
-    if ((rc = check_http_tls(cfg)) != 0) return rc;
     if ((rc = load_tokens(cfg)) != 0) return rc;
+    if ((rc = check_tls(cfg)) != 0) return rc;
     log_config(cfg);
     return 0;
 }

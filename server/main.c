@@ -130,6 +130,14 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
+/* SIGHUP: read every TLS listener's files again (each logs how it went;
+ * a listener whose new files are bad keeps its old ones). */
+static void reload_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    tls_reload_all();
+}
+
 /* Push deliveries in flight at SIGTERM have finished, or the grace ran out. */
 static void push_stopped(void *arg)
 {
@@ -267,7 +275,9 @@ static void bound_address(int fd, char *out, size_t size)
 static void print_startup_block(const struct server *srv, const struct server_config *cfg)
 {
     char addr[NI_MAXHOST + NI_MAXSERV + 4], http[sizeof addr] = "";
-    const char *scheme = cfg->http_tls_cert ? "https" : "http";
+    const char *scheme = cfg->http_tls || cfg->http_tls_cert ? "https" : "http";
+    int client_ca = cfg->http_tls ? cfg->tls_ca != NULL : cfg->http_tls_ca != NULL;
+    int verify_client = cfg->http_tls ? cfg->tls_verify_client : cfg->http_tls_verify_client;
     printf("beangate %s (beanstalkd %s protocol) is up; Ctrl-C or SIGTERM stops it\n",
            BEANGATE_VERSION, BG_VERSION);
     if (srv->unix_path[0]) {
@@ -276,11 +286,15 @@ static void print_startup_block(const struct server *srv, const struct server_co
         bound_address(srv->listen_fd, addr, sizeof addr);
         printf("  beanstalk  %s%s\n", addr, srv->listen_desc[0] ? " (socket from systemd)" : "");
     }
+    if (srv->tls_listen_fd >= 0) {
+        bound_address(srv->tls_listen_fd, addr, sizeof addr);
+        printf("  beanstalk  %s over TLS%s\n", addr, cfg->tls_ca ? (cfg->tls_verify_client ? ", client certificate required" : ", client certificate asked for") : "");
+    }
     if (srv->gateway) {
         bound_address(gateway_listen_fd(srv->gateway), http, sizeof http);
         printf("  http       %s://%s/%s\n", scheme, http,
-               cfg->http_tls_verify_client ? " (client certificates required)"
-               : cfg->http_tls_ca ? " (client certificates verified)" : "");
+               verify_client ? " (client certificate required)"
+               : client_ca ? " (client certificate asked for)" : "");
     } else if (cfg->http_enabled) {
         printf("  http       not started: %s:%s is in use (see the warning above)\n",
                cfg->http_listen, cfg->http_port);
@@ -289,6 +303,10 @@ static void print_startup_block(const struct server *srv, const struct server_co
         bound_address(gearman_listen_fd(srv->gearman), addr, sizeof addr);
         printf("  gearman    %s%s\n", addr,
                cfg->gearman_admin_shutdown ? " (admin shutdown on)" : "");
+        if (gearman_tls_listen_fd(srv->gearman) >= 0) {
+            bound_address(gearman_tls_listen_fd(srv->gearman), addr, sizeof addr);
+            printf("  gearman    %s over TLS\n", addr);
+        }
     }
     if (cfg->replicate)
         printf("  replicated NATS JetStream stream %s at %s, %s; this node (%s) is primary\n",
@@ -434,7 +452,7 @@ static void server_stop(struct server *srv)
 {
     gateway_stop_reading(srv->gateway);
     gearman_stop_reading(srv->gearman);
-    conn_server_stop_reading(srv->beanstalk);
+    beanstalk_stop_reading(srv);
     push_free(srv->push);
     srv->push = NULL;
     /* what was appended is kept, or the exit status says it was not */
@@ -448,19 +466,19 @@ static void server_stop(struct server *srv)
     wal_close(srv->wal);
 }
 
-/* The HTTPS gateway's credentials (--http-tls-*) into *out (NULL: plain
- * HTTP): 0, or 111 with why logged. */
+/* The HTTPS gateway's own listener (--http-tls-cert; priority from
+ * --tls-priority) into *out (NULL without it, or with --http-tls, which
+ * takes the shared one): 0, or the usage status with why logged. */
 static int open_http_tls(const struct server_config *cfg, struct tls_listener **out)
 {
     *out = NULL;
     if (!cfg->http_tls_cert) return 0;
     struct tls_files f = {.cert = cfg->http_tls_cert, .key = cfg->http_tls_key, .ca = cfg->http_tls_ca,
-                          .verify_client = cfg->http_tls_verify_client};
-    char err[256];
-    if (tls_listener_new(out, &f, err, sizeof err) != 0) {
-        log_event(BG_LOG_ERROR, "http_tls_failed", "cert=%s key=%s ca=%s msg=%s", log_str(f.cert),
-                  log_str(f.key), log_str(f.ca), log_str(err));
-        return 111;
+                          .priority = cfg->tls_priority, .verify_client = cfg->http_tls_verify_client};
+    char why[512];
+    if (tls_listener_new(out, &f, why, sizeof why) != 0) {
+        log_event(BG_LOG_ERROR, "bad_flag", "flag=--http-tls-cert msg=%s", log_str(why));
+        return SERVER_USAGE_EXIT;
     }
     return 0;
 }
@@ -487,6 +505,7 @@ int main(int argc, char **argv)
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
     static struct server srv;
     srv.listen_fd = -1;
+    srv.tls_listen_fd = -1;
     srv.verbose = cfg.verbose;
     srv.started_at = loop_now();
     srv.cfg = &cfg;
@@ -500,6 +519,15 @@ int main(int argc, char **argv)
         log_event(BG_LOG_ERROR, "bad_flag", "flag=--replicate-renew-ms value=%u msg=%s", cfg.replicate_renew_ms,
                   log_str("must be less than --replicate-lease-ms"));
         return SERVER_USAGE_EXIT;
+    }
+    if (cfg.tls_cert) {
+        /* the files are read now: a missing or bad one stops the start */
+        struct tls_files files = {cfg.tls_cert, cfg.tls_key, cfg.tls_ca, cfg.tls_priority, cfg.tls_verify_client};
+        char why[512];
+        if (tls_listener_new(&srv.tls, &files, why, sizeof why) != 0) {
+            log_event(BG_LOG_ERROR, "bad_flag", "flag=--tls-cert msg=%s", log_str(why));
+            return SERVER_USAGE_EXIT;
+        }
     }
     if (bg_engine_init(&srv.engine, cfg.max_job_size, srv.hash_key) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
@@ -519,7 +547,9 @@ int main(int argc, char **argv)
     srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, drain_cb, &srv);
     srv.sig_term = evsignal_new(srv.base, SIGTERM, stop_cb, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, stop_cb, &srv);
+    srv.sig_hup = evsignal_new(srv.base, SIGHUP, reload_cb, &srv);
     event_add(srv.sig_usr1, NULL);
+    event_add(srv.sig_hup, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
     if (cfg.replicate) {
@@ -554,7 +584,8 @@ int main(int argc, char **argv)
             .max_response_buffer = cfg.http_max_response_buffer,
             .cors_origins = cfg.http_cors_origins,
             .allowed_hosts = cfg.http_allowed_hosts, .extra_metrics = server_metrics,
-            .tls = http_tls, .tls_verify_client = cfg.http_tls_verify_client};
+            .tls = cfg.http_tls ? srv.tls : http_tls,
+            .tls_verify_client = cfg.http_tls ? cfg.tls_verify_client : cfg.http_tls_verify_client};
         srv.gateway = gateway_start(srv.base, &srv.engine, &gcfg, loop_now, after_gateway_run, &srv);
         /* beanstalkd opens one port: a busy default HTTP port must not stop
          * a drop-in start; an address or port asked for explicitly must */
@@ -580,6 +611,8 @@ int main(int argc, char **argv)
     event_free(srv.sig_usr1);
     event_free(srv.sig_term);
     event_free(srv.sig_int);
+    event_free(srv.sig_hup);
+    tls_listener_free(srv.tls);
     loop_free();
     return srv.exit_status;
 }

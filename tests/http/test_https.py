@@ -195,7 +195,7 @@ def test_curl_put_reserve_delete_stats():
     waiter.start()
     wait_until(lambda: json.loads(curl(s.port, base + "/tubes/later")[1]).get("current_waiting") == 1,
                "the long-poll is waiting", timeout=IO_TIMEOUT)
-    code, body = curl(s.port, "-X", "POST", "--data-binary", b"\x00binary\xff".decode("latin-1"),
+    code, body = curl(s.port, "-X", "POST", "--data-binary", "later job",
                       base + "/tubes/later/jobs")
     check_eq(code, 201, "put while a reserve waits")
     waiter.join(20)
@@ -370,6 +370,22 @@ def test_host_and_origin_guard_over_https():
     check_eq(status, 403, "Sec-Fetch-Site: cross-site over HTTPS")
 
 
+def test_shared_pair_and_flag_errors():
+    s = Server(["--tls-cert", T.server[0], "--tls-key", T.server[1], "--http-tls"])
+    s.argv = lambda: [T.binary, "-l", "127.0.0.1", "-p", str(s.tcp_port), "--http-listen", "127.0.0.1",
+                      "--http-port", str(s.port)] + s.extra
+    s.start()
+    code, body = curl(s.port, "https://localhost:%d/livez" % s.port)
+    check_eq(code, 200, "--http-tls with --tls-cert and --tls-key")
+    for flags in (["--http-tls"], ["--http-tls-cert", T.server[0]], ["--http-tls-key", T.server[1]],
+                  ["--http-tls-cert", T.server[0], "--http-tls-key", T.server[1], "--http-tls-verify-client"],
+                  ["--http-tls-ca", T.ca.cert],
+                  ["--http-tls-cert", T.dir + "/missing.crt", "--http-tls-key", T.server[1]]):
+        out = subprocess.run([T.binary, "-p", "0", "--http-port", "0"] + flags, capture_output=True, timeout=10)
+        check_eq(out.returncode, 5, "exit status (usage) with %s" % " ".join(flags))
+        check(b"event=bad_flag" in out.stderr, "no bad_flag line for %s: %s" % (flags, out.stderr[-300:]))
+
+
 TESTS = [
     test_curl_put_reserve_delete_stats,
     test_openssl_s_client,
@@ -381,6 +397,7 @@ TESTS = [
     test_plain_http_to_https_port,
     test_sighup_reload,
     test_host_and_origin_guard_over_https,
+    test_shared_pair_and_flag_errors,
 ]
 
 
