@@ -360,6 +360,22 @@ static void hand_over(struct gw_conn *c)
     } /* else gw_conn_closed freed it */
 }
 
+/* The problem of a head over the size limit max (its detail into detail[n]). */
+static void head_too_large(size_t max, char *detail, size_t n, struct gw_problem *p)
+{
+    snprintf(detail, n, "the request head is larger than %zu bytes", max);
+    *p = (struct gw_problem){0, 431, "HEADERS_TOO_LARGE", detail};
+}
+
+unsigned gw_tls_head_check(const struct gateway *gw, size_t size, unsigned fields, char *detail, size_t n,
+                           struct gw_problem *p)
+{
+    if (size > gw->cfg.max_header_size) head_too_large(gw->cfg.max_header_size, detail, n, p);
+    else if (fields > GW_HEADER_FIELDS_MAX) *p = gw_too_many_fields;
+    else return 0;
+    return p->status;
+}
+
 /* Look at the bytes of c's first head without reading them; once the head
  * is complete, judge it and hand the socket over (a client that closed
  * after a whole head, a half-close, is still answered). `closed`: the
@@ -390,9 +406,10 @@ static int first_head_step(struct gw_conn *c, int closed)
     size_t end = gw_head_end(a->peek, (size_t)n);
     if (end > max || (!end && (size_t)n > max)) {
         char detail[96];
-        snprintf(detail, sizeof detail, "the request head is larger than %zu bytes", max);
+        struct gw_problem p;
+        head_too_large(max, detail, sizeof detail, &p);
         note(c->gw, GW_CLOSED_BAD_HEAD, c, detail);
-        refuse(c, 431, "HEADERS_TOO_LARGE", detail);
+        refuse(c, p.status, p.code, p.detail);
         return 1;
     }
     if (!end && closed) {

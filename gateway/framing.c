@@ -34,8 +34,8 @@ static const struct gw_problem folded = {
     0, 400, "BAD_FORMAT", "a header line starts with a space or tab (obsolete line folding)"};
 static const struct gw_problem field_bad = {
     0, 400, "BAD_FORMAT", "a header line has no name, a space before its colon, or no colon"};
-static const struct gw_problem too_many = {0, 431, "HEADERS_TOO_LARGE",
-                                           "the request has too many header fields"};
+const struct gw_problem gw_too_many_fields = {0, 431, "HEADERS_TOO_LARGE",
+                                              "the request has too many header fields"};
 
 /* s[0..n) without the spaces and tabs at both ends. */
 static const char *trim_ows(const char *s, size_t *n)
@@ -163,7 +163,7 @@ unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct
             return p->status;
         }
         if (++fields > max_fields) {
-            *p = too_many;
+            *p = gw_too_many_fields;
             return p->status;
         }
         gw_framing_field(&f, line, name_len, colon + 1, n - name_len - 1);

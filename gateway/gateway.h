@@ -730,7 +730,16 @@ struct gw_framing {
     int length_conflict;          /* two disagree */
     int chunked;                  /* the one Transfer-Encoding is exactly chunked */
     unsigned hosts;               /* Host fields seen (judged by guard.c) */
+    unsigned fields;              /* header fields seen (http.c counts them) */
 };
+/* 431: more than GW_HEADER_FIELDS_MAX fields. */
+extern const struct gw_problem gw_too_many_fields;
+/* Over HTTPS, a first head's limits that admit.c cannot see (encrypted)
+ * and libmicrohttpd does not keep (its memory limit is larger), judged in
+ * the request's first call for every head: its size in bytes and its
+ * fields. 0, or 431 with p filled (its detail written to detail[n]). */
+unsigned gw_tls_head_check(const struct gateway *gw, size_t size, unsigned fields, char *detail, size_t n,
+                           struct gw_problem *p);
 /* Take one header field (name any case; value with its spaces) into f. */
 void gw_framing_field(struct gw_framing *f, const char *name, size_t name_len, const char *value,
                       size_t value_len);

@@ -131,7 +131,9 @@ static enum MHD_Result framing_field(void *cls, enum MHD_ValueKind kind, const c
                                      const char *value)
 {
     (void)kind;
-    gw_framing_field(cls, key, strlen(key), value ? value : "", value ? strlen(value) : 0);
+    struct gw_framing *f = cls;
+    f->fields++;
+    gw_framing_field(f, key, strlen(key), value ? value : "", value ? strlen(value) : 0);
     return MHD_YES;
 }
 
@@ -163,6 +165,12 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     struct gw_problem p;
     MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_field, &f);
     gw_conn_request_began(gw, conn, &f);
+    if (gw->cfg.tls) { /* over TLS admit.c did not see the head */
+        const union MHD_ConnectionInfo *head = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+        char detail[96];
+        if (gw_tls_head_check(gw, head ? head->header_size : 0, f.fields, detail, sizeof detail, &p))
+            return refuse_request(r, p.status, p.code, p.detail);
+    }
     if (gw_framing_verdict(&f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (gw_guard_check(r, version, &f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
@@ -440,6 +448,9 @@ static const char *const client_messages[] = {
     "Too late to send an error response",
     "Too late for error response",
     "WARNING: incomplete upload processing",
+    /* HTTPS: every failed handshake (a refused client certificate, a
+     * client that left, or one closed at the header deadline) */
+    "Error: received handshake message out of context",
 };
 
 /* libmicrohttpd's own messages, as log events: a client's doing at debug

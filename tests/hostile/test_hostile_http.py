@@ -32,7 +32,12 @@ What it shows:
   - framing errors answered once, as problem+json, then closed (item 6);
   - base64 bodies are strict (item 8);
   - each limit at its limit: header size, per-address connections.
-Python 3 standard library only; the runner is tests/lib/testlib.py's.
+With --tls the server serves HTTPS (--http-tls-cert, a throwaway CA of
+tests/lib/tlsfiles.py, which needs python3-cryptography) and every request
+and connection of the tests that make sense over TLS goes through a TLS
+handshake first; the others are skipped, each with its reason (TLS_SKIP).
+Python 3 standard library only (and python3-cryptography with --tls); the
+runner is tests/lib/testlib.py's.
 """
 
 import http.client
@@ -40,8 +45,11 @@ import json
 import os
 import re
 import resource
+import shutil
 import socket
+import ssl
 import sys
+import tempfile
 import threading
 import time
 
@@ -56,6 +64,15 @@ IO_TIMEOUT = 10.0
 class T:
     binary = None
     sanitized = False
+    tls = None          # --tls: (CA file, server certificate, key)
+
+
+def tls_wrap(sock):
+    """sock after a TLS handshake (with --tls), else sock."""
+    if not T.tls:
+        return sock
+    ctx = ssl.create_default_context(cafile=T.tls[0])
+    return ctx.wrap_socket(sock, server_hostname="localhost")
 
 
 def scale(n, small):
@@ -96,8 +113,10 @@ class Server(testlib.ServerProcess):
 
         def launch():
             self.tcp_port, self.port = free_port(), free_port()
+            tls = ["--http-tls-cert", T.tls[1], "--http-tls-key", T.tls[2]] if T.tls else []
             self.spawn([T.binary, "-l", "127.0.0.1", "-p", str(self.tcp_port), "--http-listen", "127.0.0.1",
-                        "--http-port", str(self.port)] + self.args, env=clean_env(self.env), preexec_fn=pre)
+                        "--http-port", str(self.port)] + tls + self.args, env=clean_env(self.env),
+                       preexec_fn=pre)
         if self.start_retrying(launch, lambda: get(self.port, "/livez", 1)[0] == 200,
                                START_TIMEOUT, attempts=5) == "ok":
             return self
@@ -168,8 +187,13 @@ def stop_servers(error):
 def get(port, path, timeout, method="GET", body=None, headers=None, source=None):
     """(status, body, seconds) of one request on a new connection."""
     t0 = time.monotonic()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
-                                   source_address=(source, 0) if source else None)
+    if T.tls:
+        c = http.client.HTTPSConnection("localhost", port, timeout=timeout,
+                                        source_address=(source, 0) if source else None,
+                                        context=ssl.create_default_context(cafile=T.tls[0]))
+    else:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
+                                       source_address=(source, 0) if source else None)
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
@@ -184,7 +208,7 @@ def connect(port, source=None):
         s.bind((source, 0))
     s.settimeout(IO_TIMEOUT)
     s.connect(("127.0.0.1", port))
-    return s
+    return tls_wrap(s)
 
 
 def read_response(s, timeout=IO_TIMEOUT):
@@ -226,7 +250,7 @@ def read_to_eof(s, timeout=IO_TIMEOUT):
             data += chunk
     except socket.timeout:
         return data, False
-    except ConnectionResetError:
+    except (ConnectionResetError, ssl.SSLError):  # TLS: closed without close_notify
         return data, True
 
 
@@ -293,14 +317,30 @@ FRAMING_LATER = [next(case for case in FRAMING if case[0] == name) for name in (
     "two different Content-Lengths", "Content-Length with chunked", "Transfer-Encoding gzip")]
 
 
+# Over TLS admit.c cannot see the first head: libmicrohttpd parses it, and
+# refuses these itself, with its own HTML answer (its status; a malformed
+# request line gets none), and closes the connection. libmicrohttpd
+# 0.9.75 writes the head of its answer to a bad Content-Length twice, so
+# they are checked for the status and the close only.
+TLS_REFUSED_BY_LIBMICROHTTPD = {
+    "malformed Content-Length", "negative Content-Length", "Content-Length list",
+    "Content-Length past 64 bits", "HTTP/2.0 request line", "malformed request line"}
+# ... and takes these as sound (it joins a folded line, and drops the space
+# before a colon): over TLS no proxy in front reads the head before the
+# gateway, the reason these are refused on plain HTTP (request smuggling).
+TLS_NOT_REFUSED = {"obsolete line folding", "space before the colon"}
+
+
 def test_framing_errors_answered_once():
     """Every framing fault gets one problem+json answer with Connection:
     close, and the connection then closes (no second status line, no 60 s
     hang); the first head is judged before libmicrohttpd, a later one in the
-    gateway's first call."""
+    gateway's first call. Over TLS, see TLS_REFUSED_BY_LIBMICROHTTPD."""
     srv = server()
     times = []
     for name, req, status, code in FRAMING:
+        if T.tls and name in TLS_NOT_REFUSED:
+            continue
         s = connect(srv.port)
         t0 = time.monotonic()
         s.sendall(req)
@@ -308,6 +348,10 @@ def test_framing_errors_answered_once():
         times.append(time.monotonic() - t0)
         s.close()
         check(closed, "%s: the connection stayed open: %r" % (name, raw[:300]))
+        if T.tls and name in TLS_REFUSED_BY_LIBMICROHTTPD:
+            check(raw == b"" or raw.startswith(b"HTTP/1.1 %d " % status),
+                  "%s over TLS: want %d from libmicrohttpd, got %r" % (name, status, raw[:300]))
+            continue
         check_problem(raw, status, code, name)
     for name, req, status, code in FRAMING_LATER:
         s = connect(srv.port)
@@ -698,6 +742,7 @@ def unread_get(port, path):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.settimeout(IO_TIMEOUT)
     s.connect(("127.0.0.1", port))
+    s = tls_wrap(s)
     s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n\r\n" % path.encode())
     data = b""
     while b"\r\n\r\n" not in data:
@@ -972,10 +1017,23 @@ def test_limits_at_their_limit():
         s.sendall(b"POST /tubes/addr/reservations?timeout=3 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         polls.append(s)
     wait_until(lambda: srv.metric("beangate_http_connections", source="127.0.0.2") >= 4, "three long-polls", 5)
-    s = connect(srv.port)
-    s.sendall(b"GET /livez HTTP/1.1\r\n\r\n")
-    raw, _ = read_to_eof(s, 5)
-    check_problem(raw, 503, "TOO_MANY_CONNECTIONS", "a fourth busy connection of one address")
+    if T.tls:
+        # a TLS connection is counted at its accept, busy once its request
+        # began (after its handshake); refused, it is closed unanswered
+        wait_until(lambda: json.loads(get(srv.port, "/tubes/addr", 5, source="127.0.0.2")[1])
+                   .get("current_waiting") == 3, "three long-polls waiting", 5)
+        try:
+            s = connect(srv.port)
+            s.sendall(b"GET /livez HTTP/1.1\r\n\r\n")
+            raw, _ = read_to_eof(s, 5)
+            check_eq(raw, b"", "a fourth busy connection of one address over TLS")
+        except (ssl.SSLError, OSError):
+            pass
+    else:
+        s = connect(srv.port)
+        s.sendall(b"GET /livez HTTP/1.1\r\n\r\n")
+        raw, _ = read_to_eof(s, 5)
+        check_problem(raw, 503, "TOO_MANY_CONNECTIONS", "a fourth busy connection of one address")
     try:
         other = get(srv.port, "/livez", 5, source="127.0.0.2")[0]
     except OSError as e:
@@ -1020,14 +1078,51 @@ TESTS = [
 ]
 
 
+# The tests that do not run over TLS (--tls), and why. Their TLS
+# counterparts are in tests/http/test_https.py.
+TLS_SKIP = {
+    "test_header_deadline_and_idle_timeout":
+        "its checks are the 408 answers; over TLS the header deadline closes without one "
+        "(test_https.py: a stalled handshake, a handshake without a request, a later head)",
+    "test_later_head_deadline_after_every_kind_of_request":
+        "its checks are the 408 answers (see above); the later-head deadline over TLS is "
+        "test_https.py's test_stalled_handshake_closed_at_header_deadline",
+    "test_recovers_after_connection_limit":
+        "its checks are the 503 answers at the limit; over TLS a refused connection is closed "
+        "unanswered (its handshake fails); eviction and the per-address refusal over TLS are in "
+        "test_limits_at_their_limit",
+}
+
+
+def tls_setup(directory):
+    """A throwaway CA and a certificate for localhost in directory."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+    try:
+        import tlsfiles
+    except ImportError:
+        raise testlib.Skip("python3-cryptography is not installed")
+    ca = tlsfiles.TestCA(directory)
+    cert, key = ca.issue("server", dns=["localhost"], ips=["127.0.0.1"])
+    T.tls = (ca.cert, cert, key)
+
+
 def main(argv):
     parser = testlib.arg_parser(__doc__)
+    parser.add_argument("--tls", action="store_true", help="serve and test HTTPS (the tests that make sense over TLS)")
     args = testlib.parse_args(parser, argv)
     T.binary = args.binary
     T.sanitized = testlib.is_asan_build(T.binary)
     if T.sanitized:
         print("sanitizer build: smaller crowds (noted per test)", flush=True)
-    return testlib.run("hostile_http", TESTS, args, namespace=globals(), after=stop_servers)
+    if not args.tls:
+        return testlib.run("hostile_http", TESTS, args, namespace=globals(), after=stop_servers)
+    directory = tempfile.mkdtemp(prefix="beangate-hostile-tls-")
+    try:
+        return testlib.run("hostile_http_tls", TESTS, args, namespace=globals(), after=stop_servers,
+                           setup=lambda names: tls_setup(directory), skip=lambda fn: TLS_SKIP.get(fn.__name__),
+                           all_skipped=77)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,8 @@ def test_mtls_required():
     check_eq(read_response(t)[0], 200, "a good client certificate")
     code, _ = curl(s.port, "--cert", T.alice[0], "--key", T.alice[1], "https://localhost:%d/stats" % s.port)
     check_eq(code, 200, "curl with a good client certificate")
+    check("event=http_server_error" not in s.stderr(), "a refused handshake was logged as the server's "
+          "error: %s" % s.stderr()[-600:])
 
 
 def test_mtls_optional():
