@@ -315,6 +315,26 @@ def test_held_and_large_replies_over_tls():
         check(got.startswith(b"TIMED_OUT\r\n"), "the blocked reserve at the stop: %s" % testlib.show(got, 200))
         s.close()
         blocked.close()
+        check_eq(srv.proc.wait(30), 0, "the exit status after SIGTERM")  # before __exit__ signals again
+
+
+def test_first_request_not_delayed():
+    """A client with Nagle on (Python's default) that sends its first request
+    right after the handshake gets the reply at once: the server ACKs the
+    client's last flight when the handshake ends (before: the request waited
+    for the kernel's delayed ACK, 40 ms every time)."""
+    with Server() as srv:
+        took = []
+        for _ in range(20):
+            s = srv.tls()
+            t0 = time.monotonic()
+            command(s, b"list-tube-used\r\n", b"USING default")
+            took.append(time.monotonic() - t0)
+            s.close()
+        took.sort()
+        print("  first request after the handshake: median %.1f ms, max %.1f ms"
+              % (took[10] * 1000, took[-1] * 1000))
+        check(took[10] < 0.025, "the first request's median latency is %.1f ms (delayed ACK?)" % (took[10] * 1000))
 
 
 # ---- what is refused ------------------------------------------------------------
@@ -553,6 +573,7 @@ TESTS = [
     test_gearman_submit_job_over_tls,
     test_fivebeans_over_tls,
     test_held_and_large_replies_over_tls,
+    test_first_request_not_delayed,
     test_old_versions_refused,
     test_plain_text_closed_at_once,
     test_handshake_deadline,
