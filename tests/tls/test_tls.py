@@ -363,6 +363,44 @@ def test_old_versions_refused():
             s.close()
 
 
+def test_renegotiation_closes():
+    """A TLS 1.2 client that asks to renegotiate (openssl s_client's R
+    command) is closed, and the server says why at -VV; a request after it
+    gets no reply."""
+    with Server(["-VV"]) as srv:
+        p = subprocess.Popen(["openssl", "s_client", "-connect", "127.0.0.1:%d" % srv.tls_port, "-tls1_2",
+                              "-CAfile", CA.cert, "-servername", "localhost"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            p.stdin.write(b"put 0 0 10 1\r\nx\r\n")
+            p.stdin.flush()
+            out = b""
+            deadline = time.monotonic() + 20
+            while b"INSERTED 1\r\n" not in out:
+                check(time.monotonic() < deadline, "no INSERTED over TLS 1.2: %r" % out[-300:])
+                r, _, _ = select.select([p.stdout], [], [], 1)
+                if r:
+                    chunk = os.read(p.stdout.fileno(), 65536)
+                    check(chunk, "s_client ended: %r" % out[-300:])
+                    out += chunk
+            p.stdin.write(b"R\n")
+            p.stdin.flush()
+            wait_until(lambda: srv.lines("Rehandshake"), "the server to refuse the renegotiation", timeout=10)
+            try:
+                p.stdin.write(b"list-tube-used\r\n")
+                p.stdin.flush()
+            except BrokenPipeError:
+                pass
+            rest, _ = p.communicate(timeout=20)  # s_client ends once the server closed
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        check(b"USING" not in rest, "a reply came after the renegotiation: %r" % rest[-300:])
+        line = srv.lines("Rehandshake")[0]
+        check("event=tls_error" in line, "the log line: %s" % line)
+
+
 def test_plain_text_closed_at_once():
     """A beanstalk command in plain text to the TLS ports: closed at once
     (well within the 60 s request deadline), with a tls_refused line."""
@@ -575,6 +613,7 @@ TESTS = [
     test_held_and_large_replies_over_tls,
     test_first_request_not_delayed,
     test_old_versions_refused,
+    test_renegotiation_closes,
     test_plain_text_closed_at_once,
     test_handshake_deadline,
     test_mutual_tls,
