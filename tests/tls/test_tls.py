@@ -10,6 +10,7 @@ Each test starts its own server on free loopback ports. Nothing sleeps to
 wait for something: every wait polls with a deadline.
 """
 
+import fcntl
 import json
 import os
 import select
@@ -57,7 +58,11 @@ class Server:
                     "--gearman-listen", "127.0.0.1", "--gearman-port", str(self.gm_port),
                     "--gearman-tls-port", str(self.gm_tls_port), "--no-http",
                     "--tls-cert", self.cert, "--tls-key", self.key] + self.args
-            self.sp.spawn(argv, env=testlib.clean_env())
+            # O_APPEND: the child's writes go to the end even while this process
+            # has seeked back to read the file (they share one file offset)
+            err = tempfile.TemporaryFile()
+            fcntl.fcntl(err.fileno(), fcntl.F_SETFL, fcntl.fcntl(err.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+            self.sp.spawn(argv, env=testlib.clean_env(), err_file=err)
         status = self.sp.start_retrying(launch, self._answers, START_TIMEOUT, 5)
         if status != "ok":
             err = self.sp.stderr()
@@ -575,7 +580,10 @@ def test_sighup_reload_under_load():
             wait_until(lambda: total_jobs() > before + 200, "puts to go on before reload %d" % n, timeout=20)
             serial = install("gen%d" % n)
             srv.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda: len(srv.lines("event=tls_reloaded")) >= n, "tls_reloaded line %d" % n, timeout=10)
+            try:
+                wait_until(lambda: len(srv.lines("event=tls_reloaded")) >= n, "tls_reloaded line %d" % n, timeout=10)
+            except AssertionError as e:
+                raise AssertionError("%s; the server's TLS lines: %s" % (e, srv.lines("tls_")[-6:])) from None
             s = srv.tls()
             check_eq(peer_serial(s), serial, "the serial a new handshake sees after reload %d" % n)
             serials.append(serial)
