@@ -20,6 +20,7 @@ are those of the TLS ports. TLS_SKIPS says which tests do not apply there
 and why.
 """
 
+import fcntl
 import os
 import resource
 import select
@@ -181,6 +182,9 @@ class Server:
         self.args, self.http, self.gearman, self.nofile, self.logdir = list(args), http, gearman, nofile, logdir
         self.proc = None
         self.err = tempfile.TemporaryFile()
+        # O_APPEND: the server's lines go to the end even while stderr() has
+        # seeked back to read the file (the two share one file offset)
+        fcntl.fcntl(self.err.fileno(), fcntl.F_SETFL, fcntl.fcntl(self.err.fileno(), fcntl.F_GETFL) | os.O_APPEND)
 
     def __enter__(self):
         for _attempt in range(5):
