@@ -10,6 +10,12 @@
  * deadline because every deadline on it is `now + the same timeout` taken
  * when the connection moved to its tail. One timer per server is armed at
  * the earliest head; it closes what is due and re-arms itself.
+ *
+ * TLS (a server started with a tls_listener): a connection first does its
+ * handshake (tls_handshake_cb, on the handshake queue's deadline), then the
+ * protocol's session opens and everything above goes on, with
+ * gnutls_record_recv / gnutls_record_send in place of read / write. The
+ * plain path pays one branch on c->tls per read and per write.
  */
 #define _GNU_SOURCE /* accept4 */
 #include <arpa/inet.h>
