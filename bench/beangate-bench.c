@@ -49,6 +49,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef BENCH_TLS
+#include <gnutls/gnutls.h>
+#endif
 
 #define EXIT_UNEXPECTED 1
 #define EXIT_CONNECT 2
@@ -72,6 +75,7 @@ struct opts {
     const char *tube;
     const char *scenarios;
     double idle_timeout;
+    const char *tls_ca; /* --tls: beanstalk over TLS, the server verified against this CA */
     int csv;
     int quiet;
     int prefill_only; /* consuming scenarios: only put the jobs */
@@ -293,6 +297,8 @@ struct conn {
     int pollout;
     int cur_tube;   /* prefill: tube in use, -1 = none yet */
     int reconnect;  /* http: the server said Connection: close */
+    void *tls;      /* --tls: its gnutls_session_t; NULL: plain */
+    int tls_resend; /* the last gnutls_record_send was GNUTLS_E_AGAIN */
     uint64_t t0;
     const char *last_cmd; /* for error messages */
 };
@@ -376,6 +382,97 @@ static int tcp_connect(const char *host, const char *port)
     return fd;
 }
 
+/* ---- the transport: plain, or TLS with --tls (GnuTLS) -------------------- */
+
+#ifdef BENCH_TLS
+static gnutls_certificate_credentials_t tls_cred;
+
+/* A TLS session on c->fd (non-blocking): the handshake, waiting with poll
+ * within --timeout; the server's certificate must verify against --tls's CA. */
+static void tls_open(struct conn *c)
+{
+    gnutls_session_t s;
+    if (!tls_cred) {
+        if (gnutls_certificate_allocate_credentials(&tls_cred) < 0 ||
+            gnutls_certificate_set_x509_trust_file(tls_cred, opt.tls_ca, GNUTLS_X509_FMT_PEM) <= 0)
+            die(EXIT_USAGE, "--tls %s: no CA certificate could be read", opt.tls_ca);
+    }
+    if (gnutls_init(&s, GNUTLS_CLIENT | GNUTLS_NONBLOCK) < 0 || gnutls_set_default_priority(s) < 0 ||
+        gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, tls_cred) < 0)
+        die(EXIT_UNEXPECTED, "gnutls session setup failed");
+    gnutls_session_set_verify_cert(s, NULL, 0);
+    gnutls_transport_set_int(s, c->fd);
+    uint64_t limit = now_ns() + (uint64_t)(opt.idle_timeout * 1e9);
+    int r;
+    while ((r = gnutls_handshake(s)) < 0) {
+        if (gnutls_error_is_fatal(r))
+            die(EXIT_CONNECT, "TLS handshake with %s:%s failed: %s", opt.host, c->b->port, gnutls_strerror(r));
+        if (now_ns() > limit) die(EXIT_CONNECT, "TLS handshake with %s:%s timed out", opt.host, c->b->port);
+        struct pollfd pfd = {c->fd, gnutls_record_get_direction(s) ? POLLOUT : POLLIN, 0};
+        poll(&pfd, 1, 100);
+    }
+    c->tls = s;
+}
+
+static void tls_close(struct conn *c)
+{
+    if (c->tls) gnutls_deinit(c->tls);
+    c->tls = NULL;
+    c->tls_resend = 0;
+}
+
+/* read() and write() over the session: the same results and errno. A send
+ * that got GNUTLS_E_AGAIN is finished first (GnuTLS keeps its record; its
+ * bytes are still the head of the caller's buffer). */
+static ssize_t tls_read(struct conn *c, void *p, size_t n)
+{
+    ssize_t r = gnutls_record_recv(c->tls, p, n);
+    if (r >= 0) return r;
+    if (r == GNUTLS_E_PREMATURE_TERMINATION) return 0;
+    errno = r == GNUTLS_E_AGAIN ? EAGAIN : r == GNUTLS_E_INTERRUPTED ? EINTR : EPROTO;
+    return -1;
+}
+
+static ssize_t tls_write(struct conn *c, const void *p, size_t n)
+{
+    ssize_t r = c->tls_resend ? gnutls_record_send(c->tls, NULL, 0) : gnutls_record_send(c->tls, p, n);
+    c->tls_resend = r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED;
+    if (r >= 0) return r;
+    errno = r == GNUTLS_E_AGAIN ? EAGAIN : r == GNUTLS_E_INTERRUPTED ? EINTR : EPIPE;
+    return -1;
+}
+
+/* Bytes GnuTLS has decrypted and not handed out: epoll will not report them. */
+static int io_pending(struct conn *c) { return c->tls && gnutls_record_check_pending(c->tls) > 0; }
+#else
+static void tls_open(struct conn *c)
+{
+    (void)c;
+    die(EXIT_USAGE, "--tls: this beangate-bench was built without GnuTLS (libgnutls28-dev)");
+}
+static void tls_close(struct conn *c) { (void)c; }
+static ssize_t tls_read(struct conn *c, void *p, size_t n) { (void)c, (void)p, (void)n; return -1; }
+static ssize_t tls_write(struct conn *c, const void *p, size_t n) { (void)c, (void)p, (void)n; return -1; }
+static int io_pending(struct conn *c) { (void)c; return 0; }
+#endif
+
+static ssize_t io_read(struct conn *c, void *p, size_t n)
+{
+    return c->tls ? tls_read(c, p, n) : read(c->fd, p, n);
+}
+
+static ssize_t io_write(struct conn *c, const void *p, size_t n)
+{
+    return c->tls ? tls_write(c, p, n) : write(c->fd, p, n);
+}
+
+/* Connect c to the beanstalk port (or b->port), over TLS with --tls. */
+static void conn_connect(struct bench *b, struct conn *c)
+{
+    c->fd = tcp_connect(opt.host, b->port);
+    if (opt.tls_ca && !b->m->http) tls_open(c);
+}
+
 static inline void ring_push(struct conn *c, uint64_t t)
 {
     if (c->rhead - c->rtail > c->rmask) die(EXIT_UNEXPECTED, "internal: request ring overflow");
@@ -390,7 +487,7 @@ static void conn_open(struct bench *b, struct conn *c, int idx)
     c->b = b;
     c->idx = idx;
     c->cur_tube = -1;
-    c->fd = tcp_connect(opt.host, b->port);
+    conn_connect(b, c);
     uint32_t cap = 4;
     while (cap < (uint32_t)b->depth + 4) cap *= 2;
     c->ring = xmalloc(cap * sizeof *c->ring);
@@ -399,6 +496,7 @@ static void conn_open(struct bench *b, struct conn *c, int idx)
 
 static void conn_free(struct conn *c)
 {
+    tls_close(c);
     if (c->fd >= 0) close(c->fd);
     free(c->in.p);
     free(c->out.p);
@@ -416,7 +514,7 @@ static void ep_set(struct bench *b, struct conn *c, int op, int out)
 static void conn_flush(struct bench *b, struct conn *c)
 {
     while (buf_live(&c->out)) {
-        ssize_t n = write(c->fd, c->out.p + c->out.off, buf_live(&c->out));
+        ssize_t n = io_write(c, c->out.p + c->out.off, buf_live(&c->out));
         if (n > 0) {
             c->out.off += (size_t)n;
             continue;
@@ -449,8 +547,9 @@ static void conn_check_done(struct bench *b, struct conn *c)
 static void http_reconnect(struct bench *b, struct conn *c)
 {
     epoll_ctl(b->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    tls_close(c);
     close(c->fd);
-    c->fd = tcp_connect(opt.host, b->port);
+    conn_connect(b, c);
     c->in.off = c->in.len = 0;
     c->reconnect = 0;
     b->reconnects++;
@@ -604,10 +703,10 @@ static void parse_http(struct bench *b, struct conn *c)
     }
 }
 
-static void conn_readable(struct bench *b, struct conn *c)
+static void conn_read_once(struct bench *b, struct conn *c)
 {
     buf_reserve(&c->in, 256 * 1024);
-    ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+    ssize_t n = io_read(c, c->in.p + c->in.len, c->in.cap - c->in.len);
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
         die(EXIT_UNEXPECTED, "%s: read from %s failed on connection %d: %s", b->m->name, conn_peer(b),
@@ -647,6 +746,14 @@ static void conn_readable(struct bench *b, struct conn *c)
     conn_check_done(b, c);
 }
 
+/* c is readable: read and handle until nothing is left (over TLS, GnuTLS
+ * may hold decrypted bytes that epoll does not report). */
+static void conn_readable(struct bench *b, struct conn *c)
+{
+    do conn_read_once(b, c);
+    while (!c->done && io_pending(c));
+}
+
 /* Open b->nconns connections; `setup` (if any) runs on each, synchronously. */
 static void bench_open(struct bench *b, const struct mode *m, const char *port, int nconns, int depth)
 {
@@ -680,21 +787,22 @@ static void sync_cmds(struct bench *b, struct conn *c, const char *cmds, size_t 
     c->in.off = c->in.len = 0;
     while (got < nreplies) {
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN | (sent < len ? POLLOUT : 0)};
-        int r = poll(&pfd, 1, 100);
+        int r = io_pending(c) ? 0 : poll(&pfd, 1, 100);
         if (r < 0 && errno != EINTR) die(EXIT_UNEXPECTED, "poll: %s", strerror(errno));
+        if (io_pending(c)) r = 1, pfd.revents |= POLLIN;
         if (now_ns() > limit)
             die(EXIT_UNEXPECTED, "%s: no reply from %s to setup commands within %.0f s", b->m->name,
                 conn_peer(b), opt.idle_timeout);
         if (r <= 0) continue;
         if ((pfd.revents & POLLOUT) && sent < len) {
-            ssize_t n = write(c->fd, cmds + sent, len - sent);
+            ssize_t n = io_write(c, cmds + sent, len - sent);
             if (n < 0 && errno != EAGAIN && errno != EINTR)
                 die(EXIT_UNEXPECTED, "write to %s: %s", conn_peer(b), strerror(errno));
             if (n > 0) sent += (size_t)n;
         }
         if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
             buf_reserve(&c->in, 65536);
-            ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+            ssize_t n = io_read(c, c->in.p + c->in.len, c->in.cap - c->in.len);
             if (n == 0) die(EXIT_UNEXPECTED, "%s: %s closed the connection during setup", b->m->name, conn_peer(b));
             if (n < 0 && errno != EAGAIN && errno != EINTR)
                 die(EXIT_UNEXPECTED, "read from %s: %s", conn_peer(b), strerror(errno));
@@ -1343,6 +1451,9 @@ static void usage(FILE *f)
 " -W N             tubes scenario: tubes the consumers watch (default 100)\n"
 " --tube-jobs N    tubes scenario: jobs left in every unwatched tube (default 1)\n"
 " --tube NAME      tube name prefix (default bench)\n"
+" --tls CA_FILE    beanstalk over TLS (-p is then a TLS port, e.g. beangate's\n"
+"                  --tls-port); the server's certificate must verify against\n"
+"                  CA_FILE. Needs a build with GnuTLS\n"
 " --http-tubes N   http-put: spread the puts over N tubes NAME-http-0 .. N-1 in turn\n"
 "                  (default 1: the one tube NAME-http); through a proxy in front of\n"
 "                  shards (docs/scaling.md) they spread over the shards\n"
@@ -1373,7 +1484,7 @@ static long num_arg(const char *name, const char *s, long min, long max)
 
 int main(int argc, char **argv)
 {
-    enum { O_HTTP_PORT = 1000, O_CSV, O_TUBE, O_TUBE_JOBS, O_TIMEOUT, O_HELP, O_PREFILL_ONLY, O_NO_PREFILL,
+    enum { O_HTTP_PORT = 1000, O_CSV, O_TUBE, O_TUBE_JOBS, O_TIMEOUT, O_HELP, O_PREFILL_ONLY, O_NO_PREFILL, O_TLS,
            O_HTTP_TUBES };
     static const struct option longs[] = {
         {"http-port", required_argument, 0, O_HTTP_PORT},
@@ -1385,6 +1496,7 @@ int main(int argc, char **argv)
         {"timeout", required_argument, 0, O_TIMEOUT},
         {"help", no_argument, 0, O_HELP},
         {"prefill-only", no_argument, 0, O_PREFILL_ONLY},
+        {"tls", required_argument, 0, O_TLS},
         {"no-prefill", no_argument, 0, O_NO_PREFILL},
         {0, 0, 0, 0},
     };
@@ -1425,6 +1537,7 @@ int main(int argc, char **argv)
         }
         case O_HELP: usage(stdout); return 0;
         case O_PREFILL_ONLY: opt.prefill_only = 1; break;
+        case O_TLS: opt.tls_ca = optarg; break;
         case O_NO_PREFILL: opt.no_prefill = 1; break;
         default: usage(stderr); return EXIT_USAGE;
         }

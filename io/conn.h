@@ -8,7 +8,8 @@
  * tasks), holds replies until the write-ahead log has them on disk (-f 0),
  * and counts connections in the engine's stats. A protocol brings a pure
  * session (core/) and plugs it in with a struct conn_protocol; nothing else
- * touches its sockets.
+ * touches its sockets. A listener may be TLS (conn_server_start_tls): the
+ * same, after a handshake, over GnuTLS records (io/tls.h).
  *
  * Memory: a connection keeps no buffer while it has nothing pending. Reads
  * go to one loop-wide buffer and are fed from there; only the unconsumed
