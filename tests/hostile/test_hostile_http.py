@@ -529,6 +529,26 @@ def tube_waiting(srv, tube):
     return int(m.group(1)) if m else 0
 
 
+def check_refused_busy(port, what, request=b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n"):
+    """A new connection when every slot is busy in a request: 503
+    TOO_MANY_CONNECTIONS and closed; over TLS closed unanswered (it expects
+    a handshake, not plain text), so its handshake fails or it reads
+    nothing."""
+    try:
+        s = connect(port)
+        s.sendall(request)
+        raw, closed = read_to_eof(s, 5)
+        s.close()
+    except (ssl.SSLError, OSError):
+        check(T.tls, "%s: the connection failed: %s" % (what, sys.exc_info()[1]))
+        return
+    check(closed, "%s: a refused connection was left open" % what)
+    if T.tls:
+        check_eq(raw, b"", "%s over TLS" % what)
+    else:
+        check_problem(raw, 503, "TOO_MANY_CONNECTIONS", what)
+
+
 def open_idle(port, n, source=None):
     socks = []
     for _ in range(n):
@@ -565,12 +585,7 @@ def test_recovers_after_connection_limit():
         s.sendall(b"POST /tubes/hostile-full/reservations?timeout=4 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         polls.append(s)
     wait_until(lambda: tube_waiting(srv, "hostile-full") == limit, "the long-polls to wait", 10)
-    s = connect(srv.port)
-    s.sendall(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    raw, closed = read_to_eof(s, 5)
-    s.close()
-    check(closed, "a refused connection was left open")
-    check_problem(raw, 503, "TOO_MANY_CONNECTIONS", "a connection when every slot is busy")
+    check_refused_busy(srv.port, "a connection when every slot is busy")
     for p in polls:
         check_eq(read_response(p, 10)[0], 204, "a long-poll's answer")
         p.close()
@@ -1022,18 +1037,7 @@ def test_limits_at_their_limit():
         # began (after its handshake); refused, it is closed unanswered
         wait_until(lambda: json.loads(get(srv.port, "/tubes/addr", 5, source="127.0.0.2")[1])
                    .get("current_waiting") == 3, "three long-polls waiting", 5)
-        try:
-            s = connect(srv.port)
-            s.sendall(b"GET /livez HTTP/1.1\r\n\r\n")
-            raw, _ = read_to_eof(s, 5)
-            check_eq(raw, b"", "a fourth busy connection of one address over TLS")
-        except (ssl.SSLError, OSError):
-            pass
-    else:
-        s = connect(srv.port)
-        s.sendall(b"GET /livez HTTP/1.1\r\n\r\n")
-        raw, _ = read_to_eof(s, 5)
-        check_problem(raw, 503, "TOO_MANY_CONNECTIONS", "a fourth busy connection of one address")
+    check_refused_busy(srv.port, "a fourth busy connection of one address", b"GET /livez HTTP/1.1\r\n\r\n")
     try:
         other = get(srv.port, "/livez", 5, source="127.0.0.2")[0]
     except OSError as e:
@@ -1087,10 +1091,6 @@ TLS_SKIP = {
     "test_later_head_deadline_after_every_kind_of_request":
         "its checks are the 408 answers (see above); the later-head deadline over TLS is "
         "test_https.py's test_stalled_handshake_closed_at_header_deadline",
-    "test_recovers_after_connection_limit":
-        "its checks are the 503 answers at the limit; over TLS a refused connection is closed "
-        "unanswered (its handshake fails); eviction and the per-address refusal over TLS are in "
-        "test_limits_at_their_limit",
 }
 
 
