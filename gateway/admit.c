@@ -45,10 +45,14 @@
  *   can be written into a TLS stream from here) when it passes. The
  *   connection stays on the waiting lists (evictable) until its first
  *   request begins;
- * - the first head's checks of framing.c are made by the request path
- *   instead (http.c begin_request: framing, as for every later head), and
- *   libmicrohttpd's own limits answer the rest: a version other than
- *   1.0/1.1 (505), a head over the size limit (431, its memory limit);
+ * - the first head is judged in the request's first call instead (http.c
+ *   begin_request): its framing (framing.c, as for every later head), its
+ *   size and its fields (gw_tls_head_check, 431). libmicrohttpd answers a
+ *   malformed request line, a version other than 1.0/1.1 and a
+ *   Content-Length that is not digits itself (its HTML answer, then a
+ *   close), and takes a folded header line or a space before a colon as
+ *   sound: over TLS no proxy in front reads the head (docs/security.md,
+ *   HTTPS);
  * - a later head's deadline works as in plain text, counted in TLS bytes:
  *   after each request the count is taken from the kernel (as after a
  *   chunked body), and any byte received since starts the next head's
