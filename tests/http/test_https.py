@@ -19,6 +19,8 @@ bytes that come back:
   - plain HTTP sent to the HTTPS port: 400 PLAIN_HTTP_TO_HTTPS_PORT, closed;
   - SIGHUP: new connections get the new certificate while an open
     keep-alive connection goes on; a bad file keeps the old certificate;
+    four clients putting without pause through three reloads and a bad one
+    lose no request and no connection;
   - the Host check (421) and the cross-site Origin check (403) over HTTPS,
     an https:// origin of the server itself being same-origin.
 Python 3 standard library, python3-cryptography (tlsfiles), curl, openssl.
@@ -389,6 +391,62 @@ def test_sighup_reload():
     check(s.proc.poll() is None, "the server stopped on a bad reload")
 
 
+def test_sighup_reload_under_load():
+    """Four keep-alive clients put without pause through three reloads
+    (and a bad one): every put is answered 201 on the connection it began
+    on, none is dropped, and every job is there."""
+    cert_dir = tempfile.mkdtemp(dir=T.dir)
+    cert, key = os.path.join(cert_dir, "live.crt"), os.path.join(cert_dir, "live.key")
+    shutil.copy(T.server[0], cert)
+    shutil.copy(T.server[1], key)
+    s = Server(cert=(cert, key)).start()
+    stop = threading.Event()
+    counts, errors = [0] * 4, []
+
+    def client(i):
+        try:
+            c = https(s.port)
+            call(c, "GET", "/livez")
+            first = c.sock
+            while not stop.is_set():
+                status, _, _ = call(c, "POST", "/tubes/load/jobs", body=b"job")
+                if status != 201 or c.sock is not first:
+                    errors.append("client %d: status %d, same connection: %s" % (i, status, c.sock is first))
+                    return
+                counts[i] += 1
+        except Exception as e:  # any failure is the finding
+            errors.append("client %d: %s: %s" % (i, type(e).__name__, e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    serials = []
+    for n in range(3):
+        new_cert, new_key = T.ca.issue("load%d" % n, dns=["localhost"], ips=["127.0.0.1"])
+        for src, dst in ((new_key, key), (new_cert, cert)):
+            shutil.copy(src, dst + ".tmp")
+            os.rename(dst + ".tmp", dst)
+        before = sum(counts)
+        s.proc.send_signal(signal.SIGHUP)
+        serial = file_serial(new_cert)
+        wait_until(lambda: peer_serial(s.port) == serial, "reload %d reaches new connections" % n, timeout=IO_TIMEOUT)
+        wait_until(lambda: sum(counts) > before + 20 or errors, "puts go on after reload %d" % n, timeout=IO_TIMEOUT)
+        serials.append(serial)
+    with open(cert, "w") as f:
+        f.write("not a certificate\n")
+    s.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "tls_reload_failed" in s.stderr(), "the bad reload is logged", timeout=IO_TIMEOUT)
+    before = sum(counts)
+    wait_until(lambda: sum(counts) > before + 20 or errors, "puts go on after the bad reload", timeout=IO_TIMEOUT)
+    stop.set()
+    for t in threads:
+        t.join(IO_TIMEOUT)
+    check(not errors, "a client failed across the reloads: %s" % errors)
+    check_eq(peer_serial(s.port), serials[-1], "serial after the bad reload")
+    code, body = curl(s.port, "https://localhost:%d/tubes/load" % s.port)
+    check_eq(json.loads(body)["current_jobs_ready"], sum(counts), "jobs put across the reloads")
+
+
 def test_host_and_origin_guard_over_https():
     s = Server().start()
     c = https(s.port)
@@ -432,6 +490,7 @@ TESTS = [
     test_stalled_handshake_closed_at_header_deadline,
     test_plain_http_to_https_port,
     test_sighup_reload,
+    test_sighup_reload_under_load,
     test_host_and_origin_guard_over_https,
     test_shared_pair_and_flag_errors,
 ]
