@@ -759,11 +759,18 @@ static void tls_established(struct conn *c)
     }
     c->handshaking = 0;
     stream_attach(c);
-    if (log_enabled(BG_LOG_DEBUG))
-        log_event(BG_LOG_DEBUG, "tls_established", "protocol=%s fd=%d peer=%s version=%s identity=%s names=%zu",
+    if (log_enabled(BG_LOG_DEBUG)) {
+        char names[512] = ""; /* the names, space-separated (they have no spaces); cut at 511 bytes */
+        size_t used = 0;
+        for (size_t i = 0; i < id.count && used < sizeof names - 1; i++) {
+            int n = snprintf(names + used, sizeof names - used, "%s%s", i ? " " : "", id.names[i]);
+            used = n < 0 ? used : used + (size_t)n < sizeof names ? used + (size_t)n : sizeof names - 1;
+        }
+        log_event(BG_LOG_DEBUG, "tls_established", "protocol=%s fd=%d peer=%s version=%s names=%zu identity=%s",
                   p->name, c->peer.fd, c->peer.addr,
-                  log_str(gnutls_protocol_get_name(gnutls_protocol_get_version(c->tls))),
-                  log_str(id.count ? id.names[0] : NULL), id.count);
+                  log_str(gnutls_protocol_get_name(gnutls_protocol_get_version(c->tls))), id.count,
+                  log_str(id.count ? names : NULL));
+    }
     event_del(c->read_ev);
     event_assign(c->read_ev, loop_base(), c->peer.fd, EV_READ | EV_PERSIST, conn_read_cb, c);
     event_add(c->read_ev, NULL);

@@ -480,7 +480,8 @@ def test_mutual_tls():
         s.close()
         wait_until(lambda: srv.lines("event=tls_established"), "a tls_established line", timeout=10)
         line = srv.lines("event=tls_established")[-1]
-        check("identity=cn:alice" in line and "names=4" in line, "the identity logged: %s" % line)
+        check('names=4 identity="cn:alice dns:alice.example email:alice@example.com uri:spiffe://test/alice"'
+              in line, "the identity logged: %s" % line)
         check_eq(len(srv.lines("reason=handshake_failed")) >= 1, True, "refusals logged")
     with Server(["--tls-ca", CA.cert]) as srv:
         s = srv.tls()
