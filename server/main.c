@@ -219,10 +219,66 @@ static uint64_t max_connections(uint64_t given)
     return n;
 }
 
+/* Ask GET /readyz over TLS on connected socket fd; the status line and what
+ * follows into reply[n]. The server's certificate is not verified: this
+ * asks a server of the machine whether it is ready, not who it is. 1 if an
+ * answer came. */
+static int readyz_over_tls(int fd, const char *request, size_t len, char *reply, size_t n)
+{
+    gnutls_certificate_credentials_t cred;
+    gnutls_session_t s;
+    if (gnutls_certificate_allocate_credentials(&cred) < 0) return 0;
+    int ok = gnutls_init(&s, GNUTLS_CLIENT) == 0;
+    if (!ok) {
+        gnutls_certificate_free_credentials(cred);
+        return 0;
+    }
+    ok = gnutls_set_default_priority(s) == 0 && gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, cred) == 0;
+    int r = GNUTLS_E_INTERRUPTED;
+    if (ok) {
+        gnutls_transport_set_int(s, fd);
+        do r = gnutls_handshake(s); /* the socket's timeouts bound it */
+        while (r < 0 && r != GNUTLS_E_AGAIN && !gnutls_error_is_fatal(r));
+        ok = r == 0;
+    }
+    if (ok) ok = gnutls_record_send(s, request, len) == (ssize_t)len;
+    if (ok) ok = gnutls_record_recv(s, reply, n - 1) > 12;
+    gnutls_deinit(s);
+    gnutls_certificate_free_credentials(cred);
+    return ok;
+}
+
+/* GET /readyz of host:port, over TLS or not: its status line and what
+ * follows into reply[n] (NUL-terminated). 1 if an answer came. */
+static int ask_readyz(const char *host, const char *port, int tls, char *reply, size_t n)
+{
+    static const char request[] = "GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    struct addrinfo hints = {0}, *res;
+    hints.ai_socktype = SOCK_STREAM;
+    memset(reply, 0, n);
+    if (getaddrinfo(host, port, &hints, &res) != 0) return 0;
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+    freeaddrinfo(res);
+    if (ok && tls) {
+        ok = readyz_over_tls(fd, request, sizeof request - 1, reply, n);
+    } else if (ok) {
+        ok = write(fd, request, sizeof request - 1) == (ssize_t)(sizeof request - 1);
+        if (ok) ok = read(fd, reply, n - 1) > 12;
+    }
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
 /* `beangate --healthcheck[=HOST:PORT]`: ask a running server's GET /readyz
  * (default 127.0.0.1 and the HTTP port of the settings, http_port) and exit
  * 0 if it answers 200, else 1. Docker's HEALTHCHECK uses this: a slim image
- * has no curl. */
+ * has no curl. A gateway that serves HTTPS answers a plain request with 400
+ * PLAIN_HTTP_TO_HTTPS_PORT: then it is asked again over TLS (one that
+ * requires client certificates cannot be asked: unhealthy). */
 static int healthcheck(const char *arg, const char *http_port)
 {
     char host[256] = "127.0.0.1";
@@ -234,20 +290,9 @@ static int healthcheck(const char *arg, const char *http_port)
         host[colon - arg] = '\0';
         port = colon + 1;
     }
-    struct addrinfo hints = {0}, *res;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &res) != 0) return 1;
-    int fd = socket(res->ai_family, SOCK_STREAM, 0);
-    struct timeval tv = {3, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-    freeaddrinfo(res);
-    char reply[64] = {0};
-    static const char request[] = "GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    if (ok) ok = write(fd, request, sizeof request - 1) == (ssize_t)(sizeof request - 1);
-    if (ok) ok = read(fd, reply, sizeof reply - 1) > 12;
-    if (fd >= 0) close(fd);
+    char reply[512];
+    int ok = ask_readyz(host, port, 0, reply, sizeof reply);
+    if (ok && strstr(reply, "PLAIN_HTTP_TO_HTTPS_PORT")) ok = ask_readyz(host, port, 1, reply, sizeof reply);
     int healthy = ok && strncmp(reply + 8, " 200", 4) == 0;
     printf("%s\n", healthy ? "healthy" : "unhealthy");
     return healthy ? 0 : 1;

@@ -22,7 +22,8 @@ bytes that come back:
     four clients putting without pause through three reloads and a bad one
     lose no request and no connection;
   - the Host check (421) and the cross-site Origin check (403) over HTTPS,
-    an https:// origin of the server itself being same-origin.
+    an https:// origin of the server itself being same-origin;
+  - `beangate --healthcheck` against an HTTPS gateway.
 Python 3 standard library, python3-cryptography (tlsfiles), curl, openssl.
 """
 
@@ -464,6 +465,18 @@ def test_host_and_origin_guard_over_https():
     check_eq(status, 403, "Sec-Fetch-Site: cross-site over HTTPS")
 
 
+def test_healthcheck_over_https():
+    """`beangate --healthcheck` (Docker's HEALTHCHECK) finds an HTTPS
+    gateway ready (asked in plain text, it is told to use TLS, and asks
+    again over TLS); one that requires client certificates cannot be asked."""
+    s = Server().start()
+    out = subprocess.run([T.binary, "--healthcheck=127.0.0.1:%d" % s.port], capture_output=True, timeout=15)
+    check_eq((out.returncode, out.stdout), (0, b"healthy\n"), "--healthcheck of an HTTPS gateway")
+    m = Server(["--http-tls-ca", T.ca.cert, "--http-tls-verify-client"]).start()
+    out = subprocess.run([T.binary, "--healthcheck=127.0.0.1:%d" % m.port], capture_output=True, timeout=15)
+    check_eq((out.returncode, out.stdout), (1, b"unhealthy\n"), "--healthcheck when client certificates are required")
+
+
 def test_shared_pair_and_flag_errors():
     s = Server(["--tls-cert", T.server[0], "--tls-key", T.server[1], "--http-tls"])
     s.argv = lambda: [T.binary, "-l", "127.0.0.1", "-p", str(s.tcp_port), "--http-listen", "127.0.0.1",
@@ -492,6 +505,7 @@ TESTS = [
     test_sighup_reload,
     test_sighup_reload_under_load,
     test_host_and_origin_guard_over_https,
+    test_healthcheck_over_https,
     test_shared_pair_and_flag_errors,
 ]
 
