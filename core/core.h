@@ -598,6 +598,12 @@ enum bg_scope_kind {
     BG_SCOPE_KINDS
 };
 #define BG_SCOPE_GRANTS_MAX 64       /* grants on one line */
+#define BG_SCOPE_TUBES_MAX 64        /* tube patterns in one grant */
+#define BG_SCOPE_LINE_MAX 8192       /* bytes of one line (without its newline) */
+#define BG_SCOPE_TOKEN_MAX 512       /* bytes of one token */
+#define BG_SCOPE_TOKENS_MAX 256      /* token lines (and added tokens) */
+#define BG_SCOPE_IDENTITIES_MAX 256  /* identity lines */
+#define BG_SCOPE_NAME_MAX 256        /* an identity name and its NUL (io/tls.h's TLS_IDENTITY_NAME_MAX) */
 #define BG_SCOPE_REQUIRED_MAX (16 + BG_TUBE_NAME_MAX) /* "consume:" + a tube name + NUL */
 /* One entry's grants. NULL wherever a scope is expected: unscoped (all). */
 struct bg_scope;
@@ -608,6 +614,10 @@ struct bg_scopes;
  * err (nothing is kept), or BG_OUT_OF_MEMORY. */
 int bg_scopes_parse(struct bg_scopes **out, const char *text, size_t len, char *err, size_t errlen);
 void bg_scopes_free(struct bg_scopes *sc);
+/* Add an unscoped token (BEANGATE_HTTP_TOKENS) after the file's, with the
+ * token lines' rules: 0, or BG_BAD_FORMAT with why in err, or
+ * BG_OUT_OF_MEMORY. */
+int bg_scopes_add_token(struct bg_scopes *sc, const char *token, size_t len, char *err, size_t errlen);
 /* How many token lines; the token of line i (i < count), for gateway/auth.c's
  * constant-time match, and its scope (NULL: unscoped). */
 size_t bg_scopes_token_count(const struct bg_scopes *sc);
