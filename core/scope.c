@@ -6,7 +6,8 @@
  * of kinds and a tube name or prefix. A line's N grants of M tubes each
  * become N*M rules; the limits keep that small (BG_SCOPE_GRANTS_MAX grants,
  * BG_SCOPE_TUBES_MAX patterns a grant, BG_SCOPE_LINE_MAX bytes a line).
- * An entry without grants has no scope (NULL): it may do everything. */
+ * An entry without grants has no scope (NULL): it may do everything.
+ * Errors never quote the line: a mistyped token must not reach a log. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,6 +92,7 @@ int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len)
 struct parse_state {
     struct bg_scopes *sc;
     unsigned lineno;
+    size_t grant;                      /* the grant being read, from 1 */
     char *err;
     size_t errlen;
 };
@@ -149,8 +151,7 @@ static int parse_kinds(struct parse_state *p, const char *k, size_t n, unsigned 
         for (int i = 0; i < BG_SCOPE_KINDS && !bit; i++)
             if (strlen(kind_names[i]) == len && memcmp(s, kind_names[i], len) == 0) bit = 1u << i;
         if (!bit)
-            return refuse(p, "unknown kind \"%.*s\" (produce, consume, manage, read or *)",
-                          (int)(len > 32 ? 32 : len), s);
+            return refuse(p, "grant %zu: unknown kind (produce, consume, manage, read or *)", p->grant);
         *mask |= bit;
         s = e + 1;
     }
@@ -163,13 +164,13 @@ static int parse_pattern(struct parse_state *p, const char *t, size_t n, struct 
 {
     r->prefix = n > 0 && t[n - 1] == '*';
     size_t len = r->prefix ? n - 1 : n;
-    if (len > BG_TUBE_NAME_MAX) return refuse(p, "tube name longer than %d bytes", BG_TUBE_NAME_MAX);
-    if (!r->prefix && len == 0) return refuse(p, "empty tube name in a grant");
+    if (len > BG_TUBE_NAME_MAX) return refuse(p, "grant %zu: tube name longer than %d bytes", p->grant, BG_TUBE_NAME_MAX);
+    if (!r->prefix && len == 0) return refuse(p, "grant %zu: empty tube name", p->grant);
     for (size_t i = 0; i < len; i++)
         if (!bg_tube_name_char(t[i]))
-            return refuse(p, "tube \"%.*s\" has a byte a tube name cannot have", (int)(n > 32 ? 32 : n), t);
+            return refuse(p, "grant %zu: a tube name has a byte tube names cannot have", p->grant);
     if (!r->prefix && !bg_tube_name_valid(t, len))
-        return refuse(p, "\"%.*s\" is not a valid tube name", (int)(n > 32 ? 32 : n), t);
+        return refuse(p, "grant %zu: a tube name starts with '-'", p->grant);
     memcpy(r->name, t, len);
     r->name[len] = '\0';
     r->len = len;
@@ -187,11 +188,12 @@ static int parse_grants(struct parse_state *p, const char *pos, const char *end,
     for (const char *w; (w = next_word(&scan, end, &len));) {
         if (++grants > BG_SCOPE_GRANTS_MAX) return refuse(p, "more than %d grants", BG_SCOPE_GRANTS_MAX);
         const char *colon = memchr(w, ':', len);
-        if (!colon) return refuse(p, "grant \"%.*s\" is not KINDS:TUBES", (int)(len > 32 ? 32 : len), w);
+        p->grant = grants;
+        if (!colon) return refuse(p, "grant %zu is not KINDS:TUBES", p->grant);
         size_t tubes = 1;
         for (const char *c = colon + 1; c < w + len; c++) tubes += *c == ',';
         if (tubes > BG_SCOPE_TUBES_MAX)
-            return refuse(p, "more than %d tubes in a grant", BG_SCOPE_TUBES_MAX);
+            return refuse(p, "grant %zu: more than %d tubes", p->grant, BG_SCOPE_TUBES_MAX);
         rules += tubes;
     }
     if (grants == 0) return 0;
@@ -199,7 +201,9 @@ static int parse_grants(struct parse_state *p, const char *pos, const char *end,
     if (!s) return BG_OUT_OF_MEMORY;
     s->count = 0;
     int rc = 0;
+    p->grant = 0;
     for (const char *w; rc == 0 && (w = next_word(&pos, end, &len));) {
+        p->grant++;
         const char *colon = memchr(w, ':', len);
         unsigned mask;
         if ((rc = parse_kinds(p, w, (size_t)(colon - w), &mask)) != 0) break;
@@ -318,7 +322,7 @@ int bg_scopes_parse(struct bg_scopes **out, const char *text, size_t len, char *
     struct bg_scopes *sc = bg_malloc(sizeof *sc);
     if (!sc) return BG_OUT_OF_MEMORY;
     memset(sc, 0, sizeof *sc);
-    struct parse_state p = {sc, 0, err, errlen};
+    struct parse_state p = {sc, 0, 0, err, errlen};
     const char *end = text + len;
     int rc = 0;
     for (const char *line = text; rc == 0 && line < end;) {
@@ -342,7 +346,7 @@ int bg_scopes_parse(struct bg_scopes **out, const char *text, size_t len, char *
 
 int bg_scopes_add_token(struct bg_scopes *sc, const char *token, size_t len, char *err, size_t errlen)
 {
-    struct parse_state p = {sc, 0, err, errlen};
+    struct parse_state p = {sc, 0, 0, err, errlen};
     const char *why = token_problem(token, len);
     if (!why && sc->tokens.count == BG_SCOPE_TOKENS_MAX) why = "more than " BG_STR(BG_SCOPE_TOKENS_MAX) " tokens";
     if (why) {
