@@ -58,6 +58,10 @@ struct server_config {
      * gateway is open. They live as long as the process. */
     const char *const *http_tokens;
     size_t http_token_count;
+    /* The access file's entries (core/scope.c) and BEANGATE_HTTP_TOKENS's
+     * tokens (unscoped); NULL when there is neither. Lives as long as the
+     * process. */
+    const struct bg_scopes *scopes;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
     const char *http_allowed_hosts; /* --http-allowed-hosts, or NULL: the loopback names */
