@@ -79,6 +79,21 @@ int bg_scope_allows(const struct bg_scope *s, enum bg_scope_kind kind, const cha
     return 0;
 }
 
+int bg_scope_allows_some(const struct bg_scope *s, enum bg_scope_kind kind)
+{
+    if (!s) return 1;
+    if ((unsigned)kind >= BG_SCOPE_KINDS) return 0;
+    for (size_t i = 0; i < s->count; i++)
+        if (s->rules[i].kinds & (1u << kind)) return 1;
+    return 0;
+}
+
+const struct bg_scope *bg_scope_nothing(void)
+{
+    static const struct bg_scope nothing = {0};
+    return &nothing;
+}
+
 int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len)
 {
     if (!s) return 1;
