@@ -32,8 +32,11 @@
 #define ACCEPT_PAUSE_MAX BG_SECOND                 /* it doubles up to this */
 #define LOG_INTERVAL (10 * BG_SECOND)              /* one line per kind of event at most */
 #define SHARED_OUT_KEEP (1u << 20)                 /* the reply buffer shrinks back above this */
+#define TLS_HANDSHAKE_RECORD 0x16                  /* the first byte of a TLS client's first record */
 
-enum { QUEUE_NONE, QUEUE_REQUEST, QUEUE_IDLE, QUEUE_COUNT };
+/* QUEUE_HANDSHAKE: TLS connections whose handshake is not done, due after
+ * the request deadline (or CONN_TLS_HANDSHAKE_TIMEOUT without one). */
+enum { QUEUE_NONE, QUEUE_REQUEST, QUEUE_IDLE, QUEUE_HANDSHAKE, QUEUE_COUNT };
 
 struct conn;
 
@@ -47,6 +50,7 @@ struct conn_server {
     const struct conn_protocol *proto;
     struct bg_engine *engine;
     struct wal *wal;
+    struct tls_listener *tls;    /* NULL: plain TCP */
     int fd;
     struct event *accept_ev;
     struct event *resume_ev;     /* accepting again after a pause at the fd limit */
@@ -59,6 +63,7 @@ struct conn_server {
     uint64_t count;              /* how many */
     struct conn_server *next_server;
     struct log_limit accept_log;
+    struct log_limit tls_log;    /* TLS connections refused or failed */
 };
 
 /* How many connections come from one address (--max-connections-per-ip). */
@@ -85,6 +90,11 @@ struct conn {
     uint8_t was_read, consumed, wrote; /* this callback: bytes read, consumed, written */
     uint8_t phase;               /* the stream's phase when last scheduled */
     size_t out_counted;          /* its own output's bytes as counted in shared.replies.held */
+    gnutls_session_t tls;        /* NULL: plain TCP */
+    uint8_t handshaking;         /* TLS: the session is not open yet */
+    uint8_t tls_resend;          /* TLS: the last send was GNUTLS_E_AGAIN: finish it first */
+    uint8_t tls_first_seen;      /* TLS: the first byte began a handshake record */
+    struct tls_identity *identity; /* the client certificate's names, or NULL */
     alignas(max_align_t) unsigned char session[]; /* starts with a struct bg_stream */
 };
 
@@ -317,7 +327,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     for (int q = QUEUE_REQUEST; q < QUEUE_COUNT; q++) {
         struct conn *c;
         while ((c = cs->queues[q].head) && c->deadline <= now)
-            conn_drop(c, q == QUEUE_REQUEST ? CONN_REQUEST_TIMEOUT : CONN_IDLE_TIMEOUT);
+            conn_drop(c, q == QUEUE_IDLE ? CONN_IDLE_TIMEOUT : CONN_REQUEST_TIMEOUT);
         if (c && (!next || c->deadline < next)) next = c->deadline;
     }
     if (next) {
@@ -378,8 +388,9 @@ static void conn_free(struct conn *c)
     struct conn_server *cs = c->cs;
     count_output(c, 0);
     /* the session first: closing it may call the engine, which may wake
-     * sessions (c among them); c leaves the woken list after that */
-    cs->proto->close(stream_of(c), loop_now());
+     * sessions (c among them); c leaves the woken list after that. A TLS
+     * connection still in its handshake has no session yet. */
+    if (!c->handshaking) cs->proto->close(stream_of(c), loop_now());
     loop_cancel(&c->woken);
     wal_unhold(cs->wal, &c->hold);
     queue_leave(c);
@@ -391,6 +402,12 @@ static void conn_free(struct conn *c)
     bg_engine_connection_closed(cs->engine);
     event_free(c->read_ev);
     if (c->write_ev) event_free(c->write_ev);
+    if (c->tls) {
+        /* best effort: one try at a close_notify, never waiting */
+        if (!c->handshaking) gnutls_bye(c->tls, GNUTLS_SHUT_WR);
+        gnutls_deinit(c->tls);
+        free(c->identity);
+    }
     close(c->peer.fd);
     bg_buf_free(&c->in);
     free(c);
@@ -411,13 +428,42 @@ static void conn_lost(struct conn *c, const char *why)
 
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 
+/* gnutls_record_send as write(): bytes sent, or -1 with errno EAGAIN,
+ * EINTR or EPIPE. After GNUTLS_E_AGAIN GnuTLS holds the record it made:
+ * the next call finishes that one (NULL, 0) and reports its bytes, which
+ * are still the head of the caller's buffer. */
+static ssize_t tls_send(struct conn *c, const void *data, size_t len)
+{
+    ssize_t n = c->tls_resend ? gnutls_record_send(c->tls, NULL, 0) : gnutls_record_send(c->tls, data, len);
+    c->tls_resend = n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED;
+    if (n >= 0) return n;
+    errno = n == GNUTLS_E_AGAIN ? EAGAIN : n == GNUTLS_E_INTERRUPTED ? EINTR : EPIPE;
+    return -1;
+}
+
+/* gnutls_record_recv as read(): bytes, 0 at the end of the stream (a
+ * close_notify, or the TCP end without one), or -1 with errno EAGAIN or
+ * EINTR (try later), or EPROTO: broken, or a renegotiation (refused). */
+static ssize_t tls_recv(struct conn *c, void *data, size_t len)
+{
+    ssize_t n = gnutls_record_recv(c->tls, data, len);
+    if (n >= 0) return n;
+    if (n == GNUTLS_E_PREMATURE_TERMINATION) return 0;
+    errno = n == GNUTLS_E_AGAIN ? EAGAIN
+          : n != GNUTLS_E_REHANDSHAKE && !gnutls_error_is_fatal((int)n) ? EINTR : EPROTO;
+    if (errno == EPROTO && log_enabled(BG_LOG_DEBUG))
+        log_event(BG_LOG_DEBUG, "tls_error", "protocol=%s fd=%d peer=%s error=%s", c->cs->proto->name,
+                  c->peer.fd, c->peer.addr, log_str(gnutls_strerror((int)n)));
+    return -1;
+}
+
 /* Write what the socket takes of out; arm the write event if some is
  * left, else disarm it. 0, or BG_IO_ERROR when the peer is gone (or the
  * write event cannot be made). */
 static int write_out(struct conn *c, struct bg_buf *out)
 {
     while (out->len) {
-        ssize_t n = write(c->peer.fd, bg_buf_head(out), out->len);
+        ssize_t n = c->tls ? tls_send(c, bg_buf_head(out), out->len) : write(c->peer.fd, bg_buf_head(out), out->len);
         if (n > 0) {
             bg_buf_consume(out, (size_t)n);
             c->wrote = 1;
@@ -443,7 +489,7 @@ static void conn_drop(struct conn *c, enum conn_reason why)
 {
     struct bg_stream *s = stream_of(c);
     note_limit(c->cs->proto, why, c->peer.fd, c->peer.addr);
-    if (why != CONN_OUTPUT_LIMIT && c->cs->proto->limit_hit) {
+    if (why != CONN_OUTPUT_LIMIT && c->cs->proto->limit_hit && !c->handshaking) {
         c->cs->proto->limit_hit(s, why, loop_now());
         if (!c->held) write_out(c, &s->out);
     }
@@ -458,7 +504,7 @@ static ssize_t read_in(struct conn *c)
     size_t in_max = c->cs->proto->limits.in_max;
     /* what the session does not consume is kept: never more than in_max */
     if (in_max > c->in.len && in_max - c->in.len < room) room = in_max - c->in.len;
-    ssize_t n = read(c->peer.fd, shared.in, room);
+    ssize_t n = c->tls ? tls_recv(c, shared.in, room) : read(c->peer.fd, shared.in, room);
     if (n > 0) {
         c->was_read = 1;
         return n;
@@ -595,6 +641,8 @@ static void conn_run_fresh(struct conn *c, const char *fresh, size_t fresh_len)
     if (pause && !c->read_paused) event_del(c->read_ev);
     if (!pause && c->read_paused) event_add(c->read_ev, NULL);
     c->read_paused = (uint8_t)pause;
+    /* bytes GnuTLS already decrypted do not make the socket readable */
+    if (c->tls && !pause && gnutls_record_check_pending(c->tls)) event_active(c->read_ev, EV_READ, 0);
     conn_schedule(c);
 }
 
@@ -646,8 +694,115 @@ static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRS
     if (!addr || !inet_ntop(sa->ss_family, addr, out, INET6_ADDRSTRLEN)) strcpy(out, "-");
 }
 
+/* The session is open: the stream takes the layer's limits and hooks. */
+static void stream_attach(struct conn *c)
+{
+    const struct conn_protocol *p = c->cs->proto;
+    struct bg_stream *s = stream_of(c);
+    s->out_limit = p->limits.out_limit;
+    s->out_max = p->limits.out_max;
+    if (shared.replies.max) s->budget = &shared.replies;
+    s->output_ready = stream_output_ready;
+    s->owner = c;
+    c->woken.run = conn_woken;
+}
+
+/* A TLS connection refused or failed before its session opened: logged
+ * (warn: one line per LOG_INTERVAL per server; debug: each), then closed. */
+static void tls_refuse(struct conn *c, const char *reason, const char *error)
+{
+    const struct conn_protocol *p = c->cs->proto;
+    char event[40];
+    snprintf(event, sizeof event, "%stls_refused", p->event_prefix);
+    unsigned long long held;
+    if (log_limit_pass(&c->cs->tls_log, loop_now(), LOG_INTERVAL, &held))
+        log_event(BG_LOG_WARN, event, "protocol=%s reason=%s error=%s fd=%d peer=%s not_logged=%llu", p->name,
+                  reason, log_str(error), c->peer.fd, c->peer.addr, held);
+    else if (log_enabled(BG_LOG_DEBUG))
+        log_event(BG_LOG_DEBUG, event, "protocol=%s reason=%s error=%s fd=%d peer=%s", p->name, reason,
+                  log_str(error), c->peer.fd, c->peer.addr);
+    conn_free(c);
+}
+
+static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
+
+/* The handshake is done: name the peer, open the session, and read as a
+ * plain connection does from now on. */
+static void tls_established(struct conn *c)
+{
+    const struct conn_protocol *p = c->cs->proto;
+    struct tls_identity id;
+    tls_session_identity(c->tls, &id);
+    if (id.count && (c->identity = malloc(sizeof id))) {
+        *c->identity = id;
+        c->peer.identity = c->identity;
+    }
+    if (id.count && !c->identity) {
+        conn_lost(c, "out_of_memory");
+        return;
+    }
+    if (p->open(p->ctx, stream_of(c), &c->peer, loop_now()) != 0) {
+        conn_lost(c, "open_failed"); /* still handshaking: no session to close */
+        return;
+    }
+    c->handshaking = 0;
+    stream_attach(c);
+    if (log_enabled(BG_LOG_DEBUG))
+        log_event(BG_LOG_DEBUG, "tls_established", "protocol=%s fd=%d peer=%s version=%s identity=%s names=%zu",
+                  p->name, c->peer.fd, c->peer.addr,
+                  log_str(gnutls_protocol_get_name(gnutls_protocol_get_version(c->tls))),
+                  log_str(id.count ? id.names[0] : NULL), id.count);
+    event_del(c->read_ev);
+    event_assign(c->read_ev, loop_base(), c->peer.fd, EV_READ | EV_PERSIST, conn_read_cb, c);
+    event_add(c->read_ev, NULL);
+    queue_leave(c);
+    conn_run(c); /* requests that came with the handshake's last flight */
+}
+
+/* The socket of a TLS connection in its handshake is ready: the first byte
+ * must begin a handshake record (else it is closed at once: plain text to
+ * a TLS port), then GnuTLS goes on as far as it can. */
+static void tls_handshake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct conn *c = arg;
+    if (!c->tls_first_seen) {
+        unsigned char first;
+        ssize_t n = recv(fd, &first, 1, MSG_PEEK);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        if (n <= 0) {
+            conn_lost(c, n == 0 ? "peer_closed" : "read_error");
+            return;
+        }
+        if (first != TLS_HANDSHAKE_RECORD) {
+            tls_refuse(c, "not_tls", "the first byte is not a TLS handshake record");
+            return;
+        }
+        c->tls_first_seen = 1;
+    }
+    int r;
+    do r = gnutls_handshake(c->tls);
+    while (r < 0 && r != GNUTLS_E_AGAIN && !gnutls_error_is_fatal(r));
+    if (r == GNUTLS_E_AGAIN) {
+        short want = gnutls_record_get_direction(c->tls) ? EV_WRITE : EV_READ;
+        if (event_get_events(c->read_ev) != (want | EV_PERSIST)) {
+            event_del(c->read_ev);
+            event_assign(c->read_ev, loop_base(), fd, want | EV_PERSIST, tls_handshake_cb, c);
+            event_add(c->read_ev, NULL);
+        }
+        return;
+    }
+    if (r < 0) {
+        tls_refuse(c, "handshake_failed", gnutls_strerror(r));
+        return;
+    }
+    tls_established(c);
+    loop_engine_changed();
+}
+
 /* Make a connection of an accepted socket (non-blocking already), counted
- * in its address's entry (NULL: none). */
+ * in its address's entry (NULL: none). On a TLS server the session opens
+ * after the handshake (tls_established). */
 static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_storage *sa,
                       struct addr_count *addr)
 {
@@ -664,20 +819,24 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     c->peer.fd = fd;
     peer_address(sa, c->peer.addr);
     struct bg_stream *s = stream_of(c);
-    c->read_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, conn_read_cb, c);
-    if (!c->read_ev || p->open(p->ctx, s, &c->peer, loop_now()) != 0) {
+    if (cs->tls) {
+        c->handshaking = 1;
+        if (tls_listener_session_new(cs->tls, &c->tls) == 0) {
+            gnutls_transport_set_int(c->tls, fd);
+            c->read_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, tls_handshake_cb, c);
+        }
+    } else {
+        c->read_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, conn_read_cb, c);
+    }
+    if (!c->read_ev || (!cs->tls && p->open(p->ctx, s, &c->peer, loop_now()) != 0)) {
         if (c->read_ev) event_free(c->read_ev);
+        if (c->tls) gnutls_deinit(c->tls);
         free(c);
         addr_unref(addr);
         close(fd);
         return;
     }
-    s->out_limit = p->limits.out_limit;
-    s->out_max = p->limits.out_max;
-    if (shared.replies.max) s->budget = &shared.replies;
-    s->output_ready = stream_output_ready;
-    s->owner = c;
-    c->woken.run = conn_woken;
+    if (!cs->tls) stream_attach(c);
     c->next = cs->conns;
     if (cs->conns) cs->conns->prev = c;
     cs->conns = c;
@@ -686,11 +845,13 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     if ((c->addr = addr)) addr->count++;
     bg_engine_connection_opened(cs->engine);
     event_add(c->read_ev, NULL);
-    conn_schedule(c); /* idle from the start */
+    if (cs->tls) queue_join(c, QUEUE_HANDSHAKE, loop_now()); /* the handshake's deadline */
+    else conn_schedule(c); /* idle from the start */
     if (log_enabled(BG_LOG_DEBUG)) {
         char event[32];
         snprintf(event, sizeof event, "%saccepted", p->event_prefix);
-        log_event(BG_LOG_DEBUG, event, "protocol=%s fd=%d peer=%s", p->name, fd, c->peer.addr);
+        log_event(BG_LOG_DEBUG, event, "protocol=%s fd=%d peer=%s tls=%d", p->name, fd, c->peer.addr,
+                  cs->tls != NULL);
     }
 }
 
@@ -728,14 +889,23 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 int conn_server_start(struct conn_server **out, const struct conn_protocol *p, int fd,
                       struct bg_engine *e, struct wal *w)
 {
+    return conn_server_start_tls(out, p, fd, e, w, NULL);
+}
+
+int conn_server_start_tls(struct conn_server **out, const struct conn_protocol *p, int fd,
+                          struct bg_engine *e, struct wal *w, struct tls_listener *tls)
+{
     struct conn_server *cs = calloc(1, sizeof *cs);
     if (!cs) return BG_OUT_OF_MEMORY;
     cs->proto = p;
     cs->engine = e;
     cs->wal = w;
+    cs->tls = tls;
     cs->fd = fd;
     cs->queues[QUEUE_REQUEST].timeout = p->limits.request_timeout;
     cs->queues[QUEUE_IDLE].timeout = p->limits.idle_timeout;
+    cs->queues[QUEUE_HANDSHAKE].timeout =
+        p->limits.request_timeout ? p->limits.request_timeout : CONN_TLS_HANDSHAKE_TIMEOUT;
     cs->accept_ev = event_new(loop_base(), fd, EV_READ | EV_PERSIST, accept_cb, cs);
     cs->resume_ev = evtimer_new(loop_base(), resume_cb, cs);
     cs->deadline_ev = evtimer_new(loop_base(), deadline_cb, cs);
@@ -783,9 +953,9 @@ void conn_server_stop_reading(struct conn_server *cs)
 static void flush_at_stop(struct conn *c, bg_time deadline)
 {
     struct bg_buf *out = &stream_of(c)->out;
-    if (!wal_reply_may_go(c->cs->wal, c->mark)) return;
+    if (c->handshaking || !wal_reply_may_go(c->cs->wal, c->mark)) return;
     while (out->len) {
-        ssize_t n = write(c->peer.fd, bg_buf_head(out), out->len);
+        ssize_t n = c->tls ? tls_send(c, bg_buf_head(out), out->len) : write(c->peer.fd, bg_buf_head(out), out->len);
         if (n > 0) {
             bg_buf_consume(out, (size_t)n);
             continue;

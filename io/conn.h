@@ -126,6 +126,16 @@ struct conn_server;
  * no log). *out is set. 0 or BG_OUT_OF_MEMORY. */
 int conn_server_start(struct conn_server **out, const struct conn_protocol *p, int fd,
                       struct bg_engine *e, struct wal *w);
+/* The TLS handshake's deadline when the protocol has no request deadline. */
+#define CONN_TLS_HANDSHAKE_TIMEOUT (10 * BG_SECOND)
+/* As conn_server_start, over TLS with tls's credentials (NULL: plain TCP;
+ * tls must outlive the server). Each connection's handshake comes before
+ * the protocol's open() (which gets the client certificate's names in
+ * peer->identity) and must be done within the request deadline (or
+ * CONN_TLS_HANDSHAKE_TIMEOUT); a first byte that does not begin a TLS
+ * handshake record closes the connection at once (event tls_refused). */
+int conn_server_start_tls(struct conn_server **out, const struct conn_protocol *p, int fd,
+                          struct bg_engine *e, struct wal *w, struct tls_listener *tls);
 /* Stop accepting new connections (the listener stays open). */
 void conn_server_pause(struct conn_server *cs);
 /* The listening socket. */

@@ -26,6 +26,12 @@
 #define TLS_IDENTITY_MAX 16      /* names taken from one client certificate at most */
 #define TLS_IDENTITY_NAME_MAX 256 /* bytes of one name, its "cn:" prefix included */
 
+/* The priority without --tls-priority: GnuTLS's NORMAL choice of ciphers,
+ * TLS 1.3 and 1.2 only. A --tls-priority string is checked at start: one
+ * GnuTLS cannot parse, or one enabling a version below TLS 1.2 (or neither
+ * 1.2 nor 1.3), refuses the start. */
+#define TLS_DEFAULT_PRIORITY "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+
 /* What one listener is configured with (the flags --tls-* and --http-tls-*). */
 struct tls_files {
     const char *cert;          /* PEM certificate chain */
@@ -43,6 +49,16 @@ int tls_listener_new(struct tls_listener **out, const struct tls_files *f, char 
 void tls_listener_free(struct tls_listener *l);
 /* Read the files again: 0, or -1 with why in err (the old ones stay). */
 int tls_listener_reload(struct tls_listener *l, char *err, size_t errlen);
+
+/* Reload every live listener (SIGHUP): each logs tls_reloaded, or
+ * tls_reload_failed path=... error=... and keeps its old credentials.
+ * 0, or -1 if any failed. */
+int tls_reload_all(void);
+
+/* A new non-blocking server session on l's current credentials and
+ * priority, asking for (with a CA) or requiring (verify_client) a client
+ * certificate: 0, or -1. The caller gnutls_deinit()s it. */
+int tls_listener_session_new(struct tls_listener *l, gnutls_session_t *out);
 
 /* A verified client certificate's names: "cn:NAME" for the subject's
  * common name, then "dns:", "email:", "uri:" for each subjectAltName, at

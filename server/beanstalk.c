@@ -81,12 +81,31 @@ int beanstalk_start(struct server *srv, const struct server_config *cfg)
         close(fd);
         return BG_OUT_OF_MEMORY;
     }
+    if (!cfg->tls_port) return 0;
+    /* the same protocol over TLS, beside the plain port */
+    int tls_fd = listen_tcp(cfg->listen_addr, cfg->tls_port);
+    if (tls_fd < 0) return BG_IO_ERROR;
+    srv->tls_listen_fd = tls_fd;
+    if (conn_server_start_tls(&srv->beanstalk_tls, &proto, tls_fd, &srv->engine, srv->wal, srv->tls) != 0) {
+        close(tls_fd);
+        return BG_OUT_OF_MEMORY;
+    }
+    log_event(BG_LOG_INFO, "listening", "protocol=beanstalk tls=1 addr=%s port=%s", log_str(cfg->listen_addr),
+              log_str(cfg->tls_port));
     return 0;
+}
+
+void beanstalk_stop_reading(struct server *srv)
+{
+    conn_server_stop_reading(srv->beanstalk);
+    conn_server_stop_reading(srv->beanstalk_tls);
 }
 
 void beanstalk_stop(struct server *srv, bg_time deadline)
 {
     conn_server_stop(srv->beanstalk, deadline);
     srv->beanstalk = NULL;
+    conn_server_stop(srv->beanstalk_tls, deadline);
+    srv->beanstalk_tls = NULL;
     if (srv->unix_path[0]) unlink(srv->unix_path);
 }

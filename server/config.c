@@ -218,6 +218,29 @@ static const struct setting settings[] = {
      .help = "let the Gearman admin commands `shutdown` and `shutdown graceful` stop\n"
              "the server (off: unknown commands, as in gearmand 1.1.20); the Gearman\n"
              "port has no authentication"},
+    /* ---- TLS (issue 23; io/tls.h, docs/security.md, TLS) ---- */
+    {0, "--tls-cert", "BEANGATE_TLS_CERT", "FILE", K_STRING, .key = "tls_cert", FIELD(tls_cert),
+     .help = "PEM certificate chain of every TLS listener without its own; read\n"
+             "again at SIGHUP"},
+    {0, "--tls-key", "BEANGATE_TLS_KEY", "FILE", K_STRING, .key = "tls_key", FIELD(tls_key),
+     .help = "PEM private key of --tls-cert"},
+    {0, "--tls-ca", "BEANGATE_TLS_CA", "FILE", K_STRING, .key = "tls_ca", FIELD(tls_ca),
+     .help = "PEM CA certificates: TLS clients are asked for a certificate, which\n"
+             "must verify against them (its names are the session's identity)"},
+    {0, "--tls-verify-client", "BEANGATE_TLS_VERIFY_CLIENT", NULL, K_BOOL, .def = "0",
+     .key = "tls_verify_client", FIELD(tls_verify_client),
+     .help = "with --tls-ca: a TLS client without a certificate is refused"},
+    {0, "--tls-priority", "BEANGATE_TLS_PRIORITY", "STRING", K_STRING, .key = "tls_priority",
+     FIELD(tls_priority),
+     .help = "GnuTLS priority string (default " TLS_DEFAULT_PRIORITY ");\n"
+             "one GnuTLS refuses, or one enabling TLS 1.1 or older, stops the start"},
+    {0, "--tls-port", "BEANGATE_TLS_PORT", "PORT", K_PORT, .key = "tls_port", FIELD(tls_port),
+     .help = "serve beanstalk over TLS on this port of -l's address too (needs\n"
+             "--tls-cert and --tls-key); -p stays plain TCP"},
+    {0, "--gearman-tls-port", "BEANGATE_GEARMAN_TLS_PORT", "PORT", K_PORT, .key = "gearman_tls_port",
+     FIELD(gearman_tls_port), ALSO(gearman_enabled, 1),
+     .help = "serve Gearman over TLS on this port of --gearman-listen's address too\n"
+             "(turns Gearman on; needs --tls-cert and --tls-key)"},
     {0, "--push", "BEANGATE_PUSH", "SUBSCRIPTION", K_LIST, .max = BG_PUSH_SUBSCRIPTIONS_MAX,
      .key = "push",
      .help = "deliver the jobs of a tube to an HTTP endpoint (docs/http.md, Push\n"
@@ -871,6 +894,30 @@ static void log_config(const struct server_config *c)
                       source_names[sources[i]], settings[i].env);
 }
 
+/* The TLS flags go together: a TLS port needs the pair, a required client
+ * certificate a CA. 0, or SERVER_USAGE_EXIT after a message. (The files
+ * themselves are read at start: tls_listener_new.) */
+static int check_tls(const struct server_config *cfg)
+{
+    const char *flag = NULL, *why = NULL;
+    if ((cfg->tls_port || cfg->gearman_tls_port) && (!cfg->tls_cert || !cfg->tls_key)) {
+        flag = cfg->tls_port ? "--tls-port" : "--gearman-tls-port";
+        why = "needs --tls-cert and --tls-key";
+    } else if (!cfg->tls_cert != !cfg->tls_key) {
+        flag = cfg->tls_cert ? "--tls-cert" : "--tls-key";
+        why = "--tls-cert and --tls-key go together";
+    } else if (cfg->tls_verify_client && !cfg->tls_ca) {
+        flag = "--tls-verify-client";
+        why = "needs --tls-ca";
+    } else if (cfg->tls_port && strncmp(cfg->listen_addr, "unix:", 5) == 0) {
+        flag = "--tls-port";
+        why = "needs a TCP address in -l";
+    }
+    if (!flag) return 0;
+    log_event(BG_LOG_ERROR, "bad_flag", "flag=%s msg=%s", flag, log_str(why));
+    return SERVER_USAGE_EXIT;
+}
+
 int server_config_parse(struct server_config *cfg, int argc, char **argv)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -894,6 +941,7 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv)
     }
     log_set_verbosity(cfg->verbose);
     if ((rc = load_tokens(cfg)) != 0) return rc;
+    if ((rc = check_tls(cfg)) != 0) return rc;
     log_config(cfg);
     return 0;
 }

@@ -18,6 +18,7 @@ struct gearman {
     struct gm_server server;
     struct conn_protocol proto;
     struct conn_server *conns;
+    struct conn_server *conns_tls; /* --gearman-tls-port, or NULL */
     struct event *sweep_ev;
 };
 
@@ -107,7 +108,12 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 
 int gearman_listen_fd(const struct gearman *g) { return conn_server_fd(g->conns); }
 
-uint64_t gearman_connections(const struct gearman *g) { return g ? conn_server_count(g->conns) : 0; }
+int gearman_tls_listen_fd(const struct gearman *g) { return g->conns_tls ? conn_server_fd(g->conns_tls) : -1; }
+
+uint64_t gearman_connections(const struct gearman *g)
+{
+    return g ? conn_server_count(g->conns) + (g->conns_tls ? conn_server_count(g->conns_tls) : 0) : 0;
+}
 
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg)
 {
@@ -150,6 +156,19 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
         free(g);
         return NULL;
     }
+    if (cfg->gearman_tls_port) {
+        int tls_fd = listen_tcp(cfg->gearman_listen, cfg->gearman_tls_port);
+        if (tls_fd < 0 ||
+            conn_server_start_tls(&g->conns_tls, &g->proto, tls_fd, &srv->engine, srv->wal, srv->tls) != 0) {
+            if (tls_fd >= 0) close(tls_fd);
+            conn_server_stop(g->conns, loop_now());
+            gm_server_destroy(&g->server, loop_now());
+            free(g);
+            return NULL;
+        }
+        log_event(BG_LOG_INFO, "listening", "protocol=gearman tls=1 addr=%s port=%s",
+                  log_str(cfg->gearman_listen), log_str(cfg->gearman_tls_port));
+    }
     g->sweep_ev = event_new(loop_base(), -1, EV_PERSIST, sweep_cb, g);
     struct timeval every = {GM_SWEEP_MS / 1000, (GM_SWEEP_MS % 1000) * 1000};
     event_add(g->sweep_ev, &every);
@@ -160,13 +179,16 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 
 void gearman_stop_reading(struct gearman *g)
 {
-    if (g) conn_server_stop_reading(g->conns);
+    if (!g) return;
+    conn_server_stop_reading(g->conns);
+    conn_server_stop_reading(g->conns_tls);
 }
 
 void gearman_stop(struct gearman *g, bg_time deadline)
 {
     if (!g) return;
     conn_server_stop(g->conns, deadline);
+    conn_server_stop(g->conns_tls, deadline);
     if (g->sweep_ev) event_free(g->sweep_ev);
     gm_server_destroy(&g->server, loop_now());
     free(g);

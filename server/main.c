@@ -129,6 +129,14 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     log_event(BG_LOG_INFO, "draining", "puts=refused");
 }
 
+/* SIGHUP: read every TLS listener's files again (each logs how it went;
+ * a listener whose new files are bad keeps its old ones). */
+static void reload_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    tls_reload_all();
+}
+
 /* Push deliveries in flight at SIGTERM have finished, or the grace ran out. */
 static void push_stopped(void *arg)
 {
@@ -274,6 +282,10 @@ static void print_startup_block(const struct server *srv, const struct server_co
         bound_address(srv->listen_fd, addr, sizeof addr);
         printf("  beanstalk  %s%s\n", addr, srv->listen_desc[0] ? " (socket from systemd)" : "");
     }
+    if (srv->tls_listen_fd >= 0) {
+        bound_address(srv->tls_listen_fd, addr, sizeof addr);
+        printf("  beanstalk  %s over TLS%s\n", addr, cfg->tls_ca ? (cfg->tls_verify_client ? ", client certificate required" : ", client certificate asked for") : "");
+    }
     if (srv->gateway) {
         bound_address(gateway_listen_fd(srv->gateway), http, sizeof http);
         printf("  http       http://%s/\n", http);
@@ -285,6 +297,10 @@ static void print_startup_block(const struct server *srv, const struct server_co
         bound_address(gearman_listen_fd(srv->gearman), addr, sizeof addr);
         printf("  gearman    %s%s\n", addr,
                cfg->gearman_admin_shutdown ? " (admin shutdown on)" : "");
+        if (gearman_tls_listen_fd(srv->gearman) >= 0) {
+            bound_address(gearman_tls_listen_fd(srv->gearman), addr, sizeof addr);
+            printf("  gearman    %s over TLS\n", addr);
+        }
     }
     if (cfg->replicate)
         printf("  replicated NATS JetStream stream %s at %s, %s; this node (%s) is primary\n",
@@ -430,7 +446,7 @@ static void server_stop(struct server *srv)
 {
     gateway_stop_reading(srv->gateway);
     gearman_stop_reading(srv->gearman);
-    conn_server_stop_reading(srv->beanstalk);
+    beanstalk_stop_reading(srv);
     push_free(srv->push);
     srv->push = NULL;
     /* what was appended is kept, or the exit status says it was not */
@@ -466,6 +482,7 @@ int main(int argc, char **argv)
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write, not a death */
     static struct server srv;
     srv.listen_fd = -1;
+    srv.tls_listen_fd = -1;
     srv.verbose = cfg.verbose;
     srv.started_at = loop_now();
     srv.cfg = &cfg;
@@ -479,6 +496,15 @@ int main(int argc, char **argv)
         log_event(BG_LOG_ERROR, "bad_flag", "flag=--replicate-renew-ms value=%u msg=%s", cfg.replicate_renew_ms,
                   log_str("must be less than --replicate-lease-ms"));
         return SERVER_USAGE_EXIT;
+    }
+    if (cfg.tls_cert) {
+        /* the files are read now: a missing or bad one stops the start */
+        struct tls_files files = {cfg.tls_cert, cfg.tls_key, cfg.tls_ca, cfg.tls_priority, cfg.tls_verify_client};
+        char why[512];
+        if (tls_listener_new(&srv.tls, &files, why, sizeof why) != 0) {
+            log_event(BG_LOG_ERROR, "bad_flag", "flag=--tls-cert msg=%s", log_str(why));
+            return SERVER_USAGE_EXIT;
+        }
     }
     if (bg_engine_init(&srv.engine, cfg.max_job_size, srv.hash_key) != 0) {
         log_event(BG_LOG_ERROR, "out_of_memory", "at=engine_init");
@@ -498,7 +524,9 @@ int main(int argc, char **argv)
     srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, drain_cb, &srv);
     srv.sig_term = evsignal_new(srv.base, SIGTERM, stop_cb, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, stop_cb, &srv);
+    srv.sig_hup = evsignal_new(srv.base, SIGHUP, reload_cb, &srv);
     event_add(srv.sig_usr1, NULL);
+    event_add(srv.sig_hup, NULL);
     event_add(srv.sig_term, NULL);
     event_add(srv.sig_int, NULL);
     if (cfg.replicate) {
@@ -555,6 +583,8 @@ int main(int argc, char **argv)
     event_free(srv.sig_usr1);
     event_free(srv.sig_term);
     event_free(srv.sig_int);
+    event_free(srv.sig_hup);
+    tls_listener_free(srv.tls);
     loop_free();
     return srv.exit_status;
 }

@@ -74,6 +74,15 @@ struct server_config {
     const char *gearman_listen;  /* default 127.0.0.1 */
     const char *gearman_port;    /* default 4730 */
     int gearman_admin_shutdown;  /* the admin `shutdown` works (default: unknown command) */
+    const char *gearman_tls_port; /* --gearman-tls-port: Gearman over TLS too; NULL: none */
+    /* TLS (io/tls.h; docs/security.md, TLS): the pair every listener uses
+     * unless it has its own */
+    const char *tls_cert;        /* --tls-cert, or NULL */
+    const char *tls_key;         /* --tls-key, or NULL */
+    const char *tls_ca;          /* --tls-ca: client certificates asked for; NULL: none */
+    int tls_verify_client;       /* --tls-verify-client: one is required */
+    const char *tls_priority;    /* --tls-priority, or NULL: TLS_DEFAULT_PRIORITY */
+    const char *tls_port;        /* --tls-port: beanstalk over TLS on -l's address; NULL: none */
     /* push delivery (server/push.c parses and checks the subscriptions) */
     const char *const *push_specs; /* the --push values in order, or BEANGATE_PUSH's */
     size_t push_spec_count;
@@ -114,9 +123,12 @@ struct server;
 
 /* Listen on cfg's address, a UNIX socket or the socket systemd passed, and
  * serve beanstalk on srv's engine (sets srv->listen_fd, unix_path,
- * listen_desc, beanstalk). 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after a
+ * listen_desc, beanstalk); with --tls-port, over TLS too (srv->tls;
+ * sets tls_listen_fd, beanstalk_tls). 0, or BG_IO_ERROR / BG_OUT_OF_MEMORY after a
  * log line. */
 int beanstalk_start(struct server *srv, const struct server_config *cfg);
+/* No more accepts or reads on either beanstalk port (conn_server_stop_reading). */
+void beanstalk_stop_reading(struct server *srv);
 /* Send what the log kept (until deadline), close every beanstalk
  * connection and the listener (and its socket file); conn_server_stop. */
 void beanstalk_stop(struct server *srv, bg_time deadline);
@@ -125,8 +137,9 @@ void beanstalk_stop(struct server *srv, bg_time deadline);
 
 struct gearman;
 
-/* Listen on cfg's Gearman address and serve the protocol on srv's engine.
- * NULL (and a log line) if it cannot listen. */
+/* Listen on cfg's Gearman address and serve the protocol on srv's engine
+ * (and over TLS with srv->tls on --gearman-tls-port). NULL (and a log
+ * line) if it cannot listen. */
 struct gearman *gearman_start(struct server *srv, const struct server_config *cfg);
 /* No more accepts or reads (conn_server_stop_reading); NULL does nothing. */
 void gearman_stop_reading(struct gearman *g);
@@ -137,6 +150,8 @@ void gearman_stop(struct gearman *g, bg_time deadline);
 uint64_t gearman_connections(const struct gearman *g);
 /* The listening socket (for the startup block's address). */
 int gearman_listen_fd(const struct gearman *g);
+/* The TLS listening socket, or -1 without --gearman-tls-port. */
+int gearman_tls_listen_fd(const struct gearman *g);
 
 /* ---- main.c: the process ----------------------------------------------- */
 
@@ -146,6 +161,10 @@ struct server {
     struct event *sig_usr1, *sig_term, *sig_int;
     int listen_fd;               /* the beanstalk listener's socket */
     struct conn_server *beanstalk;
+    struct conn_server *beanstalk_tls; /* NULL without --tls-port */
+    int tls_listen_fd;           /* its socket, or -1 */
+    struct tls_listener *tls;    /* --tls-cert/--tls-key's credentials, or NULL */
+    struct event *sig_hup;       /* SIGHUP: reload every TLS listener's files */
     char unix_path[108];
     char listen_desc[32];        /* "systemd-fd-3" when the socket was inherited */
     struct wal *wal;             /* NULL without -b */
