@@ -844,6 +844,17 @@ static int load_tokens(struct server_config *cfg)
     return 0;
 }
 
+const struct bg_scope *server_peer_scope(const struct bg_scopes *sc, const struct conn_peer *peer)
+{
+    if (!peer->tls || !bg_scopes_has_identities(sc)) return NULL;
+    if (!peer->identity) return bg_scope_nothing();
+    const char *names[TLS_IDENTITY_MAX];
+    size_t n = peer->identity->count < TLS_IDENTITY_MAX ? peer->identity->count : TLS_IDENTITY_MAX;
+    for (size_t i = 0; i < n; i++) names[i] = peer->identity->names[i];
+    const struct bg_scope *s;
+    return bg_scopes_for_identity(sc, names, n, &s) == 0 ? s : bg_scope_nothing();
+}
+
 /* ---- the effective configuration --------------------------------------- */
 
 /* -V: one line of every setting (the number of tokens, never a token);
