@@ -20,8 +20,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from testlib import (LineSocket, ServerProcess, arg_parser, check, check_eq, free_port,  # noqa: E402
-                     parse_args, run, run_binary, sanitizer_report, uses_default_tube, wait_ready)
+from testlib import (LineSocket, ServerProcess, arg_parser, check, check_eq, doc_block, free_port,  # noqa: E402
+                     parse_args, run, run_binary, sanitizer_report, uses_default_tube)
 from tlsfiles import TestCA  # noqa: E402
 
 TIMEOUT = 10.0
@@ -310,9 +310,25 @@ def test_access_file_refused_at_start():
     os.unlink(path)
 
 
+def test_documented_access_file():
+    """docs/security.md's example access file, as it is: a certificate of
+    its first identity line gets that line's grant."""
+    doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "security.md")
+    with Server(access=doc_block(doc, "access-file-example") + "\n") as srv:
+        c = Line(srv.tls_port, "mailer")
+        check_eq(c.ask(b"use emails\r\n"), b"USING emails", "cn:mailer: use emails")
+        check_eq(c.ask(b"put 0 0 60 2\r\nhi\r\n"), b"INSERTED 1", "cn:mailer: put")
+        check_eq(c.ask(b"use sms\r\n"), b"PERMISSION_DENIED produce:sms", "cn:mailer: use sms")
+        c.close()
+        c = Line(srv.tls_port, "stranger")   # identity *: read:public
+        check_eq(c.ask(b"list-tubes\r\n"), b"OK 4\r\n---\n", "identity *: list-tubes")
+        check_eq(c.ask(b"stats-tube public\r\n"), b"NOT_FOUND", "identity *: stats-tube public")
+        c.close()
+
+
 TESTS = [test_beanstalk_certificates_get_their_scopes, test_beanstalk_strangers_get_nothing,
          test_gearman_certificates_get_their_scopes, test_without_identity_lines_certificates_are_unscoped,
-         test_access_file_refused_at_start]
+         test_access_file_refused_at_start, test_documented_access_file]
 
 
 def main(argv):
@@ -328,6 +344,7 @@ def main(argv):
         FILES["worker"] = ca.issue("worker", cn="worker-7", dns=["worker.example"], client=True)
         FILES["admin"] = ca.issue("admin", cn="admin", client=True)
         FILES["stranger"] = ca.issue("stranger", cn="stranger", client=True)
+        FILES["mailer"] = ca.issue("mailer", cn="mailer", client=True)
         return run("tls_scopes", TESTS, args, namespace=globals())
 
 
