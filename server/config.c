@@ -832,6 +832,12 @@ static int load_tokens(struct server_config *cfg)
         if ((rc = load_token_env(settings[i].env, v)) != 0) return rc;
         sources[i] = FROM_ENV;
     }
+    /* identity lines scope the TLS ports' certificates: without a CA no
+     * certificate is asked for, and every TLS connection may do nothing */
+    if (bg_scopes_has_identities(scopes) && !cfg->tls_ca)
+        log_event(BG_LOG_WARN, "identities_without_ca",
+                  "path=%s msg=\"identity lines, but no --tls-ca: TLS connections present no certificate "
+                  "and may do nothing; plain TCP is not scoped\"", log_str(cfg->http_token_file));
     size_t count = bg_scopes_token_count(scopes);
     for (size_t i = 0; i < count; i++) {
         size_t n;

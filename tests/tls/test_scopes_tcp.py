@@ -21,7 +21,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from testlib import (LineSocket, ServerProcess, arg_parser, check, check_eq, doc_block, free_port,  # noqa: E402
-                     parse_args, run, run_binary, sanitizer_report, uses_default_tube)
+                     parse_args, run, run_binary, sanitizer_report, uses_default_tube, wait_until)
 from tlsfiles import TestCA  # noqa: E402
 
 TIMEOUT = 10.0
@@ -302,11 +302,21 @@ def test_access_file_refused_at_start():
         check(want in err, "%r: stderr does not say %r: %s" % (text, want, err[-600:]))
         check(secret not in err and "other-half" not in err, "a token reached the log: %s" % err[-600:])
     # certificates only, no gateway: starts
-    with open(path, "w") as f:
-        f.write("identity cn:alice produce:emails\n")
     srv = Server(access="identity cn:alice produce:emails\n", extra=["--no-http"])
     srv.start()
+    check("identities_without_ca" not in srv.proc.stderr(), "a warning with --tls-ca given")
     srv.stop()
+    # identity lines without --tls-ca: a warning (no TLS client will have a certificate)
+    with open(path, "w") as f:
+        f.write("identity cn:alice produce:emails\n")
+    proc = ServerProcess()
+    proc.spawn([BINARY, "-p", str(free_port()), "--no-http", "--http-token-file", path])
+    try:
+        wait_until(lambda: "event=identities_without_ca" in proc.stderr() or proc.proc.poll() is not None,
+                   "the warning", TIMEOUT)
+        check("event=identities_without_ca" in proc.stderr(), "no warning: %s" % proc.stderr()[-600:])
+    finally:
+        proc.kill()
     os.unlink(path)
 
 
