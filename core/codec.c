@@ -366,7 +366,7 @@ static int check_scope(const struct bg_session *s, const struct command *c, cons
                        char required[BG_SCOPE_REQUIRED_MAX])
 {
     const struct bg_scope *scope = s->scope;
-    if (!scope) return 0;
+    if (!scope || r->bad_after_count) return 0; /* BAD_FORMAT comes first, and changes nothing */
     enum bg_scope_kind kind = c->kind;
     const char *tube = NULL;
     switch (c->target) {

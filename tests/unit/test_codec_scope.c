@@ -87,6 +87,7 @@ static const struct scope_case cases[] = {
      "USING emails\r\nPERMISSION_DENIED manage:emails\r\nPERMISSION_DENIED manage:emails\r\n"
      "PERMISSION_DENIED manage:emails\r\n",
      "stats-tube emails\r\n", NULL, 3},
+    {"read:emails", "", "pause-tube -x 10\r\npause-tube  10\r\n", "BAD_FORMAT\r\nBAD_FORMAT\r\n", NULL, NULL, 0},
     {"manage,read:emails", JOB_IN("emails"), "use emails\r\nkick 10\r\npause-tube emails 0\r\n",
      "USING emails\r\nKICKED 0\r\nPAUSED\r\n", NULL, NULL, 0},
     /* stats-tube: read, asked before the tube is looked up */
