@@ -176,6 +176,7 @@ static int priority_load(const char *s, gnutls_priority_t *out, char *err, size_
     const char *where = NULL;
     int r = gnutls_priority_init(out, s, &where);
     if (r < 0) {
+        *out = NULL;
         snprintf(err, errlen, "bad priority string near \"%.40s\": %s", where ? where : s, gnutls_strerror(r));
         return -1;
     }
@@ -190,6 +191,7 @@ static int priority_load(const char *s, gnutls_priority_t *out, char *err, size_
     }
     if (old || !modern) {
         gnutls_priority_deinit(*out);
+        *out = NULL;
         snprintf(err, errlen, "priority string must enable TLS 1.2 or 1.3 and nothing older");
         return -1;
     }

@@ -232,8 +232,9 @@ static const struct setting settings[] = {
      .help = "with --tls-ca: a TLS client without a certificate is refused"},
     {0, "--tls-priority", "BEANGATE_TLS_PRIORITY", "STRING", K_STRING, .key = "tls_priority",
      FIELD(tls_priority),
-     .help = "GnuTLS priority string (default " TLS_DEFAULT_PRIORITY ");\n"
-             "one GnuTLS refuses, or one enabling TLS 1.1 or older, stops the start"},
+     .help = "GnuTLS priority string; unset: TLS 1.2 and 1.3 only,\n"
+             TLS_DEFAULT_PRIORITY ". One GnuTLS refuses, or one\n"
+             "enabling TLS 1.1 or older, stops the start"},
     {0, "--tls-port", "BEANGATE_TLS_PORT", "PORT", K_PORT, .key = "tls_port", FIELD(tls_port),
      .help = "serve beanstalk over TLS on this port of -l's address too (needs\n"
              "--tls-cert and --tls-key); -p stays plain TCP"},

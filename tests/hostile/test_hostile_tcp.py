@@ -12,13 +12,21 @@ own open-file limit (setrlimit) as far as the hard limit allows and skips,
 with a SKIP line saying why, the tests that need more. Under ASan (the
 binary is instrumented) the crowd tests use smaller counts and the memory
 bounds are looser; the output says so.
+
+With --tls (ctest hostile_tcp_tls) the same tests run against --tls-port
+and --gearman-tls-port (issue 23): every client socket is wrapped in
+Python's ssl (a throwaway CA from tests/lib/tlsfiles.py), so the limits
+are those of the TLS ports. TLS_SKIPS says which tests do not apply there
+and why.
 """
 
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -37,6 +45,7 @@ BINARY = None
 ASAN = False            # the binary is built with AddressSanitizer
 SLOW_CLIENTS = 5000     # the crowd of slow beanstalk clients (1000 under ASan)
 START_TIMEOUT = 10.0
+TLS = None              # --tls: the client context and the server's files (TLSFiles)
 
 Skip = testlib.Skip
 
@@ -44,6 +53,115 @@ Skip = testlib.Skip
 def note(text):
     """A line of numbers in the suite's output."""
     print("  " + text, flush=True)
+
+
+# ---- --tls: the same clients over TLS -------------------------------------------
+
+class TLSFiles:
+    """--tls: a throwaway CA, a server certificate for 127.0.0.1, and a
+    client context trusting the CA whose sockets behave like plain ones for
+    these tests (HostileSSLSocket)."""
+
+    def __init__(self):
+        from tlsfiles import TestCA
+        self.dir = tempfile.mkdtemp(prefix="beangate-hostile-tls-")
+        ca = TestCA(self.dir)
+        self.cert, self.key = ca.issue("server", dns=["localhost"], ips=["127.0.0.1"])
+        self.context = ssl.create_default_context(cafile=ca.cert)
+        self.context.sslsocket_class = HostileSSLSocket
+
+    def server_args(self, port, gm_port):
+        return ["--tls-cert", self.cert, "--tls-key", self.key, "--tls-port", str(port),
+                "--gearman-tls-port", str(gm_port)]
+
+    def wrap(self, sock):
+        """sock (connected) after a TLS handshake; one the server closed
+        before or during the handshake (a limit refused it) is returned
+        as closed: it reads b"" (or a reset), as a plain one would."""
+        s = self.context.wrap_socket(sock, server_hostname="localhost", do_handshake_on_connect=False)
+        try:
+            s.do_handshake()
+        except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as e:
+            s.refused = e
+        return s
+
+
+class HostileSSLSocket(ssl.SSLSocket):
+    """An ssl socket that answers like a plain one where the tests look:
+    non-blocking calls that cannot go on raise BlockingIOError, the peer's
+    end (with or without close_notify) reads b"", other TLS errors are a
+    reset. TLS cannot peek: recv(n, MSG_PEEK) reads and keeps the bytes for
+    the next recv."""
+
+    refused = None
+    peeked = b""
+
+    def recv(self, n=1024, flags=0):
+        if self.refused is not None:
+            return b""
+        if self.peeked:
+            data = self.peeked[:n]
+            if not flags & socket.MSG_PEEK:
+                self.peeked = self.peeked[n:]
+            return data
+        data = self._recv(n)
+        if flags & socket.MSG_PEEK:
+            self.peeked = data
+        return data
+
+    def _recv(self, n):
+        try:
+            return super().recv(n)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise BlockingIOError(11, "TLS: would block") from None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return b""
+        except ssl.SSLError as e:
+            raise ConnectionResetError(104, "TLS: %s" % e) from None
+
+    def send(self, data, flags=0):
+        if self.refused is not None:
+            raise BrokenPipeError(32, "TLS: refused at the handshake: %s" % self.refused)
+        try:
+            return super().send(data)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise BlockingIOError(11, "TLS: would block") from None
+        except ssl.SSLError as e:
+            raise ConnectionResetError(104, "TLS: %s" % e) from None
+
+    def sendall(self, data, flags=0):
+        if self.refused is not None:
+            raise BrokenPipeError(32, "TLS: refused at the handshake: %s" % self.refused)
+        try:
+            return super().sendall(data)
+        except ssl.SSLError as e:
+            raise ConnectionResetError(104, "TLS: %s" % e) from None
+
+
+def client_socket(sock):
+    """A connected client socket as the tests use it: wrapped in TLS with --tls."""
+    return TLS.wrap(sock) if TLS else sock
+
+
+# What a GnuTLS server session may hold besides the layer's buffers (its
+# record buffers, up to 16 KB each way, and its state), for memory bounds.
+TLS_SESSION_BYTES = 40960
+
+# Tests that do not apply to the TLS ports, and why.
+TLS_SKIPS = {
+    "test_p99_with_slow_clients": "its 5000-client crowd measures the plain path's memory and latency; "
+                                  "over TLS each client would first need a handshake from this one Python "
+                                  "process, and the connection layer's crowd handling is the same code",
+    "test_rss_bounded_partial_lines": "its per-connection memory bound is for plain connections; a GnuTLS "
+                                      "session keeps its own record buffers (tests/tls measures TLS itself)",
+    "test_rss_bounded_non_reading_pipeliners": "its RSS bound is for plain connections (GnuTLS buffers a "
+                                               "record per session besides the layer's own buffers)",
+    "test_rss_bounded_non_reading_listers": "its RSS bound is for plain connections (GnuTLS buffers a "
+                                            "record per session besides the layer's own buffers)",
+    "test_job_memory_ceiling_after_restart": "about the log and the job-memory ceiling after a restart; "
+                                             "nothing in it depends on the transport "
+                                             "(test_job_memory_ceiling runs over TLS)",
+}
 
 
 # ---- the server --------------------------------------------------------------
@@ -68,6 +186,11 @@ class Server:
         for _attempt in range(5):
             self.port, self.http_port, self.gm_port = free_port(), free_port(), free_port()
             argv = [BINARY, "-l", "127.0.0.1", "-p", str(self.port)] + self.args
+            if TLS:
+                self.tls_port, self.gm_tls_port = free_port(), free_port()
+                argv += TLS.server_args(self.tls_port, self.gm_tls_port)
+                if not self.gearman:  # the Gearman TLS port turns Gearman on: give it its plain port too
+                    argv += ["--gearman-listen", "127.0.0.1", "--gearman-port", str(self.gm_port)]
             argv += ["--http-listen", "127.0.0.1", "--http-port", str(self.http_port)] if self.http else ["--no-http"]
             if self.gearman:
                 argv += ["--gearman-listen", "127.0.0.1", "--gearman-port", str(self.gm_port)]
@@ -83,6 +206,8 @@ class Server:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=self.err, env=testlib.clean_env(), preexec_fn=limits)
             if testlib.wait_ready(self.proc, lambda: self._answers(), START_TIMEOUT) == "ok":
+                if TLS:  # from now on the tests' ports are the TLS ones
+                    self.plain_port, self.port, self.gm_port = self.port, self.tls_port, self.gm_tls_port
                 return self
             signal_and_wait(self.proc, signal.SIGKILL, 5)
             if "cannot listen" not in self.stderr() and "Address already in use" not in self.stderr():
@@ -116,7 +241,7 @@ class Server:
         if source:
             s.bind((source, 0))
         s.connect(("127.0.0.1", port or self.port))
-        return s
+        return client_socket(s)
 
     def http_get(self, path):
         try:
@@ -189,7 +314,7 @@ def open_many(port, n, first=b""):
     """n connections to port, each sending `first`; the list."""
     conns = []
     for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s = client_socket(socket.create_connection(("127.0.0.1", port), timeout=5))
         if first:
             s.sendall(first)
         conns.append(s)
@@ -446,7 +571,8 @@ def fd_limit_run(extra, what, http):
             except OSError:
                 pass
         # let it take what it can, then watch it for 5 s
-        fresh_probe = srv.connect()
+        # a connect (no TLS handshake: the server may have no descriptor to accept it with)
+        fresh_probe = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         fresh_probe.close()
         cpu0, t0 = cpu_seconds(srv.proc.pid), time.monotonic()
         end = t0 + 5
@@ -692,6 +818,7 @@ def test_input_limit():
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # no autotuning: the kernel holds little
             s.settimeout(5)
             s.connect(("127.0.0.1", srv.port))
+            s = client_socket(s)
             s.sendall(b"watch inq\r\nreserve\r\n")
             s.setblocking(False)
             conns.append([s, 0])
@@ -718,7 +845,9 @@ def test_input_limit():
              "(kernel buffers); server RSS %.1f MB -> %.1f MB, %.0f bytes per client"
              % (sent[0] // 1024, sent[-1] // 1024, rss0 / 1024, rss1 / 1024, per))
         check(sent[-1] < len(burst), "a client sent all of its 1 MB behind a blocked reserve")
-        check(per < (24576 if ASAN else 6144), "%.0f bytes per client with 1024 of input allowed" % per)
+        # over TLS a GnuTLS session adds its own buffers (a 16 KB record each way at most)
+        bound = (24576 if ASAN else 6144) + (TLS_SESSION_BYTES if TLS else 0)
+        check(per < bound, "%.0f bytes per client with 1024 of input allowed (bound %d)" % (per, bound))
         # a job for each: the first client's reserve returns and all of its commands are answered
         command(fresh, b"use inq\r\n", b"USING inq")
         for _ in conns:
@@ -775,6 +904,7 @@ def test_output_limit():
         client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", srv.gm_port))
+        client = client_socket(client)
         client.sendall(gm_packet(GM_SUBMIT_JOB, b"f", b"", b"work"))
         worker = srv.connect(srv.gm_port)
         worker.sendall(gm_packet(GM_CAN_DO, b"f") + gm_packet(GM_GRAB_JOB))
@@ -941,14 +1071,26 @@ TESTS = [
 
 
 def main(argv):
-    global BINARY, ASAN, SLOW_CLIENTS
-    args = testlib.parse_args(testlib.arg_parser(__doc__), argv)
+    global BINARY, ASAN, SLOW_CLIENTS, TLS
+    parser = testlib.arg_parser(__doc__)
+    parser.add_argument("--tls", action="store_true", help="run against the TLS ports (issue 23)")
+    args = testlib.parse_args(parser, argv)
     BINARY = args.binary
+    skip = None
+    if args.tls:
+        TLS = TLSFiles()
+        skip = lambda fn: TLS_SKIPS.get(fn.__name__)  # noqa: E731
+        print("TLS mode: every client over TLS on --tls-port / --gearman-tls-port", flush=True)
     ASAN = testlib.is_asan_build(BINARY)
     if ASAN:
         SLOW_CLIENTS = 1000
         print("ASan build: %d slow clients instead of 5000, looser memory bounds" % SLOW_CLIENTS, flush=True)
-    return testlib.run("hostile_tcp", TESTS, args, namespace=globals())
+    try:
+        return testlib.run("hostile_tcp_tls" if TLS else "hostile_tcp", TESTS, args, namespace=globals(),
+                           skip=skip)
+    finally:
+        if TLS:
+            shutil.rmtree(TLS.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
