@@ -179,7 +179,8 @@ static int parse_pattern(struct parse_state *p, const char *t, size_t n, struct 
 {
     r->prefix = n > 0 && t[n - 1] == '*';
     size_t len = r->prefix ? n - 1 : n;
-    if (len > BG_TUBE_NAME_MAX) return refuse(p, "grant %zu: tube name longer than %d bytes", p->grant, BG_TUBE_NAME_MAX);
+    if (len > BG_TUBE_NAME_MAX)
+        return refuse(p, "grant %zu: tube name longer than %d bytes", p->grant, BG_TUBE_NAME_MAX);
     if (!r->prefix && len == 0) return refuse(p, "grant %zu: empty tube name", p->grant);
     for (size_t i = 0; i < len; i++)
         if (!bg_tube_name_char(t[i]))
