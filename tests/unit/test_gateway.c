@@ -74,6 +74,7 @@ static const struct row_case {
     {"POST", "/jobs/12/reservations", gw_handle_job_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
      BG_CMD_RESERVE_JOB, "12", "POST"},
     {"GET", "/openapi.yaml", gw_handle_openapi, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
+    {"GET", "/auth", gw_handle_auth, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
     {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
@@ -1278,7 +1279,7 @@ static void test_tube_page(void **state)
     char names[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct gw_tube_page_query q = {cases[i].filter, cases[i].sort ? gw_tube_sort_key(cases[i].sort) : -1,
-                                       cases[i].descending, cases[i].offset, cases[i].limit};
+                                       cases[i].descending, cases[i].offset, cases[i].limit, NULL};
         uint32_t n = 99;
         uint64_t total = 99;
         assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
@@ -1357,7 +1358,7 @@ static void test_tube_page_matches_a_full_sort(void **state)
                     for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
                         struct gw_tube_page_query q = {filtered ? "-y" : NULL,
                                                        gw_tube_sort_key(by_ready ? "current_jobs_ready" : "name"),
-                                                       desc, offsets[oi], limits[li]};
+                                                       desc, offsets[oi], limits[li], NULL};
                         uint32_t n;
                         uint64_t total;
                         assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
