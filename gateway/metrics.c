@@ -514,13 +514,48 @@ static int render_http(const struct gateway *gw, struct bg_buf *b)
     return rc;
 }
 
+/* Append the lines of text[0..len) to out, leaving out the samples whose
+ * first label is tube="T" for a tube T that scope does not see (push
+ * delivery's families: their tube names need no escaping). */
+static int append_seen_samples(struct bg_buf *out, const char *text, size_t len,
+                               const struct bg_scope *scope)
+{
+    static const char label[] = "{tube=\"";
+    int rc = 0;
+    for (size_t at = 0; rc == 0 && at < len;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - line) + 1 : len - at;
+        at += n;
+        const char *tube = line[0] == '#' ? NULL : memchr(line, '{', n);
+        if (tube && n - (size_t)(tube - line) > sizeof label - 1 &&
+            memcmp(tube, label, sizeof label - 1) == 0) {
+            tube += sizeof label - 1;
+            const char *end = memchr(tube, '"', n - (size_t)(tube - line));
+            if (end && !bg_scope_sees(scope, tube, (size_t)(end - tube))) continue;
+        }
+        rc = bg_buf_append(out, line, n);
+    }
+    return rc;
+}
+
+/* Push delivery's families (the hook's), with scope's tubes only. */
+static int render_push(const struct gateway *gw, struct bg_buf *out, const struct bg_scope *scope)
+{
+    if (!scope) return gw->push.metrics(gw->push.arg, out);
+    struct bg_buf all = {0};
+    int rc = gw->push.metrics(gw->push.arg, &all);
+    if (rc == 0) rc = append_seen_samples(out, bg_buf_head(&all), all.len, scope);
+    bg_buf_free(&all);
+    return rc;
+}
+
 int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now,
                       const struct bg_scope *scope)
 {
     int rc = render_server(gw, out, now);
     if (rc == 0) rc = render_tubes(gw, out, now, scope);
     if (rc == 0 && gw->metrics) rc = render_http(gw, out);
-    if (rc == 0 && gw->push.metrics) rc = gw->push.metrics(gw->push.arg, out);
+    if (rc == 0 && gw->push.metrics) rc = render_push(gw, out, scope);
     if (rc == 0 && gw->cfg.extra_metrics) rc = gw->cfg.extra_metrics(gw->cfg.log_arg, out);
     return rc;
 }

@@ -2,10 +2,11 @@
 """Scoped tokens on the HTTP gateway (issue 23): an access file with several
 scoped tokens, each kind of action (produce, consume, manage, read) allowed
 and refused over HTTP with the exact 403 PERMISSION_DENIED body and its
-required_scope, prefix grants, listings (GET /tubes, /stats/tubes, /stats'
-subscriptions, /metrics' per-tube series) that show only the tubes a token
-sees, a job of an unseen tube answered 404 as a missing one, GET /auth,
-and an unscoped token and a server without tokens unchanged.
+required_scope, prefix grants, listings (GET /tubes, /stats/tubes, the
+subscriptions of /stats and /subscriptions, /metrics' per-tube and push
+series) that show only the tubes a token sees, a job of an unseen tube
+answered 404 as a missing one, GET /auth, and an unscoped token and a
+server without tokens unchanged.
 
 Usage:
   python3 tests/http/test_scopes.py build/beangate
@@ -189,6 +190,24 @@ def test_listings_filtered():
             check_eq(stats["current_tubes"], len(everything), "/stats counts the whole server")
 
 
+def test_push_views_filtered():
+    """The subscriptions (GET /subscriptions, GET /stats) and push
+    delivery's /metrics series show a scoped token only its tubes."""
+    pushes = []
+    for tube in ("emails", "other"):   # no job is put: nothing is delivered
+        pushes += ["--push", "tube=%s url=http://127.0.0.1:9/never" % tube]
+    with scoped_server("--metrics-auth", *pushes) as srv:
+        for token, want in ((PRODUCER, ["emails"]), (PREFIX, []), (UNSCOPED, ["emails", "other"])):
+            subs = allowed(srv, "GET", "/subscriptions", token, 200, "GET /subscriptions")["subscriptions"]
+            check_eq(sorted(x["tube"] for x in subs), want, "GET /subscriptions of %s" % token)
+            subs = allowed(srv, "GET", "/stats", token, 200, "GET /stats")["subscriptions"]
+            check_eq(sorted(x["tube"] for x in subs), want, "the subscriptions of GET /stats of %s" % token)
+            metrics = test_ops.parse_metrics(srv.metrics(token))[0]
+            tubes = {dict(labels)["tube"] for (name, labels) in metrics
+                     if name.startswith("beangate_push_") and "tube" in dict(labels)}
+            check_eq(sorted(tubes), want, "push delivery's series of %s" % token)
+
+
 def test_unseen_job_is_404():
     with scoped_server() as srv:
         job = put(srv, "reports")
@@ -254,6 +273,7 @@ TESTS = [
     test_read,
     test_prefix_grants,
     test_listings_filtered,
+    test_push_views_filtered,
     test_unseen_job_is_404,
     test_unscoped_token_unchanged,
     test_no_token_server_unchanged,
