@@ -258,7 +258,7 @@ static int dispatch(struct gw_request *r)
     /* a scoped token and a {tube} path: the row's kind on that tube (a bad
      * name is left to the handler's 400); ?tubes= and a job's tube are
      * checked by their handlers, once they know the tubes */
-    const char *tube = m->route->tube == GW_TUBE_PATH ? m->seg[1] : NULL;
+    const char *tube = r->scope && m->route->tube == GW_TUBE_PATH ? m->seg[1] : NULL;
     int refused;
     if (tube && bg_tube_name_valid(tube, strlen(tube)) &&
         !gw_scope_permits(r, tube, strlen(tube), &refused))

@@ -53,9 +53,9 @@ int gw_request_kind(struct gw_request *r)
 
 int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply)
 {
+    if (!r->scope) return 1; /* unscoped: no header is looked at */
     int kind = gw_request_kind(r);
-    if (!r->scope || kind < 0 || bg_scope_allows(r->scope, (enum bg_scope_kind)kind, name, len))
-        return 1;
+    if (kind < 0 || bg_scope_allows(r->scope, (enum bg_scope_kind)kind, name, len)) return 1;
     char required[BG_SCOPE_REQUIRED_MAX];
     if (len > BG_TUBE_NAME_MAX) len = BG_TUBE_NAME_MAX; /* a bad name: its 400 would come next */
     bg_scope_required((enum bg_scope_kind)kind, name, len, required);
