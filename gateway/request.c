@@ -59,6 +59,7 @@ int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *re
     char required[BG_SCOPE_REQUIRED_MAX];
     if (len > BG_TUBE_NAME_MAX) len = BG_TUBE_NAME_MAX; /* a bad name: its 400 would come next */
     bg_scope_required((enum bg_scope_kind)kind, name, len, required);
+    r->gw->engine->stat.permission_denied++; /* every protocol's refusals, one counter */
     *reply = gw_reply_permission_denied(r->conn, required);
     return 0;
 }

@@ -552,7 +552,9 @@ static struct bg_job *path_job(struct gw_request *r, int *reply)
     }
     struct bg_job *j = bg_job_find(r->gw->engine, id);
     const char *tube = j ? j->tube->name : NULL;
-    if (!j || !gw_scope_sees(r, tube, strlen(tube))) {
+    int hidden = j && !gw_scope_sees(r, tube, strlen(tube));
+    if (!j || hidden) {
+        r->gw->engine->stat.permission_denied += (uint64_t)hidden; /* counted as a refusal */
         *reply = not_found(r, "no such job");
         return NULL;
     }

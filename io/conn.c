@@ -733,6 +733,7 @@ static void tls_established(struct conn *c)
     const struct conn_protocol *p = c->cs->proto;
     struct tls_identity id;
     tls_session_identity(c->tls, &id);
+    c->peer.tls = 1; /* the session's scope: a TLS peer without a certificate is not plain TCP */
     if (id.count && (c->identity = malloc(sizeof id))) {
         *c->identity = id;
         c->peer.identity = c->identity;

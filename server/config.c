@@ -832,6 +832,12 @@ static int load_tokens(struct server_config *cfg)
         if ((rc = load_token_env(settings[i].env, v)) != 0) return rc;
         sources[i] = FROM_ENV;
     }
+    /* identity lines scope the TLS ports' certificates: without a CA no
+     * certificate is asked for, and every TLS connection may do nothing */
+    if (bg_scopes_has_identities(scopes) && !cfg->tls_ca)
+        log_event(BG_LOG_WARN, "identities_without_ca",
+                  "path=%s msg=\"identity lines, but no --tls-ca: TLS connections present no certificate "
+                  "and may do nothing; plain TCP is not scoped\"", log_str(cfg->http_token_file));
     size_t count = bg_scopes_token_count(scopes);
     for (size_t i = 0; i < count; i++) {
         size_t n;
@@ -842,6 +848,17 @@ static int load_tokens(struct server_config *cfg)
     cfg->http_tokens = tokens;
     cfg->http_token_count = count;
     return 0;
+}
+
+const struct bg_scope *server_peer_scope(const struct bg_scopes *sc, const struct conn_peer *peer)
+{
+    if (!peer->tls || !bg_scopes_has_identities(sc)) return NULL;
+    if (!peer->identity) return bg_scope_nothing();
+    const char *names[TLS_IDENTITY_MAX];
+    size_t n = peer->identity->count < TLS_IDENTITY_MAX ? peer->identity->count : TLS_IDENTITY_MAX;
+    for (size_t i = 0; i < n; i++) names[i] = peer->identity->names[i];
+    const struct bg_scope *s;
+    return bg_scopes_for_identity(sc, names, n, &s) == 0 ? s : bg_scope_nothing();
 }
 
 /* ---- the effective configuration --------------------------------------- */

@@ -185,6 +185,13 @@ struct server {
     const struct server_config *cfg; /* the settings (for a standby's takeover) */
 };
 
+/* The scope of a beanstalk or Gearman connection (core/scope.c; docs/security.md,
+ * Scopes): NULL (unscoped) on plain TCP, and on every port while the access
+ * file has no identity line; on a TLS listener otherwise, the first identity
+ * line matching the client certificate's names, or bg_scope_nothing() for a
+ * certificate no line matches and for a connection without a certificate. */
+const struct bg_scope *server_peer_scope(const struct bg_scopes *sc, const struct conn_peer *peer);
+
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);
 /* A beanstalk or Gearman connection (protocol) was closed on a line of
