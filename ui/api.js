@@ -81,13 +81,29 @@ export const post = (path, query, body) => call("POST", path, {query, body});
 export const del = (path, query) => call("DELETE", path, {query});
 
 // What the token may do: GET /auth's grants, [{kinds, tubes}]; "*" among
-// a grant's tubes is every tube. Until the first answer: nothing.
-let grants = [];
+// a grant's tubes is every tube. Without a token: everything (the server
+// has no tokens, or answers 401 and the page asks for one).
+const EVERYTHING = [{kinds: ["produce", "consume", "manage", "read"], tubes: ["*"]}];
+let grants = EVERYTHING;
+let grantsOf = "";      // the token they are of
+let scoped = false;
 
-// Ask the server again what the token may do (each round: a tube made since
-// may be in the scope).
+// Ask the server what the token may do: each round for a scoped token (its
+// grants name the tubes that exist, and tubes come and go), once for an
+// unscoped one (it stays so), never without a token.
 export async function loadGrants() {
-  grants = (await get("auth")).grants;
+  const t = token();
+  if (t === grantsOf && !scoped) return;
+  if (!t) {
+    grants = EVERYTHING;
+    scoped = false;
+  } else {
+    const answer = await get("auth");
+    if (t !== token()) return;   // the token changed meanwhile: the next round asks
+    grants = answer.grants;
+    scoped = answer.scoped;
+  }
+  grantsOf = t;
 }
 
 // Whether the token may do `kind` (produce, consume, manage, read) on tube.

@@ -1,9 +1,9 @@
 // app.js - the dashboard: navigation, the views, the poll loop and the
 // token prompt.
 //
-// One loop asks the server for GET /stats and GET /auth (what the token may
-// do: the views hide the actions outside its scope), then lets the view on
-// screen fetch what it shows, once per interval (1 s; never two rounds at once,
+// One loop asks the server for GET /stats (and, for a scoped token, GET
+// /auth: what it may do; the views hide the actions outside its scope),
+// then lets the view on screen fetch what it shows, once per interval (1 s; never two rounds at once,
 // nothing while the tab is hidden). Rates are differences of counters
 // between two polls, kept here for the last few minutes.
 
