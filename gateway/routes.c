@@ -405,7 +405,6 @@ static int reserve(struct gw_request *r, const char *tubes)
     n++;
     if (n == 0 || n > 64) return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "name 1 to 64 tubes");
     if (elsewhere) return wrong_shard(r, elsewhere, elsewhere_len, owner);
-
     if (bg_client_init_bare(gw->engine, &r->waiter, &waiter_ops, r) != 0) return BG_OUT_OF_MEMORY;
     r->waiter_active = 1;
     r->want = (uint32_t)count;
