@@ -35,6 +35,7 @@ const char *bg_outcome_word(int outcome)
     case BG_CORRUPT: return "CORRUPT";
     case BG_IO_ERROR: return "IO_ERROR";
     case BG_MEMORY_CEILING: return "OUT_OF_MEMORY"; /* beanstalk's word for a refused put */
+    case BG_PERMISSION_DENIED: return "PERMISSION_DENIED";
     default: return "INTERNAL_ERROR";
     }
 }
@@ -179,6 +180,20 @@ enum arg_shape {
     ARGS_PAUSE,    /* <tube> <delay> */
 };
 
+/* What a command acts on, for the scope check (check_scope): the one place
+ * that says which command needs which kind on which tube. */
+enum scope_target {
+    ON_NOTHING,    /* needs nothing (quit, ignore, list-tube-used, list-tubes-watched;
+                    * list-tubes shows only the tubes the scope sees) */
+    ON_USED,       /* the used tube */
+    ON_NAMED,      /* the tube named in the command */
+    ON_NAMED_USE,  /* use: produce or read on the named tube */
+    ON_JOB,        /* the job's tube; a job the scope cannot see is NOT_FOUND */
+    ON_JOB_DELETE, /* delete: consume if this session reserved the job, else manage */
+    ON_WATCHED,    /* every watched tube (reserve skips none silently) */
+    ON_SOME,       /* some tube (the server-wide stats) */
+};
+
 /* A parsed command: what the execute step needs. */
 struct request {
     enum bg_cmd cmd;
@@ -189,6 +204,7 @@ struct request {
     int bad_after_count;  /* reference: BAD_FORMAT, but the command is counted
                            * (put with trailing bytes, pause-tube with a
                            * name it cannot use) */
+    int denied;           /* put: the scope refused it (answered after the body) */
 };
 
 typedef void (*execute_fn)(struct bg_session *s, const struct request *r, bg_time now);
@@ -199,6 +215,9 @@ struct command {
     enum bg_cmd cmd;
     enum arg_shape shape;
     execute_fn execute;
+    enum scope_target target;
+    enum bg_scope_kind kind;  /* what the target needs (ON_NOTHING, ON_NAMED_USE,
+                               * ON_JOB_DELETE: unused) */
 };
 
 static void exec_put(struct bg_session *s, const struct request *r, bg_time now);
@@ -226,31 +245,32 @@ static void exec_pause_tube(struct bg_session *s, const struct request *r, bg_ti
 /* reference: the order decides which prefix wins ("reserve-job " before
  * "reserve", "kick-job " before "kick ", "stats-tube " before "stats"). */
 static const struct command commands[] = {
-    {"put ", 4, BG_CMD_PUT, ARGS_PUT, exec_put},
-    {"peek ", 5, BG_CMD_PEEK, ARGS_ID, exec_peek},
-    {"peek-ready", 10, BG_CMD_PEEK_READY, ARGS_NONE, exec_peek_state},
-    {"peek-delayed", 12, BG_CMD_PEEK_DELAYED, ARGS_NONE, exec_peek_state},
-    {"peek-buried", 11, BG_CMD_PEEK_BURIED, ARGS_NONE, exec_peek_state},
-    {"reserve-with-timeout ", 21, BG_CMD_RESERVE_WITH_TIMEOUT, ARGS_TIMEOUT, exec_reserve},
-    {"reserve-job ", 12, BG_CMD_RESERVE_JOB, ARGS_ID, exec_reserve_job},
-    {"reserve", 7, BG_CMD_RESERVE, ARGS_NONE, exec_reserve},
-    {"delete ", 7, BG_CMD_DELETE, ARGS_ID, exec_delete},
-    {"release ", 8, BG_CMD_RELEASE, ARGS_RELEASE, exec_release},
-    {"bury ", 5, BG_CMD_BURY, ARGS_BURY, exec_bury},
-    {"kick-job ", 9, BG_CMD_KICK_JOB, ARGS_ID, exec_kick_job},
-    {"kick ", 5, BG_CMD_KICK, ARGS_KICK, exec_kick},
-    {"touch ", 6, BG_CMD_TOUCH, ARGS_ID, exec_touch},
-    {"stats-job ", 10, BG_CMD_STATS_JOB, ARGS_ID, exec_stats_job},
-    {"stats-tube ", 11, BG_CMD_STATS_TUBE, ARGS_NAME, exec_stats_tube},
-    {"stats", 5, BG_CMD_STATS, ARGS_NONE, exec_stats},
-    {"use ", 4, BG_CMD_USE, ARGS_NAME, exec_use},
-    {"watch ", 6, BG_CMD_WATCH, ARGS_NAME, exec_watch},
-    {"ignore ", 7, BG_CMD_IGNORE, ARGS_NAME, exec_ignore},
-    {"list-tubes-watched", 18, BG_CMD_LIST_TUBES_WATCHED, ARGS_NONE, exec_list_tubes},
-    {"list-tube-used", 14, BG_CMD_LIST_TUBE_USED, ARGS_NONE, exec_list_tube_used},
-    {"list-tubes", 10, BG_CMD_LIST_TUBES, ARGS_NONE, exec_list_tubes},
-    {"quit", 4, BG_CMD_QUIT, ARGS_NONE, exec_quit},
-    {"pause-tube", 10, BG_CMD_PAUSE_TUBE, ARGS_PAUSE, exec_pause_tube},
+    {"put ", 4, BG_CMD_PUT, ARGS_PUT, exec_put, ON_USED, BG_SCOPE_PRODUCE},
+    {"peek ", 5, BG_CMD_PEEK, ARGS_ID, exec_peek, ON_JOB, BG_SCOPE_READ},
+    {"peek-ready", 10, BG_CMD_PEEK_READY, ARGS_NONE, exec_peek_state, ON_USED, BG_SCOPE_READ},
+    {"peek-delayed", 12, BG_CMD_PEEK_DELAYED, ARGS_NONE, exec_peek_state, ON_USED, BG_SCOPE_READ},
+    {"peek-buried", 11, BG_CMD_PEEK_BURIED, ARGS_NONE, exec_peek_state, ON_USED, BG_SCOPE_READ},
+    {"reserve-with-timeout ", 21, BG_CMD_RESERVE_WITH_TIMEOUT, ARGS_TIMEOUT, exec_reserve,
+     ON_WATCHED, BG_SCOPE_CONSUME},
+    {"reserve-job ", 12, BG_CMD_RESERVE_JOB, ARGS_ID, exec_reserve_job, ON_JOB, BG_SCOPE_CONSUME},
+    {"reserve", 7, BG_CMD_RESERVE, ARGS_NONE, exec_reserve, ON_WATCHED, BG_SCOPE_CONSUME},
+    {"delete ", 7, BG_CMD_DELETE, ARGS_ID, exec_delete, ON_JOB_DELETE, BG_SCOPE_MANAGE},
+    {"release ", 8, BG_CMD_RELEASE, ARGS_RELEASE, exec_release, ON_JOB, BG_SCOPE_CONSUME},
+    {"bury ", 5, BG_CMD_BURY, ARGS_BURY, exec_bury, ON_JOB, BG_SCOPE_CONSUME},
+    {"kick-job ", 9, BG_CMD_KICK_JOB, ARGS_ID, exec_kick_job, ON_JOB, BG_SCOPE_MANAGE},
+    {"kick ", 5, BG_CMD_KICK, ARGS_KICK, exec_kick, ON_USED, BG_SCOPE_MANAGE},
+    {"touch ", 6, BG_CMD_TOUCH, ARGS_ID, exec_touch, ON_JOB, BG_SCOPE_CONSUME},
+    {"stats-job ", 10, BG_CMD_STATS_JOB, ARGS_ID, exec_stats_job, ON_JOB, BG_SCOPE_READ},
+    {"stats-tube ", 11, BG_CMD_STATS_TUBE, ARGS_NAME, exec_stats_tube, ON_NAMED, BG_SCOPE_READ},
+    {"stats", 5, BG_CMD_STATS, ARGS_NONE, exec_stats, ON_SOME, BG_SCOPE_READ},
+    {"use ", 4, BG_CMD_USE, ARGS_NAME, exec_use, ON_NAMED_USE, BG_SCOPE_PRODUCE},
+    {"watch ", 6, BG_CMD_WATCH, ARGS_NAME, exec_watch, ON_NAMED, BG_SCOPE_CONSUME},
+    {"ignore ", 7, BG_CMD_IGNORE, ARGS_NAME, exec_ignore, ON_NOTHING, BG_SCOPE_READ},
+    {"list-tubes-watched", 18, BG_CMD_LIST_TUBES_WATCHED, ARGS_NONE, exec_list_tubes, ON_NOTHING, BG_SCOPE_READ},
+    {"list-tube-used", 14, BG_CMD_LIST_TUBE_USED, ARGS_NONE, exec_list_tube_used, ON_NOTHING, BG_SCOPE_READ},
+    {"list-tubes", 10, BG_CMD_LIST_TUBES, ARGS_NONE, exec_list_tubes, ON_NOTHING, BG_SCOPE_READ},
+    {"quit", 4, BG_CMD_QUIT, ARGS_NONE, exec_quit, ON_NOTHING, BG_SCOPE_READ},
+    {"pause-tube", 10, BG_CMD_PAUSE_TUBE, ARGS_PAUSE, exec_pause_tube, ON_NAMED, BG_SCOPE_MANAGE},
 };
 
 /* The table entry whose prefix the line starts with, or NULL. */
@@ -337,6 +357,72 @@ static void close_cross_protocol(struct bg_session *s)
     if (s->io && s->io->cross_protocol) s->io->cross_protocol(s);
 }
 
+/* ---- scopes ------------------------------------------------------------ */
+
+/* Whether the session's scope allows command c with arguments r (after
+ * bg_engine_catch_up: a job's reserver is current): 0, or BG_NOT_FOUND (a
+ * job whose tube the scope cannot see), or BG_PERMISSION_DENIED with what
+ * it needs ("consume:emails") in required. Unscoped sessions: always 0. */
+static int check_scope(const struct bg_session *s, const struct command *c, const struct request *r,
+                       char required[BG_SCOPE_REQUIRED_MAX])
+{
+    const struct bg_scope *scope = s->scope;
+    if (!scope || r->bad_after_count) return 0; /* BAD_FORMAT comes first, and changes nothing */
+    enum bg_scope_kind kind = c->kind;
+    const char *tube = NULL;
+    switch (c->target) {
+    case ON_NOTHING:
+        return 0;
+    case ON_USED:
+        tube = s->client.use->name;
+        break;
+    case ON_NAMED:
+        tube = r->name;
+        break;
+    case ON_NAMED_USE:
+        if (bg_scope_allows(scope, BG_SCOPE_READ, r->name, strlen(r->name))) return 0;
+        tube = r->name;
+        break;
+    case ON_JOB:
+    case ON_JOB_DELETE: {
+        const struct bg_job *j = bg_job_find(s->client.engine, r->id);
+        if (!j) return 0; /* the command answers NOT_FOUND itself */
+        tube = j->tube->name;
+        if (!bg_scope_sees(scope, tube, strlen(tube))) return BG_NOT_FOUND;
+        if (c->target == ON_JOB_DELETE)
+            kind = j->reserver == &s->client ? BG_SCOPE_CONSUME : BG_SCOPE_MANAGE;
+        break;
+    }
+    case ON_WATCHED:
+        for (uint32_t i = 0; i < s->client.watch_len; i++) {
+            const char *w = s->client.watch_tube[i]->name;
+            if (!bg_scope_allows(scope, kind, w, strlen(w))) {
+                bg_scope_required(kind, w, strlen(w), required);
+                return BG_PERMISSION_DENIED;
+            }
+        }
+        return 0;
+    case ON_SOME:
+        if (bg_scope_allows_some(scope, kind)) return 0;
+        bg_scope_required(kind, "*", 1, required);
+        return BG_PERMISSION_DENIED;
+    }
+    if (bg_scope_allows(scope, kind, tube, strlen(tube))) return 0;
+    bg_scope_required(kind, tube, strlen(tube), required);
+    return BG_PERMISSION_DENIED;
+}
+
+/* Answer a refusal of check_scope and count it. */
+static void reply_refusal(struct bg_session *s, int outcome, const char *required)
+{
+    s->client.engine->stat.permission_denied++;
+    if (outcome != BG_PERMISSION_DENIED) {
+        reply_word(s, outcome);
+        return;
+    }
+    if (bg_buf_printf(&s->stream.out, "PERMISSION_DENIED %s\r\n", required) != 0) s->stream.closing = 1;
+}
+
 /* Parse and execute one command line of len bytes (CRLF excluded). */
 static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_time now)
 {
@@ -366,6 +452,14 @@ static void run_line(struct bg_session *s, const char *bytes, size_t len, bg_tim
     /* the command sees every deadline up to `now` as passed, whether or
      * not the loop's timer ran first (peek and stats read state directly) */
     bg_engine_catch_up(e, now);
+    char required[BG_SCOPE_REQUIRED_MAX];
+    int refused = check_scope(s, c, &r, required);
+    if (refused && c->shape == ARGS_PUT) {
+        r.denied = 1; /* exec_put answers after the body, as JOB_TOO_BIG is */
+    } else if (refused) {
+        reply_refusal(s, refused, required);
+        return;
+    }
     c->execute(s, &r, now);
 }
 
@@ -388,6 +482,10 @@ static void exec_put(struct bg_session *s, const struct request *r, bg_time now)
     }
     if (r->bad_after_count) {
         reply_word(s, BG_BAD_FORMAT);
+        return;
+    }
+    if (r->denied) {
+        skip_then_reply(s, r->bytes + 2, BG_PERMISSION_DENIED);
         return;
     }
     bg_client_mark_producer(&s->client);
@@ -568,7 +666,14 @@ static void exec_ignore(struct bg_session *s, const struct request *r, bg_time n
     reply_watching(s, outcome, count);
 }
 
-/* "OK n" + a YAML list of tube names, either all tubes or the watched ones. */
+/* Whether list-tubes shows tube t: every tube, or those the scope sees. */
+static int listed(const struct bg_session *s, int watched, const struct bg_tube *t)
+{
+    return watched || !s->scope || bg_scope_sees(s->scope, t->name, strlen(t->name));
+}
+
+/* "OK n" + a YAML list of tube names, either all tubes (that the scope
+ * sees) or the watched ones. */
 static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_time now)
 {
     (void)now;
@@ -578,7 +683,7 @@ static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_ti
     size_t bytes = 4; /* "---\n" */
     for (uint32_t i = 0; i < n; i++) {
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
-        bytes += strlen(t->name) + 3;
+        if (listed(s, watched, t)) bytes += strlen(t->name) + 3;
     }
     char head[32];
     int head_len = snprintf(head, sizeof head, "OK %zu\r\n", bytes);
@@ -590,7 +695,7 @@ static void exec_list_tubes(struct bg_session *s, const struct request *r, bg_ti
     if (rc == 0) rc = bg_buf_append(&s->stream.out, "---\n", 4);
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         const struct bg_tube *t = watched ? s->client.watch[i]->tube : e->tube_list[i];
-        rc = bg_buf_printf(&s->stream.out, "- %s\n", t->name);
+        if (listed(s, watched, t)) rc = bg_buf_printf(&s->stream.out, "- %s\n", t->name);
     }
     if (rc == 0) rc = bg_buf_append(&s->stream.out, "\r\n", 2);
     if (rc != 0) s->stream.closing = 1;
@@ -743,7 +848,14 @@ static size_t feed_requests(struct bg_session *s, const char *in, size_t len, bg
             used += n;
             if (s->skip_left) return used;
             s->state = BG_WANT_COMMAND;
-            reply_word(s, s->skip_reply);
+            if (s->skip_reply == BG_PERMISSION_DENIED) { /* a put the scope refused */
+                char required[BG_SCOPE_REQUIRED_MAX];
+                const char *use = s->client.use->name;
+                bg_scope_required(BG_SCOPE_PRODUCE, use, strlen(use), required);
+                reply_refusal(s, BG_PERMISSION_DENIED, required);
+            } else {
+                reply_word(s, s->skip_reply);
+            }
             continue;
         }
         default:

@@ -73,6 +73,8 @@ enum bg_outcome {
     BG_IO_ERROR = -17,    /* a system call failed; errno is left set for the message */
     BG_MEMORY_CEILING = -18, /* the jobs held reach the job-memory ceiling (--max-job-memory):
                               * beanstalk answers OUT_OF_MEMORY, HTTP 503 OUT_OF_MEMORY */
+    BG_PERMISSION_DENIED = -19, /* the session's scope does not allow it (core/scope.c):
+                                 * beanstalk "PERMISSION_DENIED <kind>:<tube>" */
 };
 
 /* The name of an outcome, e.g. "NOT_FOUND": the beanstalk word where
@@ -326,6 +328,9 @@ struct bg_server_counters {
     uint64_t total_jobs_reserved, total_jobs_deleted;
     /* beanstalk and Gearman connections closed on a line of HTTP (bg_line_is_http) */
     uint64_t cross_protocol_closed;
+    /* beanstalk and Gearman requests refused by the session's scope
+     * (PERMISSION_DENIED, or NOT_FOUND for a job it cannot see) */
+    uint64_t permission_denied;
 };
 
 struct bg_engine {
@@ -598,6 +603,12 @@ enum bg_scope_kind {
     BG_SCOPE_KINDS
 };
 #define BG_SCOPE_GRANTS_MAX 64       /* grants on one line */
+#define BG_SCOPE_TUBES_MAX 64        /* tube patterns in one grant */
+#define BG_SCOPE_LINE_MAX 8192       /* bytes of one line (without its newline) */
+#define BG_SCOPE_TOKEN_MAX 512       /* bytes of one token */
+#define BG_SCOPE_TOKENS_MAX 256      /* token lines (and added tokens) */
+#define BG_SCOPE_IDENTITIES_MAX 256  /* identity lines */
+#define BG_SCOPE_NAME_MAX 256        /* an identity name and its NUL (io/tls.h's TLS_IDENTITY_NAME_MAX) */
 #define BG_SCOPE_REQUIRED_MAX (16 + BG_TUBE_NAME_MAX) /* "consume:" + a tube name + NUL */
 /* One entry's grants. NULL wherever a scope is expected: unscoped (all). */
 struct bg_scope;
@@ -608,6 +619,10 @@ struct bg_scopes;
  * err (nothing is kept), or BG_OUT_OF_MEMORY. */
 int bg_scopes_parse(struct bg_scopes **out, const char *text, size_t len, char *err, size_t errlen);
 void bg_scopes_free(struct bg_scopes *sc);
+/* Add an unscoped token (BEANGATE_HTTP_TOKENS) after the file's, with the
+ * token lines' rules: 0, or BG_BAD_FORMAT with why in err, or
+ * BG_OUT_OF_MEMORY. */
+int bg_scopes_add_token(struct bg_scopes *sc, const char *token, size_t len, char *err, size_t errlen);
 /* How many token lines; the token of line i (i < count), for gateway/auth.c's
  * constant-time match, and its scope (NULL: unscoped). */
 size_t bg_scopes_token_count(const struct bg_scopes *sc);
@@ -623,6 +638,12 @@ int bg_scopes_for_identity(const struct bg_scopes *sc, const char *const *names,
                            const struct bg_scope **out);
 /* 1 if s may do `kind` on the tube name[0..len), else 0. */
 int bg_scope_allows(const struct bg_scope *s, enum bg_scope_kind kind, const char *name, size_t len);
+/* 1 if s may do `kind` on at least one tube (beanstalk's server-wide
+ * `stats` needs read somewhere). */
+int bg_scope_allows_some(const struct bg_scope *s, enum bg_scope_kind kind);
+/* The scope that allows nothing and sees nothing: a certificate no
+ * identity line matches. */
+const struct bg_scope *bg_scope_nothing(void);
 /* 1 if s may do anything on the tube (listings show only such tubes). */
 int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len);
 /* "produce", "consume", "manage", "read". */
@@ -1047,6 +1068,9 @@ struct bg_session {
     uint32_t in_job_read;
     uint64_t skip_left;         /* BG_SKIP_BYTES: bytes still to discard */
     int skip_reply;             /* outcome to answer after skipping */
+    /* What the session may do (core/scope.c); NULL: unscoped, the
+     * reference's behaviour. Set by the front-end after bg_session_init. */
+    const struct bg_scope *scope;
 };
 
 /* Attach a session to the engine (its stream zeroed). 0 or BG_OUT_OF_MEMORY. */

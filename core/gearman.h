@@ -279,6 +279,9 @@ struct gm_session {
     char peer[GM_PEER_MAX];
     char client_id[GM_CLIENT_ID_MAX + 1];
     uint8_t sleeping, exceptions;
+    /* What the session may do (core/scope.c); NULL: unscoped, gearmand's
+     * behaviour. Set by the front-end after gm_session_init. */
+    const struct bg_scope *scope;
 };
 
 /* Set up g on engine e: requests up to max_packet bytes, `shutdown` a

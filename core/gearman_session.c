@@ -290,6 +290,39 @@ static void admin_printf(struct gm_session *s, const char *fmt, ...)
     admin_text(s, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* ---- scopes ------------------------------------------------------------ */
+
+/* Whether s's scope allows `kind` on `tube` (a function's tube). If not, the
+ * refusal is answered, an ERROR packet (or, for an admin line, a text line)
+ * PERMISSION_DENIED "<kind>:<tube>", and counted. */
+static int permitted(struct gm_session *s, enum bg_scope_kind kind, const char *tube, int admin)
+{
+    if (bg_scope_allows(s->scope, kind, tube, strlen(tube))) return 1;
+    char required[BG_SCOPE_REQUIRED_MAX];
+    bg_scope_required(kind, tube, strlen(tube), required);
+    s->g->engine->stat.permission_denied++;
+    if (admin) admin_printf(s, "ERR PERMISSION_DENIED %s\r\n", required);
+    else reply_error(s, "PERMISSION_DENIED", required);
+    return 0;
+}
+
+/* Whether s's scope allows `kind` on some tube (the admin lines, which
+ * then show only what the scope sees); if not, "ERR PERMISSION_DENIED
+ * <kind>:*", counted. */
+static int permitted_some(struct gm_session *s, enum bg_scope_kind kind)
+{
+    if (bg_scope_allows_some(s->scope, kind)) return 1;
+    s->g->engine->stat.permission_denied++;
+    admin_printf(s, "ERR PERMISSION_DENIED %s:*\r\n", bg_scope_kind_name(kind));
+    return 0;
+}
+
+/* Whether s's scope sees tube (listings leave out the others). */
+static int sees(const struct gm_session *s, const char *tube)
+{
+    return bg_scope_sees(s->scope, tube, strlen(tube));
+}
+
 /* The job handle of job id, in out. */
 static void job_handle(const struct gm_server *g, uint64_t id, char out[GM_HANDLE_MAX + 1])
 {
@@ -400,6 +433,7 @@ static void can_do(struct gm_session *s, const char *fn, uint32_t fn_len, uint32
         reply_error(s, "INVALID_FUNCTION_NAME", "function name is empty or too long");
         return;
     }
+    if (!permitted(s, BG_SCOPE_CONSUME, tube, 0)) return;
     long i = ability_find(s, tube);
     if (i >= 0) {
         s->abilities[i].timeout_s = timeout_s;
@@ -579,6 +613,7 @@ static void submit(struct gm_session *s, const struct gm_packet *p, bg_time now)
         reply_error(s, "INVALID_FUNCTION_NAME", "function name is empty or too long");
         return;
     }
+    if (!permitted(s, BG_SCOPE_PRODUCE, tube, 0)) return;
     const char *unique = p->arg[1];
     uint32_t unique_len = p->arg_len[1];
     int fg = submit_is_foreground(p->type);
@@ -660,6 +695,8 @@ static void get_status(struct gm_session *s, const struct gm_packet *p)
     struct gm_server *g = s->g;
     uint64_t id = handle_id(p->arg[0], p->arg_len[0]);
     struct bg_job *j = id ? bg_job_find(g->engine, id) : NULL;
+    if (j && !sees(s, j->tube->name)) j = NULL; /* not there for this scope */
+    if (j && !permitted(s, BG_SCOPE_READ, j->tube->name, 0)) return;
     struct gm_record *r = j ? record_find(g, id) : NULL;
     const char *arg[5] = {p->arg[0], j ? "1" : "0", j && j->state == BG_JOB_RESERVED ? "1" : "0",
                           r ? r->numerator : "0", r ? r->denominator : "0"};
@@ -674,6 +711,8 @@ static void get_status_unique(struct gm_session *s, const struct gm_packet *p)
     struct gm_server *g = s->g;
     struct gm_record *r = record_find_unique(g, NULL, p->arg[0], p->arg_len[0]);
     struct bg_job *j = r ? bg_job_find(g->engine, r->id) : NULL;
+    if (j && !sees(s, j->tube->name)) j = NULL; /* not there for this scope */
+    if (j && !permitted(s, BG_SCOPE_READ, j->tube->name, 0)) return;
     char waiting[16];
     snprintf(waiting, sizeof waiting, "%u", j ? r->listener_count : 0);
     const char *arg[6] = {p->arg[0], j ? "1" : "0", j && j->state == BG_JOB_RESERVED ? "1" : "0",
@@ -764,6 +803,7 @@ static void admin_status(struct gm_session *s)
     for (uint32_t i = 0; i < e->tube_count; i++)
         if (tube_job_total(e->tube_list[i])) function_get(g, e->tube_list[i]->name, 1);
     for (struct gm_function *f = g->function_list; f; f = f->list_next) {
+        if (!sees(s, f->tube)) continue;
         struct bg_tube *t = bg_tube_find(e, f->tube);
         uint64_t workers = 0;
         for (struct gm_session *w = g->sessions; w; w = w->next)
@@ -775,11 +815,23 @@ static void admin_status(struct gm_session *s)
     admin_text(s, ".\n", 2);
 }
 
+/* Whether `workers` shows connection w to s: every one, or under a scope
+ * those with a function the scope sees (and only those functions). */
+static int worker_shown(const struct gm_session *s, const struct gm_session *w)
+{
+    if (!s->scope) return 1;
+    for (uint32_t i = 0; i < w->ability_count; i++)
+        if (sees(s, w->abilities[i].tube)) return 1;
+    return 0;
+}
+
 static void admin_workers(struct gm_session *s)
 {
     for (struct gm_session *w = s->g->sessions; w; w = w->next) {
+        if (!worker_shown(s, w)) continue;
         admin_printf(s, "%d %s %s :", w->peer_fd, w->peer, w->client_id[0] ? w->client_id : "-");
         for (uint32_t i = w->ability_count; i-- > 0;) { /* newest first, as gearmand */
+            if (!sees(s, w->abilities[i].tube)) continue;
             admin_text(s, " ", 1);
             admin_function(s, w->abilities[i].tube);
         }
@@ -797,7 +849,7 @@ static void admin_show_jobs(struct gm_session *s, int unique)
     for (size_t i = 0; g->by_id.slot && i <= g->by_id.mask; i++)
         for (struct gm_record *r = g->by_id.slot[i]; r; r = r->id_next) {
             struct bg_job *j = bg_job_find(g->engine, r->id);
-            if (!j) continue;
+            if (!j || !sees(s, j->tube->name)) continue;
             if (unique) {
                 if (r->unique[0]) admin_printf(s, "%s\n", r->unique);
                 continue;
@@ -835,7 +887,9 @@ static void admin_maxqueue(struct gm_session *s, const struct gm_admin_line *l)
         }
     char tube[BG_TUBE_NAME_MAX + 1];
     struct gm_function *f = NULL;
-    if (gm_function_to_tube(l->arg[0], l->arg_len[0], tube) >= 0) f = function_get(s->g, tube, 1);
+    int tube_len = gm_function_to_tube(l->arg[0], l->arg_len[0], tube);
+    if (tube_len >= 0 && !permitted(s, BG_SCOPE_MANAGE, tube, 1)) return;
+    if (tube_len >= 0) f = function_get(s->g, tube, 1);
     if (!f) {
         admin_error(s, "INVALID_ARGUMENTS", "function name is empty or too long, or too many functions", NULL, 0);
         return;
@@ -851,10 +905,15 @@ static void admin_cancel_job(struct gm_session *s, const struct gm_admin_line *l
     struct gm_server *g = s->g;
     uint64_t id = handle_id(l->arg[0], l->arg_len[0]);
     struct bg_job *j = id ? bg_job_find(g->engine, id) : NULL;
+    if (j && !sees(s, j->tube->name)) {
+        s->g->engine->stat.permission_denied++; /* not there for this scope */
+        j = NULL;
+    }
     if (!j || j->state == BG_JOB_RESERVED) {
         admin_text(s, "ERR UNKNOWN_JOB\r\n", 17);
         return;
     }
+    if (!permitted(s, BG_SCOPE_MANAGE, j->tube->name, 1)) return;
     struct gm_record *r = record_find(g, id);
     if (r) {
         struct gm_packet fail = {.type = GM_WORK_FAIL, .nargs = 1};
@@ -911,6 +970,14 @@ static void run_admin(struct gm_session *s, const struct gm_admin_line *l, bg_ti
     }
     int cmd = gm_admin_command(l->cmd);
     if (cmd >= 0) bg_count_cmd(g->engine, (enum bg_cmd)cmd, 1);
+    /* under a scope: every admin line needs read on some tube, and
+     * `shutdown` (which stops every protocol) is for unscoped sessions */
+    if (s->scope && l->cmd == GM_ADMIN_SHUTDOWN) {
+        g->engine->stat.permission_denied++;
+        admin_printf(s, "ERR PERMISSION_DENIED manage:*\r\n");
+        return;
+    }
+    if (s->scope && l->cmd != GM_ADMIN_UNKNOWN && !permitted_some(s, BG_SCOPE_READ)) return;
     size_t before = s->stream.out.len;
     switch (l->cmd) {
     case GM_ADMIN_STATUS: admin_status(s); break;

@@ -110,8 +110,9 @@ struct gateway_config {
      * change waits until the log's mark for it is on disk (-f 0) */
     struct wal *wal;
     void *log_arg;                /* process_info's argument */
-    const char *const *tokens;    /* bearer tokens (copied); none: no auth */
-    size_t token_count;
+    /* the access file's tokens and their scopes (core/core.h; kept, not
+     * copied: it outlives the gateway); NULL or no token line: no auth */
+    const struct bg_scopes *scopes;
     int metrics_auth;             /* /metrics needs a token too */
     bg_time started_at;           /* the server's start, for uptime */
     /* process facts for GET /stats (binlog figures); arg is log_arg */
@@ -214,6 +215,20 @@ enum gw_auth_rule {
     GW_AUTH_METRICS,  /* a token with --metrics-auth, else anyone */
 };
 
+/* Where the tube a row's scope check names comes from (issue 23: a
+ * scoped token, core/core.h's scope section). */
+enum gw_tube_source {
+    GW_TUBE_NONE,   /* none: an open row, or a view of the whole server whose
+                     * answer shows only the tubes the token sees */
+    GW_TUBE_PATH,   /* the {tube} of the path */
+    GW_TUBE_QUERY,  /* each tube of ?tubes= (POST /reservations) */
+    GW_TUBE_JOB,    /* the tube of the {id} job; a job of a tube the token
+                     * cannot see is answered 404, as a missing one */
+};
+/* The kind of action a row needs: an enum bg_scope_kind, or one of these. */
+#define GW_KIND_NONE (-1)   /* none (GW_TUBE_NONE rows) */
+#define GW_KIND_DELETE (-2) /* consume with the job's reservation token, else manage */
+
 /* A handler: 0 when it queued a response (or suspended the request), a
  * negative enum bg_outcome for the problem of the error table
  * (gw_reply_outcome), or GW_NO_REPLY (the connection is closed). */
@@ -227,6 +242,8 @@ struct gw_route {
     enum gw_body_limit body;
     enum gw_auth_rule auth;
     int command;                  /* the cmd-* counter (enum bg_cmd) it counts in; -1: none */
+    int kind;                     /* the scope kind it needs (enum bg_scope_kind, GW_KIND_*) */
+    enum gw_tube_source tube;     /* ... on which tube */
 };
 
 #define GW_MAX_SEGMENTS 4
@@ -254,6 +271,10 @@ struct gw_request {
     int body_refused;             /* over --http-max-body-buffer: 503, the body dropped */
     uint64_t body_reserved;       /* bytes of gw->body_buffered held for this body */
     int responded;
+    /* the bearer token's scope (NULL: unscoped, or no token configured);
+     * authenticated: a configured token was presented */
+    const struct bg_scope *scope;
+    int authenticated;
     /* long-poll */
     struct bg_client waiter;
     int waiter_active;
@@ -460,6 +481,9 @@ int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code
 /* The same with one more header (name may be NULL). */
 int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
                             const char *detail, const char *name, const char *value);
+/* 403 PERMISSION_DENIED for a scoped token: its required_scope member is
+ * `required` ("consume:emails", bg_scope_required). */
+int gw_reply_permission_denied(struct MHD_Connection *c, const char *required);
 /* The problem of gw_outcome_problem(outcome). */
 int gw_reply_outcome(struct MHD_Connection *c, int outcome);
 /* The same with a detail that says more about this request (the job's id
@@ -534,6 +558,7 @@ int gw_handle_job_kick(struct gw_request *r);
 int gw_handle_job_reserve(struct gw_request *r);
 int gw_handle_openapi(struct gw_request *r);
 int gw_handle_subscriptions(struct gw_request *r);
+int gw_handle_auth(struct gw_request *r);
 
 /* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
 
@@ -554,6 +579,16 @@ const char *gw_request_header(struct gw_request *r, const char *name);
  * reply), NULL when neither is given. 0, or -1 when both are given and
  * differ (*token NULL). */
 int gw_reservation_token(struct gw_request *r, const char **token);
+/* The scope kind r's row needs (enum bg_scope_kind): the row's, and for
+ * GW_KIND_DELETE consume when the request gives a reservation token, else
+ * manage. GW_KIND_NONE for a row without one. */
+int gw_request_kind(struct gw_request *r);
+/* May r's token do what its row needs on tube name[0..len)? 1 if so (an
+ * unscoped token, or no token configured, may do all); else 0 after a 403
+ * PERMISSION_DENIED naming the scope it needs was queued into *reply. */
+int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply);
+/* Nonzero if r's token sees tube name[0..len) (listings show only these). */
+int gw_scope_sees(const struct gw_request *r, const char *name, size_t len);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
 int gw_wants_raw(struct gw_request *r);
 /* The HTTP connections open to the gateway now, r's included. */
@@ -622,17 +657,22 @@ struct gw_framing;
 unsigned gw_guard_check(struct gw_request *r, const char *version, const struct gw_framing *f,
                         struct gw_problem *p);
 
-/* auth.c: bearer tokens */
+/* auth.c: bearer tokens, each with its scope */
 struct gw_auth;
-/* Copy n tokens (each 1..GW_AUTH_TOKEN_MAX bytes). NULL if one is too long
- * or memory ran out. */
-struct gw_auth *gw_auth_new(const char *const *tokens, size_t n);
+/* Copy the token lines of an access file (each token 1..GW_AUTH_TOKEN_MAX
+ * bytes; their scopes are sc's, which must outlive the table). NULL if one
+ * is too long or memory ran out. */
+struct gw_auth *gw_auth_new(const struct bg_scopes *sc);
 void gw_auth_free(struct gw_auth *a);
-/* Nonzero if token[0..len) is one of the tokens. Constant time: compares
- * every byte of every configured token, whatever matches or not. */
-int gw_auth_match(const struct gw_auth *a, const char *token, size_t len);
-/* Nonzero if an Authorization header value is "Bearer <a token>". */
-int gw_auth_check(const struct gw_auth *a, const char *authorization);
+/* Nonzero if token[0..len) is one of the tokens, its scope into *scope
+ * (NULL: unscoped; scope may be NULL). Constant time: compares every byte
+ * of every configured token, whatever matches or not. */
+int gw_auth_match(const struct gw_auth *a, const char *token, size_t len,
+                  const struct bg_scope **scope);
+/* Nonzero if an Authorization header value is "Bearer <a token>", its
+ * scope into *scope as gw_auth_match. */
+int gw_auth_check(const struct gw_auth *a, const char *authorization,
+                  const struct bg_scope **scope);
 
 /* metrics.c */
 struct gw_metrics;
@@ -647,8 +687,10 @@ const char *gw_metrics_method_name(int index);
  * status (0: none was sent), and its duration. */
 void gw_metrics_observe(struct gw_metrics *m, int route, int method, unsigned status,
                         double seconds);
-/* Every metric in the Prometheus text format 0.0.4. 0 or BG_OUT_OF_MEMORY. */
-int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now);
+/* Every metric in the Prometheus text format 0.0.4, the per-tube series
+ * of the tubes scope sees (NULL: all). 0 or BG_OUT_OF_MEMORY. */
+int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now,
+                      const struct bg_scope *scope);
 /* Replication: the problem code (and detail) a request gets while this
  * node does not serve, or NULL (metrics.c, beside /readyz; gateway_set_role). */
 const char *gw_role_refusal(const struct gateway *gw, char *detail, size_t size);
@@ -703,6 +745,7 @@ struct gw_tube_page_query {
     int descending;
     uint64_t offset;
     uint32_t limit;
+    const struct bg_scope *scope; /* only the tubes it sees (bg_scope_sees); NULL: every tube */
 };
 /* The index of a sort key (a TubeStats field name), or -1. */
 int gw_tube_sort_key(const char *name);
@@ -711,7 +754,7 @@ const char *gw_tube_sort_key_name(int i);
 /* Nonzero if filter is at most 200 tube-name characters. */
 int gw_tube_filter_valid(const char *filter);
 /* out[0..*n) = the page (at most q->limit tubes); *total = the tubes that
- * match. O(limit) in list order without a filter; else O(T log k) for T
+ * match. O(limit) in list order without a filter or scope; else O(T log k) for T
  * tubes and k = offset + limit. 0 or BG_OUT_OF_MEMORY. */
 int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_page_query *q,
                  const struct bg_tube **out, uint32_t *n, uint64_t *total);

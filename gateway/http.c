@@ -175,7 +175,8 @@ static enum MHD_Result begin_request(struct gateway *gw, struct gw_request *r, c
     if (gw_guard_check(r, version, &f, &p)) return refuse_request(r, p.status, p.code, p.detail);
     if (needs_token(gw, &r->match)) {
         const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-        if (!gw_auth_check(gw->auth, given)) {
+        r->authenticated = gw_auth_check(gw->auth, given, &r->scope);
+        if (!r->authenticated) {
             r->body_too_big = 1; /* the body, if any, is not kept */
             r->responded = 1;
             log_event(BG_LOG_DEBUG, "http_unauthorized", "method=%s path=%s token=%s",
@@ -263,6 +264,14 @@ static int dispatch(struct gw_request *r)
     char detail[160];
     const char *role = m->route->auth == GW_AUTH_TOKEN ? gw_role_refusal(r->gw, detail, sizeof detail) : NULL;
     if (role) return gw_reply_problem(r->conn, 503, role, detail); /* a standby changes nothing */
+    /* a scoped token and a {tube} path: the row's kind on that tube (a bad
+     * name is left to the handler's 400); ?tubes= and a job's tube are
+     * checked by their handlers, once they know the tubes */
+    const char *tube = r->scope && m->route->tube == GW_TUBE_PATH ? m->seg[1] : NULL;
+    int refused;
+    if (tube && bg_tube_name_valid(tube, strlen(tube)) &&
+        !gw_scope_permits(r, tube, strlen(tube), &refused))
+        return refused;
     if (!r->counted) r->commands = 1;
     /* the handler reads job states (reservation checks, GET): bring the
      * engine up to now first, whether or not the loop's timer ran */
@@ -610,14 +619,15 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->metrics_auth = cfg->metrics_auth;
     gw->idempotency = gw_idempotency_new(idempotency_key);
     gw->metrics = new_metrics();
-    if (cfg->token_count) gw->auth = gw_auth_new(cfg->tokens, cfg->token_count);
+    size_t tokens = cfg->scopes ? bg_scopes_token_count(cfg->scopes) : 0;
+    if (tokens) gw->auth = gw_auth_new(cfg->scopes);
     if (cfg->cors_origins) gw->cors = gw_cors_new(cfg->cors_origins);
     struct sockaddr_storage bound;
     socklen_t bound_len = sizeof bound;
     int loopback = getsockname(fd, (struct sockaddr *)&bound, &bound_len) == 0 &&
                    gw_addr_is_loopback((struct sockaddr *)&bound);
     gw->hosts = gw_hosts_new(cfg->allowed_hosts, loopback);
-    if (!gw->idempotency || !gw->metrics || (cfg->token_count && !gw->auth) ||
+    if (!gw->idempotency || !gw->metrics || (tokens && !gw->auth) ||
         (cfg->cors_origins && !gw->cors) || !gw->hosts) {
         log_event(BG_LOG_ERROR, "http_setup_failed", "msg=\"cannot set up the HTTP gateway\"");
         free_parts(gw);
@@ -672,7 +682,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
               "max_connections_per_ip=%u header_timeout=%u idle_timeout=%u max_header_size=%u "
               "max_body_buffer=%llu max_response_buffer=%llu tls=%s",
               log_str(cfg->listen_addr), log_str(cfg->port), gw->auth ? "on" : "off",
-              cfg->token_count, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
+              tokens, gw->metrics_auth ? "on" : "off", gw->cfg.max_wait_s,
               log_str(cfg->cors_origins ? cfg->cors_origins : "none"),
               gw->cfg.max_connections, gw->cfg.max_per_address, gw->cfg.header_timeout_s,
               gw->cfg.idle_timeout_s, gw->cfg.max_header_size,

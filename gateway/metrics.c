@@ -379,15 +379,26 @@ static const struct {
      offsetof(struct bg_stats_tube, waiting)},
 };
 
-static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
+/* The per-tube series of the first GW_METRICS_TUBES_MAX tubes that scope
+ * sees (NULL: every tube). */
+static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now,
+                        const struct bg_scope *scope)
 {
     const struct bg_engine *e = gw->engine;
-    uint32_t n = e->tube_count < GW_METRICS_TUBES_MAX ? e->tube_count : GW_METRICS_TUBES_MAX;
+    const struct bg_tube **shown = malloc(GW_METRICS_TUBES_MAX * sizeof *shown);
+    if (!shown) return BG_OUT_OF_MEMORY;
+    uint32_t n = 0, seen = 0;
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        const struct bg_tube *t = e->tube_list[i];
+        if (scope && !bg_scope_sees(scope, t->name, strlen(t->name))) continue;
+        seen++;
+        if (n < GW_METRICS_TUBES_MAX) shown[n++] = t;
+    }
     static const char *const states[] = {"ready", "delayed", "reserved", "buried"};
     struct bg_stats_tube st;
     int rc = family(b, "beangate_tube_current_jobs", "gauge", "Jobs in a tube now, by state.");
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        bg_stats_tube(e->tube_list[i], now, &st);
+        bg_stats_tube(shown[i], now, &st);
         const uint64_t by_state[] = {st.ready, st.delayed, st.reserved, st.buried};
         for (int k = 0; rc == 0 && k < 4; k++)
             rc = tube_sample(b, "beangate_tube_current_jobs", st.name, "state", states[k], by_state[k]);
@@ -395,23 +406,24 @@ static int render_tubes(const struct gateway *gw, struct bg_buf *b, bg_time now)
     for (size_t f = 0; f < sizeof tube_families / sizeof tube_families[0]; f++) {
         if (rc == 0) rc = family(b, tube_families[f].name, tube_families[f].type, tube_families[f].help);
         for (uint32_t i = 0; rc == 0 && i < n; i++) {
-            bg_stats_tube(e->tube_list[i], now, &st);
+            bg_stats_tube(shown[i], now, &st);
             uint64_t v = *(const uint64_t *)((const char *)&st + tube_families[f].field);
             rc = tube_sample(b, tube_families[f].name, st.name, NULL, NULL, v);
         }
     }
     if (rc == 0) rc = family(b, "beangate_tube_paused", "gauge", "1 while a tube is paused, else 0.");
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        const struct bg_tube *t = e->tube_list[i];
+        const struct bg_tube *t = shown[i];
         rc = tube_sample(b, "beangate_tube_paused", t->name, NULL, NULL,
                          t->pause_ns && t->unpause_at > now ? 1 : 0);
     }
+    free(shown);
     if (rc == 0)
         rc = gauge(b, "beangate_tubes_exported", "Tubes that have beangate_tube_* series here.", n);
     if (rc == 0)
         rc = gauge(b, "beangate_tubes_omitted",
                    "Tubes left out of the beangate_tube_* series (at most 1000 are exported).",
-                   e->tube_count - n);
+                   seen - n);
     return rc;
 }
 
@@ -502,12 +514,48 @@ static int render_http(const struct gateway *gw, struct bg_buf *b)
     return rc;
 }
 
-int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
+/* Append the lines of text[0..len) to out, leaving out the samples whose
+ * first label is tube="T" for a tube T that scope does not see (push
+ * delivery's families: their tube names need no escaping). */
+static int append_seen_samples(struct bg_buf *out, const char *text, size_t len,
+                               const struct bg_scope *scope)
+{
+    static const char label[] = "{tube=\"";
+    int rc = 0;
+    for (size_t at = 0; rc == 0 && at < len;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - line) + 1 : len - at;
+        at += n;
+        const char *tube = line[0] == '#' ? NULL : memchr(line, '{', n);
+        if (tube && n - (size_t)(tube - line) > sizeof label - 1 &&
+            memcmp(tube, label, sizeof label - 1) == 0) {
+            tube += sizeof label - 1;
+            const char *end = memchr(tube, '"', n - (size_t)(tube - line));
+            if (end && !bg_scope_sees(scope, tube, (size_t)(end - tube))) continue;
+        }
+        rc = bg_buf_append(out, line, n);
+    }
+    return rc;
+}
+
+/* Push delivery's families (the hook's), with scope's tubes only. */
+static int render_push(const struct gateway *gw, struct bg_buf *out, const struct bg_scope *scope)
+{
+    if (!scope) return gw->push.metrics(gw->push.arg, out);
+    struct bg_buf all = {0};
+    int rc = gw->push.metrics(gw->push.arg, &all);
+    if (rc == 0) rc = append_seen_samples(out, bg_buf_head(&all), all.len, scope);
+    bg_buf_free(&all);
+    return rc;
+}
+
+int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now,
+                      const struct bg_scope *scope)
 {
     int rc = render_server(gw, out, now);
-    if (rc == 0) rc = render_tubes(gw, out, now);
+    if (rc == 0) rc = render_tubes(gw, out, now, scope);
     if (rc == 0 && gw->metrics) rc = render_http(gw, out);
-    if (rc == 0 && gw->push.metrics) rc = gw->push.metrics(gw->push.arg, out);
+    if (rc == 0 && gw->push.metrics) rc = render_push(gw, out, scope);
     if (rc == 0 && gw->cfg.extra_metrics) rc = gw->cfg.extra_metrics(gw->cfg.log_arg, out);
     return rc;
 }
@@ -517,7 +565,7 @@ int gw_metrics_render(const struct gateway *gw, struct bg_buf *out, bg_time now)
 int gw_handle_metrics(struct gw_request *r)
 {
     struct bg_buf b = {0};
-    if (gw_metrics_render(r->gw, &b, r->gw->now()) != 0) {
+    if (gw_metrics_render(r->gw, &b, r->gw->now(), r->scope) != 0) {
         bg_buf_free(&b);
         return BG_OUT_OF_MEMORY;
     }

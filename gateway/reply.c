@@ -202,20 +202,31 @@ int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code
     return gw_reply_problem_header(c, status, code, detail, NULL, NULL);
 }
 
-char *gw_problem_text(unsigned status, const char *code, const char *detail)
+/* The problem object of a status, code and detail (NULL: out of memory). */
+static json_t *problem_object(unsigned status, const char *code, const char *detail)
 {
-    json_t *v = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title",
-                          gw_status_title(status), "status", (int)status, "detail", detail,
-                          "code", code);
+    return json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "about:blank", "title",
+                     gw_status_title(status), "status", (int)status, "detail", detail, "code", code);
+}
+
+/* The compact text of problem v (taken over; NULL: out of memory). */
+static char *problem_dump(json_t *v)
+{
     char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
     return text;
 }
 
-int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
-                            const char *detail, const char *name, const char *value)
+char *gw_problem_text(unsigned status, const char *code, const char *detail)
 {
-    char *text = gw_problem_text(status, code, detail);
+    return problem_dump(problem_object(status, code, detail));
+}
+
+/* Queue a problem's text (taken over; NULL: out of memory) with
+ * Retry-After for a 503 and one more header (name may be NULL). */
+static int queue_problem(struct MHD_Connection *c, unsigned status, char *text, const char *name,
+                         const char *value)
+{
     if (!text) return GW_NO_REPLY;
     struct gw_header h[2];
     size_t count = 0;
@@ -224,6 +235,25 @@ int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const cha
     int rc = queue(c, status, text, strlen(text), 1, "application/problem+json", h, count);
     free(text);
     return rc;
+}
+
+int gw_reply_problem_header(struct MHD_Connection *c, unsigned status, const char *code,
+                            const char *detail, const char *name, const char *value)
+{
+    return queue_problem(c, status, gw_problem_text(status, code, detail), name, value);
+}
+
+int gw_reply_permission_denied(struct MHD_Connection *c, const char *required)
+{
+    char detail[BG_SCOPE_REQUIRED_MAX + 96];
+    snprintf(detail, sizeof detail, "this token's scope does not allow this request: it needs %s",
+             required);
+    json_t *v = problem_object(403, "PERMISSION_DENIED", detail);
+    if (v && json_object_set_new(v, "required_scope", json_string(required)) != 0) {
+        json_decref(v);
+        v = NULL;
+    }
+    return queue_problem(c, 403, problem_dump(v), NULL, NULL);
 }
 
 int gw_reply_outcome(struct MHD_Connection *c, int outcome)

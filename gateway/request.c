@@ -42,6 +42,33 @@ int gw_reservation_token(struct gw_request *r, const char **token)
     return 0;
 }
 
+int gw_request_kind(struct gw_request *r)
+{
+    int kind = r->match.route ? r->match.route->kind : GW_KIND_NONE;
+    if (kind != GW_KIND_DELETE) return kind;
+    const char *token = NULL;
+    gw_reservation_token(r, &token);
+    return token && *token ? BG_SCOPE_CONSUME : BG_SCOPE_MANAGE;
+}
+
+int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply)
+{
+    if (!r->scope) return 1; /* unscoped: no header is looked at */
+    int kind = gw_request_kind(r);
+    if (kind < 0 || bg_scope_allows(r->scope, (enum bg_scope_kind)kind, name, len)) return 1;
+    char required[BG_SCOPE_REQUIRED_MAX];
+    if (len > BG_TUBE_NAME_MAX) len = BG_TUBE_NAME_MAX; /* a bad name: its 400 would come next */
+    bg_scope_required((enum bg_scope_kind)kind, name, len, required);
+    r->gw->engine->stat.permission_denied++; /* every protocol's refusals, one counter */
+    *reply = gw_reply_permission_denied(r->conn, required);
+    return 0;
+}
+
+int gw_scope_sees(const struct gw_request *r, const char *name, size_t len)
+{
+    return !r->scope || bg_scope_sees(r->scope, name, len);
+}
+
 int gw_wants_raw(struct gw_request *r)
 {
     const char *accept = gw_request_header(r, "Accept");

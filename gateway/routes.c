@@ -393,6 +393,11 @@ static int reserve(struct gw_request *r, const char *tubes)
         const char *comma = strchr(t, ',');
         size_t len = comma ? (size_t)(comma - t) : strlen(t);
         if (!bg_tube_name_valid(t, len)) return bad_tube(r);
+        /* a scoped token may consume from every tube of ?tubes= (the
+         * path's tube was checked before the handler) */
+        int refused;
+        if (r->match.route->tube == GW_TUBE_QUERY && !gw_scope_permits(r, t, len, &refused))
+            return refused;
         if (owner < 0 && (owner = other_shard(gw, t, len)) >= 0) elsewhere = t, elsewhere_len = len;
         if (!comma) break;
         t = comma + 1;
@@ -533,8 +538,9 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
     return outcome ? -1 : 0;
 }
 
-/* The job of a /jobs/{id} path, or NULL after queuing 400 (not an id) or
- * 404 (no such job) into *reply. */
+/* The job of a /jobs/{id} path, or NULL after queuing 400 (not an id), 404
+ * (no such job, or one of a tube the token cannot see) or 403 (the token
+ * may not do the row's kind on its tube) into *reply. */
 static struct bg_job *path_job(struct gw_request *r, int *reply)
 {
     const char *text = r->match.seg[1];
@@ -544,8 +550,14 @@ static struct bg_job *path_job(struct gw_request *r, int *reply)
         return NULL;
     }
     struct bg_job *j = bg_job_find(r->gw->engine, id);
-    if (!j) *reply = not_found(r, "no such job");
-    return j;
+    const char *tube = j ? j->tube->name : NULL;
+    int hidden = j && !gw_scope_sees(r, tube, strlen(tube));
+    if (!j || hidden) {
+        r->gw->engine->stat.permission_denied += (uint64_t)hidden; /* counted as a refusal */
+        *reply = not_found(r, "no such job");
+        return NULL;
+    }
+    return gw_scope_permits(r, tube, strlen(tube), reply) ? j : NULL;
 }
 
 /* 200 with the job's state after an action (no body). */
@@ -752,12 +764,15 @@ int gw_handle_peek_buried(struct gw_request *r)
     return t ? reply_peek(r, bg_peek(t, BG_JOB_BURIED)) : reply;
 }
 
-/* GET /tubes */
+/* GET /tubes: the tubes the token sees */
 int gw_handle_tubes(struct gw_request *r)
 {
     struct bg_engine *e = r->gw->engine;
     json_t *names = json_array();
-    for (uint32_t i = 0; i < e->tube_count; i++) json_array_append_new(names, json_string(e->tube_list[i]->name));
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        const char *name = e->tube_list[i]->name;
+        if (gw_scope_sees(r, name, strlen(name))) json_array_append_new(names, json_string(name));
+    }
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "tubes", names), NULL);
 }
 
@@ -768,7 +783,7 @@ static int tube_page_query(struct gw_request *r, struct gw_tube_page_query *q,
                            char *filter_buf, size_t filter_size, int *reply)
 {
     uint64_t limit = GW_TUBE_PAGE_DEFAULT;
-    *q = (struct gw_tube_page_query){NULL, -1, 0, 0, GW_TUBE_PAGE_DEFAULT};
+    *q = (struct gw_tube_page_query){NULL, -1, 0, 0, GW_TUBE_PAGE_DEFAULT, r->scope};
     const char *detail = NULL;
     char sort_detail[400];
     const char *sort = gw_query(r, "sort"), *order = gw_query(r, "order"), *filter = gw_query(r, "filter");
@@ -832,14 +847,22 @@ int gw_handle_stats_tubes(struct gw_request *r)
                          NULL);
 }
 
-/* GET /stats */
-/* The push subscriptions as a JSON array (empty without push delivery). */
-static json_t *push_list(struct gateway *gw)
+/* The push subscriptions as a JSON array (empty without push delivery),
+ * those of tubes r's token sees. */
+static json_t *push_list(struct gw_request *r)
 {
+    struct gateway *gw = r->gw;
     json_t *list = gw->push.subscriptions ? gw->push.subscriptions(gw->push.arg) : NULL;
-    return list ? list : json_array();
+    if (!list) return json_array();
+    for (size_t i = json_array_size(list); r->scope && i-- > 0;) {
+        const char *tube = json_string_value(json_object_get(json_array_get(list, i), "tube"));
+        if (!tube || !gw_scope_sees(r, tube, strlen(tube))) json_array_remove(list, i);
+    }
+    return list;
 }
 
+/* GET /stats: the server's figures (whole-server counts, for any token),
+ * and the subscriptions of the tubes the token sees. */
 int gw_handle_stats(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
@@ -847,15 +870,16 @@ int gw_handle_stats(struct gw_request *r)
     pi.binlog_sync_age_ms = -1;
     if (gw->cfg.process_info) gw->cfg.process_info(gw->cfg.log_arg, &pi);
     json_t *v = gw_json_server(gw->engine, &pi, gw_open_connections(r));
-    if (v) json_object_set_new(v, "subscriptions", push_list(gw));
+    if (v) json_object_set_new(v, "subscriptions", push_list(r));
+
     return gw_reply_json(r->conn, 200, v, NULL);
 }
 
 /* GET /subscriptions: push delivery's subscriptions ({"subscriptions": []}
- * without push delivery). */
+ * without push delivery), of the tubes the token sees. */
 int gw_handle_subscriptions(struct gw_request *r)
 {
-    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "subscriptions", push_list(r->gw)), NULL);
+    return gw_reply_json(r->conn, 200, json_pack("{s:o}", "subscriptions", push_list(r)), NULL);
 }
 
 /* GET /openapi.yaml: the document compiled in. */
@@ -863,4 +887,51 @@ int gw_handle_openapi(struct gw_request *r)
 {
     return gw_reply_bytes(r->conn, 200, gw_openapi_yaml, gw_openapi_yaml_len, 0, "application/yaml",
                           NULL, NULL);
+}
+
+/* ---- what the token may do ------------------------------------------- */
+
+/* The kinds of mask (bit 1 << enum bg_scope_kind each) as a JSON array of
+ * their names. */
+static json_t *kind_names(unsigned mask)
+{
+    json_t *kinds = json_array();
+    for (int k = 0; k < BG_SCOPE_KINDS; k++)
+        if (mask & (1u << k))
+            json_array_append_new(kinds, json_string(bg_scope_kind_name((enum bg_scope_kind)k)));
+    return kinds;
+}
+
+/* GET /auth: what the presented token may do, for the dashboard to hide
+ * what it may not. An unscoped token (or none, with no token configured)
+ * has one grant of every kind on every tube ("*"); a scoped one, a grant
+ * for each set of kinds it has on the tubes that exist now, with those
+ * tubes (the access file's patterns stay on the server). */
+int gw_handle_auth(struct gw_request *r)
+{
+    const unsigned all = (1u << BG_SCOPE_KINDS) - 1;
+    json_t *grants = json_array();
+    if (!r->scope) {
+        json_array_append_new(grants, json_pack("{s:o, s:[s]}", "kinds", kind_names(all), "tubes", "*"));
+    } else {
+        struct bg_engine *e = r->gw->engine;
+        json_t *by_mask[1u << BG_SCOPE_KINDS] = {0};
+        for (uint32_t i = 0; i < e->tube_count; i++) {
+            const char *name = e->tube_list[i]->name;
+            unsigned mask = 0;
+            for (int k = 0; k < BG_SCOPE_KINDS; k++)
+                if (bg_scope_allows(r->scope, (enum bg_scope_kind)k, name, strlen(name))) mask |= 1u << k;
+            if (!mask) continue;
+            if (!by_mask[mask]) by_mask[mask] = json_array();
+            json_array_append_new(by_mask[mask], json_string(name));
+        }
+        for (unsigned mask = all; mask > 0; mask--)
+            if (by_mask[mask])
+                json_array_append_new(grants, json_pack("{s:o, s:o}", "kinds", kind_names(mask), "tubes",
+                                                        by_mask[mask]));
+    }
+    return gw_reply_json(r->conn, 200,
+                         json_pack("{s:b, s:b, s:o}", "authenticated", r->authenticated, "scoped",
+                                   r->scope != NULL, "grants", grants),
+                         NULL);
 }

@@ -1,8 +1,8 @@
 /* tube_page.c - one page of the tubes' statistics (GET /stats/tubes), for
  * the dashboard's tubes table at any number of tubes.
  *
- * Without a filter or sort key, a page is a slice of the engine's tube list
- * (the order of GET /tubes): O(limit). With either, every tube is looked at
+ * Without a filter, sort key or scope, a page is a slice of the engine's tube list
+ * (the order of GET /tubes): O(limit). With any, every tube is looked at
  * once: the first offset + limit matches in sort order are kept in a
  * bounded heap (O(T log k) for T tubes and k = offset + limit), then those
  * k are sorted. Sorting on the server keeps what the browser gets, and
@@ -121,7 +121,7 @@ int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_pa
 {
     int filtered = q->filter && *q->filter;
     *n = 0;
-    if (!filtered && q->sort < 0) {
+    if (!filtered && !q->scope && q->sort < 0) {
         *total = e->tube_count;
         for (uint64_t i = q->offset; i < e->tube_count && *n < q->limit; i++) out[(*n)++] = e->tube_list[i];
         return 0;
@@ -136,6 +136,7 @@ int gw_tube_page(const struct bg_engine *e, bg_time now, const struct gw_tube_pa
     for (uint32_t i = 0; i < e->tube_count; i++) {
         const struct bg_tube *t = e->tube_list[i];
         if (filtered && !strstr(t->name, q->filter)) continue;
+        if (q->scope && !bg_scope_sees(q->scope, t->name, strlen(t->name))) continue;
         m++;
         if (q->sort < 0) {
             if (held < k) kept[held++] = (struct keyed){0, t};

@@ -745,6 +745,7 @@ static void tls_established(struct conn *c)
     setsockopt(c->peer.fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
     struct tls_identity id;
     tls_session_identity(c->tls, &id);
+    c->peer.tls = 1; /* the session's scope: a TLS peer without a certificate is not plain TCP */
     if (id.count && (c->identity = malloc(sizeof id))) {
         *c->identity = id;
         c->peer.identity = c->identity;

@@ -40,6 +40,7 @@ struct conn_peer {
      * listener with a CA; NULL: plain TCP, or no client certificate. The
      * session maps it to a scope (core/scope.c) in open(). */
     const struct tls_identity *identity;
+    int tls;                   /* 1 on a TLS listener (with or without a certificate) */
 };
 
 /* What a protocol allows one connection (docs/operations.md, "Limits"). */

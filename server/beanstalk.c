@@ -26,9 +26,12 @@ static const struct bg_session_io session_io = {.process_info = session_process_
 
 static int beanstalk_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
 {
-    (void)peer, (void)now;
+    (void)now;
     struct server *srv = ctx;
-    return bg_session_init(&srv->engine, (struct bg_session *)s, &session_io, srv);
+    struct bg_session *session = (struct bg_session *)s;
+    int rc = bg_session_init(&srv->engine, session, &session_io, srv);
+    session->scope = server_peer_scope(srv->cfg->scopes, peer);
+    return rc;
 }
 
 static size_t beanstalk_feed(struct bg_stream *s, const char *in, size_t len, bg_time now)

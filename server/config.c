@@ -186,8 +186,9 @@ static const struct setting settings[] = {
              "gets 503"},
     {0, "--http-token-file", "BEANGATE_HTTP_TOKEN_FILE", "PATH", K_STRING,
      .key = "http_token_file", FIELD(http_token_file),
-     .help = "bearer tokens for the gateway, one per line (blank lines and\n"
-             "# comments are ignored)"},
+     .help = "the access file: bearer tokens for the gateway and client\n"
+             "certificate names, one per line, each with optional grants such as\n"
+             "produce:emails (# comments; docs/security.md, Scopes)"},
     {0, NULL, "BEANGATE_HTTP_TOKENS", "T1,T2", K_TOKENS, .key = "http_tokens",
      .help = "more bearer tokens, comma-separated. With any token, every HTTP route\n"
              "but /livez and /readyz (and /metrics) needs \"Authorization: Bearer T\""},
@@ -705,11 +706,20 @@ static int parse_command(struct server_config *cfg, int argc, char **argv)
     return 0;
 }
 
-/* ---- bearer tokens ----------------------------------------------------- */
+/* ---- the access file and bearer tokens --------------------------------- */
 
-/* Kept for the life of the process (the gateway copies them). */
-static char *tokens[GW_AUTH_TOKENS_MAX];
-static size_t token_count;
+/* The most an access file may hold: its lines are limited (core.h), its
+ * comments are not. */
+#define ACCESS_FILE_MAX (16u << 20)
+
+/* Kept for the life of the process (the gateway copies the tokens; the
+ * sessions keep pointers to the scopes). */
+static struct bg_scopes *scopes;
+static const char *tokens[BG_SCOPE_TOKENS_MAX];
+
+/* The gateway takes the same tokens (gateway/auth.c). */
+_Static_assert(GW_AUTH_TOKENS_MAX >= BG_SCOPE_TOKENS_MAX && GW_AUTH_TOKEN_MAX >= BG_SCOPE_TOKEN_MAX,
+               "the gateway holds every token of the access file");
 
 /* Trim spaces and tabs at both ends of s[0..*n); returns the start. */
 static char *trim(char *s, size_t *n)
@@ -720,24 +730,40 @@ static char *trim(char *s, size_t *n)
     return s;
 }
 
-/* Add one token of n bytes. NULL, or why it was refused. */
-static const char *add_token(const char *t, size_t n)
+/* Read the whole of f (at most ACCESS_FILE_MAX bytes) into *text: 0, or an
+ * errno (EFBIG when larger). */
+static int read_whole(FILE *f, char **text, size_t *len)
 {
-    if (n > GW_AUTH_TOKEN_MAX) return "token longer than 512 bytes";
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)t[i] <= ' ' || (unsigned char)t[i] >= 0x7f)
-            return "token has a byte that is not visible ASCII";
-    if (token_count == GW_AUTH_TOKENS_MAX) return "more than 256 tokens";
-    char *copy = malloc(n + 1);
-    if (!copy) return "out of memory";
-    memcpy(copy, t, n);
-    copy[n] = '\0';
-    tokens[token_count++] = copy;
-    if (n < 16) log_event(BG_LOG_WARN, "weak_token", "length=%zu msg=\"shorter than 16 bytes\"", n);
-    return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) return ENOMEM;
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n > ACCESS_FILE_MAX) {
+            free(buf);
+            return EFBIG;
+        }
+        if (n == cap) {
+            char *more = realloc(buf, cap * 2);
+            if (!more) {
+                free(buf);
+                return ENOMEM;
+            }
+            buf = more, cap *= 2;
+        }
+    }
+    if (ferror(f)) {
+        int e = errno ? errno : EIO;
+        free(buf);
+        return e;
+    }
+    *text = buf, *len = n;
+    return 0;
 }
 
-/* Read the token file: 0, or SERVER_USAGE_EXIT after a message. */
+/* Read and parse the access file into `scopes`: 0, or SERVER_USAGE_EXIT
+ * after a message (the line and why; never a token). */
 static int load_token_file(const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -750,47 +776,33 @@ static int load_token_file(const char *path)
     if (fstat(fileno(f), &st) == 0 && (st.st_mode & S_IROTH))
         log_event(BG_LOG_WARN, "token_file_readable", "path=%s msg=\"readable by every user\"",
                   log_str(path));
-    size_t before = token_count;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    unsigned lineno = 0;
-    int rc = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        size_t n = (size_t)len;
-        char *t = trim(line, &n);
-        if (n == 0 || t[0] == '#') continue;
-        const char *why = memchr(t, '\0', n) ? "token has a NUL byte" : add_token(t, n);
-        if (why) {
-            log_event(BG_LOG_ERROR, "token_file_error", "path=%s line=%u msg=%s", log_str(path),
-                      lineno, log_str(why));
-            rc = SERVER_USAGE_EXIT;
-            break;
-        }
-    }
-    if (rc == 0 && ferror(f)) {
-        log_event(BG_LOG_ERROR, "token_file_error", "path=%s error=%s", log_str(path),
-                  log_str(strerror(errno)));
-        rc = SERVER_USAGE_EXIT;
-    }
-    free(line);
+    char *text = NULL;
+    size_t len = 0;
+    int e = read_whole(f, &text, &len);
     fclose(f);
-    if (rc == 0 && token_count == before) {
-        log_event(BG_LOG_ERROR, "token_file_error",
-                  "path=%s msg=\"no token in the file: refusing to start an open gateway\"",
-                  log_str(path));
-        rc = SERVER_USAGE_EXIT;
+    if (e) {
+        log_event(BG_LOG_ERROR, "token_file_error", "path=%s error=%s", log_str(path),
+                  log_str(e == EFBIG ? "larger than 16 MiB" : strerror(e)));
+        return SERVER_USAGE_EXIT;
     }
-    return rc;
+    char why[256];
+    int rc = bg_scopes_parse(&scopes, text, len, why, sizeof why);
+    free(text);
+    if (rc != 0) {
+        log_event(BG_LOG_ERROR, "token_file_error", "path=%s msg=%s", log_str(path),
+                  log_str(rc == BG_OUT_OF_MEMORY ? "out of memory" : why));
+        return SERVER_USAGE_EXIT;
+    }
+    return 0;
 }
 
-/* BEANGATE_HTTP_TOKENS (var): comma-separated. 0, or SERVER_USAGE_EXIT. */
+/* BEANGATE_HTTP_TOKENS (var): comma-separated, each an unscoped token added
+ * to `scopes`. 0, or SERVER_USAGE_EXIT. */
 static int load_token_env(const char *var, const char *value)
 {
     char *copy = strdup(value);
     if (!copy) return SERVER_USAGE_EXIT;
-    size_t before = token_count;
+    size_t before = bg_scopes_token_count(scopes);
     unsigned item = 0;
     int rc = 0;
     for (char *p = copy, *comma; p; p = comma ? comma + 1 : NULL) {
@@ -799,35 +811,72 @@ static int load_token_env(const char *var, const char *value)
         char *t = trim(p, &n);
         item++;
         if (n == 0) continue;
-        const char *why = add_token(t, n);
-        if (why) {
+        char why[128];
+        if (bg_scopes_add_token(scopes, t, n, why, sizeof why) != 0) {
             log_event(BG_LOG_ERROR, "bad_env", "var=%s item=%u msg=%s", var, item, log_str(why));
             rc = SERVER_USAGE_EXIT;
             break;
         }
     }
     free(copy);
-    if (rc == 0 && token_count == before) {
+    if (rc == 0 && bg_scopes_token_count(scopes) == before) {
         log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=\"no token in the value\"", var);
         rc = SERVER_USAGE_EXIT;
     }
     return rc;
 }
 
-/* The token file, then the variable of the K_TOKENS row. 0, or SERVER_USAGE_EXIT. */
+/* The access file, then the variable of the K_TOKENS row; the weak-token
+ * warnings. 0, or SERVER_USAGE_EXIT. */
 static int load_tokens(struct server_config *cfg)
 {
     int rc;
-    if (cfg->http_token_file && (rc = load_token_file(cfg->http_token_file)) != 0) return rc;
+    if (cfg->http_token_file) {
+        if ((rc = load_token_file(cfg->http_token_file)) != 0) return rc;
+        /* Without a token the gateway would be open to all: refused, unless
+         * there is no gateway and the file is for certificates only. */
+        if (bg_scopes_token_count(scopes) == 0 && (cfg->http_enabled || !bg_scopes_has_identities(scopes))) {
+            log_event(BG_LOG_ERROR, "token_file_error",
+                      "path=%s msg=\"no token in the file: refusing to start an open gateway\"",
+                      log_str(cfg->http_token_file));
+            return SERVER_USAGE_EXIT;
+        }
+    }
     for (size_t i = 0; i < SETTING_COUNT; i++) {
         const char *v = settings[i].kind == K_TOKENS ? env_value(&settings[i]) : NULL;
         if (!v) continue;
+        char why[128];
+        if (!scopes && bg_scopes_parse(&scopes, "", 0, why, sizeof why) != 0) return SERVER_USAGE_EXIT;
         if ((rc = load_token_env(settings[i].env, v)) != 0) return rc;
         sources[i] = FROM_ENV;
     }
-    cfg->http_tokens = (const char *const *)tokens;
-    cfg->http_token_count = token_count;
+    /* identity lines scope the TLS ports' certificates: without a CA no
+     * certificate is asked for, and every TLS connection may do nothing */
+    if (bg_scopes_has_identities(scopes) && !cfg->tls_ca)
+        log_event(BG_LOG_WARN, "identities_without_ca",
+                  "path=%s msg=\"identity lines, but no --tls-ca: TLS connections present no certificate "
+                  "and may do nothing; plain TCP is not scoped\"", log_str(cfg->http_token_file));
+    size_t count = bg_scopes_token_count(scopes);
+    for (size_t i = 0; i < count; i++) {
+        size_t n;
+        tokens[i] = bg_scopes_token(scopes, i, &n);
+        if (n < 16) log_event(BG_LOG_WARN, "weak_token", "length=%zu msg=\"shorter than 16 bytes\"", n);
+    }
+    cfg->scopes = scopes;
+    cfg->http_tokens = tokens;
+    cfg->http_token_count = count;
     return 0;
+}
+
+const struct bg_scope *server_peer_scope(const struct bg_scopes *sc, const struct conn_peer *peer)
+{
+    if (!peer->tls || !bg_scopes_has_identities(sc)) return NULL;
+    if (!peer->identity) return bg_scope_nothing();
+    const char *names[TLS_IDENTITY_MAX];
+    size_t n = peer->identity->count < TLS_IDENTITY_MAX ? peer->identity->count : TLS_IDENTITY_MAX;
+    for (size_t i = 0; i < n; i++) names[i] = peer->identity->names[i];
+    const struct bg_scope *s;
+    return bg_scopes_for_identity(sc, names, n, &s) == 0 ? s : bg_scope_nothing();
 }
 
 /* ---- the effective configuration --------------------------------------- */

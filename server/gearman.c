@@ -19,6 +19,7 @@ struct gearman {
     struct conn_protocol proto;
     struct conn_server *conns;
     struct conn_server *conns_tls; /* --gearman-tls-port, or NULL */
+    const struct bg_scopes *scopes; /* the access file (server_peer_scope) */
     struct event *sweep_ev;
 };
 
@@ -66,7 +67,10 @@ static int gearman_open(void *ctx, struct bg_stream *s, const struct conn_peer *
 {
     (void)now;
     struct gearman *g = ctx;
-    return gm_session_init(&g->server, (struct gm_session *)s, peer->fd, peer->addr);
+    struct gm_session *session = (struct gm_session *)s;
+    int rc = gm_session_init(&g->server, session, peer->fd, peer->addr);
+    session->scope = server_peer_scope(g->scopes, peer);
+    return rc;
 }
 
 static size_t gearman_feed(struct bg_stream *s, const char *in, size_t len, bg_time now)
@@ -119,6 +123,7 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 {
     struct gearman *g = calloc(1, sizeof *g);
     if (!g) return NULL;
+    g->scopes = cfg->scopes;
     struct gm_hooks hooks = {
         .ctx = g,
         .pid = (long)getpid(),

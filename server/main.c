@@ -617,7 +617,7 @@ int main(int argc, char **argv)
     if (cfg.http_enabled) {
         struct gateway_config gcfg = {
             .listen_addr = cfg.http_listen, .port = cfg.http_port, .wal = srv.wal, .log_arg = &srv,
-            .tokens = cfg.http_tokens, .token_count = cfg.http_token_count,
+            .scopes = cfg.scopes,
             .metrics_auth = cfg.metrics_auth, .started_at = srv.started_at,
             .process_info = gateway_process_info, .max_wait_s = (uint32_t)cfg.max_wait_s,
             .max_connections = cfg.http_max_connections,

@@ -58,6 +58,10 @@ struct server_config {
      * gateway is open. They live as long as the process. */
     const char *const *http_tokens;
     size_t http_token_count;
+    /* The access file's entries (core/scope.c) and BEANGATE_HTTP_TOKENS's
+     * tokens (unscoped); NULL when there is neither. Lives as long as the
+     * process. */
+    const struct bg_scopes *scopes;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
     const char *http_allowed_hosts; /* --http-allowed-hosts, or NULL: the loopback names */
@@ -185,6 +189,13 @@ struct server {
     int exit_status;             /* main's status once the loop has stopped */
     const struct server_config *cfg; /* the settings (for a standby's takeover) */
 };
+
+/* The scope of a beanstalk or Gearman connection (core/scope.c; docs/security.md,
+ * Scopes): NULL (unscoped) on plain TCP, and on every port while the access
+ * file has no identity line; on a TLS listener otherwise, the first identity
+ * line matching the client certificate's names, or bg_scope_nothing() for a
+ * certificate no line matches and for a connection without a certificate. */
+const struct bg_scope *server_peer_scope(const struct bg_scopes *sc, const struct conn_peer *peer);
 
 /* Fill process facts for `stats`. */
 void server_process_info(struct server *srv, struct bg_process_info *pi);

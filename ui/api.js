@@ -3,7 +3,9 @@
 // The page is served at /ui/, so the API is one level up ("../stats"):
 // relative URLs keep working behind a proxy that adds a prefix. With bearer
 // tokens on, the token lives in sessionStorage (this tab only, gone when it
-// closes) and goes out as an Authorization header, never in a URL.
+// closes) and goes out as an Authorization header, never in a URL. A scoped
+// token may do only some kinds of action on some tubes: GET /auth says
+// which, and may() answers from that for the views to hide the rest.
 
 const TOKEN_KEY = "beangate-token";
 const root = new URL("../", document.baseURI);
@@ -77,3 +79,34 @@ export async function call(method, path, {query, body, raw} = {}) {
 export const get = (path, query) => call("GET", path, {query});
 export const post = (path, query, body) => call("POST", path, {query, body});
 export const del = (path, query) => call("DELETE", path, {query});
+
+// What the token may do: GET /auth's grants, [{kinds, tubes}]; "*" among
+// a grant's tubes is every tube. Without a token: everything (the server
+// has no tokens, or answers 401 and the page asks for one).
+const EVERYTHING = [{kinds: ["produce", "consume", "manage", "read"], tubes: ["*"]}];
+let grants = EVERYTHING;
+let grantsOf = "";      // the token they are of
+let scoped = false;
+
+// Ask the server what the token may do: each round for a scoped token (its
+// grants name the tubes that exist, and tubes come and go), once for an
+// unscoped one (it stays so), never without a token.
+export async function loadGrants() {
+  const t = token();
+  if (t === grantsOf && !scoped) return;
+  if (!t) {
+    grants = EVERYTHING;
+    scoped = false;
+  } else {
+    const answer = await get("auth");
+    if (t !== token()) return;   // the token changed meanwhile: the next round asks
+    grants = answer.grants;
+    scoped = answer.scoped;
+  }
+  grantsOf = t;
+}
+
+// Whether the token may do `kind` (produce, consume, manage, read) on tube.
+export function may(kind, tube) {
+  return grants.some((g) => g.kinds.includes(kind) && (g.tubes.includes("*") || g.tubes.includes(tube)));
+}

@@ -1,8 +1,9 @@
 // app.js - the dashboard: navigation, the views, the poll loop and the
 // token prompt.
 //
-// One loop asks the server for GET /stats, then lets the view on screen
-// fetch what it shows, once per interval (1 s; never two rounds at once,
+// One loop asks the server for GET /stats (and, for a scoped token, GET
+// /auth: what it may do; the views hide the actions outside its scope),
+// then lets the view on screen fetch what it shows, once per interval (1 s; never two rounds at once,
 // nothing while the tab is hidden). Rates are differences of counters
 // between two polls, kept here for the last few minutes.
 
@@ -102,7 +103,7 @@ async function round() {
   running = true;
   const started = performance.now();
   try {
-    const stats = await api.get("stats");
+    const [stats] = await Promise.all([api.get("stats"), api.loadGrants()]);
     record(stats);
     showLive(stats);
     if (view) await view.refresh(stats);

@@ -1,7 +1,7 @@
 // view-job.js - one job: every field of stats-job, its body (raw bytes,
 // shown as text, hex or JSON), the last failure of its push delivery (when
 // its tube is delivered by push and an attempt failed), and kick and
-// delete. The stats are polled; the body is fetched once (a job's body
+// delete (shown only to a token that may manage the tube). The stats are polled; the body is fetched once (a job's body
 // never changes).
 
 import {h, setText, setCounts, definitionList} from "./dom.js";
@@ -106,6 +106,8 @@ export function jobView(main, {id}, app) {
         setText(failure.values.attempt, count(e.attempt));
         setText(failure.values.at, when(e.at));
       }
+      // a scoped token without manage on the tube sees no action
+      kick.hidden = del.hidden = !api.may("manage", job.tube);
       kick.disabled = job.state !== "buried" && job.state !== "delayed";
       del.disabled = job.state === "reserved";
       why.hidden = job.state !== "reserved";

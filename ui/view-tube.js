@@ -51,8 +51,8 @@ function peekPanel(kind, title, tube, app, onChange) {
   const facts = definitionList([["id", "Job"], ["priority", "Priority"], ["age", "Age"], ["left", "Time left"]], "facts compact");
   facts.values.id.replaceChildren(idLink);
   const viewer = bodyViewer(`Body of the next ${kind} job`);
-  const kick = h("button", {type: "button", hidden: kind === "ready"}, "Kick this job");
-  const del = h("button", {type: "button", class: "danger"}, "Delete this job");
+  const kick = h("button", {type: "button", hidden: true}, "Kick this job");
+  const del = h("button", {type: "button", class: "danger", hidden: true}, "Delete this job");
   const content = h("div", {hidden: true}, facts.dl, viewer.node, h("div", {class: "buttons"}, kick, del));
   const node = h("article", {class: "card peek", "aria-label": title}, h("h3", {}, title), empty, content);
   let job = null;
@@ -79,6 +79,10 @@ function peekPanel(kind, title, tube, app, onChange) {
       empty.hidden = !!j;
       content.hidden = !j;
       if (!j) return;
+      // kick and delete of any job: a token that may manage the tube
+      const manage = api.may("manage", tube);
+      kick.hidden = kind === "ready" || !manage;
+      del.hidden = !manage;
       idLink.setAttribute("href", `#/jobs/${j.id}`);
       setText(idLink, String(j.id));
       setText(facts.values.priority, count(j.priority));
@@ -159,6 +163,18 @@ export function tubeView(main, {name}, app) {
     });
   });
 
+  // what the token may do here (api.may): the rest is not shown
+  const putPart = [h("h3", {}, "Put a job"), putForm];
+  const actions = h("section", {class: "card", "aria-label": "Actions"}, h("h2", {}, "Actions"),
+    kickForm, pauseForm, ...putPart);
+  function showActions() {
+    const manage = api.may("manage", name), produce = api.may("produce", name);
+    kickForm.hidden = pauseForm.hidden = !manage;
+    for (const node of putPart) node.hidden = !produce;
+    actions.hidden = !manage && !produce;
+  }
+  showActions();
+
   main.append(
     h("nav", {class: "crumbs", "aria-label": "Breadcrumb"}, h("a", {href: "#/tubes"}, "Tubes"), " › ", h("span", {}, name)),
     h("h1", {}, "Tube ", h("span", {class: "name"}, name)),
@@ -166,8 +182,7 @@ export function tubeView(main, {name}, app) {
     missing,
     h("div", {class: "cards"},
       h("section", {class: "card", "aria-label": "Counts"}, h("h2", {}, "Counts"), stats.dl),
-      h("section", {class: "card", "aria-label": "Actions"}, h("h2", {}, "Actions"), kickForm, pauseForm,
-        h("h3", {}, "Put a job"), putForm)),
+      actions),
     h("h2", {}, "Next jobs"),
     h("div", {class: "cards peeks"}, panels.ready.node, panels.delayed.node, panels.buried.node),
   );
@@ -184,6 +199,7 @@ export function tubeView(main, {name}, app) {
   return {
     title: "Tube " + name,
     async refresh(server) {
+      showActions();
       const sub = ((server && server.subscriptions) || []).find((x) => x.tube === name);
       pushed.hidden = !sub;
       if (sub) setText(pushUrl, sub.url);

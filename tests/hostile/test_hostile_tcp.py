@@ -20,7 +20,6 @@ are those of the TLS ports. TLS_SKIPS says which tests do not apply there
 and why.
 """
 
-import fcntl
 import os
 import resource
 import select
@@ -40,7 +39,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
 from testlib import SANITIZER_MARKERS, check, check_eq, free_port, signal_and_wait, wait_until
-from testlib import rss_kib  # noqa: E402
+from testlib import append_tempfile, rss_kib  # noqa: E402
 
 BINARY = None
 ASAN = False            # the binary is built with AddressSanitizer
@@ -181,10 +180,7 @@ class Server:
     def __init__(self, args=(), http=False, gearman=False, nofile=None, logdir=None):
         self.args, self.http, self.gearman, self.nofile, self.logdir = list(args), http, gearman, nofile, logdir
         self.proc = None
-        self.err = tempfile.TemporaryFile()
-        # O_APPEND: the server's lines go to the end even while stderr() has
-        # seeked back to read the file (the two share one file offset)
-        fcntl.fcntl(self.err.fileno(), fcntl.F_SETFL, fcntl.fcntl(self.err.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+        self.err = append_tempfile()
 
     def __enter__(self):
         for _attempt in range(5):

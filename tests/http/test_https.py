@@ -27,7 +27,6 @@ bytes that come back:
 Python 3 standard library, python3-cryptography (tlsfiles), curl, openssl.
 """
 
-import fcntl
 import http.client
 import json
 import os
@@ -82,11 +81,7 @@ class Server(testlib.ServerProcess):
     def start(self):
         def launch():
             self.tcp_port, self.port = free_port(), free_port()
-            # O_APPEND: the server's lines go to the end even while stderr()
-            # has seeked back to read (the two share one file offset)
-            err = tempfile.TemporaryFile()
-            fcntl.fcntl(err.fileno(), fcntl.F_SETFL, fcntl.fcntl(err.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-            self.spawn(self.argv(), err_file=err)
+            self.spawn(self.argv())  # its stderr file is in append mode (testlib)
         status = self.start_retrying(launch, lambda: testlib.port_open(self.port), START_TIMEOUT, attempts=5)
         check(status == "ok", "server did not start (%s): %s" % (status, self.stderr()[-600:]))
         T.servers.append(self)

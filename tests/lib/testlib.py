@@ -25,6 +25,7 @@ skipped.
 """
 
 import argparse
+import fcntl
 import os
 import random
 import re
@@ -199,15 +200,30 @@ def port_taken(err):
 
 # A server child process whose stderr goes to a temporary file: spawn it, read its
 # stderr, kill it; start_retrying spawns again on fresh ports after a port clash.
+# Put the open file f in append mode. A child's stderr file shares its offset with
+# us: without O_APPEND, seeking back to read it moves where the child writes next,
+# and a line written during the read overwrites an earlier one.
+def set_append(f):
+    fcntl.fcntl(f.fileno(), fcntl.F_SETFL, fcntl.fcntl(f.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+
+
+# A fresh temporary file in append mode, for a child's stderr read while it writes.
+def append_tempfile():
+    f = tempfile.TemporaryFile()
+    set_append(f)
+    return f
+
+
 class ServerProcess:
     def __init__(self):
         self.proc = None
         self.err = None
 
     # Start argv with stdin closed, stdout to `stdout` and stderr to err_file (open for
-    # reading too), or to a fresh temporary file.
+    # reading too; put in append mode), or to a fresh append_tempfile().
     def spawn(self, argv, stdout=subprocess.DEVNULL, env=None, err_file=None, **popen):
-        self.err = err_file or tempfile.TemporaryFile()
+        self.err = err_file or append_tempfile()
+        set_append(self.err)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=self.err,
                                      env=env, **popen)
         return self.proc

@@ -10,7 +10,6 @@ Each test starts its own server on free loopback ports. Nothing sleeps to
 wait for something: every wait polls with a deadline.
 """
 
-import fcntl
 import json
 import os
 import select
@@ -58,11 +57,7 @@ class Server:
                     "--gearman-listen", "127.0.0.1", "--gearman-port", str(self.gm_port),
                     "--gearman-tls-port", str(self.gm_tls_port), "--no-http",
                     "--tls-cert", self.cert, "--tls-key", self.key] + self.args
-            # O_APPEND: the child's writes go to the end even while this process
-            # has seeked back to read the file (they share one file offset)
-            err = tempfile.TemporaryFile()
-            fcntl.fcntl(err.fileno(), fcntl.F_SETFL, fcntl.fcntl(err.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-            self.sp.spawn(argv, env=testlib.clean_env(), err_file=err)
+            self.sp.spawn(argv, env=testlib.clean_env())
         status = self.sp.start_retrying(launch, self._answers, START_TIMEOUT, 5)
         if status != "ok":
             err = self.sp.stderr()

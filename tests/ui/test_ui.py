@@ -805,6 +805,64 @@ def test_token_prompt():
         s.stop()
 
 
+def visible_buttons(b, within):
+    """The texts of the buttons shown inside the element of a selector (the
+    body viewer's mode buttons left out)."""
+    return sorted(e.text for e in b.css(within).find_elements(b.sel["By"].CSS_SELECTOR, "button:not(.seg)")
+                  if e.is_displayed())
+
+
+def test_scoped_token_sees_no_actions():
+    """Issue 23: a read-only token (read:*) sees a tube, its next buried job
+    and a job, with no action: no Actions card, no kick or delete buttons;
+    the unscoped token of the same server sees them all. A token that may
+    produce but not manage sees only the put form."""
+    b = C.browser
+    reader, producer, unscoped = "ui-reader-3e0a51c9d2", "ui-producer-a7d4e0b615", "ui-all-62f0c8b3e9"
+    with tempfile.NamedTemporaryFile("w", prefix="beangate-ui-tokens-", delete=False) as f:
+        f.write("%s read:*\n%s produce,read:ui-scoped\n%s\n" % (reader, producer, unscoped))
+    os.chmod(f.name, 0o600)
+    s = Server(C.binary, args=["--http-token-file", f.name]).start()
+    tube = "ui-scoped"
+    try:
+        bs = Beanstalk(s.tcp_port)
+        try:
+            bs.put(tube, b"kept")
+            job = bs.reserve_and_bury(tube)
+        finally:
+            bs.close()
+        buried = 'article[aria-label="Oldest buried"]'
+        for token, actions, peek_buttons, job_buttons in (
+                (reader, None, [], []),
+                (producer, ["Put job"], [], []),
+                (unscoped, ["Kick", "Pause", "Put job", "Unpause"], ["Delete this job", "Kick this job"],
+                 ["Delete", "Kick"])):
+            b.open(s, "/tubes/" + tube)
+            b.js("sessionStorage.setItem('beangate-token', arguments[0])", token)
+            b.d.refresh()   # a fresh page with this token
+            b.heading("Tube " + tube)
+            b.wait_fact("buried", 1)
+            b.wait(lambda: b.css(buried).find_element(b.sel["By"].CSS_SELECTOR, 'dd[data-key="id"]').text
+                   == str(job), "the buried job in its panel")
+            card = b.css('section[aria-label="Actions"]')
+            if actions is None:
+                b.wait(lambda: not card.is_displayed(), "no Actions card for %s" % token)
+            else:
+                b.wait(lambda: visible_buttons(b, 'section[aria-label="Actions"]') == actions,
+                       "the actions of %s: %r" % (token, actions))
+            b.wait(lambda: visible_buttons(b, buried) == peek_buttons,
+                   "the buried job's buttons for %s: %r" % (token, peek_buttons))
+            b.open(s, "/jobs/%d" % job)
+            b.wait_fact("state", "buried")
+            b.wait(lambda: visible_buttons(b, 'section[aria-label="Statistics"]') == job_buttons,
+                   "the job's buttons for %s: %r" % (token, job_buttons))
+    finally:
+        b.js("sessionStorage.clear()")
+        b.open(C.server, "/overview")   # away from the server about to stop
+        s.stop()
+        os.unlink(f.name)
+
+
 def test_keyboard():
     """Tab order: skip link, brand, the views, then the page; Enter follows
     a link; the focused element has a visible outline; Space presses a
@@ -1082,6 +1140,7 @@ TESTS = [
     test_bodies_with_markup_are_text,
     test_subscriptions_view,
     test_token_prompt,
+    test_scoped_token_sees_no_actions,
     test_keyboard,
     test_contrast,
     test_phone_width,

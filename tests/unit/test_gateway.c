@@ -74,6 +74,7 @@ static const struct row_case {
     {"POST", "/jobs/12/reservations", gw_handle_job_reserve, GW_BODY_NONE, GW_AUTH_TOKEN,
      BG_CMD_RESERVE_JOB, "12", "POST"},
     {"GET", "/openapi.yaml", gw_handle_openapi, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
+    {"GET", "/auth", gw_handle_auth, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
     {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
@@ -988,6 +989,46 @@ static void test_cors_origins(void **state)
     gw_cors_free(c);
 }
 
+/* Bearer tokens of an access file (issue 23): a presented token matches
+ * its own line and yields that line's scope (NULL for an unscoped one),
+ * the first line when a token is written twice; a wrong, longer, shorter
+ * or empty token matches none and yields NULL; "Bearer " is required. */
+static void test_bearer_token_scopes(void **state)
+{
+    (void)state;
+    static const char file[] = "tok-produce produce:emails\n"
+                               "tok-unscoped\n"
+                               "tok-read read:*\n"
+                               "tok-produce manage:*\n";
+    struct bg_scopes *sc = NULL;
+    char err[128];
+    assert_int_equal(bg_scopes_parse(&sc, file, sizeof file - 1, err, sizeof err), 0);
+    struct gw_auth *a = gw_auth_new(sc);
+    assert_non_null(a);
+    const struct bg_scope *scope = (const struct bg_scope *)1;
+    assert_int_equal(gw_auth_match(a, "tok-produce", 11, &scope), 1);
+    assert_ptr_equal(scope, bg_scopes_token_scope(sc, 0));
+    assert_true(bg_scope_allows(scope, BG_SCOPE_PRODUCE, "emails", 6));
+    assert_false(bg_scope_allows(scope, BG_SCOPE_MANAGE, "emails", 6)); /* the first line's */
+    assert_int_equal(gw_auth_match(a, "tok-unscoped", 12, &scope), 1);
+    assert_null(scope);
+    assert_int_equal(gw_auth_match(a, "tok-read", 8, &scope), 1);
+    assert_ptr_equal(scope, bg_scopes_token_scope(sc, 2));
+    assert_non_null(scope);
+    static const char *const wrong[] = {"tok-rea", "tok-readx", "tok-reae", "", "TOK-READ"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        scope = (const struct bg_scope *)1;
+        assert_int_equal(gw_auth_match(a, wrong[i], strlen(wrong[i]), &scope), 0);
+        assert_null(scope);
+    }
+    assert_int_equal(gw_auth_check(a, "Bearer tok-read", &scope), 1);
+    assert_ptr_equal(scope, bg_scopes_token_scope(sc, 2));
+    assert_int_equal(gw_auth_check(a, "Basic tok-read", &scope), 0);
+    assert_int_equal(gw_auth_check(a, NULL, &scope), 0);
+    gw_auth_free(a);
+    bg_scopes_free(sc);
+}
+
 /* A token checks for its own reservation only: another id, another
  * reservation count, another key or any changed character fails. */
 static void test_tokens(void **state)
@@ -1278,7 +1319,7 @@ static void test_tube_page(void **state)
     char names[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct gw_tube_page_query q = {cases[i].filter, cases[i].sort ? gw_tube_sort_key(cases[i].sort) : -1,
-                                       cases[i].descending, cases[i].offset, cases[i].limit};
+                                       cases[i].descending, cases[i].offset, cases[i].limit, NULL};
         uint32_t n = 99;
         uint64_t total = 99;
         assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
@@ -1357,7 +1398,7 @@ static void test_tube_page_matches_a_full_sort(void **state)
                     for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
                         struct gw_tube_page_query q = {filtered ? "-y" : NULL,
                                                        gw_tube_sort_key(by_ready ? "current_jobs_ready" : "name"),
-                                                       desc, offsets[oi], limits[li]};
+                                                       desc, offsets[oi], limits[li], NULL};
                         uint32_t n;
                         uint64_t total;
                         assert_int_equal(gw_tube_page(&e, 0, &q, out, &n, &total), 0);
@@ -1392,6 +1433,7 @@ int main(void)
         cmocka_unit_test(test_framing_fields),
         cmocka_unit_test(test_batch_body_limit),
         cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_bearer_token_scopes),
         cmocka_unit_test(test_cors_origins),
         cmocka_unit_test(test_allowed_hosts),
         cmocka_unit_test(test_idempotency),

@@ -786,6 +786,148 @@ static void test_feed_stops_at_out_limit_and_partial_input(void **state)
     bg_buf_free(&b);
 }
 
+/* ---- scopes (issue 23): each rule refusing and allowing ------------------ */
+
+/* Give session i the grants of one access-file line (freed by the caller
+ * with bg_scopes_free); NULL grants: bg_scope_nothing(). */
+static struct bg_scopes *scope_session(struct world *w, int i, const char *grants)
+{
+    if (!grants) {
+        w->s[i].scope = bg_scope_nothing();
+        return NULL;
+    }
+    char line[256], err[128];
+    snprintf(line, sizeof line, "token %s\n", grants);
+    struct bg_scopes *sc;
+    if (bg_scopes_parse(&sc, line, strlen(line), err, sizeof err) != 0) fail_msg("%s", err);
+    w->s[i].scope = bg_scopes_token_scope(sc, 0);
+    return sc;
+}
+
+/* Session i's next packet is the ERROR PERMISSION_DENIED naming `required`. */
+static void take_denied(struct world *w, int i, const char *required)
+{
+    struct reply e = take(w, i, GM_ERROR, 2);
+    assert_string_equal(e.arg[0], "PERMISSION_DENIED");
+    assert_string_equal(e.arg[1], required);
+}
+
+static void test_scope_submit(void **state)
+{
+    struct world *w = *state;
+    struct bg_scopes *sc = scope_session(w, 0, "produce:emails,jobs-*");
+    static const uint32_t types[] = {GM_SUBMIT_JOB, GM_SUBMIT_JOB_BG, GM_SUBMIT_JOB_HIGH, GM_SUBMIT_JOB_HIGH_BG,
+                                     GM_SUBMIT_JOB_LOW, GM_SUBMIT_JOB_LOW_BG};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        send_req(w, 0, types[k], 3, "sms", "", "x");
+        take_denied(w, 0, "produce:sms");
+    }
+    send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "sms", "", "1700000000", "x");
+    take_denied(w, 0, "produce:sms");
+    /* a unique id already queued is not a way around it */
+    submit(w, 1, GM_SUBMIT_JOB_BG, "sms", "u", "x");
+    send_req(w, 0, GM_SUBMIT_JOB, 3, "sms", "u", "x");
+    take_denied(w, 0, "produce:sms");
+    assert_int_equal(w->e.job_count, 1);
+    assert_int_equal(w->e.stat.permission_denied, 8);
+    submit(w, 0, GM_SUBMIT_JOB_BG, "emails", "", "x");
+    submit(w, 0, GM_SUBMIT_JOB, "jobs-eu", "", "x");
+    assert_int_equal(w->e.job_count, 3);
+    nothing(w, 0);
+    /* the unscoped session is not affected */
+    submit(w, 1, GM_SUBMIT_JOB_BG, "other", "", "x");
+    assert_int_equal(w->e.stat.permission_denied, 8);
+    bg_scopes_free(sc);
+}
+
+static void test_scope_can_do(void **state)
+{
+    struct world *w = *state;
+    struct bg_scopes *sc = scope_session(w, 1, "consume:emails");
+    submit(w, 0, GM_SUBMIT_JOB_BG, "sms", "", "s");
+    submit(w, 0, GM_SUBMIT_JOB_BG, "emails", "", "e");
+    send_req(w, 1, GM_CAN_DO, 1, "sms");
+    take_denied(w, 1, "consume:sms");
+    send_req(w, 1, GM_CAN_DO_TIMEOUT, 2, "sms", "10");
+    take_denied(w, 1, "consume:sms");
+    assert_int_equal(w->s[1].ability_count, 0);
+    send_req(w, 1, GM_GRAB_JOB, 0);
+    take(w, 1, GM_NO_JOB, 0);
+    struct reply a = grab_as_worker(w, 1, "emails");
+    assert_string_equal(a.arg[1], "emails");
+    send_req(w, 1, GM_WORK_COMPLETE, 2, a.arg[0], "done"); /* its own job: no check */
+    send_req(w, 1, GM_GRAB_JOB, 0);
+    take(w, 1, GM_NO_JOB, 0);
+    nothing(w, 1);
+    assert_int_equal(w->e.stat.permission_denied, 2);
+    assert_int_equal(w->e.job_count, 1);
+    bg_scopes_free(sc);
+}
+
+static void test_scope_get_status(void **state)
+{
+    struct world *w = *state;
+    struct bg_scopes *sc = scope_session(w, 2, "consume:emails read:reports");
+    struct reply e = submit(w, 0, GM_SUBMIT_JOB_BG, "emails", "ue", "x");
+    struct reply r = submit(w, 0, GM_SUBMIT_JOB_BG, "reports", "ur", "x");
+    struct reply o = submit(w, 0, GM_SUBMIT_JOB_BG, "other", "uo", "x");
+    send_req(w, 2, GM_GET_STATUS, 1, e.arg[0]);
+    take_denied(w, 2, "read:emails");
+    send_req(w, 2, GM_GET_STATUS_UNIQUE, 1, "ue");
+    take_denied(w, 2, "read:emails");
+    send_req(w, 2, GM_GET_STATUS, 1, r.arg[0]);
+    struct reply st = take(w, 2, GM_STATUS_RES, 5);
+    assert_string_equal(st.arg[1], "1");
+    send_req(w, 2, GM_GET_STATUS_UNIQUE, 1, "ur");
+    st = take(w, 2, GM_STATUS_RES_UNIQUE, 6);
+    assert_string_equal(st.arg[1], "1");
+    /* a job of a tube the scope cannot see is unknown to it */
+    send_req(w, 2, GM_GET_STATUS, 1, o.arg[0]);
+    st = take(w, 2, GM_STATUS_RES, 5);
+    assert_string_equal(st.arg[1], "0");
+    send_req(w, 2, GM_GET_STATUS_UNIQUE, 1, "uo");
+    st = take(w, 2, GM_STATUS_RES_UNIQUE, 6);
+    assert_string_equal(st.arg[1], "0");
+    nothing(w, 2);
+    assert_int_equal(w->e.stat.permission_denied, 2);
+    bg_scopes_free(sc);
+}
+
+static void test_scope_admin(void **state)
+{
+    struct world *w = *state;
+    struct bg_scopes *sc = scope_session(w, 3, "read:emails consume:emails");
+    send_req(w, 1, GM_CAN_DO, 1, "emails");
+    send_req(w, 1, GM_CAN_DO, 1, "sms");
+    send_req(w, 2, GM_CAN_DO, 1, "sms");
+    struct reply e = submit(w, 0, GM_SUBMIT_JOB, "emails", "", "x");
+    struct reply s = submit(w, 0, GM_SUBMIT_JOB, "sms", "", "x");
+    /* listings: only what the scope sees */
+    admin_expect(w, 3, "status\n", "emails\t1\t0\t1\n.\n");
+    admin_expect(w, 3, "workers\n", "11 127.0.0.2 - : emails\n.\n");
+    char want[320];
+    snprintf(want, sizeof want, "%s\t0\t0\t1\n.\n", e.arg[0]);
+    admin_expect(w, 3, "show jobs\n", want);
+    admin_expect(w, 3, "version\n", "OK " BEANGATE_VERSION "\n");
+    /* manage: maxqueue, cancel job; shutdown only unscoped */
+    admin_expect(w, 3, "maxqueue emails 5\n", "ERR PERMISSION_DENIED manage:emails\r\n");
+    snprintf(want, sizeof want, "cancel job %s\n", e.arg[0]);
+    admin_expect(w, 3, want, "ERR PERMISSION_DENIED manage:emails\r\n");
+    snprintf(want, sizeof want, "cancel job %s\n", s.arg[0]);
+    admin_expect(w, 3, want, "ERR UNKNOWN_JOB\r\n");
+    admin_expect(w, 3, "shutdown\n", "ERR PERMISSION_DENIED manage:*\r\n");
+    assert_int_equal(w->stops_now, 0);
+    assert_int_equal(w->e.job_count, 2);
+    assert_int_equal(w->e.stat.permission_denied, 4);
+    /* the unscoped view is whole */
+    admin_expect(w, 0, "status\n", "sms\t1\t0\t2\nemails\t1\t0\t1\n.\n");
+    /* with no scope at all (a certificate no line matches): nothing */
+    w->s[3].scope = bg_scope_nothing();
+    admin_expect(w, 3, "version\n", "ERR PERMISSION_DENIED read:*\r\n");
+    admin_expect(w, 3, "status\n", "ERR PERMISSION_DENIED read:*\r\n");
+    bg_scopes_free(sc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -812,6 +954,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shutdown, setup, teardown),
         cmocka_unit_test_setup_teardown(test_output_limit_overflows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_stops_at_out_limit_and_partial_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scope_submit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scope_can_do, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scope_get_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scope_admin, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
