@@ -8,7 +8,8 @@ and --http-tls-key from a throwaway CA (tests/lib/tlsfiles.py), and talks to
 it with curl --cacert, openssl s_client and Python's ssl module, checking the
 bytes that come back:
   - put, a long-poll reserve answered by a put, delete and stats over curl;
-  - openssl s_client (the certificate verifies; a request is answered);
+  - openssl s_client (the certificate verifies; a request is answered;
+    TLS 1.1 is refused), and a renegotiation refused (gnutls-cli);
   - keep-alive over TLS, HTTP/1.0, a chunked body;
   - mutual TLS: with --http-tls-verify-client, no certificate and one of
     another CA are refused in the handshake, a good one is served; without
@@ -260,6 +261,24 @@ def test_openssl_s_client():
     check(b"HTTP/1.1" not in out.stdout and out.returncode != 0, "TLS 1.1 was accepted")
 
 
+def test_no_renegotiation():
+    """A TLS 1.2 client that asks for a renegotiation is closed (gnutls-cli
+    --rehandshake); the same client without it is served."""
+    if not shutil.which("gnutls-cli"):
+        raise testlib.Skip("gnutls-cli is not installed (gnutls-bin)")
+    s = Server().start()
+    request = b"GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    argv = ["gnutls-cli", "--priority", "NORMAL:-VERS-ALL:+VERS-TLS1.2", "--x509cafile", T.ca.cert,
+            "-p", str(s.port), "localhost"]
+    out = subprocess.run(argv, input=request, capture_output=True, timeout=IO_TIMEOUT + 5)
+    check(b"HTTP/1.1 200 OK" in out.stdout, "gnutls-cli over TLS 1.2 was not served: %r" % out.stdout[-400:])
+    out = subprocess.run(argv[:1] + ["--rehandshake"] + argv[1:], input=request, capture_output=True,
+                         timeout=IO_TIMEOUT + 5)
+    text = out.stdout + out.stderr
+    check(out.returncode != 0 and b"ReHandshake has failed" in text and b"HTTP/1.1" not in out.stdout,
+          "a renegotiation was not refused: %r" % text[-600:])
+
+
 def test_keep_alive_over_tls():
     s = Server().start()
     c = https(s.port)
@@ -491,6 +510,7 @@ def test_shared_pair_and_flag_errors():
 TESTS = [
     test_curl_put_reserve_delete_stats,
     test_openssl_s_client,
+    test_no_renegotiation,
     test_keep_alive_over_tls,
     test_http10_and_chunked_over_tls,
     test_mtls_required,
