@@ -1247,6 +1247,20 @@ def test_kubernetes_manifests():
     svc = docs[("Service", "beangate")]
     check(svc["spec"]["selector"] == pair["spec"]["template"]["metadata"]["labels"],
           "the Service selects the pair's pods")
+    # TLS and scopes (issue 23): the probes speak HTTPS, and every file the
+    # arguments name is under a mounted Secret
+    for probe in ("readinessProbe", "livenessProbe"):
+        check(container[probe]["httpGet"].get("scheme") == "HTTPS", "%s over HTTPS" % probe)
+    args = container["args"]
+    check("--http-tls" in args, "the gateway serves HTTPS")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pair["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v}
+    for flag in ("--tls-cert", "--tls-key", "--http-token-file"):
+        path = args[args.index(flag) + 1]
+        check(any(path.startswith(mounts[n] + "/") for n in secrets), "%s %s is in a mounted Secret" % (flag, path))
+    access = docs[("Secret", "beangate-access")]["stringData"]["access"]
+    check(any(len(line.split()) > 1 for line in access.splitlines()), "the access file shows a scoped token")
 
 
 TESTS = [test_standby_refuses, test_fencing, test_fencing_http, test_stream_bounded, test_sigterm_hands_over,
