@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from email.utils import formatdate
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
+import tlsfiles  # noqa: E402
 from testlib import (SANITIZER_MARKERS, check, check_eq, clean_env, free_port, port_open,  # noqa: E402
                      wait_until)
 
@@ -56,9 +58,13 @@ class Receiver:
     (status, extra headers, seconds to hold the request before answering) for the
     n-th request (1-based) to path; the default answers 204 at once. Every
     request is recorded (arrival, answer, headers, body), and the requests in
-    flight per path are counted (the largest number seen is kept)."""
+    flight per path are counted (the largest number seen is kept).
+    tls: an ssl.SSLContext (server side) makes it an HTTPS receiver; use_tls()
+    swaps it for the next connections (a receiver whose certificate is fixed)."""
 
-    def __init__(self, script=None, port=None):
+    def __init__(self, script=None, port=None, tls=None):
+        self.tls = tls
+        self.handshakes_failed = 0
         self.script = script or (lambda path, n, headers, body: (204, {}, 0))
         self.lock = threading.Lock()
         self.requests = []          # dicts, in arrival order
@@ -103,13 +109,31 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def get_request(self):
+                sock, addr = self.socket.accept()
+                ctx = receiver.tls
+                if ctx is None:
+                    return sock, addr
+                sock.settimeout(10)
+                try:
+                    return ctx.wrap_socket(sock, server_side=True), addr
+                except OSError:
+                    with receiver.lock:
+                        receiver.handshakes_failed += 1
+                    sock.close()
+                    raise
+
+        self.server = Server(("127.0.0.1", port or 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.port, path)
+    def url(self, path, host="127.0.0.1"):
+        return "%s://%s:%d%s" % ("https" if self.tls else "http", host, self.port, path)
+
+    def use_tls(self, ctx):
+        self.tls = ctx
 
     def got(self, path=None, job=None):
         with self.lock:
@@ -862,7 +886,7 @@ def test_settings_and_refusals():
             empty = os.path.join(work, "empty.key")
             open(empty, "w").close()
             refusals = [
-                (push_arg("t", "https://127.0.0.1:1/"), "libevent_openssl"),
+                (push_arg("t", "ftp://127.0.0.1:1/"), "must start with http://"),
                 (push_arg("t", "http://127.0.0.1:1/", colour="red"), "unknown key"),
                 (push_arg("t", "http://127.0.0.1:1/") + push_arg("t", "http://127.0.0.1:2/"), "second subscription"),
                 (push_arg("t", "http://127.0.0.1:1/", secret_file=os.path.join(work, "missing")), "secret-file"),
@@ -878,6 +902,144 @@ def test_settings_and_refusals():
                 err = p.stderr.decode()
                 check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
                 check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+
+
+# ---- HTTPS (issue 23) -----------------------------------------------------------------
+
+def server_tls(cert, key, client_ca=None):
+    """A server-side SSLContext with cert/key; client_ca: client certificates required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(client_ca)
+    return ctx
+
+
+def wait_failed_attempts(srv, job, n, timeout=30):
+    """The job's last_delivery_error once it counts n attempts."""
+    return wait_until(lambda: (lambda x: x if x and (x.get("last_delivery_error") or {}).get("attempt", 0) >= n
+                               else None)(srv.job(job)), "%d failed attempts of job %d" % (n, job), timeout)
+
+
+def test_https_delivery():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        cert, key = ca.issue("receiver", dns=["localhost"], ips=["127.0.0.1"])
+        secret = os.path.join(work, "secret")
+        with open(secret, "w") as f:
+            f.write("a secret of 16+ bytes\n")
+        os.chmod(secret, 0o600)
+        with Receiver(tls=server_tls(cert, key)) as rx, \
+                Server(push_arg("sec", rx.url("/in?x=1"), ca_file=ca.cert, secret_file=secret, concurrency=4)) as srv:
+            ids = [srv.put("sec", b"over tls %d" % i) for i in range(20)]
+            for j in ids:
+                wait_deleted(srv, j, 20)
+            for j in ids:
+                got = rx.got(job=j)
+                check_eq(len(got), 1, "deliveries of job %d" % j)
+                h = got[0]["headers"]
+                check_eq(got[0]["path"], "/in?x=1", "path")
+                check_eq(h["host"], "127.0.0.1:%d" % rx.port, "Host")
+                mac = hmac.new(b"a secret of 16+ bytes", ("%s.%s." % (h["x-beangate-timestamp"], j)).encode()
+                               + got[0]["body"], hashlib.sha256).hexdigest()
+                check_eq(h["x-beangate-signature"], "v1=" + mac, "signature over https")
+            sub = srv.subscription("sec")
+            check_eq((sub["url"], sub["delivered"], sub["last_error"]), (rx.url("/in?x=1"), 20, None), "subscription")
+        # the host name is checked too: "localhost" is on the certificate
+        with Receiver(tls=server_tls(cert, key)) as rx, \
+                Server(push_arg("named", rx.url("/n", host="localhost"), ca_file=ca.cert)) as srv:
+            j = srv.put("named", b"by name")
+            wait_deleted(srv, j, 20)
+            check_eq(rx.got(job=j)[0]["headers"]["host"], "localhost:%d" % rx.port, "Host by name")
+
+
+def test_https_bad_certificates_retried_until_fixed():
+    """Each bad certificate is refused with its reason, retried, and the job is
+    delivered once (never lost) when the receiver gets a good one."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        other = tlsfiles.TestCA(os.path.join(work, "other"), "untrusted CA")
+        good = server_tls(*ca.issue("good", ips=["127.0.0.1"]))
+        cases = {
+            "wrongname": (server_tls(*ca.issue("wrongname", dns=["elsewhere.example"])), "tls: host name mismatch"),
+            "expired": (server_tls(*ca.issue("expired", ips=["127.0.0.1"], days=(-10, -1))),
+                        "tls: certificate has expired"),
+            "untrusted": (server_tls(*other.issue("untrusted", ips=["127.0.0.1"])),
+                          "tls: certificate is signed by an unknown or untrusted CA"),
+        }
+        with contextlib.ExitStack() as stack:
+            rxs = {name: stack.enter_context(Receiver(tls=ctx)) for name, (ctx, _) in cases.items()}
+            args = []
+            for name, rx in rxs.items():
+                args += push_arg(name, rx.url("/" + name), ca_file=ca.cert, attempts=100, backoff="1..1")
+            srv = stack.enter_context(Server(args))
+            jobs = {name: srv.put(name, b"job for " + name.encode()) for name in cases}
+            for name, j in jobs.items():
+                err = wait_failed_attempts(srv, j, 2)["last_delivery_error"]
+                check_eq((err["error"], err["status"]), ("tls_error", None), "%s: last_delivery_error" % name)
+                sub = srv.subscription(name)
+                check_eq(sub["last_error"]["detail"], cases[name][1], "%s: the reason" % name)
+                check(sub["retried_by_reason"]["tls_error"] >= 2, "%s: tls_error retries counted" % name)
+                check_eq(rxs[name].got(), [], "%s: nothing reached the receiver" % name)
+            status, metrics = srv.http("GET", "/metrics")
+            check('beangate_push_retries_total{tube="expired",reason="tls_error"}' in metrics.decode(),
+                  "tls_error in the metrics")
+            for name, rx in rxs.items():
+                rx.use_tls(good)
+            for name, j in jobs.items():
+                wait_deleted(srv, j, 30)
+                check_eq(len(rxs[name].got(job=j)), 1, "%s: delivered once after the fix" % name)
+        log = srv.stderr() + srv.stdout()
+        for name, (_, reason) in cases.items():
+            check(re.search(r"push_retry .*tube=%s .*reason=tls_error.*detail=\"%s\"" % (name, re.escape(reason)), log),
+                  "the log names the reason for %s: %s" % (name, log[-1500:]))
+
+
+def test_https_client_certificate():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        clients = tlsfiles.TestCA(os.path.join(work, "clients"), "client CA")
+        ccert, ckey = clients.issue("beangate", cn="beangate", client=True)
+        ctx = server_tls(*ca.issue("receiver", ips=["127.0.0.1"]), client_ca=clients.cert)
+        with Receiver(tls=ctx) as rx, \
+                Server(push_arg("withcert", rx.url("/with"), ca_file=ca.cert, cert_file=ccert, key_file=ckey)
+                       + push_arg("nocert", rx.url("/without"), ca_file=ca.cert, attempts=100, backoff="1..1")) as srv:
+            j = srv.put("withcert", b"signed in")
+            wait_deleted(srv, j, 20)
+            check_eq(len(rx.got(job=j)), 1, "delivered with a client certificate")
+            k = srv.put("nocert", b"refused")
+            err = wait_failed_attempts(srv, k, 2)["last_delivery_error"]
+            check_eq((err["error"], err["status"]), ("tls_error", None), "refused without a client certificate")
+            check(srv.subscription("nocert")["last_error"]["detail"].startswith("tls: "), "the reason says tls")
+            check_eq(rx.got(job=k), [], "nothing delivered without a client certificate")
+
+
+def test_https_settings_refused_at_start():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        cert, key = ca.issue("me", cn="me", client=True)
+        notpem = os.path.join(work, "notpem")
+        with open(notpem, "w") as f:
+            f.write("hello\n")
+        missing = os.path.join(work, "missing.pem")
+        url = "https://127.0.0.1:1/"
+        refusals = [
+            (push_arg("t", url, ca_file=missing), "ca-file %s: No such file" % missing),
+            (push_arg("t", url, ca_file=notpem), "not a PEM file"),
+            (push_arg("t", url, cert_file=cert, key_file=missing), "key-file %s" % missing),
+            (push_arg("t", url, cert_file=missing, key_file=key), "cert-file %s" % missing),
+            (push_arg("t", url, cert_file=cert), "go together"),
+            (push_arg("t", "http://127.0.0.1:1/", ca_file=ca.cert), "need an https:// url"),
+            (push_arg("t", "ftp://127.0.0.1:1/"), "must start with http:// or https://"),
+        ]
+        for args, why in refusals:
+            p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=clean_env(), timeout=10)
+            err = p.stderr.decode()
+            check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
+            check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
 
 
 TESTS = [
@@ -901,6 +1063,10 @@ TESTS = [
     test_sigterm_during_delivery,
     test_pause_and_other_protocols,
     test_settings_and_refusals,
+    test_https_delivery,
+    test_https_bad_certificates_retried_until_fixed,
+    test_https_client_certificate,
+    test_https_settings_refused_at_start,
 ]
 
 
