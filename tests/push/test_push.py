@@ -1010,8 +1010,14 @@ def test_https_client_certificate():
             check_eq(len(rx.got(job=j)), 1, "delivered with a client certificate")
             k = srv.put("nocert", b"refused")
             err = wait_failed_attempts(srv, k, 2)["last_delivery_error"]
-            check_eq((err["error"], err["status"]), ("tls_error", None), "refused without a client certificate")
-            check(srv.subscription("nocert")["last_error"]["detail"].startswith("tls: "), "the reason says tls")
+            detail = srv.subscription("nocert")["last_error"]["detail"]
+            # TLS 1.3: the client's handshake ends before the receiver checks
+            # for a certificate; its refusal comes as an alert (tls_error) or,
+            # when the receiver closes with the request unread, as a reset
+            check((err["error"], err["status"]) in (("tls_error", None), ("connection_error", None)),
+                  "refused without a client certificate: %r, %r" % (err, detail))
+            check(detail.startswith("tls: ") == (err["error"] == "tls_error") and detail,
+                  "the reason is given: %r, %r" % (err, detail))
             check_eq(rx.got(job=k), [], "nothing delivered without a client certificate")
 
 
