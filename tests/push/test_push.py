@@ -856,6 +856,17 @@ def test_pause_and_other_protocols():
         check(waited >= 1.5, "delivered %.2f s after the put into a tube paused for 2 s" % waited)
 
 
+def check_refused_at_start(refusals):
+    """Each (args, why): beangate with args stops at start, exit status 5, saying why."""
+    for args, why in refusals:
+        p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=clean_env(), timeout=10)
+        err = p.stderr.decode()
+        check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
+        check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+
+
 def test_settings_and_refusals():
     with Receiver() as rx:
         # BEANGATE_PUSH: two subscriptions separated by a ';' word; --push-grace from the environment
@@ -895,13 +906,7 @@ def test_settings_and_refusals():
                 (["--push-file", os.path.join(work, "missing")], "No such file"),
                 (["--push-grace", "3601"], "--push-grace"),
             ]
-            for args, why in refusals:
-                p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=clean_env(), timeout=10)
-                err = p.stderr.decode()
-                check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
-                check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+            check_refused_at_start(refusals)
 
 
 # ---- HTTPS (issue 23) -----------------------------------------------------------------
@@ -1039,13 +1044,29 @@ def test_https_settings_refused_at_start():
             (push_arg("t", "http://127.0.0.1:1/", ca_file=ca.cert), "need an https:// url"),
             (push_arg("t", "ftp://127.0.0.1:1/"), "must start with http:// or https://"),
         ]
-        for args, why in refusals:
-            p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=clean_env(), timeout=10)
-            err = p.stderr.decode()
-            check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
-            check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+        check_refused_at_start(refusals)
+
+
+def test_https_no_proxy_no_redirect():
+    """Proxy variables in the environment are ignored, and a redirect is not
+    followed: deliveries reach only the configured host and port."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        ctx = server_tls(*ca.issue("receiver", ips=["127.0.0.1"]))
+        with Receiver() as proxy, Receiver() as elsewhere, Receiver(tls=ctx) as rx:
+            def redirect(path, n, headers, body):
+                return (307, {"Location": elsewhere.url("/stolen")}, 0) if path == "/moved" else (204, {}, 0)
+            rx.script = redirect
+            env = {k: proxy.url("/") for k in ("http_proxy", "https_proxy", "HTTPS_PROXY", "ALL_PROXY", "all_proxy")}
+            with Server(push_arg("direct", rx.url("/in"), ca_file=ca.cert)
+                        + push_arg("moved", rx.url("/moved"), ca_file=ca.cert), env=env) as srv:
+                j = srv.put("direct", b"straight")
+                k = srv.put("moved", b"stay")
+                wait_deleted(srv, j, 20)
+                wait_state(srv, k, "buried", 20)
+                check_eq(len(rx.got(job=j)), 1, "delivered directly")
+                check_eq(srv.job(k)["last_delivery_error"]["error"], "http_3xx", "a redirect buries")
+                check_eq((proxy.got(), elsewhere.got()), ([], []), "nothing went to the proxy or the redirect")
 
 
 TESTS = [
@@ -1073,6 +1094,7 @@ TESTS = [
     test_https_bad_certificates_retried_until_fixed,
     test_https_client_certificate,
     test_https_settings_refused_at_start,
+    test_https_no_proxy_no_redirect,
 ]
 
 
