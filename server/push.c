@@ -1072,9 +1072,12 @@ static int sub_init(struct push *p, struct sub *s, const struct push_setup *setu
     return 0;
 }
 
-/* curl's multi handle on base, driven by p's events; 0 or -1. */
-static int curl_start(struct push *p)
+/* curl's multi handle on base, driven by p's events, whose cache keeps a
+ * connection for every slot (setup's concurrencies); 0 or -1. */
+static int curl_start(struct push *p, const struct push_setup *setup)
 {
+    long slots = 0;
+    for (size_t i = 0; i < setup->count; i++) slots += (long)setup->specs[i].concurrency;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return -1;
     p->curl_up = 1;
     p->multi = curl_multi_init();
@@ -1083,7 +1086,10 @@ static int curl_start(struct push *p)
     return curl_multi_setopt(p->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket) != CURLM_OK ||
                    curl_multi_setopt(p->multi, CURLMOPT_SOCKETDATA, p) != CURLM_OK ||
                    curl_multi_setopt(p->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer) != CURLM_OK ||
-                   curl_multi_setopt(p->multi, CURLMOPT_TIMERDATA, p) != CURLM_OK
+                   curl_multi_setopt(p->multi, CURLMOPT_TIMERDATA, p) != CURLM_OK ||
+                   /* the default keeps 4 per transfer running: between two
+                    * attempts a slot has none, and its connection was closed */
+                   curl_multi_setopt(p->multi, CURLMOPT_MAXCONNECTS, slots) != CURLM_OK
                ? -1 : 0;
 }
 
@@ -1106,7 +1112,7 @@ struct push *push_start(const struct push_setup *setup, struct event_base *base,
     p->kick_ev = event_new(base, -1, 0, kick_cb, p);
     p->grace_ev = evtimer_new(base, grace_cb, p);
     p->subs = calloc(setup->count, sizeof *p->subs);
-    int ok = p->kick_ev && p->grace_ev && p->subs && curl_start(p) == 0;
+    int ok = p->kick_ev && p->grace_ev && p->subs && curl_start(p, setup) == 0;
     for (size_t i = 0; ok && i < setup->count; i++) {
         p->count = i + 1;
         ok = sub_init(p, &p->subs[i], setup, i) == 0;
