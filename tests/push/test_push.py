@@ -1069,6 +1069,53 @@ def test_https_no_proxy_no_redirect():
                 check_eq((proxy.got(), elsewhere.got()), ([], []), "nothing went to the proxy or the redirect")
 
 
+def test_response_head_and_body_bounded():
+    """A response head over 16 KiB is a connection_error; a body over 64 KiB is
+    not read to its end, and the status before it decides."""
+    def script(path, n, headers, body):
+        if path == "/bighead":
+            return (204, {"X-Big": "a" * 20000}, 0)
+        return (204, {}, 0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    sent = []
+
+    def serve_big_body():  # 200 and a 64 MB body; counts what the peer took
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                total = 64 * 1024 * 1024
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+                n = 0
+                try:
+                    conn.settimeout(10)
+                    while n < total:
+                        n += conn.send(b"x" * 65536)
+                except OSError:
+                    pass
+                sent.append(n)
+
+    threading.Thread(target=serve_big_body, daemon=True).start()
+    try:
+        with Receiver(script) as rx, \
+                Server(push_arg("head", rx.url("/bighead"), attempts=100, backoff="1..1")
+                       + push_arg("body", "http://127.0.0.1:%d/" % listener.getsockname()[1])) as srv:
+            j = srv.put("head", b"big head")
+            err = wait_failed_attempts(srv, j, 1)["last_delivery_error"]
+            check_eq((err["error"], err["status"]), ("connection_error", None), "a 20 KB head")
+            k = srv.put("body", b"big body")
+            wait_deleted(srv, k, 20)
+            wait_until(lambda: sent, "the body receiver done", 20)
+            check(sent[0] < 64 * 1024 * 1024, "the 64 MB body was not all read (%d bytes went)" % sent[0])
+    finally:
+        listener.close()
+
+
 TESTS = [
     test_success,
     test_500_then_success,
@@ -1095,6 +1142,7 @@ TESTS = [
     test_https_client_certificate,
     test_https_settings_refused_at_start,
     test_https_no_proxy_no_redirect,
+    test_response_head_and_body_bounded,
 ]
 
 
