@@ -1250,11 +1250,13 @@ static json_t *failure_json(const struct bg_push_failure_rec *rec, int with_job)
     return v;
 }
 
-/* A subscription's last failure, with its words when it failed below HTTP. */
+/* A subscription's last failure, with its words when it was a TLS failure
+ * (the other reasons say enough; the log has their words too). */
 static json_t *last_error_json(const struct sub *s)
 {
     json_t *v = failure_json(&s->last, 1);
-    if (v && s->last_detail[0]) json_object_set_new(v, "detail", json_string(s->last_detail));
+    if (v && s->last.reason == BG_PUSH_TLS_FAILED && s->last_detail[0])
+        json_object_set_new(v, "detail", json_string(s->last_detail));
     return v;
 }
 
