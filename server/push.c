@@ -1126,9 +1126,11 @@ struct push *push_start(const struct push_setup *setup, struct event_base *base,
         const struct sub *s = &p->subs[i];
         char rate[32];
         log_event(BG_LOG_INFO, "push_subscription", "tube=%s url=%s concurrency=%u timeout=%u attempts=%u "
-                  "backoff=%u..%u rate=%s signed=%s", log_str(s->spec.tube), log_str(s->spec.url),
-                  s->spec.concurrency, s->spec.timeout_s, s->spec.attempts, s->spec.backoff_min_s,
-                  s->spec.backoff_max_s, rate_text(s, rate, sizeof rate), s->signed_ ? "yes" : "no");
+                  "backoff=%u..%u rate=%s signed=%s ca_file=%s client_cert=%s", log_str(s->spec.tube),
+                  log_str(s->spec.url), s->spec.concurrency, s->spec.timeout_s, s->spec.attempts,
+                  s->spec.backoff_min_s, s->spec.backoff_max_s, rate_text(s, rate, sizeof rate),
+                  s->signed_ ? "yes" : "no", log_str(s->spec.ca_file[0] ? s->spec.ca_file : NULL),
+                  log_str(s->spec.cert_file[0] ? s->spec.cert_file : NULL));
     }
     kick(p); /* reserve on the first loop turn */
     return p;
