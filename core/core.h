@@ -668,13 +668,15 @@ void bg_scope_required(enum bg_scope_kind kind, const char *name, size_t len, ch
 #define BG_PUSH_FAILURES_MAX 100000     /* jobs whose last failure is kept */
 
 /* One subscription as the operator wrote it:
- *   tube=T url=http://HOST[:PORT]/PATH [concurrency=N] [rate=N/s|N/m|N/h]
- *   [timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH] */
+ *   tube=T url=http[s]://HOST[:PORT]/PATH [concurrency=N] [rate=N/s|N/m|N/h]
+ *   [timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH]
+ *   [ca-file=PATH] [cert-file=PATH key-file=PATH]   (https:// only) */
 struct bg_push_spec {
     char tube[BG_TUBE_NAME_MAX + 1];
     char url[BG_PUSH_URL_MAX + 1];   /* as given */
     char host[256];                  /* an IPv6 address without its brackets */
-    uint16_t port;                   /* 80 when the url names none */
+    uint16_t port;                   /* 80 (443 for https) when the url names none */
+    int tls;                         /* https:// */
     char path[BG_PUSH_URL_MAX + 2];  /* path and query; starts with '/' */
     uint32_t concurrency;            /* jobs in flight at most */
     uint32_t rate_count;             /* 0: no rate limit */
@@ -683,6 +685,9 @@ struct bg_push_spec {
     uint32_t attempts;               /* the attempt that fails at this number buries */
     uint32_t backoff_min_s, backoff_max_s;
     char secret_file[1024];          /* "": deliveries are not signed */
+    char ca_file[1024];              /* "": the system's trust store (https) */
+    char cert_file[1024];            /* "": no client certificate; set with key_file */
+    char key_file[1024];
 };
 
 /* The next subscription of a list text s[*pos..len) (a --push value, a
@@ -700,13 +705,15 @@ void bg_push_spec_defaults(struct bg_push_spec *s);
  * a message for people in why. Checks every value; the secret file is only
  * named here (the server reads it). */
 int bg_push_spec_parse(const char *text, struct bg_push_spec *out, char *why, size_t why_size);
-/* Parse an http:// URL into out's url, host, port and path: 0, or
- * BG_BAD_FORMAT with why (https://, a user, a fragment, no host, ...). */
+/* Parse an http:// or https:// URL into out's url, tls, host, port and
+ * path: 0, or BG_BAD_FORMAT with why (another scheme, a user, a fragment,
+ * no host, ...). */
 int bg_push_url_parse(const char *url, struct bg_push_spec *out, char *why, size_t why_size);
 
 /* What went wrong below HTTP in an attempt that got no status. */
 enum bg_push_failure {
     BG_PUSH_FAIL_NONE, BG_PUSH_FAIL_TIMEOUT, BG_PUSH_FAIL_CONNECT, BG_PUSH_FAIL_CONNECTION,
+    BG_PUSH_FAIL_TLS,
 };
 /* Why an attempt ended as it did (the metrics' reason label). */
 enum bg_push_reason {
@@ -718,6 +725,7 @@ enum bg_push_reason {
     BG_PUSH_CONNECT_FAILED,     /* refused, unreachable, or the name did not resolve */
     BG_PUSH_CONNECTION_ERROR,   /* closed or reset, or not HTTP */
     BG_PUSH_BAD_STATUS,         /* a status outside 200-599 */
+    BG_PUSH_TLS_FAILED,         /* https: the handshake or the certificates failed */
     BG_PUSH_HTTP_3XX,           /* redirects are not followed */
     BG_PUSH_HTTP_4XX,           /* other than 429 */
     BG_PUSH_ATTEMPTS_EXHAUSTED, /* a retryable failure at the last attempt */

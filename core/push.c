@@ -88,14 +88,11 @@ int bg_push_url_parse(const char *url, struct bg_push_spec *out, char *why, size
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)url[i] <= ' ' || (unsigned char)url[i] >= 0x7f)
             return refuse(why, why_size, "url has a byte that is not visible ASCII");
-    if (has_prefix_nocase(url, n, "https://"))
-        return refuse(why, why_size,
-                      "https:// is not supported: libevent's HTTP client needs libevent_openssl for "
-                      "TLS, which beangate does not link; use http:// (for example to a local "
-                      "TLS-terminating proxy)");
-    if (!has_prefix_nocase(url, n, "http://")) return refuse(why, why_size, "url must start with http://");
+    int tls = has_prefix_nocase(url, n, "https://");
+    if (!tls && !has_prefix_nocase(url, n, "http://"))
+        return refuse(why, why_size, "url must start with http:// or https://");
     if (memchr(url, '#', n)) return refuse(why, why_size, "url must not have a #fragment");
-    const char *a = url + 7;
+    const char *a = url + (tls ? 8 : 7);
     size_t alen = strcspn(a, "/?");
     if (memchr(a, '@', alen)) return refuse(why, why_size, "url must not have a user or password (user@host)");
     const char *host = a, *port = NULL;
@@ -124,13 +121,14 @@ int bg_push_url_parse(const char *url, struct bg_push_spec *out, char *why, size
     }
     if (hlen == 0) return refuse(why, why_size, "url has no host");
     if (hlen >= sizeof out->host) return refuse(why, why_size, "url host is too long");
-    uint64_t p = 80;
+    uint64_t p = tls ? 443 : 80;
     if (port && bg_parse_u64(port, (size_t)(a + alen - port), 65535, &p) != 0)
         return refuse(why, why_size, "url port must be a number from 1 to 65535");
     if (p == 0) return refuse(why, why_size, "url port must be a number from 1 to 65535");
     memcpy(out->host, host, hlen);
     out->host[hlen] = '\0';
     out->port = (uint16_t)p;
+    out->tls = tls;
     const char *rest = a + alen;
     if (*rest == '/') snprintf(out->path, sizeof out->path, "%s", rest);
     else snprintf(out->path, sizeof out->path, "/%s", rest); /* "" or "?query" */
@@ -175,9 +173,10 @@ void bg_push_spec_defaults(struct bg_push_spec *s)
 
 int bg_push_spec_parse(const char *text, struct bg_push_spec *out, char *why, size_t why_size)
 {
-    static const char *const keys[] = {"tube", "url", "concurrency", "rate", "timeout",
-                                       "attempts", "backoff", "secret-file"};
-    enum { K_TUBE, K_URL, K_CONCURRENCY, K_RATE, K_TIMEOUT, K_ATTEMPTS, K_BACKOFF, K_SECRET, K_COUNT };
+    static const char *const keys[] = {"tube", "url", "concurrency", "rate", "timeout", "attempts",
+                                       "backoff", "secret-file", "ca-file", "cert-file", "key-file"};
+    enum { K_TUBE, K_URL, K_CONCURRENCY, K_RATE, K_TIMEOUT, K_ATTEMPTS, K_BACKOFF, K_SECRET,
+           K_CA, K_CERT, K_KEY, K_COUNT };
     int seen[K_COUNT] = {0};
     char msg[160];
     bg_push_spec_defaults(out);
@@ -199,7 +198,7 @@ int bg_push_spec_parse(const char *text, struct bg_push_spec *out, char *why, si
         if (k == K_COUNT) {
             snprintf(msg, sizeof msg,
                      "unknown key '%.*s' (known: tube url concurrency rate timeout attempts backoff "
-                     "secret-file)", (int)(klen > 40 ? 40 : klen), p);
+                     "secret-file ca-file cert-file key-file)", (int)(klen > 40 ? 40 : klen), p);
             return refuse(why, why_size, msg);
         }
         if (seen[k]++) {
@@ -250,11 +249,26 @@ int bg_push_spec_parse(const char *text, struct bg_push_spec *out, char *why, si
                 return refuse(why, why_size, "secret-file: a path of 1 to 1023 bytes");
             memcpy(out->secret_file, value, vlen + 1);
             break;
+        case K_CA:
+        case K_CERT:
+        case K_KEY: {
+            char *dst = k == K_CA ? out->ca_file : k == K_CERT ? out->cert_file : out->key_file;
+            if (vlen == 0 || vlen >= sizeof out->ca_file) {
+                snprintf(msg, sizeof msg, "%s: a path of 1 to 1023 bytes", keys[k]);
+                return refuse(why, why_size, msg);
+            }
+            memcpy(dst, value, vlen + 1);
+            break;
+        }
         }
         p += wlen;
     }
     if (!seen[K_TUBE]) return refuse(why, why_size, "tube= is missing");
     if (!seen[K_URL]) return refuse(why, why_size, "url= is missing");
+    if (!out->tls && (seen[K_CA] || seen[K_CERT] || seen[K_KEY]))
+        return refuse(why, why_size, "ca-file, cert-file and key-file need an https:// url");
+    if (seen[K_CERT] != seen[K_KEY])
+        return refuse(why, why_size, "cert-file and key-file go together (a client certificate and its key)");
     return 0;
 }
 
@@ -269,6 +283,7 @@ static const char *const reason_names[BG_PUSH_REASON_COUNT] = {
     [BG_PUSH_CONNECT_FAILED] = "connect_failed",
     [BG_PUSH_CONNECTION_ERROR] = "connection_error",
     [BG_PUSH_BAD_STATUS] = "bad_status",
+    [BG_PUSH_TLS_FAILED] = "tls_error",
     [BG_PUSH_HTTP_3XX] = "http_3xx",
     [BG_PUSH_HTTP_4XX] = "http_4xx",
     [BG_PUSH_ATTEMPTS_EXHAUSTED] = "attempts_exhausted",
@@ -286,6 +301,7 @@ enum bg_push_reason bg_push_classify(unsigned status, int has_retry_after, enum 
         switch (failure) {
         case BG_PUSH_FAIL_TIMEOUT: return BG_PUSH_TIMEOUT;
         case BG_PUSH_FAIL_CONNECT: return BG_PUSH_CONNECT_FAILED;
+        case BG_PUSH_FAIL_TLS: return BG_PUSH_TLS_FAILED;
         case BG_PUSH_FAIL_NONE:
         case BG_PUSH_FAIL_CONNECTION: return BG_PUSH_CONNECTION_ERROR;
         }

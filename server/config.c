@@ -262,9 +262,10 @@ static const struct setting settings[] = {
     {0, "--push", "BEANGATE_PUSH", "SUBSCRIPTION", K_LIST, .max = BG_PUSH_SUBSCRIPTIONS_MAX,
      .key = "push",
      .help = "deliver the jobs of a tube to an HTTP endpoint (docs/http.md, Push\n"
-             "delivery): 'tube=T url=http://HOST:PORT/PATH [concurrency=N] [rate=N/s]\n"
-             "[timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH]'. In the\n"
-             "variable, subscriptions are separated by newlines or a lone ';'"},
+             "delivery): 'tube=T url=http[s]://HOST:PORT/PATH [concurrency=N] [rate=N/s]\n"
+             "[timeout=S] [attempts=N] [backoff=MIN..MAX] [secret-file=PATH]\n"
+             "[ca-file=PATH] [cert-file=PATH key-file=PATH]' (the last three: https\n"
+             "only). In the variable, subscriptions are separated by newlines or a lone ';'"},
     {0, "--push-file", "BEANGATE_PUSH_FILE", "PATH", K_STRING, .key = "push_file", FIELD(push_file),
      .help = "push subscriptions, one per line (# comments); adds to --push"},
     {0, "--push-grace", "BEANGATE_PUSH_GRACE", "SECONDS", K_NUMBER, .max = 3600, .def = "10",

@@ -1,5 +1,5 @@
 /* push.c - push delivery: each subscription reserves jobs from its tube and
- * POSTs them to its URL with libevent's HTTP client (push.h).
+ * POSTs them to its URL, http:// or https://, with libcurl (push.h).
  *
  * Per subscription there are two bare engine clients. The reserver watches
  * the tube and reserves while fewer than `concurrency` deliveries are in
@@ -11,11 +11,19 @@
  * answer DEADLINE_SOON. (The gateway's long-polls and holder work the same
  * way.)
  *
- * An attempt's HTTP callbacks only record what happened and queue the
- * delivery on the done list; kick_ev then deletes, releases or buries the
- * job and reserves more. So the engine is never called from inside a
- * libevent HTTP callback, which may itself run inside evhttp_make_request
- * (a connect that fails at once), nor from inside the engine's op. */
+ * The HTTP client is libcurl's multi interface on our libevent loop: curl
+ * tells which sockets to watch (on_curl_socket) and when to call it back
+ * (on_curl_timer); we hand it the events with curl_multi_socket_action.
+ * One easy handle per slot, kept between attempts, so its connection (and
+ * TLS session) is reused. libcurl rather than libevent's evhttp because
+ * evhttp has no TLS without libevent_openssl and a hand-made verification
+ * of the receiver's certificate and name; libcurl does both (GnuTLS, the
+ * project's TLS library), for http and https alike: one client.
+ *
+ * An attempt's curl callbacks only record what happened; a finished
+ * transfer queues the delivery on the done list, and kick_ev then deletes,
+ * releases or buries the job and reserves more. So the engine is never
+ * called from inside a curl callback, nor from inside the engine's op. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -26,10 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <event2/buffer.h>
-#include <event2/dns.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
+#include <curl/curl.h>
 #include <event2/util.h>
 #include <nettle/hmac.h>
 
@@ -61,15 +66,20 @@ struct hist {
 
 struct sub;
 
+#define PUSH_DETAIL_MAX 280         /* bytes of a failure's words ("tls: ...") */
+
 /* One slot of a subscription: one connection, one attempt at a time. */
 struct delivery {
     struct sub *sub;
-    struct evhttp_connection *conn; /* kept open between attempts */
-    struct evhttp_request *req;     /* the attempt in flight; NULL otherwise */
-    struct event *timer;            /* the attempt's timeout */
+    CURL *easy;                     /* kept between attempts: its connection is reused */
+    struct curl_slist *headers;     /* the attempt's request headers */
+    int in_multi;                   /* the attempt's transfer runs */
     int busy;                       /* a job is taken (in flight or done, not yet finished) */
-    int cancelling;                 /* inside evhttp_cancel_request */
     int done;                       /* on the done list */
+    size_t head_bytes, body_bytes;  /* of the response so far */
+    int head_too_big;
+    char curl_error[CURL_ERROR_SIZE];
+    char detail[PUSH_DETAIL_MAX];   /* a failure below HTTP in words; "" otherwise */
     uint64_t job_id;
     uint32_t reserves;              /* the job's reserves when taken: the attempt number */
     bg_time started;
@@ -87,7 +97,7 @@ struct sub {
     struct bg_push_spec spec;
     int signed_;
     struct hmac_sha256_ctx hmac;    /* keyed once; copied for each attempt */
-    char host_header[300];
+    char target[BG_PUSH_URL_MAX + 300]; /* the URL curl is given, built from the parsed parts */
     struct bg_client reserver, holder;
     int clients_up;
     int waiting;                    /* the reserver waits in the engine */
@@ -100,6 +110,7 @@ struct sub {
     uint64_t retried[BG_PUSH_REASON_COUNT], buried[BG_PUSH_REASON_COUNT];
     struct hist attempt_hist, delivery_hist;
     struct bg_push_failure_rec last; /* job_id 0: no failure yet */
+    char last_detail[PUSH_DETAIL_MAX]; /* last's words, when it failed below HTTP */
 };
 
 struct push {
@@ -109,7 +120,9 @@ struct push {
     bg_time (*now)(void);
     void (*changed)(void *);
     void *changed_arg;
-    struct evdns_base *dns;         /* only when a URL names a host */
+    CURLM *multi;                   /* every slot's transfers */
+    struct event *curl_timer;       /* when curl wants to be called back */
+    int curl_up;                    /* curl_global_init was called */
     struct sub *subs;
     size_t count;
     struct bg_push_failures failures;
@@ -173,6 +186,44 @@ static int read_secret(const char *path, const char *origin, unsigned line, cons
     return 0;
 }
 
+/* Check a PEM file an https subscription names (key= says which): it must
+ * be readable and hold a PEM block. 0, or an error line and the usage exit
+ * status: at start, not at the first delivery. */
+static int check_pem_file(const char *path, const char *key, const char *origin, unsigned line,
+                          const char *spec)
+{
+    char why[1200], head[65536];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, sizeof why, "%s %s: %s", key, path, strerror(errno));
+        return setup_error(origin, line, spec, why);
+    }
+    struct stat st;
+    if (strcmp(key, "key-file") == 0 && fstat(fd, &st) == 0 && (st.st_mode & S_IROTH))
+        log_event(BG_LOG_WARN, "push_key_readable", "path=%s msg=\"readable by every user\"", log_str(path));
+    ssize_t n = read(fd, head, sizeof head - 1);
+    close(fd);
+    head[n > 0 ? n : 0] = '\0';
+    if (n < 0 || !strstr(head, "-----BEGIN ")) {
+        snprintf(why, sizeof why, "%s %s: %s", key, path, n < 0 ? strerror(errno) : "not a PEM file");
+        return setup_error(origin, line, spec, why);
+    }
+    return 0;
+}
+
+/* Check what an https subscription needs: a libcurl that speaks TLS, and
+ * its files. 0 or the usage exit status. */
+static int check_tls(const struct bg_push_spec *s, const char *origin, unsigned line, const char *spec)
+{
+    if (!s->tls) return 0;
+    if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_SSL))
+        return setup_error(origin, line, spec, "https:// needs a libcurl built with TLS");
+    if (s->ca_file[0] && check_pem_file(s->ca_file, "ca-file", origin, line, spec)) return USAGE_EXIT;
+    if (s->cert_file[0] && check_pem_file(s->cert_file, "cert-file", origin, line, spec)) return USAGE_EXIT;
+    if (s->key_file[0] && check_pem_file(s->key_file, "key-file", origin, line, spec)) return USAGE_EXIT;
+    return 0;
+}
+
 /* Add every subscription of text to out. 0 or the usage exit status. */
 static int setup_add_text(struct push_setup *out, const char *text, const char *origin)
 {
@@ -191,6 +242,7 @@ static int setup_add_text(struct push_setup *out, const char *text, const char *
         for (size_t i = 0; i < out->count; i++)
             if (strcmp(out->specs[i].tube, s->tube) == 0)
                 return setup_error(origin, line, spec, "a second subscription for this tube (one per tube)");
+        if (check_tls(s, origin, line, spec)) return USAGE_EXIT;
         out->secrets[out->count] = NULL;
         out->secret_lens[out->count] = 0;
         if (s->secret_file[0] &&
@@ -332,6 +384,76 @@ static const char *rate_text(const struct sub *s, char *out, size_t size)
     return out;
 }
 
+/* ---- libcurl on the loop ---------------------------------------------------- */
+
+/* A socket curl asked us to watch. */
+struct curl_sock {
+    struct event *ev;
+};
+
+static void collect_finished(struct push *p);
+
+static void on_socket_ready(evutil_socket_t fd, short what, void *arg)
+{
+    struct push *p = arg;
+    int flags = ((what & EV_READ) ? CURL_CSELECT_IN : 0) | ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
+    int running;
+    curl_multi_socket_action(p->multi, fd, flags, &running);
+    collect_finished(p);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: watch fd for what curl says, or stop. */
+static int on_curl_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    (void)easy;
+    struct push *p = userp;
+    struct curl_sock *cs = socketp;
+    if (what == CURL_POLL_REMOVE) {
+        if (cs) {
+            event_free(cs->ev);
+            free(cs);
+        }
+        return 0;
+    }
+    if (!cs) {
+        cs = calloc(1, sizeof *cs);
+        if (!cs || !(cs->ev = event_new(p->base, fd, 0, on_socket_ready, p))) {
+            free(cs);
+            return -1; /* curl fails the transfer */
+        }
+        curl_multi_assign(p->multi, fd, cs);
+    }
+    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) | ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
+    event_del(cs->ev);
+    event_assign(cs->ev, p->base, fd, kind, on_socket_ready, p);
+    event_add(cs->ev, NULL);
+    return 0;
+}
+
+static void on_curl_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct push *p = arg;
+    int running;
+    curl_multi_socket_action(p->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    collect_finished(p);
+}
+
+/* CURLMOPT_TIMERFUNCTION: call curl back after timeout_ms (-1: never). */
+static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
+{
+    (void)multi;
+    struct push *p = userp;
+    if (timeout_ms < 0) {
+        evtimer_del(p->curl_timer);
+        return 0;
+    }
+    struct timeval tv = {timeout_ms / 1000, (suseconds_t)(timeout_ms % 1000) * 1000};
+    evtimer_add(p->curl_timer, &tv);
+    return 0;
+}
+
 /* ---- one attempt --------------------------------------------------------- */
 
 static void kick(struct push *p) { event_active(p->kick_ev, EV_READ, 0); }
@@ -340,8 +462,6 @@ static void kick(struct push *p) { event_active(p->kick_ev, EV_READ, 0); }
 static void attempt_ended(struct delivery *d)
 {
     struct push *p = d->sub->push;
-    evtimer_del(d->timer);
-    d->req = NULL;
     if (d->done) return;
     d->done = 1;
     d->next_done = NULL;
@@ -350,58 +470,157 @@ static void attempt_ended(struct delivery *d)
     kick(p);
 }
 
-/* Remember Retry-After from a response's headers. */
-static void note_retry_after(struct delivery *d, struct evhttp_request *req)
+/* Nonzero if s[0..n) starts with prefix p (lowercase), in any case. */
+static int starts_nocase(const char *s, size_t n, const char *p)
 {
-    const char *v = evhttp_find_header(evhttp_request_get_input_headers(req), "Retry-After");
-    if (!v || d->has_retry_after) return;
-    d->has_retry_after = 1;
-    snprintf(d->retry_after, sizeof d->retry_after, "%s", v);
+    size_t k = strlen(p);
+    return n >= k && strncasecmp(s, p, k) == 0;
 }
 
-/* The response head arrived: the status decides, whatever follows. */
-static int on_head(struct evhttp_request *req, void *arg)
+/* CURLOPT_HEADERFUNCTION: one line of a response's head. The head's end
+ * records the status (a final one: 1xx heads are skipped), which decides
+ * whatever follows; Retry-After is kept; a head over HEADERS_MAX bytes
+ * ends the attempt as a connection error. */
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
     struct delivery *d = arg;
-    d->status = (unsigned)evhttp_request_get_response_code(req);
-    note_retry_after(d, req);
-    return 0;
-}
-
-static void on_error(enum evhttp_request_error err, void *arg)
-{
-    struct delivery *d = arg;
-    if (d->cancelling) return;
-    d->failure = err == EVREQ_HTTP_TIMEOUT ? BG_PUSH_FAIL_TIMEOUT : BG_PUSH_FAIL_CONNECTION;
-}
-
-/* The request finished: req NULL or with no status when it failed. A
- * failure libevent reports without its error callback is a connect that
- * failed (refused, unreachable, name not resolved). */
-static void on_response(struct evhttp_request *req, void *arg)
-{
-    struct delivery *d = arg;
-    int code = req ? evhttp_request_get_response_code(req) : 0;
-    if (code > 0) {
-        d->status = (unsigned)code;
-        note_retry_after(d, req);
-    } else if (d->failure == BG_PUSH_FAIL_NONE) {
-        d->failure = BG_PUSH_FAIL_CONNECT;
+    size_t len = size * n;
+    if (starts_nocase(line, len, "http/")) { /* a new response (after a 1xx) */
+        d->head_bytes = 0;
+        d->has_retry_after = 0;
     }
+    d->head_bytes += len;
+    if (d->head_bytes > HEADERS_MAX) {
+        d->head_too_big = 1;
+        return 0;
+    }
+    if (len <= 2 && (line[0] == '\r' || line[0] == '\n')) {
+        long code = 0;
+        curl_easy_getinfo(d->easy, CURLINFO_RESPONSE_CODE, &code);
+        if (code >= 200) d->status = (unsigned)code;
+    } else if (starts_nocase(line, len, "retry-after:") && !d->has_retry_after) {
+        size_t i = 12;
+        while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+        size_t end = len;
+        while (end > i && (line[end - 1] == '\r' || line[end - 1] == '\n' || line[end - 1] == ' ')) end--;
+        size_t vlen = end - i < sizeof d->retry_after - 1 ? end - i : sizeof d->retry_after - 1;
+        memcpy(d->retry_after, line + i, vlen);
+        d->retry_after[vlen] = '\0';
+        d->has_retry_after = 1;
+    }
+    return len;
+}
+
+/* CURLOPT_WRITEFUNCTION: the response body is counted, not kept; past
+ * PUSH_RESPONSE_BODY_MAX the attempt ends (its status still decides). */
+static size_t on_body(char *data, size_t size, size_t n, void *arg)
+{
+    (void)data;
+    struct delivery *d = arg;
+    d->body_bytes += size * n;
+    return d->body_bytes > PUSH_RESPONSE_BODY_MAX ? 0 : size * n;
+}
+
+/* What curl's result rc means for an attempt that got no status. */
+static enum bg_push_failure failure_of(CURLcode rc, const struct delivery *d)
+{
+    switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT: return BG_PUSH_FAIL_TIMEOUT;
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST: return BG_PUSH_FAIL_CONNECT;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_CRL_BADFILE:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_CLIENTCERT:
+    case CURLE_USE_SSL_FAILED: return BG_PUSH_FAIL_TLS;
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+        /* GnuTLS reports an alert from the receiver (a client certificate
+         * it wants, or refuses) as a recv error */
+        return d->sub->spec.tls && strstr(d->curl_error, "TLS") ? BG_PUSH_FAIL_TLS : BG_PUSH_FAIL_CONNECTION;
+    default: return BG_PUSH_FAIL_CONNECTION;
+    }
+}
+
+/* The bits of GnuTLS's gnutls_certificate_status_t that curl's GnuTLS
+ * build leaves in CURLINFO_SSL_VERIFYRESULT, and what they mean. */
+static const struct {
+    long bit;
+    const char *words;
+} gnutls_status_words[] = {
+    {1L << 10, "certificate has expired"},
+    {1L << 9, "certificate is not yet valid"},
+    {1L << 5, "certificate was revoked"},
+    {1L << 6, "certificate is signed by an unknown or untrusted CA"},
+    {1L << 7, "certificate's issuer is not a CA"},
+    {1L << 8, "certificate uses an insecure algorithm"},
+    {1L << 14, "host name mismatch"},
+    {1L << 11, "certificate's signature does not verify"},
+};
+
+/* Set d->detail for a failure below HTTP: curl's words, made readable for
+ * TLS ("tls: certificate has expired", "tls: host name mismatch"). */
+static void describe_failure(struct delivery *d, CURLcode rc)
+{
+    const char *words = d->curl_error[0] ? d->curl_error : curl_easy_strerror(rc);
+    if (d->failure != BG_PUSH_FAIL_TLS) {
+        snprintf(d->detail, sizeof d->detail, "%s", words);
+        return;
+    }
+    long verify = 0;
+    const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
+    if (v->ssl_version && strncmp(v->ssl_version, "GnuTLS", 6) == 0)
+        curl_easy_getinfo(d->easy, CURLINFO_SSL_VERIFYRESULT, &verify);
+    for (size_t i = 0; i < sizeof gnutls_status_words / sizeof gnutls_status_words[0]; i++)
+        if (verify & gnutls_status_words[i].bit) {
+            snprintf(d->detail, sizeof d->detail, "tls: %s", gnutls_status_words[i].words);
+            return;
+        }
+    if (strstr(words, "does not match target host name")) words = "host name mismatch";
+    snprintf(d->detail, sizeof d->detail, "tls: %s", words);
+}
+
+/* d's transfer ended with rc: record its outcome and queue it. */
+static void transfer_done(struct delivery *d, CURLcode rc)
+{
+    struct push *p = d->sub->push;
+    if (d->head_too_big) {
+        d->status = 0;
+        d->failure = BG_PUSH_FAIL_CONNECTION;
+        snprintf(d->detail, sizeof d->detail, "response head larger than %d bytes", HEADERS_MAX);
+    } else if (!d->status && rc == CURLE_OK) {
+        long code = 0;
+        curl_easy_getinfo(d->easy, CURLINFO_RESPONSE_CODE, &code);
+        d->status = code > 0 ? (unsigned)code : 0;
+        if (!d->status) d->failure = BG_PUSH_FAIL_CONNECTION;
+    } else if (!d->status) {
+        d->failure = failure_of(rc, d);
+        describe_failure(d, rc);
+    }
+    curl_multi_remove_handle(p->multi, d->easy);
+    d->in_multi = 0;
+    curl_slist_free_all(d->headers);
+    d->headers = NULL;
     attempt_ended(d);
 }
 
-static void on_timeout(evutil_socket_t fd, short what, void *arg)
+/* Queue every transfer curl finished. */
+static void collect_finished(struct push *p)
 {
-    (void)fd;
-    (void)what;
-    struct delivery *d = arg;
-    if (!d->req) return;
-    d->cancelling = 1;
-    evhttp_cancel_request(d->req); /* frees it and resets the connection */
-    d->cancelling = 0;
-    d->failure = BG_PUSH_FAIL_TIMEOUT;
-    attempt_ended(d);
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(p->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE) continue;
+        struct delivery *d = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&d);
+        if (d) transfer_done(d, m->data.result);
+    }
 }
 
 /* The attempt's timeout, counted from `now`, when its request is sent: the
@@ -428,20 +647,51 @@ static void hex(const uint8_t *in, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-/* A new connection for slot d; NULL on failure. */
-static struct evhttp_connection *slot_connection(struct delivery *d)
+/* Append "name: value" to *list; 0, or -1 (out of memory: *list freed). */
+static int add_header(struct curl_slist **list, const char *name, const char *value)
 {
-    struct sub *s = d->sub;
-    if (d->conn) return d->conn;
-    d->conn = evhttp_connection_base_new(s->push->base, s->push->dns, s->spec.host, s->spec.port);
-    if (!d->conn) return NULL;
-    /* our own timer ends an attempt; libevent's must not come first */
-    struct timeval tv = {(time_t)s->spec.timeout_s + 5, 0};
-    evhttp_connection_set_timeout_tv(d->conn, &tv);
-    evhttp_connection_set_retries(d->conn, 0);
-    evhttp_connection_set_max_body_size(d->conn, PUSH_RESPONSE_BODY_MAX);
-    evhttp_connection_set_max_headers_size(d->conn, HEADERS_MAX);
-    return d->conn;
+    char line[BG_TUBE_NAME_MAX + 64];
+    snprintf(line, sizeof line, "%s: %s", name, value);
+    struct curl_slist *grown = curl_slist_append(*list, line);
+    if (!grown) {
+        curl_slist_free_all(*list);
+        *list = NULL;
+        return -1;
+    }
+    *list = grown;
+    return 0;
+}
+
+/* The request headers of an attempt at job j: NULL when out of memory. */
+static struct curl_slist *request_headers(const struct sub *s, const struct bg_job *j)
+{
+    struct curl_slist *h = NULL;
+    char id[24], pri[24], attempt[24], ts[24];
+    size_t body_len = j->body_size - 2;
+    snprintf(id, sizeof id, "%llu", (unsigned long long)j->id);
+    snprintf(ts, sizeof ts, "%lld", (long long)wall_seconds());
+    snprintf(pri, sizeof pri, "%u", j->pri);
+    snprintf(attempt, sizeof attempt, "%u", j->reserves);
+    /* "Expect:" and "Accept:" with no value: curl sends neither */
+    if (add_header(&h, "Content-Type", "application/octet-stream") || add_header(&h, "X-Beangate-Job-Id", id) ||
+        add_header(&h, "X-Beangate-Tube", j->tube->name) || add_header(&h, "X-Beangate-Priority", pri) ||
+        add_header(&h, "X-Beangate-Attempt", attempt) || add_header(&h, "X-Beangate-Timestamp", ts) ||
+        !(h = curl_slist_append(h, "Expect:")) || !(h = curl_slist_append(h, "Accept:")))
+        return NULL;
+    if (s->signed_) {
+        struct hmac_sha256_ctx ctx = s->hmac;
+        uint8_t mac[SHA256_DIGEST_SIZE];
+        char sig[3 + 2 * SHA256_DIGEST_SIZE + 1] = "v1=";
+        hmac_sha256_update(&ctx, strlen(ts), (const uint8_t *)ts);
+        hmac_sha256_update(&ctx, 1, (const uint8_t *)".");
+        hmac_sha256_update(&ctx, strlen(id), (const uint8_t *)id);
+        hmac_sha256_update(&ctx, 1, (const uint8_t *)".");
+        hmac_sha256_update(&ctx, body_len, (const uint8_t *)j->body);
+        hmac_sha256_digest(&ctx, sizeof mac, mac);
+        hex(mac, sizeof mac, sig + 3);
+        if (add_header(&h, "X-Beangate-Signature", sig)) return NULL;
+    }
+    return h;
 }
 
 /* Start an attempt of job j (reserved by the holder) on slot d. */
@@ -455,53 +705,29 @@ static void attempt_start(struct delivery *d, const struct bg_job *j, bg_time no
     d->has_retry_after = 0;
     d->done = 0;
     d->started = now;
+    d->head_bytes = d->body_bytes = 0;
+    d->head_too_big = 0;
+    d->curl_error[0] = d->detail[0] = '\0';
     s->attempts++;
-    struct evhttp_connection *conn = slot_connection(d);
-    struct evhttp_request *req = conn ? evhttp_request_new(on_response, d) : NULL;
-    if (!req) {
+    d->headers = request_headers(s, j);
+    /* curl takes no timeout as none: at least 1 ms */
+    long timeout_ms = (long)(attempt_timeout(s, j, now) / 1000000);
+    if (timeout_ms < 1) timeout_ms = 1;
+    CURL *e = d->easy;
+    if (!d->headers || curl_easy_setopt(e, CURLOPT_HTTPHEADER, d->headers) != CURLE_OK ||
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(j->body_size - 2)) != CURLE_OK ||
+        curl_easy_setopt(e, CURLOPT_COPYPOSTFIELDS, (const char *)j->body) != CURLE_OK ||
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms) != CURLE_OK ||
+        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms) != CURLE_OK ||
+        curl_multi_add_handle(s->push->multi, e) != CURLM_OK) {
+        curl_slist_free_all(d->headers);
+        d->headers = NULL;
         d->failure = BG_PUSH_FAIL_CONNECT;
+        snprintf(d->detail, sizeof d->detail, "out of memory");
         attempt_ended(d);
         return;
     }
-    evhttp_request_set_header_cb(req, on_head);
-    evhttp_request_set_error_cb(req, on_error);
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    char id[24], num[24], ts[24];
-    size_t body_len = j->body_size - 2;
-    snprintf(id, sizeof id, "%llu", (unsigned long long)j->id);
-    snprintf(ts, sizeof ts, "%lld", (long long)wall_seconds());
-    evhttp_add_header(h, "Host", s->host_header);
-    evhttp_add_header(h, "User-Agent", "beangate/" BEANGATE_VERSION);
-    evhttp_add_header(h, "Content-Type", "application/octet-stream");
-    evhttp_add_header(h, "X-Beangate-Job-Id", id);
-    evhttp_add_header(h, "X-Beangate-Tube", j->tube->name);
-    snprintf(num, sizeof num, "%u", j->pri);
-    evhttp_add_header(h, "X-Beangate-Priority", num);
-    snprintf(num, sizeof num, "%u", j->reserves);
-    evhttp_add_header(h, "X-Beangate-Attempt", num);
-    evhttp_add_header(h, "X-Beangate-Timestamp", ts);
-    if (s->signed_) {
-        struct hmac_sha256_ctx ctx = s->hmac;
-        uint8_t mac[SHA256_DIGEST_SIZE];
-        char sig[3 + 2 * SHA256_DIGEST_SIZE + 1] = "v1=";
-        hmac_sha256_update(&ctx, strlen(ts), (const uint8_t *)ts);
-        hmac_sha256_update(&ctx, 1, (const uint8_t *)".");
-        hmac_sha256_update(&ctx, strlen(id), (const uint8_t *)id);
-        hmac_sha256_update(&ctx, 1, (const uint8_t *)".");
-        hmac_sha256_update(&ctx, body_len, (const uint8_t *)j->body);
-        hmac_sha256_digest(&ctx, sizeof mac, mac);
-        hex(mac, sizeof mac, sig + 3);
-        evhttp_add_header(h, "X-Beangate-Signature", sig);
-    }
-    evbuffer_add(evhttp_request_get_output_buffer(req), j->body, body_len);
-    d->req = req;
-    struct timeval tv = tv_of(attempt_timeout(s, j, now));
-    evtimer_add(d->timer, &tv);
-    /* a connect that fails at once may call on_response inside this call */
-    if (evhttp_make_request(conn, req, EVHTTP_REQ_POST, s->spec.path) != 0 && !d->done) {
-        d->failure = BG_PUSH_FAIL_CONNECT;
-        attempt_ended(d);
-    }
+    d->in_multi = 1;
 }
 
 /* Slot d is done with its job: free it (the caller kicks to reserve more). */
@@ -626,6 +852,7 @@ static void record_failure(struct sub *s, const struct delivery *d, enum bg_push
         .reason = (uint8_t)reason, .subscription = (uint8_t)s->index,
     };
     s->last = rec;
+    snprintf(s->last_detail, sizeof s->last_detail, "%s", d->detail);
     bg_push_failures_set(&s->push->failures, &rec); /* best effort: out of memory keeps none */
 }
 
@@ -678,9 +905,11 @@ static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
         bg_release(owner, d->job_id, pri, delay, now);
         s->retried[reason]++;
         record_failure(s, d, reason, now + (bg_time)delay * BG_SECOND);
-        log_event(BG_LOG_DEBUG, "push_retry", "tube=%s job=%llu attempt=%u reason=%s status=%u delay=%u",
+        /* a TLS failure is the operator's to fix: seen at the default level */
+        log_event(reason == BG_PUSH_TLS_FAILED ? BG_LOG_WARN : BG_LOG_DEBUG, "push_retry",
+                  "tube=%s job=%llu attempt=%u reason=%s status=%u delay=%u detail=%s",
                   log_str(s->spec.tube), (unsigned long long)d->job_id, d->reserves,
-                  bg_push_reason_name(reason), d->status, delay);
+                  bg_push_reason_name(reason), d->status, delay, log_str(d->detail[0] ? d->detail : "-"));
         return;
     }
     case BG_PUSH_BURY: {
@@ -689,9 +918,11 @@ static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
         bg_bury(owner, d->job_id, pri, now);
         s->buried[why]++;
         record_failure(s, d, reason, 0);
-        log_event(BG_LOG_WARN, "push_buried", "tube=%s job=%llu attempt=%u reason=%s failure=%s status=%u",
+        log_event(BG_LOG_WARN, "push_buried",
+                  "tube=%s job=%llu attempt=%u reason=%s failure=%s status=%u detail=%s",
                   log_str(s->spec.tube), (unsigned long long)d->job_id, d->reserves,
-                  bg_push_reason_name(why), bg_push_reason_name(reason), d->status);
+                  bg_push_reason_name(why), bg_push_reason_name(reason), d->status,
+                  log_str(d->detail[0] ? d->detail : "-"));
         return;
     }
     }
@@ -765,11 +996,47 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- lifetime ------------------------------------------------------------- */
 
-/* Nonzero if host is an IPv4 or IPv6 address (no name to resolve). */
-static int is_address(const char *host)
+/* A new easy handle for slot d with everything that stays the same from
+ * one attempt to the next; NULL if curl refuses an option. Safety: only
+ * http and https, no redirect followed, no proxy (not even one from the
+ * environment), no netrc, no cookies; the receiver's certificate and host
+ * name always verified (against ca_file, or the system's store). */
+static CURL *slot_easy(struct delivery *d)
 {
-    unsigned char buf[16];
-    return evutil_inet_pton(AF_INET, host, buf) == 1 || evutil_inet_pton(AF_INET6, host, buf) == 1;
+    const struct sub *s = d->sub;
+    CURL *e = curl_easy_init();
+    if (!e) return NULL;
+    int bad = curl_easy_setopt(e, CURLOPT_URL, s->target) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https") != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_PROXY, "") != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_NETRC, (long)CURL_NETRC_IGNORED) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_POST, 1L) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_USERAGENT, "beangate/" BEANGATE_VERSION) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)d) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_ERRORBUFFER, d->curl_error) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_HEADERDATA, d) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_WRITEDATA, d) != CURLE_OK;
+    if (!bad && s->spec.tls) {
+        bad = curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L) != CURLE_OK ||
+              curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L) != CURLE_OK;
+        if (!bad && s->spec.ca_file[0]) /* that file only, not the system's store besides */
+            bad = curl_easy_setopt(e, CURLOPT_CAINFO, s->spec.ca_file) != CURLE_OK ||
+                  curl_easy_setopt(e, CURLOPT_CAPATH, NULL) != CURLE_OK;
+        if (!bad && s->spec.cert_file[0])
+            bad = curl_easy_setopt(e, CURLOPT_SSLCERT, s->spec.cert_file) != CURLE_OK ||
+                  curl_easy_setopt(e, CURLOPT_SSLKEY, s->spec.key_file) != CURLE_OK;
+    }
+    if (bad) {
+        curl_easy_cleanup(e);
+        return NULL;
+    }
+    return e;
 }
 
 static int sub_init(struct push *p, struct sub *s, const struct push_setup *setup, size_t i)
@@ -782,17 +1049,15 @@ static int sub_init(struct push *p, struct sub *s, const struct push_setup *setu
         hmac_sha256_set_key(&s->hmac, setup->secret_lens[i], setup->secrets[i]);
     }
     int v6 = strchr(s->spec.host, ':') != NULL;
-    if (s->spec.port == 80)
-        snprintf(s->host_header, sizeof s->host_header, v6 ? "[%s]" : "%s", s->spec.host);
-    else
-        snprintf(s->host_header, sizeof s->host_header, v6 ? "[%s]:%u" : "%s:%u", s->spec.host, s->spec.port);
+    snprintf(s->target, sizeof s->target, v6 ? "%s://[%s]:%u%s" : "%s://%s:%u%s", s->spec.tls ? "https" : "http",
+             s->spec.host, s->spec.port, s->spec.path);
     bg_rate_init(&s->rate, s->spec.rate_count, s->spec.rate_period);
     s->slots = calloc(s->spec.concurrency, sizeof *s->slots);
     s->rate_ev = evtimer_new(p->base, rate_cb, s);
     if (!s->slots || !s->rate_ev) return -1;
     for (uint32_t k = 0; k < s->spec.concurrency; k++) {
         s->slots[k].sub = s;
-        if (!(s->slots[k].timer = evtimer_new(p->base, on_timeout, &s->slots[k]))) return -1;
+        if (!(s->slots[k].easy = slot_easy(&s->slots[k]))) return -1;
     }
     uint32_t watching;
     if (bg_client_init_bare(p->engine, &s->reserver, &reserver_ops, s) != 0) return -1;
@@ -805,6 +1070,27 @@ static int sub_init(struct push *p, struct sub *s, const struct push_setup *setu
         bg_heap_reserve(&s->holder.reserved, s->spec.concurrency) != 0)
         return -1;
     return 0;
+}
+
+/* curl's multi handle on base, driven by p's events, whose cache keeps a
+ * connection for every slot (setup's concurrencies); 0 or -1. */
+static int curl_start(struct push *p, const struct push_setup *setup)
+{
+    long slots = 0;
+    for (size_t i = 0; i < setup->count; i++) slots += (long)setup->specs[i].concurrency;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return -1;
+    p->curl_up = 1;
+    p->multi = curl_multi_init();
+    p->curl_timer = evtimer_new(p->base, on_curl_timeout, p);
+    if (!p->multi || !p->curl_timer) return -1;
+    return curl_multi_setopt(p->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket) != CURLM_OK ||
+                   curl_multi_setopt(p->multi, CURLMOPT_SOCKETDATA, p) != CURLM_OK ||
+                   curl_multi_setopt(p->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer) != CURLM_OK ||
+                   curl_multi_setopt(p->multi, CURLMOPT_TIMERDATA, p) != CURLM_OK ||
+                   /* the default keeps 4 per transfer running: between two
+                    * attempts a slot has none, and its connection was closed */
+                   curl_multi_setopt(p->multi, CURLMOPT_MAXCONNECTS, slots) != CURLM_OK
+               ? -1 : 0;
 }
 
 struct push *push_start(const struct push_setup *setup, struct event_base *base,
@@ -826,10 +1112,7 @@ struct push *push_start(const struct push_setup *setup, struct event_base *base,
     p->kick_ev = event_new(base, -1, 0, kick_cb, p);
     p->grace_ev = evtimer_new(base, grace_cb, p);
     p->subs = calloc(setup->count, sizeof *p->subs);
-    int ok = p->kick_ev && p->grace_ev && p->subs;
-    for (size_t i = 0; ok && i < setup->count; i++)
-        if (!is_address(setup->specs[i].host) && !p->dns)
-            ok = (p->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) != NULL;
+    int ok = p->kick_ev && p->grace_ev && p->subs && curl_start(p, setup) == 0;
     for (size_t i = 0; ok && i < setup->count; i++) {
         p->count = i + 1;
         ok = sub_init(p, &p->subs[i], setup, i) == 0;
@@ -843,9 +1126,11 @@ struct push *push_start(const struct push_setup *setup, struct event_base *base,
         const struct sub *s = &p->subs[i];
         char rate[32];
         log_event(BG_LOG_INFO, "push_subscription", "tube=%s url=%s concurrency=%u timeout=%u attempts=%u "
-                  "backoff=%u..%u rate=%s signed=%s", log_str(s->spec.tube), log_str(s->spec.url),
-                  s->spec.concurrency, s->spec.timeout_s, s->spec.attempts, s->spec.backoff_min_s,
-                  s->spec.backoff_max_s, rate_text(s, rate, sizeof rate), s->signed_ ? "yes" : "no");
+                  "backoff=%u..%u rate=%s signed=%s ca_file=%s client_cert=%s", log_str(s->spec.tube),
+                  log_str(s->spec.url), s->spec.concurrency, s->spec.timeout_s, s->spec.attempts,
+                  s->spec.backoff_min_s, s->spec.backoff_max_s, rate_text(s, rate, sizeof rate),
+                  s->signed_ ? "yes" : "no", log_str(s->spec.ca_file[0] ? s->spec.ca_file : NULL),
+                  log_str(s->spec.cert_file[0] ? s->spec.cert_file : NULL));
     }
     kick(p); /* reserve on the first loop turn */
     return p;
@@ -894,11 +1179,12 @@ void push_free(struct push *p)
         for (uint32_t k = 0; s->slots && k < s->spec.concurrency; k++) {
             struct delivery *d = &s->slots[k];
             wal_unhold(p->wal, &d->hold);
-            if (d->req) {
-                d->cancelling = 1;
-                evhttp_cancel_request(d->req);
-                d->req = NULL;
+            if (d->in_multi) {
+                curl_multi_remove_handle(p->multi, d->easy);
+                d->in_multi = 0;
             }
+            curl_slist_free_all(d->headers);
+            d->headers = NULL;
             if (d->busy && s->clients_up) {
                 /* back to ready, its priority kept; a cut attempt never buries */
                 struct bg_job *j = bg_job_find(p->engine, d->job_id);
@@ -909,8 +1195,7 @@ void push_free(struct push *p)
                           log_str(s->spec.tube), (unsigned long long)d->job_id, d->reserves);
                 d->busy = 0;
             }
-            if (d->timer) event_free(d->timer);
-            if (d->conn) evhttp_connection_free(d->conn);
+            if (d->easy) curl_easy_cleanup(d->easy);
         }
         if (s->clients_up) {
             bg_client_close(&s->reserver, now);
@@ -921,7 +1206,9 @@ void push_free(struct push *p)
         explicit_bzero(&s->hmac, sizeof s->hmac);
     }
     if (p->changed) p->changed(p->changed_arg);
-    if (p->dns) evdns_base_free(p->dns, 0);
+    if (p->multi) curl_multi_cleanup(p->multi); /* closes the kept connections */
+    if (p->curl_timer) event_free(p->curl_timer);
+    if (p->curl_up) curl_global_cleanup();
     if (p->kick_ev) event_free(p->kick_ev);
     if (p->grace_ev) event_free(p->grace_ev);
     bg_push_failures_free(&p->failures);
@@ -965,6 +1252,16 @@ static json_t *failure_json(const struct bg_push_failure_rec *rec, int with_job)
     return v;
 }
 
+/* A subscription's last failure, with its words when it was a TLS failure
+ * (the other reasons say enough; the log has their words too). */
+static json_t *last_error_json(const struct sub *s)
+{
+    json_t *v = failure_json(&s->last, 1);
+    if (v && s->last.reason == BG_PUSH_TLS_FAILED && s->last_detail[0])
+        json_object_set_new(v, "detail", json_string(s->last_detail));
+    return v;
+}
+
 /* {reason: count} for the reasons that can lead to action a. */
 static json_t *by_reason(const uint64_t counts[BG_PUSH_REASON_COUNT], enum bg_push_action a)
 {
@@ -1004,7 +1301,7 @@ json_t *push_subscriptions_json(void *arg)
             "backoff_min", (json_int_t)s->spec.backoff_min_s, "backoff_max", (json_int_t)s->spec.backoff_max_s,
             "signed", s->signed_, "in_flight", (json_int_t)s->in_flight,
             "backing_off", (json_int_t)waiting_retry[i],
-            "last_error", s->last.job_id ? failure_json(&s->last, 1) : json_null(),
+            "last_error", s->last.job_id ? last_error_json(s) : json_null(),
             "attempts_started", (json_int_t)s->attempts, "delivered", (json_int_t)s->delivered,
             "retried", (json_int_t)sum(s->retried, BG_PUSH_REASON_COUNT),
             "buried", (json_int_t)sum(s->buried, BG_PUSH_REASON_COUNT),

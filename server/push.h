@@ -5,8 +5,10 @@
  *
  * The pure parts (syntax, retry policy, rate limit, the table of last
  * failures) are core/push.c; this is the I/O: the subscriptions' secret
- * files, libevent's HTTP client, HMAC-SHA256 (nettle), the timers, and the
- * JSON and metrics the gateway shows. Everything runs on the loop thread. */
+ * and TLS files, libcurl's multi interface on the libevent loop (http and
+ * https), HMAC-SHA256 (nettle), the timers, and the JSON and metrics the
+ * gateway shows. Everything runs on the loop thread (curl's resolver may
+ * use a thread of its own). */
 #ifndef BEANGATE_PUSH_H
 #define BEANGATE_PUSH_H
 
@@ -39,8 +41,8 @@ struct push_setup {
 };
 
 /* Parse every source, then the file (one subscription per line), check them
- * (a tube at most once, at most BG_PUSH_SUBSCRIPTIONS_MAX) and read their
- * secret files. 0, or the usage exit status after an error line naming the
+ * (a tube at most once, at most BG_PUSH_SUBSCRIPTIONS_MAX; an https one's
+ * ca-file, cert-file and key-file readable PEM) and read their secret files. 0, or the usage exit status after an error line naming the
  * origin, line and why. file may be NULL. Never logs a secret. */
 int push_setup_load(struct push_setup *out, const struct push_source *sources, size_t n,
                     const char *file, uint32_t grace_s);

@@ -52,6 +52,7 @@ const DELIVERY_ERRORS = {
   connect_failed: "no connection (refused, unreachable, or the name did not resolve)",
   connection_error: "the connection closed or reset, or the answer was not HTTP",
   bad_status: "a status outside 200-599",
+  tls_error: "https: the TLS handshake or the receiver's certificate failed",
   http_3xx: "a redirect, which is not followed",
   http_4xx: "a client error (4xx)",
   attempts_exhausted: "the last allowed attempt failed",

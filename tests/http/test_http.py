@@ -2930,7 +2930,8 @@ def test_subscriptions():
               s["backoff_max"], s["signed"]),
              ("http://127.0.0.1:1/", 1, None, 30, 1, 1, 600, False), "settings and defaults")
     check_eq(set(s["retried_by_reason"]), {"retry_after", "http_429", "http_5xx", "timeout", "connect_failed",
-                                           "connection_error", "bad_status"}, "retried_by_reason keys")
+                                           "connection_error", "bad_status", "tls_error"},
+             "retried_by_reason keys")
     check_eq(set(s["buried_by_reason"]), {"http_3xx", "http_4xx", "attempts_exhausted"}, "buried_by_reason keys")
     check_eq([x["tube"] for x in server_stats()["subscriptions"]], [PUSH_TUBE], "GET /stats subscriptions")
 

@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from email.utils import formatdate
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
+import tlsfiles  # noqa: E402
 from testlib import (SANITIZER_MARKERS, check, check_eq, clean_env, free_port, port_open,  # noqa: E402
                      wait_until)
 
@@ -56,9 +58,13 @@ class Receiver:
     (status, extra headers, seconds to hold the request before answering) for the
     n-th request (1-based) to path; the default answers 204 at once. Every
     request is recorded (arrival, answer, headers, body), and the requests in
-    flight per path are counted (the largest number seen is kept)."""
+    flight per path are counted (the largest number seen is kept).
+    tls: an ssl.SSLContext (server side) makes it an HTTPS receiver; use_tls()
+    swaps it for the next connections (a receiver whose certificate is fixed)."""
 
-    def __init__(self, script=None, port=None):
+    def __init__(self, script=None, port=None, tls=None):
+        self.tls = tls
+        self.handshakes_failed = 0
         self.script = script or (lambda path, n, headers, body: (204, {}, 0))
         self.lock = threading.Lock()
         self.requests = []          # dicts, in arrival order
@@ -103,13 +109,31 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def get_request(self):
+                sock, addr = self.socket.accept()
+                ctx = receiver.tls
+                if ctx is None:
+                    return sock, addr
+                sock.settimeout(10)
+                try:
+                    return ctx.wrap_socket(sock, server_side=True), addr
+                except OSError:
+                    with receiver.lock:
+                        receiver.handshakes_failed += 1
+                    sock.close()
+                    raise
+
+        self.server = Server(("127.0.0.1", port or 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.port, path)
+    def url(self, path, host="127.0.0.1"):
+        return "%s://%s:%d%s" % ("https" if self.tls else "http", host, self.port, path)
+
+    def use_tls(self, ctx):
+        self.tls = ctx
 
     def got(self, path=None, job=None):
         with self.lock:
@@ -832,6 +856,17 @@ def test_pause_and_other_protocols():
         check(waited >= 1.5, "delivered %.2f s after the put into a tube paused for 2 s" % waited)
 
 
+def check_refused_at_start(refusals):
+    """Each (args, why): beangate with args stops at start, exit status 5, saying why."""
+    for args, why in refusals:
+        p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=clean_env(), timeout=10)
+        err = p.stderr.decode()
+        check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
+        check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+
+
 def test_settings_and_refusals():
     with Receiver() as rx:
         # BEANGATE_PUSH: two subscriptions separated by a ';' word; --push-grace from the environment
@@ -862,7 +897,7 @@ def test_settings_and_refusals():
             empty = os.path.join(work, "empty.key")
             open(empty, "w").close()
             refusals = [
-                (push_arg("t", "https://127.0.0.1:1/"), "libevent_openssl"),
+                (push_arg("t", "ftp://127.0.0.1:1/"), "must start with http://"),
                 (push_arg("t", "http://127.0.0.1:1/", colour="red"), "unknown key"),
                 (push_arg("t", "http://127.0.0.1:1/") + push_arg("t", "http://127.0.0.1:2/"), "second subscription"),
                 (push_arg("t", "http://127.0.0.1:1/", secret_file=os.path.join(work, "missing")), "secret-file"),
@@ -871,13 +906,214 @@ def test_settings_and_refusals():
                 (["--push-file", os.path.join(work, "missing")], "No such file"),
                 (["--push-grace", "3601"], "--push-grace"),
             ]
-            for args, why in refusals:
-                p = subprocess.run([BINARY, "-p", str(free_port()), "--http-port", str(free_port())] + args,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=clean_env(), timeout=10)
-                err = p.stderr.decode()
-                check_eq(p.returncode, 5, "exit status for %r (stderr %s)" % (args, err[-400:]))
-                check(why in err, "the message for %r says %r: %s" % (args, why, err[-600:]))
+            check_refused_at_start(refusals)
+
+
+# ---- HTTPS (issue 23) -----------------------------------------------------------------
+
+def server_tls(cert, key, client_ca=None):
+    """A server-side SSLContext with cert/key; client_ca: client certificates required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(client_ca)
+    return ctx
+
+
+def wait_failed_attempts(srv, job, n, timeout=30):
+    """The job's last_delivery_error once it counts n attempts."""
+    return wait_until(lambda: (lambda x: x if x and (x.get("last_delivery_error") or {}).get("attempt", 0) >= n
+                               else None)(srv.job(job)), "%d failed attempts of job %d" % (n, job), timeout)
+
+
+def test_https_delivery():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        cert, key = ca.issue("receiver", dns=["localhost"], ips=["127.0.0.1"])
+        secret = os.path.join(work, "secret")
+        with open(secret, "w") as f:
+            f.write("a secret of 16+ bytes\n")
+        os.chmod(secret, 0o600)
+        with Receiver(tls=server_tls(cert, key)) as rx, \
+                Server(push_arg("sec", rx.url("/in?x=1"), ca_file=ca.cert, secret_file=secret, concurrency=4)) as srv:
+            ids = [srv.put("sec", b"over tls %d" % i) for i in range(20)]
+            for j in ids:
+                wait_deleted(srv, j, 20)
+            for j in ids:
+                got = rx.got(job=j)
+                check_eq(len(got), 1, "deliveries of job %d" % j)
+                h = got[0]["headers"]
+                check_eq(got[0]["path"], "/in?x=1", "path")
+                check_eq(h["host"], "127.0.0.1:%d" % rx.port, "Host")
+                mac = hmac.new(b"a secret of 16+ bytes", ("%s.%s." % (h["x-beangate-timestamp"], j)).encode()
+                               + got[0]["body"], hashlib.sha256).hexdigest()
+                check_eq(h["x-beangate-signature"], "v1=" + mac, "signature over https")
+            sub = srv.subscription("sec")
+            check_eq((sub["url"], sub["delivered"], sub["last_error"]), (rx.url("/in?x=1"), 20, None), "subscription")
+        # the host name is checked too: "localhost" is on the certificate
+        with Receiver(tls=server_tls(cert, key)) as rx, \
+                Server(push_arg("named", rx.url("/n", host="localhost"), ca_file=ca.cert)) as srv:
+            j = srv.put("named", b"by name")
+            wait_deleted(srv, j, 20)
+            check_eq(rx.got(job=j)[0]["headers"]["host"], "localhost:%d" % rx.port, "Host by name")
+
+
+def test_https_bad_certificates_retried_until_fixed():
+    """Each bad certificate is refused with its reason, retried, and the job is
+    delivered once (never lost) when the receiver gets a good one."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        other = tlsfiles.TestCA(os.path.join(work, "other"), "untrusted CA")
+        good = server_tls(*ca.issue("good", ips=["127.0.0.1"]))
+        cases = {
+            "wrongname": (server_tls(*ca.issue("wrongname", dns=["elsewhere.example"])), "tls: host name mismatch"),
+            "expired": (server_tls(*ca.issue("expired", ips=["127.0.0.1"], days=(-10, -1))),
+                        "tls: certificate has expired"),
+            "untrusted": (server_tls(*other.issue("untrusted", ips=["127.0.0.1"])),
+                          "tls: certificate is signed by an unknown or untrusted CA"),
+        }
+        with contextlib.ExitStack() as stack:
+            rxs = {name: stack.enter_context(Receiver(tls=ctx)) for name, (ctx, _) in cases.items()}
+            args = []
+            for name, rx in rxs.items():
+                args += push_arg(name, rx.url("/" + name), ca_file=ca.cert, attempts=100, backoff="1..1")
+            srv = stack.enter_context(Server(args))
+            jobs = {name: srv.put(name, b"job for " + name.encode()) for name in cases}
+            for name, j in jobs.items():
+                err = wait_failed_attempts(srv, j, 2)["last_delivery_error"]
+                check_eq((err["error"], err["status"]), ("tls_error", None), "%s: last_delivery_error" % name)
+                sub = srv.subscription(name)
+                check_eq(sub["last_error"]["detail"], cases[name][1], "%s: the reason" % name)
+                check(sub["retried_by_reason"]["tls_error"] >= 2, "%s: tls_error retries counted" % name)
+                check_eq(rxs[name].got(), [], "%s: nothing reached the receiver" % name)
+            status, metrics = srv.http("GET", "/metrics")
+            check('beangate_push_retries_total{tube="expired",reason="tls_error"}' in metrics.decode(),
+                  "tls_error in the metrics")
+            for name, rx in rxs.items():
+                rx.use_tls(good)
+            for name, j in jobs.items():
+                wait_deleted(srv, j, 30)
+                check_eq(len(rxs[name].got(job=j)), 1, "%s: delivered once after the fix" % name)
+        log = srv.stderr() + srv.stdout()
+        for name, (_, reason) in cases.items():
+            check(re.search(r"push_retry .*tube=%s .*reason=tls_error.*detail=\"%s\"" % (name, re.escape(reason)), log),
+                  "the log names the reason for %s: %s" % (name, log[-1500:]))
+
+
+def test_https_client_certificate():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        clients = tlsfiles.TestCA(os.path.join(work, "clients"), "client CA")
+        ccert, ckey = clients.issue("beangate", cn="beangate", client=True)
+        ctx = server_tls(*ca.issue("receiver", ips=["127.0.0.1"]), client_ca=clients.cert)
+        with Receiver(tls=ctx) as rx, \
+                Server(push_arg("withcert", rx.url("/with"), ca_file=ca.cert, cert_file=ccert, key_file=ckey)
+                       + push_arg("nocert", rx.url("/without"), ca_file=ca.cert, attempts=100, backoff="1..1")) as srv:
+            j = srv.put("withcert", b"signed in")
+            wait_deleted(srv, j, 20)
+            check_eq(len(rx.got(job=j)), 1, "delivered with a client certificate")
+            k = srv.put("nocert", b"refused")
+            err = wait_failed_attempts(srv, k, 2)["last_delivery_error"]
+            detail = srv.subscription("nocert")["last_error"].get("detail")
+            # TLS 1.3: the client's handshake ends before the receiver checks
+            # for a certificate; its refusal comes as an alert (tls_error) or,
+            # when the receiver closes with the request unread, as a reset
+            check((err["error"], err["status"]) in (("tls_error", None), ("connection_error", None)),
+                  "refused without a client certificate: %r, %r" % (err, detail))
+            check(detail.startswith("tls: ") if err["error"] == "tls_error" else detail is None,
+                  "the reason is given for tls_error: %r, %r" % (err, detail))
+            check_eq(rx.got(job=k), [], "nothing delivered without a client certificate")
+
+
+def test_https_settings_refused_at_start():
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        cert, key = ca.issue("me", cn="me", client=True)
+        notpem = os.path.join(work, "notpem")
+        with open(notpem, "w") as f:
+            f.write("hello\n")
+        missing = os.path.join(work, "missing.pem")
+        url = "https://127.0.0.1:1/"
+        refusals = [
+            (push_arg("t", url, ca_file=missing), "ca-file %s: No such file" % missing),
+            (push_arg("t", url, ca_file=notpem), "not a PEM file"),
+            (push_arg("t", url, cert_file=cert, key_file=missing), "key-file %s" % missing),
+            (push_arg("t", url, cert_file=missing, key_file=key), "cert-file %s" % missing),
+            (push_arg("t", url, cert_file=cert), "go together"),
+            (push_arg("t", "http://127.0.0.1:1/", ca_file=ca.cert), "need an https:// url"),
+            (push_arg("t", "ftp://127.0.0.1:1/"), "must start with http:// or https://"),
+        ]
+        check_refused_at_start(refusals)
+
+
+def test_https_no_proxy_no_redirect():
+    """Proxy variables in the environment are ignored, and a redirect is not
+    followed: deliveries reach only the configured host and port."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        ca = tlsfiles.TestCA(work)
+        ctx = server_tls(*ca.issue("receiver", ips=["127.0.0.1"]))
+        with Receiver() as proxy, Receiver() as elsewhere, Receiver(tls=ctx) as rx:
+            def redirect(path, n, headers, body):
+                return (307, {"Location": elsewhere.url("/stolen")}, 0) if path == "/moved" else (204, {}, 0)
+            rx.script = redirect
+            env = {k: proxy.url("/") for k in ("http_proxy", "https_proxy", "HTTPS_PROXY", "ALL_PROXY", "all_proxy")}
+            with Server(push_arg("direct", rx.url("/in"), ca_file=ca.cert)
+                        + push_arg("moved", rx.url("/moved"), ca_file=ca.cert), env=env) as srv:
+                j = srv.put("direct", b"straight")
+                k = srv.put("moved", b"stay")
+                wait_deleted(srv, j, 20)
+                wait_state(srv, k, "buried", 20)
+                check_eq(len(rx.got(job=j)), 1, "delivered directly")
+                check_eq(srv.job(k)["last_delivery_error"]["error"], "http_3xx", "a redirect buries")
+                check_eq((proxy.got(), elsewhere.got()), ([], []), "nothing went to the proxy or the redirect")
+
+
+def test_response_head_and_body_bounded():
+    """A response head over 16 KiB is a connection_error; a body over 64 KiB is
+    not read to its end, and the status before it decides."""
+    def script(path, n, headers, body):
+        if path == "/bighead":
+            return (204, {"X-Big": "a" * 20000}, 0)
+        return (204, {}, 0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    sent = []
+
+    def serve_big_body():  # 200 and a 64 MB body; counts what the peer took
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                total = 64 * 1024 * 1024
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+                n = 0
+                try:
+                    conn.settimeout(10)
+                    while n < total:
+                        n += conn.send(b"x" * 65536)
+                except OSError:
+                    pass
+                sent.append(n)
+
+    threading.Thread(target=serve_big_body, daemon=True).start()
+    try:
+        with Receiver(script) as rx, \
+                Server(push_arg("head", rx.url("/bighead"), attempts=100, backoff="1..1")
+                       + push_arg("body", "http://127.0.0.1:%d/" % listener.getsockname()[1])) as srv:
+            j = srv.put("head", b"big head")
+            err = wait_failed_attempts(srv, j, 1)["last_delivery_error"]
+            check_eq((err["error"], err["status"]), ("connection_error", None), "a 20 KB head")
+            k = srv.put("body", b"big body")
+            wait_deleted(srv, k, 20)
+            wait_until(lambda: sent, "the body receiver done", 20)
+            check(sent[0] < 64 * 1024 * 1024, "the 64 MB body was not all read (%d bytes went)" % sent[0])
+    finally:
+        listener.close()
 
 
 TESTS = [
@@ -901,6 +1137,12 @@ TESTS = [
     test_sigterm_during_delivery,
     test_pause_and_other_protocols,
     test_settings_and_refusals,
+    test_https_delivery,
+    test_https_bad_certificates_retried_until_fixed,
+    test_https_client_certificate,
+    test_https_settings_refused_at_start,
+    test_https_no_proxy_no_redirect,
+    test_response_head_and_body_bounded,
 ]
 
 

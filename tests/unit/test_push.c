@@ -100,14 +100,50 @@ static void test_spec_full_and_defaults(void **state)
     assert_int_equal(s.port, 80);
     assert_string_equal(s.path, "/?a=b");
     assert_true(s.rate_period == 60 * BG_SECOND);
+    assert_int_equal(s.tls, 0);
+}
+
+/* https:// (issue 23): port 443 by default, and the TLS files. */
+static void test_spec_https(void **state)
+{
+    (void)state;
+    struct bg_push_spec s;
+    char why[200];
+    assert_int_equal(bg_push_spec_parse("tube=t url=HTTPS://hooks.example/in?a=1", &s, why, sizeof why), 0);
+    assert_int_equal(s.tls, 1);
+    assert_string_equal(s.host, "hooks.example");
+    assert_int_equal(s.port, 443);
+    assert_string_equal(s.path, "/in?a=1");
+    assert_string_equal(s.ca_file, "");
+    assert_string_equal(s.cert_file, "");
+    assert_string_equal(s.key_file, "");
+
+    assert_int_equal(bg_push_spec_parse("tube=t url=https://[::1]:8443 ca-file=/etc/ca.pem "
+                                        "cert-file=/etc/me.pem key-file=/etc/me.key", &s, why, sizeof why), 0);
+    assert_int_equal(s.tls, 1);
+    assert_string_equal(s.host, "::1");
+    assert_int_equal(s.port, 8443);
+    assert_string_equal(s.path, "/");
+    assert_string_equal(s.ca_file, "/etc/ca.pem");
+    assert_string_equal(s.cert_file, "/etc/me.pem");
+    assert_string_equal(s.key_file, "/etc/me.key");
+    assert_string_equal(bg_push_reason_name(bg_push_classify(0, 0, BG_PUSH_FAIL_TLS)), "tls_error");
+    assert_int_equal(bg_push_action_of(BG_PUSH_TLS_FAILED, 1, 3), BG_PUSH_RELEASE);
+    assert_int_equal(bg_push_action_of(BG_PUSH_TLS_FAILED, 3, 3), BG_PUSH_BURY);
 }
 
 static const struct bad_spec {
     const char *text;
     const char *why_has; /* a piece of the message */
 } bad_specs[] = {
-    {"tube=t url=https://h:1/", "libevent_openssl"},
-    {"tube=t url=ftp://h/", "must start with http://"},
+    {"tube=t url=ftp://h/", "must start with http:// or https://"},
+    {"tube=t url=http://h:1/ ca-file=/ca.pem", "need an https:// url"},
+    {"tube=t url=http://h:1/ cert-file=/c.pem key-file=/k.pem", "need an https:// url"},
+    {"tube=t url=https://h:1/ cert-file=/c.pem", "go together"},
+    {"tube=t url=https://h:1/ key-file=/k.pem", "go together"},
+    {"tube=t url=https://h:1/ ca-file=", "ca-file: a path"},
+    {"tube=t url=https://h:1/ ca-file=/a ca-file=/b", "given twice"},
+    {"tube=t url=https://u@h:1/", "user or password"},
     {"tube=t url=http://:80/", "no host"},
     {"tube=t url=http:///x", "no host"},
     {"tube=t url=http://u:p@h:1/", "user or password"},
@@ -720,6 +756,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_list_split),
         cmocka_unit_test(test_spec_full_and_defaults),
+        cmocka_unit_test(test_spec_https),
         cmocka_unit_test(test_spec_refusals),
         cmocka_unit_test(test_classify),
         cmocka_unit_test(test_actions),
