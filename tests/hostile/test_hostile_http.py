@@ -904,8 +904,13 @@ def test_body_budget_and_route_limits():
               % (limit + 1))
     raw, _ = read_to_eof(s, 5)
     check_problem(raw, 413, "JOB_TOO_BIG", "a batch of %d bytes" % (limit + 1), closes=False)
-    status, _, _ = get(srv2.port, "/tubes/hostile-batch/jobs", 5, "POST", b"q" * 65536)
-    check_eq(status, 413, "a put of 65536 bytes with -z 65535")
+    # the head alone: the 413 comes before the body, and a client still sending
+    # the body when the server closes may get a reset instead (over TLS, one run
+    # in a few: libmicrohttpd does not linger there as admit.c does in plain)
+    s = connect(srv2.port)
+    s.sendall(b"POST /tubes/hostile-batch/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 65536\r\n\r\n")
+    raw, _ = read_to_eof(s, 5)
+    check_problem(raw, 413, "JOB_TOO_BIG", "a put of 65536 bytes with -z 65535", closes=False)
     note("batch limit with -z 65535: %d bytes (100 jobs as base64 + 256 each) accepted, one more 413", limit)
 
 
