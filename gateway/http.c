@@ -514,12 +514,21 @@ void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks)
 static struct tls_listener *https_listener;
 static int https_verify_client;
 
+/* A presented client certificate must verify against the listener's CA as
+ * it is now (libmicrohttpd's own trust is the CA file read at start). */
+static int https_verify_cb(gnutls_session_t session)
+{
+    return tls_listener_verify_client(https_listener, session);
+}
+
 /* libmicrohttpd's certificate callback (gnutls_certificate_retrieve_function2),
  * called in each handshake as the client's hello is read: the listener's
  * chain and key as they are now, so a reload (SIGHUP) reaches every new
- * connection. With a client CA (MHD_OPTION_HTTPS_MEM_TRUST), a presented
- * client certificate is verified in the handshake (a bad one fails it), and
- * with verify_client one is required. */
+ * connection. With a client CA, a presented client certificate is verified
+ * in the handshake against the CA as reloaded (a bad one fails it), and with
+ * verify_client one is required. MHD_OPTION_HTTPS_MEM_TRUST still gives
+ * libmicrohttpd the CA read at start: the names its certificate request
+ * lists (a client with one certificate sends it whatever they are). */
 static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int nreqs,
                          const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length,
                          gnutls_pcert_st **pcert, unsigned int *pcert_length, gnutls_privkey_t *key)
@@ -531,7 +540,7 @@ static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_
     if (tls_listener_ca_pem(https_listener)) {
         gnutls_certificate_server_set_request(session, https_verify_client ? GNUTLS_CERT_REQUIRE
                                                                             : GNUTLS_CERT_REQUEST);
-        gnutls_session_set_verify_function(session, tls_session_verify_client);
+        gnutls_session_set_verify_function(session, https_verify_cb);
     }
     return tls_listener_current_cert(https_listener, pcert, pcert_length, key);
 }

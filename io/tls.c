@@ -89,7 +89,32 @@ static int verify_client_cert(gnutls_session_t s)
     return 0;
 }
 
-int tls_session_verify_client(gnutls_session_t s) { return verify_client_cert(s); }
+int tls_listener_verify_client(struct tls_listener *l, gnutls_session_t s)
+{
+    unsigned int n = 0;
+    const gnutls_datum_t *peers = gnutls_certificate_get_peers(s, &n);
+    if (!peers || n == 0)
+        return 0;
+    if (!l->current || !l->current->ca_pem || n > TLS_CHAIN_MAX)
+        return GNUTLS_E_CERTIFICATE_ERROR;
+    gnutls_x509_trust_list_t trust;
+    gnutls_certificate_get_trust_list(l->current->cred, &trust);
+    gnutls_x509_crt_t chain[TLS_CHAIN_MAX];
+    unsigned int imported = 0, status = 1;
+    int r = 0;
+    while (imported < n && r >= 0) {
+        r = gnutls_x509_crt_init(&chain[imported]);
+        if (r < 0)
+            break;
+        r = gnutls_x509_crt_import(chain[imported], &peers[imported], GNUTLS_X509_FMT_DER);
+        imported++;
+    }
+    if (r >= 0)
+        r = gnutls_x509_trust_list_verify_crt2(trust, chain, n, NULL, 0, 0, &status, NULL);
+    for (unsigned int i = 0; i < imported; i++)
+        gnutls_x509_crt_deinit(chain[i]);
+    return r < 0 || status != 0 ? GNUTLS_E_CERTIFICATE_ERROR : 0;
+}
 
 static void generation_free(struct tls_generation *g)
 {

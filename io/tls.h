@@ -84,11 +84,12 @@ int tls_listener_current_cert(struct tls_listener *l, gnutls_pcert_st **certs, u
  * MHD_OPTION_HTTPS_MEM_TRUST. */
 const char *tls_listener_ca_pem(const struct tls_listener *l);
 
-/* For a session whose credentials are not a listener's (libmicrohttpd's):
- * gnutls_session_set_verify_function(s, tls_session_verify_client), so a
- * presented client certificate must verify, as on a listener's own. (Added
- * by the HTTPS gateway, issue 23.) */
-int tls_session_verify_client(gnutls_session_t s);
+/* For a session whose credentials are not a listener's (libmicrohttpd's,
+ * whose trust is read once at start): verify the presented client
+ * certificate chain, if any, against l's current CA, so that a reload
+ * reaches it too. 0, or GNUTLS_E_CERTIFICATE_ERROR (a GnuTLS verify
+ * function's answer: the handshake fails). */
+int tls_listener_verify_client(struct tls_listener *l, gnutls_session_t s);
 
 /* The names of the verified client certificate of an established session
  * into *out (count 0: none was presented, or it did not verify). */

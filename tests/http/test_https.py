@@ -406,6 +406,25 @@ def test_sighup_reload():
     check(s.proc.poll() is None, "the server stopped on a bad reload")
 
 
+def test_sighup_reloads_client_ca():
+    """The client CA file is read again at SIGHUP too: after it names another
+    CA, that CA's certificates are accepted and the old CA's refused."""
+    ca_dir = tempfile.mkdtemp(dir=T.dir)
+    ca_file = os.path.join(ca_dir, "clients.crt")
+    shutil.copy(T.ca.cert, ca_file)
+    s = Server(["--http-tls-ca", ca_file, "--http-tls-verify-client"]).start()
+    check(not handshake_refused(s.port, T.alice), "a certificate of the CA in the file was refused")
+    new_ca = tlsfiles.TestCA(ca_dir, "new client CA")
+    bob = new_ca.issue("bob", cn="bob", client=True)
+    check(handshake_refused(s.port, bob), "a certificate of a CA not yet in the file was accepted")
+    shutil.copy(new_ca.cert, ca_file + ".tmp")
+    os.rename(ca_file + ".tmp", ca_file)
+    s.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: not handshake_refused(s.port, bob), "the new CA's certificate to be accepted",
+               timeout=IO_TIMEOUT)
+    check(handshake_refused(s.port, T.alice), "a certificate of the CA no longer in the file was accepted")
+
+
 def test_sighup_reload_under_load():
     """Four keep-alive clients put without pause through three reloads
     (and a bad one): every put is answered 201 on the connection it began
@@ -518,6 +537,7 @@ TESTS = [
     test_stalled_handshake_closed_at_header_deadline,
     test_plain_http_to_https_port,
     test_sighup_reload,
+    test_sighup_reloads_client_ca,
     test_sighup_reload_under_load,
     test_host_and_origin_guard_over_https,
     test_healthcheck_over_https,
