@@ -19,6 +19,8 @@ What is checked:
   crash_at_<step>          the import stopped (a test hook, exit 75) after
                            each step of its commit sequence, then a start:
                            every job there once, ids continue, files aside
+  disk_fault_then_retry    a failing directory fsync stops the import before
+                           its commit; the next start imports once
   both_logs_refused        beangate segments and binlog.N files, no marker:
                            the start is refused and nothing is changed
   damage_refused           a bad state byte in the oldest file: refused,
@@ -389,6 +391,28 @@ def test_crash_at_moved_aside():
     crash_at("moved_aside")
 
 
+def test_disk_fault_then_retry():
+    """The directory's fsync fails (the disk-fault hook): the start is
+    refused after the import file and the marker were written, nothing
+    committed; the next start imports again, once."""
+    d = copy_original("diskfault")
+    names = binlogs(d)
+    faults = testlib.DiskFaults(os.path.join(WORK, "diskfault.faults"))
+    faults.set(["sync_dir EIO"])
+    failed = Beangate(d, env=faults.env())
+    status = failed.run_to_exit()
+    check(status not in (0, None, 75), "a start whose directory sync fails went on (status %r)" % status)
+    check(re.search(r"event=wal_open_failed .*op=binlog_import_write_marker error=", failed.stderr()),
+          "no line saying the import failed: %s" % failed.stderr()[-1200:])
+    check_eq(binlogs(d), names, "beanstalkd's files after the failed import")
+    check("beangate.1.wal" not in os.listdir(d), "the import committed although a sync failed")
+    b = Beangate(d).start()
+    check_jobs(b.port)
+    check_ids_continue(b.port)
+    check_moved_aside(d, names)
+    b.stop()
+
+
 def test_both_logs_refused():
     d = copy_original("both")
     b = Beangate(d).start()
@@ -499,6 +523,7 @@ TESTS = [
     test_crash_at_marker_written,
     test_crash_at_committed,
     test_crash_at_moved_aside,
+    test_disk_fault_then_retry,
     test_both_logs_refused,
     test_damage_refused,
     test_torn_tail,
