@@ -1914,16 +1914,32 @@ static int write_file_synced(struct storage *st, const char *name, const void *p
     return e ? e : c;
 }
 
-/* Move every binlog.N of the directory aside (binlog.N.imported, or with
- * a number after it when that name is taken: nothing is overwritten),
- * sync the directory, then drop the marker. 0 or an errno; *op says what
- * failed. */
-static int binlog_move_aside(struct storage *st, const struct binlog_scan *sc, const char **op)
+/* Nonzero if the marker's text (a name a line) lists name. */
+static int marker_lists(const char *marker, size_t len, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t at = 0; at + n <= len;) {
+        const char *nl = memchr(marker + at, '\n', len - at);
+        size_t line = nl ? (size_t)(nl - (marker + at)) : len - at;
+        if (line == n && memcmp(marker + at, name, n) == 0) return 1;
+        at += line + 1;
+    }
+    return 0;
+}
+
+/* Move the binlog.N files the import brought aside (binlog.N.imported, or
+ * with a number after it when that name is taken: nothing is overwritten):
+ * all of sc's, or (marker not NULL: its text, a name a line) only those
+ * it lists; sync the directory, then drop the marker. 0 or an errno; *op
+ * says what failed. */
+static int binlog_move_aside(struct storage *st, const struct binlog_scan *sc, const char *marker,
+                             size_t marker_len, const char **op)
 {
     int e = 0;
     for (size_t i = 0; i < sc->count && !e; i++) {
         char from[64], to[96];
         snprintf(from, sizeof from, "binlog.%llu", (unsigned long long)sc->indexes[i]);
+        if (marker && !marker_lists(marker, marker_len, from)) continue; /* not imported: left, then refused */
         snprintf(to, sizeof to, "%s%s", from, IMPORT_ASIDE_SUFFIX);
         for (unsigned k = 2;; k++) {
             int taken = 0;
@@ -1987,7 +2003,7 @@ static int binlog_commit(struct storage *st, const struct binlog_scan *sc, const
     *op = "commit";
     if ((e = st->ops->rename(st, IMPORT_FILE, "beangate.1.wal")) != 0 || (e = st->ops->sync_dir(st)) != 0) return e;
     import_step_done("committed");
-    return binlog_move_aside(st, sc, op);
+    return binlog_move_aside(st, sc, NULL, 0, op);
 }
 
 /* Before recovery: import beanstalkd's binlog.N files of the directory
@@ -2006,10 +2022,17 @@ static int binlog_import(struct wal *w)
         op = sc.failed_op;
         goto failed;
     }
-    if (sc.marker && sc.segments) { /* committed: finish moving aside */
-        if ((e = binlog_move_aside(st, &sc, &op)) != 0) goto failed;
-        log_event(BG_LOG_WARN, "binlog_import_finished", "dir=%s files_moved_aside=%zu", log_str(w->cfg.dir), sc.count);
-        goto done;
+    if (sc.marker && sc.segments) { /* committed: finish moving aside what it imported */
+        char *marker;
+        size_t marker_len;
+        op = "read_marker";
+        if ((e = st->ops->read_all(st, IMPORT_MARKER, &marker, &marker_len)) != 0) goto failed;
+        e = binlog_move_aside(st, &sc, marker ? marker : "", marker_len, &op);
+        st->ops->release(st, marker, marker_len);
+        if (e) goto failed;
+        log_event(BG_LOG_WARN, "binlog_import_finished", "dir=%s", log_str(w->cfg.dir));
+        binlog_scan_free(st, &sc); /* binlog.N files it did not list make the start refused */
+        return binlog_import(w);
     }
     if (sc.marker) { /* not committed: start over */
         if ((e = st->ops->unlink(st, IMPORT_MARKER)) != 0 || (e = st->ops->sync_dir(st)) != 0) {

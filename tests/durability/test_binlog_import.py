@@ -19,6 +19,8 @@ What is checked:
   crash_at_<step>          the import stopped (a test hook, exit 75) after
                            each step of its commit sequence, then a start:
                            every job there once, ids continue, files aside
+  finish_moves_only_what_was_imported   a binlog file the marker does not
+                           list stays, and the start is refused for it
   disk_fault_then_retry    a failing directory fsync stops the import before
                            its commit; the next start imports once
   both_logs_refused        beangate segments and binlog.N files, no marker:
@@ -391,6 +393,21 @@ def test_crash_at_moved_aside():
     crash_at("moved_aside")
 
 
+def test_finish_moves_only_what_was_imported():
+    """A binlog file that appeared after the commit (not in the marker) is
+    not moved aside with the imported ones: the start is refused for it."""
+    d = copy_original("unlisted")
+    names = binlogs(d)
+    check_eq(Beangate(d, env={"BEANGATE_TEST_IMPORT_STOP": "committed"}).run_to_exit(), 75, "stopped import")
+    shutil.copy(os.path.join(ORIGINAL, names[0]), os.path.join(d, "binlog.99"))
+    b = Beangate(d)
+    status = b.run_to_exit()
+    check(status not in (0, None), "started with an unimported binlog.99 (status %r)" % status)
+    check("event=binlog_import_finished" in b.stderr() and "event=binlog_import_refused" in b.stderr(),
+          "want the import finished, then the start refused: %s" % b.stderr()[-1200:])
+    check_eq(binlogs(d), ["binlog.99"], "binlog files left in place")
+
+
 def test_disk_fault_then_retry():
     """The directory's fsync fails (the disk-fault hook): the start is
     refused after the import file and the marker were written, nothing
@@ -523,6 +540,7 @@ TESTS = [
     test_crash_at_marker_written,
     test_crash_at_committed,
     test_crash_at_moved_aside,
+    test_finish_moves_only_what_was_imported,
     test_disk_fault_then_retry,
     test_both_logs_refused,
     test_damage_refused,
