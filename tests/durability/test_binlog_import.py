@@ -30,6 +30,9 @@ What is checked:
                            --log-recover-damaged imports the other files
   torn_tail                the newest file ends inside its last record: the
                            record is dropped with a warning, the rest imported
+  crafted_reserved_delayed_and_version_5   files made by the test: a
+                           version 5 file, a record saying reserved, a
+                           delay whose deadline passed: all ready
   check_log                --check-log: a line per binlog file, the import's
                            line, exit 0 clean, 1 damaged; nothing changed
 
@@ -44,8 +47,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import struct
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import testlib  # noqa: E402
@@ -511,6 +516,50 @@ def test_torn_tail():
     b.stop()
 
 
+def crafted_record(version, job_id, tube, state, body, pri=5, delay_ns=0, ttr_ns=60 * 10**9,
+                   created_ns=None, deadline_ns=0, counters=(0, 0, 0, 0, 0)):
+    """A full record as beanstalkd writes it (x86-64 layout, format 7 or 5)."""
+    unit = 1000 if version == 5 else 1
+    created_ns = time.time_ns() - 5 * 10**9 if created_ns is None else created_ns
+    rec = struct.pack("<QI4xqqi4xqq5IB", job_id, pri, delay_ns // unit, ttr_ns // unit, len(body),
+                      created_ns // unit, deadline_ns // unit, *counters, state)
+    rec = rec + b"\0" * 3 if version == 7 else rec
+    name = tube.encode()
+    return struct.pack("<q" if version == 5 else "<i", len(name)) + name + rec + body
+
+
+def test_crafted_reserved_delayed_and_version_5():
+    """Files made here: a version 5 file, then a version 7 one holding a job
+    whose record says reserved (a beanstalkd compaction writes those) and a
+    delayed job whose deadline passed: all come over ready."""
+    d = os.path.join(WORK, "crafted")
+    os.makedirs(d)
+    with open(os.path.join(d, "binlog.4"), "wb") as f:
+        f.write(struct.pack("<i", 5) + crafted_record(5, 1, "old", 1, b"v5 job\r\n", pri=3) + b"\0" * 300)
+    past = time.time_ns() - 10**9
+    with open(os.path.join(d, "binlog.5"), "wb") as f:
+        f.write(struct.pack("<i", 7) + crafted_record(7, 2, "new", 2, b"was reserved\r\n", counters=(4, 1, 0, 0, 0))
+                + crafted_record(7, 3, "new", 4, b"late\r\n", delay_ns=30 * 10**9, deadline_ns=past)
+                + b"\0" * 500)
+    b = Beangate(d).start()
+    line = re.search(r"event=binlog_imported .*", b.stderr())
+    check(line and " jobs=3 ready=1 delayed=1 buried=0 reserved_now_ready=1 " in line.group(0) + " ",
+          "summary: %s" % (line.group(0) if line else b.stderr()[-800:]))
+    c = Conn(b.port)
+    try:
+        want = {1: ("old", "3", "ready", b"v5 job"), 2: ("new", "5", "ready", b"was reserved"),
+                3: ("new", "5", "ready", b"late")}
+        for i, (tube, pri, state, body) in want.items():
+            got = stats_yaml(c.expect("stats-job %d" % i, "OK")[1])
+            check_eq((got["tube"], got["pri"], got["state"], got["ttr"]), (tube, pri, state, "60"), "job %d" % i)
+            check_eq(c.expect("peek %d" % i, "FOUND")[1], body, "job %d body" % i)
+        check_eq(stats_yaml(c.expect("stats-job 2", "OK")[1])["reserves"], "4", "job 2 reserves")
+        check(4 <= int(stats_yaml(c.expect("stats-job 1", "OK")[1])["age"]) <= 60, "job 1's age is its own")
+    finally:
+        c.close()
+    b.stop()
+
+
 def test_check_log():
     d = copy_original("check")
     names = binlogs(d)
@@ -545,6 +594,7 @@ TESTS = [
     test_both_logs_refused,
     test_damage_refused,
     test_torn_tail,
+    test_crafted_reserved_delayed_and_version_5,
     test_check_log,
 ]
 
