@@ -31,8 +31,8 @@ void bg_binlog_init(struct bg_binlog *b)
 
 void bg_binlog_free(struct bg_binlog *b)
 {
-    free(b->jobs);
-    free(b->slots);
+    bg_free(b->jobs);
+    bg_free(b->slots);
     memset(b, 0, sizeof *b);
 }
 
@@ -70,7 +70,7 @@ static int make_room(struct bg_binlog *b)
             while (slots[i]) i = (i + 1) & (count - 1);
             slots[i] = k + 1;
         }
-        free(b->slots);
+        bg_free(b->slots);
         b->slots = slots;
         b->slot_count = count;
     }
