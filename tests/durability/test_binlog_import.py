@@ -23,6 +23,8 @@ What is checked:
                            list stays, and the start is refused for it
   disk_fault_then_retry    a failing directory fsync stops the import before
                            its commit; the next start imports once
+  running_beanstalkd_is_not_imported   beanstalkd's fcntl lock on DIR/lock
+                           refuses the start; nothing moved
   both_logs_refused        beangate segments and binlog.N files, no marker:
                            the start is refused and nothing is changed
   damage_refused           a bad state byte in the oldest file: refused,
@@ -435,6 +437,26 @@ def test_disk_fault_then_retry():
     b.stop()
 
 
+def test_running_beanstalkd_is_not_imported():
+    """beanstalkd's lock (fcntl on DIR/lock) stops beangate: a running
+    beanstalkd's files are never imported or moved."""
+    d = os.path.join(WORK, "running")
+    os.makedirs(d)
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("beanstalkd"), "-b", d, "-l", "127.0.0.1", "-p", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        connect_when_ready(proc, port, "beanstalkd").close()
+        before = sorted(os.listdir(d))
+        b = Beangate(d)
+        status = b.run_to_exit()
+        check(status not in (0, None), "beangate started on a running beanstalkd's directory (status %r)" % status)
+        check("event=wal_locked" in b.stderr(), "no wal_locked line: %s" % b.stderr()[-800:])
+        check_eq(sorted(os.listdir(d)), before, "the running beanstalkd's directory")
+    finally:
+        signal_and_wait(proc, signal.SIGKILL, 5)
+
+
 def test_both_logs_refused():
     d = copy_original("both")
     b = Beangate(d).start()
@@ -591,6 +613,7 @@ TESTS = [
     test_crash_at_moved_aside,
     test_finish_moves_only_what_was_imported,
     test_disk_fault_then_retry,
+    test_running_beanstalkd_is_not_imported,
     test_both_logs_refused,
     test_damage_refused,
     test_torn_tail,
