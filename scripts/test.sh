@@ -59,7 +59,7 @@ if wants package; then
     # package of someone else's); its SKIP line says why
     out=$(mktemp)
     status=0
-    tests/package/test_package.py | tee "$out" || status=${PIPESTATUS[0]}
+    tests/package/test_package.py --install | tee "$out" || status=${PIPESTATUS[0]}
     why=$(sed -n 's/^SKIP setup: //p' "$out" | tail -n 1)
     rm -f "$out"
     if [ "$status" = 77 ]; then

@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """The Debian package (debian/): build it, lint it, install it, run it, purge it.
 
-    tests/package/test_package.py            # as root on Debian; scripts/test.sh package
+    tests/package/test_package.py build/beangate            # the checks of debian/ alone (ctest)
+    tests/package/test_package.py --install                 # as root on Debian; scripts/test.sh package
 
-Builds the package with scripts/build-deb.sh, runs lintian (no error or
+Without --install (as ctest runs it): debian/control's Build-Depends are
+scripts/install-deps.sh's build packages, and every variable that
+debian/beangate.default names is one the built BINARY knows. Nothing is
+installed.
+
+With --install it builds the package with scripts/build-deb.sh, runs lintian (no error or
 warning), installs it with apt-get, and runs the installed server: where
 systemd is PID 1, as beangate.service (on free ports set in the installed
 /etc/default/beangate); elsewhere with the unit's own command line, user,
@@ -16,10 +22,10 @@ in /var/lib/beangate), serves a socket passed as fd 3 (socket activation),
 then removes the package (the log and the conffile stay) and purges it
 (/usr/bin/beangate, the units, the conffile and /var/lib/beangate gone).
 
-It changes the system, so it runs only as root with dpkg and apt-get, and
+That changes the system, so it runs only as root with dpkg and apt-get, and
 refuses (SKIP, exit 77) when a beangate package it did not install is there,
 or /etc/default/beangate or /var/lib/beangate exist: purging would delete
-them. Not registered in ctest for that reason.
+them. ctest runs only the checks without --install for that reason.
 """
 import os
 import pwd
@@ -45,6 +51,8 @@ BINARY = "/usr/bin/beangate"
 POLICY_RC = "/usr/sbin/policy-rc.d"
 READY_TIMEOUT = 20.0
 APT_ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+# other apt runs on the machine (another install): wait for dpkg's lock instead of failing
+APT = ["apt-get", "-o", "DPkg::Lock::Timeout=300"]
 
 state = {"out": None, "deb": None, "installed": False, "server": None}
 
@@ -104,6 +112,22 @@ def control_build_depends():
     return {n for n in names if n and n != "debhelper-compat"}
 
 
+def unknown_variables(defaults, binary):
+    """The BEANGATE_* names in the file defaults (set or commented out) that `binary -h` does not list."""
+    with open(defaults, encoding="utf-8") as f:
+        named = set(re.findall(r"^#?(BEANGATE_[A-Z0-9_]+)=", f.read(), re.M))
+    check(named, "%s names no BEANGATE_* variable" % defaults)
+    status, usage = sh([binary, "-h"])
+    check_eq(status, 0, "%s -h exit status" % binary)
+    return sorted(n for n in named if not re.search(r"\b%s\b" % n, usage))
+
+
+def test_defaults_file_names_known_variables():
+    unknown = unknown_variables(os.path.join(REPO, "debian", "beangate.default"), ARGS.binary)
+    check(not unknown, "debian/beangate.default names variables %s -h does not know: %s"
+          % (ARGS.binary, " ".join(unknown)))
+
+
 def test_build_depends_match_install_deps():
     check_eq(sorted(control_build_depends()), sorted(install_deps_build_packages()),
              "debian/control's Build-Depends against scripts/install-deps.sh's build packages")
@@ -146,7 +170,7 @@ def test_install():
         os.chmod(POLICY_RC, 0o755)
         made_policy = True
     try:
-        status, out = sh(["apt-get", "install", "-y", "--no-install-recommends", state["deb"]], env=APT_ENV)
+        status, out = sh(APT + ["install", "-y", "--no-install-recommends", state["deb"]], env=APT_ENV)
     finally:
         if made_policy:
             os.unlink(POLICY_RC)
@@ -228,12 +252,8 @@ def test_defaults_are_documented_values():
                        ("BEANGATE_HTTP_LISTEN", "127.0.0.1"), ("BEANGATE_HTTP_PORT", "11301"),
                        ("BEANGATE_BINLOG_DIR", STATE_DIR)):
         check_eq(env.get(name), want, "%s as the service sees it" % name)
-    # every variable the file names, set or commented out, is one beangate knows
-    with open(DEFAULTS, encoding="utf-8") as f:
-        named = set(re.findall(r"^#?(BEANGATE_[A-Z0-9_]+)=", f.read(), re.M))
-    status, usage = sh([BINARY, "-h"])
-    unknown = sorted(n for n in named if n not in usage)
-    check(not unknown, "%s names variables beangate -h does not know: %s" % (DEFAULTS, " ".join(unknown)))
+    unknown = unknown_variables(DEFAULTS, BINARY)
+    check(not unknown, "%s names variables %s -h does not know: %s" % (DEFAULTS, BINARY, " ".join(unknown)))
 
 
 class Server:
@@ -396,7 +416,7 @@ def test_socket_activation():
 
 def test_remove_keeps_log_and_conffile():
     needs("installed")
-    status, out = sh(["apt-get", "remove", "-y", "beangate"], env=APT_ENV)
+    status, out = sh(APT + ["remove", "-y", "beangate"], env=APT_ENV)
     check(status == 0, "apt-get remove failed (%d):\n%s" % (status, out[-2000:]))
     check(not os.path.exists(BINARY), "%s is still there after remove" % BINARY)
     check(not os.path.exists(UNIT), "%s is still there after remove" % UNIT)
@@ -411,7 +431,7 @@ def purge_and_check():
     if state["server"] is not None:
         state["server"].proc_holder.kill()
         state["server"] = None
-    status, out = sh(["apt-get", "purge", "-y", "beangate"], env=APT_ENV)
+    status, out = sh(APT + ["purge", "-y", "beangate"], env=APT_ENV)
     check(status == 0, "apt-get purge failed (%d):\n%s" % (status, out[-2000:]))
     state["installed"] = False
     check_eq(package_status(), "", "dpkg's status of beangate after purge")
@@ -433,13 +453,23 @@ def cleanup_after_all():
             shutil.rmtree(state["out"], ignore_errors=True)
 
 
-TESTS = [test_build_depends_match_install_deps, test_build, test_lintian, test_install,
-         test_defaults_are_documented_values, test_put_and_reserve_over_tcp_and_http, test_log_survives_a_restart,
-         test_socket_activation, test_remove_keeps_log_and_conffile, test_purge_removes_everything]
+STATIC_TESTS = [test_build_depends_match_install_deps, test_defaults_file_names_known_variables]
+INSTALL_TESTS = [test_build_depends_match_install_deps, test_build, test_lintian, test_install,
+                 test_defaults_are_documented_values, test_put_and_reserve_over_tcp_and_http,
+                 test_log_survives_a_restart, test_socket_activation, test_remove_keeps_log_and_conffile,
+                 test_purge_removes_everything]
+ARGS = None
 
 if __name__ == "__main__":
-    args = testlib.parse_args(testlib.arg_parser(__doc__, binary=False), sys.argv)
-    if not args.list:
+    parser = testlib.arg_parser(__doc__, binary="optional")
+    parser.add_argument("--install", action="store_true",
+                        help="build, install, run and purge the package (root; changes the system)")
+    ARGS = testlib.parse_args(parser, sys.argv)
+    if not ARGS.install:
+        if not ARGS.binary:
+            parser.error("give the beangate binary (or --install)")
+        sys.exit(testlib.run("package", STATIC_TESTS, ARGS))
+    if not ARGS.list:
         # checked before the run: its `last` cleanup would count as a pass
         try:
             setup(None)
@@ -447,4 +477,4 @@ if __name__ == "__main__":
             print("SKIP setup: %s" % e, flush=True)
             print("package: 0 passed, 0 failed, 1 skipped", flush=True)
             sys.exit(77)
-    sys.exit(testlib.run("package", TESTS, args, namespace=globals(), last=[cleanup_after_all]))
+    sys.exit(testlib.run("package", INSTALL_TESTS, ARGS, last=[cleanup_after_all]))
