@@ -412,7 +412,22 @@ def test_socket_activation():
         listener.close()
 
 
-# ---- remove and purge --------------------------------------------------------------
+# ---- upgrade, remove and purge --------------------------------------------------------------
+
+def test_upgrade_keeps_conffile_and_log():
+    """The package installed again over itself (dpkg's upgrade path: prerm upgrade, postinst configure
+    with the old version) keeps a changed /etc/default/beangate and the log directory."""
+    needs("installed")
+    with open(DEFAULTS, "a", encoding="utf-8") as f:
+        f.write("BEANGATE_VERBOSE=1\n")
+    before = sorted(e.name for e in os.scandir(STATE_DIR))
+    status, out = sh(APT + ["install", "-y", "--reinstall", "-o", "Dpkg::Options::=--force-confold",
+                            state["deb"]], env=APT_ENV)
+    check(status == 0, "reinstallation failed (%d):\n%s" % (status, out[-2000:]))
+    with open(DEFAULTS, encoding="utf-8") as f:
+        check(f.read().endswith("BEANGATE_VERBOSE=1\n"), "the upgrade undid the change to %s" % DEFAULTS)
+    check_eq(sorted(e.name for e in os.scandir(STATE_DIR)), before, "the files of %s after the upgrade" % STATE_DIR)
+
 
 def test_remove_keeps_log_and_conffile():
     needs("installed")
@@ -456,7 +471,8 @@ def cleanup_after_all():
 STATIC_TESTS = [test_build_depends_match_install_deps, test_defaults_file_names_known_variables]
 INSTALL_TESTS = [test_build_depends_match_install_deps, test_build, test_lintian, test_install,
                  test_defaults_are_documented_values, test_put_and_reserve_over_tcp_and_http,
-                 test_log_survives_a_restart, test_socket_activation, test_remove_keeps_log_and_conffile,
+                 test_log_survives_a_restart, test_socket_activation, test_upgrade_keeps_conffile_and_log,
+                 test_remove_keeps_log_and_conffile,
                  test_purge_removes_everything]
 ARGS = None
 
