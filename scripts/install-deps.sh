@@ -15,7 +15,8 @@
 #          python3-jsonschema (the property-based tests of the HTTP API) and
 #          nats-server (the replication tests' JetStream cluster),
 #          openssl and gnutls-bin (the TLS tests' clients and test CA),
-#          nginx-light and wrk (bench/compare's HTTPS reference)
+#          nginx-light and wrk (bench/compare's HTTPS reference),
+#          debhelper and lintian (the Debian package, debian/)
 set -euo pipefail
 mode="${1:-test}"
 
@@ -25,7 +26,7 @@ if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml
            python3-hypothesis python3-jsonschema nats-server
-           openssl gnutls-bin python3-cryptography nginx-light wrk)
+           openssl gnutls-bin python3-cryptography nginx-light wrk debhelper lintian)
 fi
 
 missing=()

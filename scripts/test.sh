@@ -5,6 +5,12 @@
 #              against Debian's beanstalkd, real client libraries' own test
 #              suites, the OpenAPI contract check, the write-ahead log's
 #              crash tests;
+#   package    the Debian package (tests/package/test_package.py): build it
+#              (scripts/build-deb.sh), lintian, install it, run the installed
+#              server as its unit says (systemd where it runs), put and
+#              reserve over TCP and HTTP, remove and purge; as root with dpkg
+#              only, and not over a beangate package it did not install:
+#              elsewhere a SKIP line says why;
 #   asan       the same suites again in an AddressSanitizer +
 #              UndefinedBehaviorSanitizer build;
 #   fuzz       the libFuzzer harnesses: the codec for FUZZ_SECONDS (default
@@ -23,7 +29,7 @@
 # (tests/client/run_client_suite.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_stages=(normal asan fuzz container)
+all_stages=(normal package asan fuzz container)
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=("${all_stages[@]}")
 for s in "${stages[@]}"; do
@@ -45,6 +51,22 @@ if wants normal; then
     cmake -S . -B build -DBEANGATE_TESTS=ON >/dev/null
     cmake --build build -j"$jobs"
     ctest --test-dir build --output-on-failure
+fi
+
+if wants package; then
+    echo "== Debian package (build, lintian, install, run, remove, purge)"
+    # exit status 77: it cannot run here (not root, no dpkg, a beangate
+    # package of someone else's); its SKIP line says why
+    out=$(mktemp)
+    status=0
+    tests/package/test_package.py --install | tee "$out" || status=${PIPESTATUS[0]}
+    why=$(sed -n 's/^SKIP setup: //p' "$out" | tail -n 1)
+    rm -f "$out"
+    if [ "$status" = 77 ]; then
+        skipped+=("Debian package: $why")
+    elif [ "$status" != 0 ]; then
+        exit "$status"
+    fi
 fi
 
 if wants asan; then
