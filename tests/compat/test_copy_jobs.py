@@ -19,9 +19,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -91,17 +93,65 @@ def start_beanstalkd(z=ZMAX):
     return port, proc
 
 
-def start_beangate(z=ZMAX, logdir=None, port=None):
+def start_beangate(z=ZMAX, logdir=None, port=None, unix=None):
+    """beangate on a free port (or on the unix socket path unix)."""
     port = port or free_port()
     proc = ServerProcess()
-    argv = [BINARY, "-l", "127.0.0.1", "-p", str(port), "-z", str(z), "--no-http"]
+    argv = [BINARY, "-l", "unix:" + unix if unix else "127.0.0.1", "-p", str(port), "-z", str(z), "--no-http"]
     if logdir:
         argv += ["-b", logdir, "-f", "0"]
     proc.spawn(argv)
     SERVERS.append(proc)
-    wait_until(lambda: proc.proc.poll() is not None or port_open(port), "beangate on %d" % port, TIMEOUT)
+    up = (lambda: os.path.exists(unix)) if unix else (lambda: port_open(port))
+    wait_until(lambda: proc.proc.poll() is not None or up(), "beangate on %s" % (unix or port), TIMEOUT)
     check(proc.proc.poll() is None, "beangate exited: %s" % proc.stderr())
     return port, proc
+
+
+class NoReserveJobProxy:
+    """A beanstalk server that lacks reserve-job (as beanstalkd before 1.12):
+    a loopback proxy to port that renames the command on its way, so the
+    server answers UNKNOWN_COMMAND. It forwards up to the last CRLF it has,
+    so a command is never split."""
+
+    def __init__(self, port):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self.pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(server, client, False), daemon=True).start()
+
+    @staticmethod
+    def pipe(src, dst, rename):
+        held = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                held += data
+                cut = held.rfind(b"\r\n") + 2 if rename else len(held)
+                out, held = held[:cut], held[cut:]
+                dst.sendall(out.replace(b"reserve-job ", b"reserve-jxb ") if rename else out)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
 
 
 def fill(port, jobs=JOBS):
@@ -245,6 +295,62 @@ def test_target_max_job_size_smaller():
     consumer.close()
 
 
+def test_target_without_reserve_job():
+    """TO without reserve-job: the move stops at the first buried job, says
+    why, and leaves it on FROM; what moved before is on TO, nothing lost."""
+    src_port, _ = start_beangate()
+    dst_port, _ = start_beanstalkd()
+    proxy = NoReserveJobProxy(dst_port)
+    jobs = [("t-a", "ready", 1, 0, 9, b"ready one")] + [j for j in JOBS if j[0] == "t.b" and j[1] != "reserved"]
+    consumer, _ = fill(src_port, jobs)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % proxy.port, "--move"])
+    proxy.close()
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check("lacks reserve-job" in err and "stays on FROM" in err, "the reason: %r" % err)
+    left, moved = jobs_on(src_port), jobs_on(dst_port)
+    check_eq(sorted(v[:5] for v in list(left.values()) + list(moved.values())),
+             sorted((t, s, p, ttr, b) for t, s, p, d, ttr, b in jobs), "the jobs on both servers together")
+    check(all(v[1] == "buried" for v in left.values()) and len(left) == 2, "the buried jobs stay on FROM: %r" % left)
+    check_eq([v[4] for v in moved.values()], [b"ready one"], "the job moved before (t-a's, listed first)")
+    consumer.close()
+
+
+def test_target_draining():
+    """TO draining (SIGUSR1): the move stops at the first job, nothing deleted."""
+    src_port, _ = start_beanstalkd()
+    dst_port, dst = start_beangate()
+    consumer, _ = fill(src_port)
+    dst.proc.send_signal(signal.SIGUSR1)
+    probe = Conn(dst_port)
+    wait_until(lambda: probe.ask(b"put 0 0 1 0", b"") == b"DRAINING", "the target to drain", TIMEOUT)
+    probe.close()
+    before = jobs_on(src_port)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move", "--json"])
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check("DRAINING" in err and "draining" in err, "the reason: %r" % err)
+    report = json.loads(out)
+    check_eq((report["jobs"], "DRAINING" in (report["error"] or "")), (0, True), "the JSON report")
+    check_eq({k: v[:5] for k, v in jobs_on(src_port).items()}, {k: v[:5] for k, v in before.items()},
+             "the source: nothing deleted")
+    consumer.close()
+
+
+def test_unix_socket_source():
+    """FROM as a unix socket path."""
+    path = os.path.join(WORKDIR, "src.sock")
+    _, _ = start_beangate(unix=path)
+    dst_port, _ = start_beanstalkd()
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(path)
+    c.sendall(b"use u\r\nput 3 0 7 2\r\nhi\r\n")
+    f = c.makefile("rb")
+    check_eq((f.readline(), f.readline()), (b"USING u\r\n", b"INSERTED 1\r\n"), "put over the unix socket")
+    status, out, err = copy_jobs([path, "127.0.0.1:%d" % dst_port])
+    check_eq(status, 0, "exit status; stderr %r" % err)
+    check_eq(list(jobs_on(dst_port).values()), [("u", "ready", 3, 7, b"hi", 0)], "the job on the target")
+    c.close()
+
+
 def test_source_killed_mid_move():
     """The source (beangate, -f 0) killed while --move runs: every job is on
     one server or the other after its restart, at most one on both."""
@@ -299,6 +405,7 @@ def test_usage_errors():
 
 TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, test_copy_beanstalkd_to_beangate,
          test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
+         test_target_without_reserve_job, test_target_draining, test_unix_socket_source,
          test_source_killed_mid_move, test_usage_errors]
 
 
