@@ -35,6 +35,7 @@
 #define COPY_EXIT_RESERVED_LEFT 3
 #define COPY_REPLY_TIMEOUT_S 60   /* a server that answers nothing this long has failed */
 #define COPY_BATCH 512            /* ids scanned (and puts sent) per round trip */
+#define COPY_BATCH_BYTES (16u << 20) /* ... and puts sent once their bodies reach this */
 #define COPY_TUBE_MAX 200         /* beanstalkd's tube name limit */
 #define COPY_TUBES_MAX 64         /* --tube given at most this often */
 #define COPY_BURIED_DELAY 3600    /* a buried job waits delayed for its reserve-job */
@@ -517,7 +518,7 @@ static int copy_all(struct copy *c)
     if (!jobs) return fail(c, "out of memory");
     int rc = 0;
     for (uint64_t first = 1; rc == 0 && first < end; first += COPY_BATCH) {
-        size_t want = end - first < COPY_BATCH ? (size_t)(end - first) : COPY_BATCH, found = 0;
+        size_t want = end - first < COPY_BATCH ? (size_t)(end - first) : COPY_BATCH, found = 0, bytes = 0;
         for (size_t i = 0; i < want && rc == 0; i++)
             rc = send_line(c, &c->from, "stats-job %" PRIu64 "\r\npeek %" PRIu64 "\r\n", first + i, first + i);
         if (rc != 0 || (rc = flush(c, &c->from)) != 0) break;
@@ -535,7 +536,11 @@ static int copy_all(struct copy *c)
                 if ((rc = count(c, j->tube, ST_RESERVED, 1)) != 0) break;
                 continue;
             }
-            found++;
+            bytes += jobs[found++].size;
+            if (bytes >= COPY_BATCH_BYTES) { /* large bodies: put what is held before reading on */
+                if ((rc = put_batch(c, jobs, found)) != 0) break;
+                found = bytes = 0;
+            }
         }
         if (rc == 0) rc = put_batch(c, jobs, found);
     }
