@@ -236,6 +236,9 @@ def one_way(source, target, move):
     with open(os.path.join(WORKDIR, "map")) as f:
         pairs = [tuple(map(int, line.split())) for line in f]
     check_eq(len(pairs), len(JOBS) - 1, "lines of --map")
+    on_target = jobs_on(dst_port)
+    for src_id, dst_id in pairs:
+        check_eq(on_target[dst_id][:5], before[src_id][:5], "--map's line %d %d: the same job" % (src_id, dst_id))
     after = jobs_on(src_port)
     if move:
         check_eq([v[:5] for v in after.values()], [("t.b", "reserved", 9, 600, b"held by a consumer")],
