@@ -354,17 +354,21 @@ def test_unix_socket_source():
     c.close()
 
 
-def test_source_killed_mid_move():
-    """The source (beangate, -f 0) killed while --move runs: every job is on
-    one server or the other after its restart, at most one on both."""
-    logdir = os.path.join(WORKDIR, "src-log")
-    shutil.rmtree(logdir, ignore_errors=True)
-    src_port, src = start_beangate(logdir=logdir)
-    dst_port, _ = start_beanstalkd()
-    c = Conn(src_port)
+def killed_mid_move(side):
+    """side ("FROM" or "TO", beangate with -b and -f 0; the other one is
+    beanstalkd) SIGKILLed while --move runs: after its restart every job is
+    on one server or the other, at most one on both. Killing TO proves that
+    a job leaves FROM only once TO has it."""
     count = 4000
-    payload = b"".join(b"put 100 0 60 8\r\n%08d\r\n" % i for i in range(count))
-    c.s.sendall(payload)
+    logdir = os.path.join(WORKDIR, "log")
+    shutil.rmtree(logdir, ignore_errors=True)
+    if side == "FROM":
+        (src_port, victim), (dst_port, _) = start_beangate(logdir=logdir), start_beanstalkd()
+    else:
+        (src_port, _), (dst_port, victim) = start_beanstalkd(), start_beangate(logdir=logdir)
+    victim_port = src_port if side == "FROM" else dst_port
+    c = Conn(src_port)
+    c.s.sendall(b"".join(b"put 100 0 60 8\r\n%08d\r\n" % i for i in range(count)))
     for _ in range(count):
         check(c.line().startswith(b"INSERTED "), "put")
     c.close()
@@ -379,19 +383,26 @@ def test_source_killed_mid_move():
         return int(next(r.split(b": ")[1] for r in probe.body(int(line.split()[1])).splitlines()
                         if r.startswith(b"current-jobs-ready:")))
     wait_until(lambda: target_jobs() >= 200 or copier.poll() is not None, "200 jobs moved", 30)
-    src.proc.send_signal(signal.SIGKILL)
-    src.proc.wait()
+    probe.close()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
     out, err = copier.communicate(timeout=60)
     err = err.decode()
     check_eq(copier.returncode, 1, "exit status; stderr %r" % err)
-    check("FROM" in err and ("closed the connection" in err or "Connection reset" in err),
-          "the reason names FROM: %r" % err)
+    check("stopped: %s 127.0.0.1:%d" % (side, victim_port) in err, "the reason names %s: %r" % (side, err))
     check(sanitizer_report(err) is None, "sanitizer report: %s" % err[:2000])
-    start_beangate(logdir=logdir, port=src_port)
-    bodies = [v[4] for v in jobs_on(src_port, count + 1).values()] + [v[4] for v in jobs_on(dst_port).values()]
+    start_beangate(logdir=logdir, port=victim_port)
+    bodies = [v[4] for port in (src_port, dst_port) for v in jobs_on(port, count + 1).values()]
     check_eq(sorted(set(bodies)), [b"%08d" % i for i in range(count)], "every job on one of the servers")
     check(len(bodies) - count <= 1, "%d jobs on both servers (at most 1)" % (len(bodies) - count))
-    probe.close()
+
+
+def test_source_killed_mid_move():
+    killed_mid_move("FROM")
+
+
+def test_target_killed_mid_move():
+    killed_mid_move("TO")
 
 
 def test_usage_errors():
@@ -409,7 +420,7 @@ def test_usage_errors():
 TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, test_copy_beanstalkd_to_beangate,
          test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
          test_target_without_reserve_job, test_target_draining, test_unix_socket_source,
-         test_source_killed_mid_move, test_usage_errors]
+         test_source_killed_mid_move, test_target_killed_mid_move, test_usage_errors]
 
 
 def after(_error):
