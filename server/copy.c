@@ -479,7 +479,8 @@ static int next_id(struct copy *c, uint64_t *out)
     unsigned long long id;
     char tail;
     if (sscanf(line, "INSERTED %llu%c", &id, &tail) != 1)
-        return fail(c, "FROM %s: the probe job that learns the highest id: answered \"%s\"", from->addr, line);
+        return fail(c, "FROM %s: the probe job that learns the highest id: answered \"%s\"%s", from->addr, line,
+                    strcmp(line, "DRAINING") == 0 ? " (a copy needs FROM to take that one put; --move needs none)" : "");
     if (send_line(c, from, "delete %llu\r\nuse default\r\n", id) != 0 || flush(c, from) != 0 ||
         expect(c, from, "DELETED", "delete of the probe job") != 0 || expect(c, from, "USING default", "use") != 0)
         return -1;

@@ -338,6 +338,26 @@ def test_target_draining():
     consumer.close()
 
 
+def test_draining_source():
+    """FROM draining (SIGUSR1, as before going back): a copy cannot put its
+    probe and says to use --move; --move moves everything."""
+    src_port, src = start_beangate()
+    dst_port, _ = start_beanstalkd()
+    consumer, t0 = fill(src_port)
+    src.proc.send_signal(signal.SIGUSR1)
+    probe = Conn(src_port)
+    wait_until(lambda: probe.ask(b"put 0 0 1 0", b"") == b"DRAINING", "the source to drain", TIMEOUT)
+    probe.close()
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port])
+    check_eq(status, 1, "exit status of a copy; stdout %r" % out)
+    check("DRAINING" in err and "--move needs none" in err, "the reason: %r" % err)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move"])
+    check_eq(status, 3, "exit status of --move; stderr %r" % err)
+    check_summary(out, "moved", JOBS)
+    check_target(dst_port, t0, JOBS)
+    consumer.close()
+
+
 def test_unix_socket_source():
     """FROM as a unix socket path."""
     path = os.path.join(WORKDIR, "src.sock")
@@ -419,7 +439,7 @@ def test_usage_errors():
 
 TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, test_copy_beanstalkd_to_beangate,
          test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
-         test_target_without_reserve_job, test_target_draining, test_unix_socket_source,
+         test_target_without_reserve_job, test_target_draining, test_draining_source, test_unix_socket_source,
          test_source_killed_mid_move, test_target_killed_mid_move, test_usage_errors]
 
 
