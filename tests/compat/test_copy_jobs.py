@@ -154,6 +154,18 @@ class NoReserveJobProxy:
         self.listener.close()
 
 
+def drain(port, proc):
+    """SIGUSR1 to the beangate proc on port; wait until its stats say draining."""
+    proc.proc.send_signal(signal.SIGUSR1)
+    c = Conn(port)
+
+    def draining():
+        line = c.ask(b"stats")
+        return b"\ndraining: true\n" in c.body(int(line.split()[1]))
+    wait_until(draining, "beangate to drain", TIMEOUT)
+    c.close()
+
+
 def fill(port, jobs=JOBS):
     """Put jobs on the server at port; the connection that holds the reserved
     one (keep it open), and the time of the puts."""
@@ -323,10 +335,7 @@ def test_target_draining():
     src_port, _ = start_beanstalkd()
     dst_port, dst = start_beangate()
     consumer, _ = fill(src_port)
-    dst.proc.send_signal(signal.SIGUSR1)
-    probe = Conn(dst_port)
-    wait_until(lambda: probe.ask(b"put 0 0 1 0", b"") == b"DRAINING", "the target to drain", TIMEOUT)
-    probe.close()
+    drain(dst_port, dst)
     before = jobs_on(src_port)
     status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move", "--json"])
     check_eq(status, 1, "exit status; stdout %r" % out)
@@ -344,10 +353,7 @@ def test_draining_source():
     src_port, src = start_beangate()
     dst_port, _ = start_beanstalkd()
     consumer, t0 = fill(src_port)
-    src.proc.send_signal(signal.SIGUSR1)
-    probe = Conn(src_port)
-    wait_until(lambda: probe.ask(b"put 0 0 1 0", b"") == b"DRAINING", "the source to drain", TIMEOUT)
-    probe.close()
+    drain(src_port, src)
     status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port])
     check_eq(status, 1, "exit status of a copy; stdout %r" % out)
     check("DRAINING" in err and "--move needs none" in err, "the reason: %r" % err)
