@@ -573,9 +573,16 @@ static char **list_tubes(struct copy *c)
         return NULL;
     }
     size_t k = 0;
-    for (char *save, *l = strtok_r(doc, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
-        if (strncmp(l, "- ", 2) == 0 && (names[k] = strdup(l + 2)) != NULL) k++;
+    int ok = 1;
+    for (char *save, *l = strtok_r(doc, "\n", &save); l && ok; l = strtok_r(NULL, "\n", &save))
+        if (strncmp(l, "- ", 2) == 0) ok = (names[k++] = strdup(l + 2)) != NULL;
     free(doc);
+    if (!ok) {
+        for (size_t i = 0; names[i]; i++) free(names[i]);
+        free(names);
+        fail(c, "out of memory");
+        return NULL;
+    }
     return names;
 }
 
@@ -619,7 +626,7 @@ static int move_one(struct copy *c, struct job *j, const char *next)
     if (!line) return -1;
     if (strcmp(line, "NOT_FOUND") == 0) {
         c->duplicated++;   /* a consumer took it meanwhile: it is on TO as well */
-        fprintf(stderr, "copy-jobs: job %" PRIu64 " of FROM was reserved by a consumer while it was moved: "
+        fprintf(stderr, "beangate --copy-jobs: job %" PRIu64 " of FROM was reserved by a consumer while it was moved: "
                         "it is on TO (job %" PRIu64 ") too\n", j->id, j->new_id);
         return 0;
     }
