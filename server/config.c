@@ -62,6 +62,7 @@ struct setting {
     int arg_optional;           /* K_COMMAND: the value only as --flag=VALUE */
     enum server_command command; /* K_COMMAND */
     const char *reads;          /* K_COMMAND: the key of a setting it uses (default, variable) */
+    int own_args;               /* K_COMMAND: the arguments after it are its own (it parses them) */
     const char *def;            /* the default, parsed as a variable would be; NULL: none */
     const char *key;            /* key in the config log line */
     size_t offset;
@@ -309,6 +310,13 @@ static const struct setting settings[] = {
     {0, "--check-log", NULL, "DIR", K_COMMAND, .command = SERVER_CHECK_LOG,
      .help = "report each log segment's records and damage and exit (0 clean,\n"
              "1 damaged, 2 check failed); starts no server"},
+    {0, "--copy-jobs", NULL, "FROM TO [OPTIONS]", K_COMMAND, .command = SERVER_COPY_JOBS, .own_args = 1,
+     .help = "copy every job from the beanstalk server FROM to TO (HOST:PORT or a\n"
+             "unix socket path) and report the counts; starts no server. Options:\n"
+             "--move (delete each job on FROM once TO has it), --tube NAME (only\n"
+             "these tubes; may be repeated), --map FILE (write FROM-id TO-id lines),\n"
+             "--json (the report as JSON). Exit 0 all copied, 3 reserved jobs left\n"
+             "behind, 1 stopped by an error, 5 bad usage (docs/migrating-back.md)"},
 };
 
 #define SETTING_COUNT (sizeof settings / sizeof settings[0])
@@ -688,6 +696,13 @@ static int parse_command(struct server_config *cfg, int argc, char **argv)
     int i = find_flag(0, a, n);
     if (i < 0 || settings[i].kind != K_COMMAND) return -1;
     const struct setting *s = &settings[i];
+    if (s->own_args) {
+        if (a[n] == '=') return usage_error("takes no '='", s->long_flag, a + n + 1);
+        cfg->command = s->command;
+        cfg->command_argc = argc - 2;
+        cfg->command_argv = argv + 2;
+        return 0;
+    }
     const char *value = a[n] == '=' ? a + n + 1 : !s->arg_optional && argc > 2 ? argv[2] : NULL;
     int used = 1 + (a[n] != '=' && value != NULL);
     if (!s->arg_optional && (!value || !*value))

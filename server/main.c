@@ -536,6 +536,7 @@ int main(int argc, char **argv)
     if (r != 0) return r;
     if (cfg.command == SERVER_HEALTHCHECK) return healthcheck(cfg.command_arg, cfg.http_port);
     if (cfg.command == SERVER_CHECK_LOG) return wal_check(cfg.command_arg);
+    if (cfg.command == SERVER_COPY_JOBS) return copy_jobs_main(cfg.command_argc, cfg.command_argv);
 
     struct push_source push_sources[BG_PUSH_SUBSCRIPTIONS_MAX + 1];
     size_t push_source_count = 0;

@@ -20,6 +20,7 @@ enum server_command {
     SERVER_RUN = 0,
     SERVER_HEALTHCHECK,          /* --healthcheck[=HOST:PORT] */
     SERVER_CHECK_LOG,            /* --check-log DIR */
+    SERVER_COPY_JOBS,            /* --copy-jobs FROM TO [OPTIONS] (copy.c) */
 };
 
 /* Every setting is a flag and an environment variable BEANGATE_<NAME>,
@@ -27,6 +28,8 @@ enum server_command {
 struct server_config {
     enum server_command command; /* SERVER_RUN unless the first argument is a command */
     const char *command_arg;     /* its HOST:PORT or DIR, or NULL */
+    int command_argc;            /* a command that takes its own arguments: those after it */
+    char **command_argv;
     const char *listen_addr;     /* "127.0.0.1", or "unix:/path" */
     const char *port;            /* "11300" */
     const char *user;            /* -u, or NULL */
@@ -157,6 +160,13 @@ uint64_t gearman_connections(const struct gearman *g);
 int gearman_listen_fd(const struct gearman *g);
 /* The TLS listening socket, or -1 without --gearman-tls-port. */
 int gearman_tls_listen_fd(const struct gearman *g);
+
+/* ---- copy.c: --copy-jobs ------------------------------------------------ */
+
+/* `beangate --copy-jobs FROM TO [OPTIONS]` (argv: what follows the flag):
+ * copy (or with --move, move) every job of one running beanstalk server to
+ * another and print the counts; the exit status (docs/migrating-back.md). */
+int copy_jobs_main(int argc, char **argv);
 
 /* ---- main.c: the process ----------------------------------------------- */
 

@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""beangate --copy-jobs against Debian's beanstalkd (issue 24, "a way back").
+
+    test_copy_jobs.py BINARY [-k NAME] [--seed N]
+
+Each test starts Debian's /usr/bin/beanstalkd and beangate on free loopback
+ports, fills the source with jobs in every state across several tubes
+(binary bodies, CRLF inside, empty bodies, a body at the -z limit,
+priorities 0 and 2^32-1, delays, a job reserved by a consumer that stays
+connected), runs the copy (beangate -> beanstalkd is the way back;
+beanstalkd -> beangate an online migration), and checks every job on the
+target: tube, state, pri, ttr, time-left within a second, body by peek;
+the counts printed; the source after --move. Then the failures: the
+target's -z smaller than a job, the source killed mid-move (nothing lost),
+bad usage. Exit 77 (all skipped) without /usr/bin/beanstalkd.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from testlib import (LineSocket, ServerProcess, Skip, arg_parser, check, check_eq, free_port,  # noqa: E402
+                     parse_args, port_open, run, run_binary, sanitizer_report, wait_until)
+
+BEANSTALKD = "/usr/bin/beanstalkd"
+BINARY = None
+WORKDIR = None
+ZMAX = 5000          # -z of both servers (the largest body)
+TIMEOUT = 10.0
+SERVERS = []         # started by the running test; stopped (and checked) after it
+PRI_MAX = 2 ** 32 - 1
+
+# (tube, state, pri, delay, ttr, body): unique rows; "reserved" is held by a consumer.
+JOBS = [
+    ("default", "ready", 0, 0, 60, b""),
+    ("default", "ready", PRI_MAX, 0, 1, b"\r\n"),
+    ("default", "ready", 1024, 0, 120, bytes(range(256))),
+    ("t-a", "ready", 7, 0, 30, b"x" * ZMAX),
+    ("t-a", "delayed", 3, 300, 40, b"later\r\nstill"),
+    ("t-a", "delayed", PRI_MAX, 90, 5, b""),
+    ("t.b", "buried", 0, 0, 60, b"buried\x00\xff"),
+    ("t.b", "buried", PRI_MAX, 0, 2, b"buried 2"),
+    ("t.b", "reserved", 9, 0, 600, b"held by a consumer"),
+    ("t_c(1)", "ready", 5, 0, 60, b"\r\n\r\n" + bytes(range(255, -1, -1))),
+    ("t_c(1)", "buried", 11, 0, 60, b""),
+]
+
+
+class Conn(LineSocket):
+    """A beanstalk client: ask(command) -> the reply line."""
+
+    def __init__(self, port):
+        super().__init__(port, TIMEOUT)
+
+    def ask(self, cmd, body=None):
+        self.s.sendall(cmd + b"\r\n" + (body + b"\r\n" if body is not None else b""))
+        return self.line()
+
+    def stats_job(self, job_id):
+        line = self.ask(b"stats-job %d" % job_id)
+        if line == b"NOT_FOUND":
+            return None
+        check(line.startswith(b"OK "), "stats-job %d: %r" % (job_id, line))
+        fields = {}
+        for row in self.body(int(line.split()[1])).decode().splitlines()[1:]:
+            k, v = row.split(": ", 1)
+            fields[k] = v.strip('"')
+        return fields
+
+    def peek(self, job_id):
+        line = self.ask(b"peek %d" % job_id)
+        check(line.startswith(b"FOUND "), "peek %d: %r" % (job_id, line))
+        return self.body(int(line.split()[2]))
+
+
+def start_beanstalkd(z=ZMAX):
+    if not os.access(BEANSTALKD, os.X_OK):
+        raise Skip("no %s (apt-get install beanstalkd; scripts/install-deps.sh test does)" % BEANSTALKD)
+    port = free_port()
+    proc = ServerProcess()
+    proc.spawn([BEANSTALKD, "-l", "127.0.0.1", "-p", str(port), "-z", str(z)])
+    SERVERS.append(proc)
+    wait_until(lambda: proc.proc.poll() is not None or port_open(port), "beanstalkd on %d" % port, TIMEOUT)
+    check(proc.proc.poll() is None, "beanstalkd exited: %s" % proc.stderr())
+    return port, proc
+
+
+def start_beangate(z=ZMAX, logdir=None, port=None, unix=None):
+    """beangate on a free port (or on the unix socket path unix)."""
+    port = port or free_port()
+    proc = ServerProcess()
+    argv = [BINARY, "-l", "unix:" + unix if unix else "127.0.0.1", "-p", str(port), "-z", str(z), "--no-http"]
+    if logdir:
+        argv += ["-b", logdir, "-f", "0"]
+    proc.spawn(argv)
+    SERVERS.append(proc)
+    up = (lambda: os.path.exists(unix)) if unix else (lambda: port_open(port))
+    wait_until(lambda: proc.proc.poll() is not None or up(), "beangate on %s" % (unix or port), TIMEOUT)
+    check(proc.proc.poll() is None, "beangate exited: %s" % proc.stderr())
+    return port, proc
+
+
+class NoReserveJobProxy:
+    """A beanstalk server that lacks reserve-job (as beanstalkd before 1.12):
+    a loopback proxy to port that renames the command on its way, so the
+    server answers UNKNOWN_COMMAND. It forwards up to the last CRLF it has,
+    so a command is never split."""
+
+    def __init__(self, port):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self.pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(server, client, False), daemon=True).start()
+
+    @staticmethod
+    def pipe(src, dst, rename):
+        held = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                held += data
+                cut = held.rfind(b"\r\n") + 2 if rename else len(held)
+                out, held = held[:cut], held[cut:]
+                dst.sendall(out.replace(b"reserve-job ", b"reserve-jxb ") if rename else out)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+
+
+def drain(port, proc):
+    """SIGUSR1 to the beangate proc on port; wait until its stats say draining."""
+    proc.proc.send_signal(signal.SIGUSR1)
+    c = Conn(port)
+
+    def draining():
+        line = c.ask(b"stats")
+        return b"\ndraining: true\n" in c.body(int(line.split()[1]))
+    wait_until(draining, "beangate to drain", TIMEOUT)
+    c.close()
+
+
+def fill(port, jobs=JOBS):
+    """Put jobs on the server at port; the connection that holds the reserved
+    one (keep it open), and the time of the puts."""
+    c = Conn(port)
+    t0 = time.monotonic()
+    for tube, state, pri, delay, ttr, body in jobs:
+        check_eq(c.ask(b"use " + tube.encode()), b"USING " + tube.encode(), "use")
+        line = c.ask(b"put %d %d %d %d" % (pri, delay, ttr, len(body)), body)
+        check(line.startswith(b"INSERTED "), "put: %r" % line)
+        job_id = int(line.split()[1])
+        if state in ("buried", "reserved"):
+            check(c.ask(b"reserve-job %d" % job_id).startswith(b"RESERVED "), "reserve-job %d" % job_id)
+            c.body(len(body))
+        if state == "buried":
+            check_eq(c.ask(b"bury %d %d" % (job_id, pri)), b"BURIED", "bury")
+    return c, t0
+
+
+def jobs_on(port, max_id=None, states=("ready", "delayed", "buried", "reserved")):
+    """Every job on the server at port with an id up to max_id (default:
+    total-jobs + 1): {id: (tube, state, pri, ttr, body, time-left)}."""
+    c = Conn(port)
+    if max_id is None:
+        line = c.ask(b"stats")
+        stats = c.body(int(line.split()[1])).decode()
+        max_id = int(next(r.split(": ")[1] for r in stats.splitlines() if r.startswith("total-jobs:"))) + 1
+    found = {}
+    for job_id in range(1, max_id + 1):
+        f = c.stats_job(job_id)
+        if f and f["state"] in states:
+            found[job_id] = (f["tube"], f["state"], int(f["pri"]), int(f["ttr"]), c.peek(job_id),
+                             int(f["time-left"]))
+    c.close()
+    return found
+
+
+LAST_COPY_SECONDS = [0.0]   # how long the last copy_jobs ran
+
+
+def copy_jobs(args, timeout=120):
+    t = time.monotonic()
+    try:
+        return run_binary(BINARY, ["--copy-jobs"] + args, timeout)
+    finally:
+        LAST_COPY_SECONDS[0] = time.monotonic() - t
+
+
+def check_target(port, t0, jobs):
+    """The target holds exactly jobs minus the reserved one, each as it was
+    (a delayed one with its remaining delay within a second, plus the time
+    the copy took between reading a job's time-left and putting it)."""
+    got = jobs_on(port)
+    elapsed = time.monotonic() - t0
+    want = sorted((t, s, p, ttr, b) for t, s, p, d, ttr, b in jobs if s != "reserved")
+    check_eq(sorted(v[:5] for v in got.values()), want, "the jobs on the target (tube, state, pri, ttr, body)")
+    delays = {(t, p, ttr, b): d for t, s, p, d, ttr, b in jobs if s == "delayed"}
+    for tube, state, pri, ttr, body, left in got.values():
+        if state == "delayed":
+            remaining = delays[(tube, pri, ttr, body)] - elapsed
+            check(abs(left - remaining) <= 1.0 + LAST_COPY_SECONDS[0],
+                  "delayed job in %s: time-left %d on the target, %.2f s remaining on the source" %
+                  (tube, left, remaining))
+
+
+def check_summary(out, verb, jobs):
+    n = {s: sum(1 for j in jobs if j[1] == s) for s in ("ready", "delayed", "buried", "reserved")}
+    copied = n["ready"] + n["delayed"] + n["buried"]
+    first = out.splitlines()[0] if out else ""
+    check(first.startswith("%s %d jobs from " % (verb, copied)) and
+          first.endswith(": ready %d, delayed %d, buried %d; reserved (left on FROM) %d" %
+                         (n["ready"], n["delayed"], n["buried"], n["reserved"])),
+          "summary line: %r" % first)
+    check("  tube t.b: ready 0, delayed 0, buried 2, reserved 1" in out, "the tube t.b's line in %r" % out)
+
+
+def one_way(source, target, move):
+    """Fill the source, copy or move to the target, check both."""
+    src_port, _ = source()
+    dst_port, _ = target()
+    consumer, t0 = fill(src_port)
+    before = jobs_on(src_port)
+    args = ["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--map", os.path.join(WORKDIR, "map")]
+    status, out, err = copy_jobs(args + (["--move"] if move else []))
+    check_eq(status, 3, "exit status (a reserved job stays on the source); stderr %r" % err)
+    check("1 reserved job(s) left on FROM" in err, "stderr names the reserved job left: %r" % err)
+    check_summary(out, "moved" if move else "copied", JOBS)
+    check_target(dst_port, t0, JOBS)
+    with open(os.path.join(WORKDIR, "map")) as f:
+        pairs = [tuple(map(int, line.split())) for line in f]
+    check_eq(len(pairs), len(JOBS) - 1, "lines of --map")
+    on_target = jobs_on(dst_port)
+    for src_id, dst_id in pairs:
+        check_eq(on_target[dst_id][:5], before[src_id][:5], "--map's line %d %d: the same job" % (src_id, dst_id))
+    after = jobs_on(src_port)
+    if move:
+        check_eq([v[:5] for v in after.values()], [("t.b", "reserved", 9, 600, b"held by a consumer")],
+                 "the source after --move: only the reserved job")
+    else:
+        check_eq({k: v[:5] for k, v in after.items()}, {k: v[:5] for k, v in before.items()},
+                 "the source after a copy: untouched")
+    consumer.close()
+
+
+def test_copy_beangate_to_beanstalkd():
+    one_way(start_beangate, start_beanstalkd, move=False)
+
+
+def test_move_beangate_to_beanstalkd():
+    one_way(start_beangate, start_beanstalkd, move=True)
+
+
+def test_copy_beanstalkd_to_beangate():
+    one_way(start_beanstalkd, start_beangate, move=False)
+
+
+def test_move_beanstalkd_to_beangate():
+    one_way(start_beanstalkd, start_beangate, move=True)
+
+
+def test_json_report_and_tube_filter():
+    """--json prints one object with the counts; --tube moves only that tube."""
+    src_port, _ = start_beangate()
+    dst_port, _ = start_beanstalkd()
+    consumer, _ = fill(src_port)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move",
+                                  "--tube", "t-a", "--json"])
+    check_eq(status, 0, "exit status (no reserved job in t-a); stderr %r" % err)
+    report = json.loads(out)
+    check_eq((report["mode"], report["jobs"], report["ready"], report["delayed"], report["buried"],
+              report["reserved"], report["error"]), ("move", 3, 1, 2, 0, 0, None), "the JSON report")
+    check_eq(sorted(report["tubes"]), ["t-a"], "tubes in the JSON report")
+    check_eq(sorted(v[0] for v in jobs_on(dst_port).values()), ["t-a"] * 3, "tubes on the target")
+    check_eq(len(jobs_on(src_port)), len(JOBS) - 3, "jobs left on the source")
+    consumer.close()
+
+
+def test_target_max_job_size_smaller():
+    """TO's -z below a body: stop naming the job, nonzero exit, nothing lost."""
+    src_port, _ = start_beangate()
+    dst_port, _ = start_beanstalkd(z=ZMAX - 1)
+    consumer, _ = fill(src_port)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move"])
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check("JOB_TOO_BIG" in err and "its -z" in err and "stays on FROM" in err, "the reason: %r" % err)
+    check(out.startswith("stopped after moving "), "the report says it stopped: %r" % out)
+    left, moved = jobs_on(src_port), jobs_on(dst_port)
+    check_eq(sorted(v[:5] for v in list(left.values()) + list(moved.values())),
+             sorted((t, s, p, ttr, b) for t, s, p, d, ttr, b in JOBS), "the jobs on both servers together")
+    check(any(v[4] == b"x" * ZMAX for v in left.values()), "the big job is still on the source")
+    consumer.close()
+
+
+def test_target_without_reserve_job():
+    """TO without reserve-job: the move stops at the first buried job, says
+    why, and leaves it on FROM; what moved before is on TO, nothing lost."""
+    src_port, _ = start_beangate()
+    dst_port, _ = start_beanstalkd()
+    proxy = NoReserveJobProxy(dst_port)
+    jobs = [("t-a", "ready", 1, 0, 9, b"ready one")] + [j for j in JOBS if j[0] == "t.b" and j[1] != "reserved"]
+    consumer, _ = fill(src_port, jobs)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % proxy.port, "--move"])
+    proxy.close()
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check("lacks reserve-job" in err and "stays on FROM" in err, "the reason: %r" % err)
+    left, moved = jobs_on(src_port), jobs_on(dst_port)
+    check_eq(sorted(v[:5] for v in list(left.values()) + list(moved.values())),
+             sorted((t, s, p, ttr, b) for t, s, p, d, ttr, b in jobs), "the jobs on both servers together")
+    check(all(v[1] == "buried" for v in left.values()) and len(left) == 2, "the buried jobs stay on FROM: %r" % left)
+    check_eq([v[4] for v in moved.values()], [b"ready one"], "the job moved before (t-a's, listed first)")
+    consumer.close()
+
+
+def test_target_draining():
+    """TO draining (SIGUSR1): the move stops at the first job, nothing deleted."""
+    src_port, _ = start_beanstalkd()
+    dst_port, dst = start_beangate()
+    consumer, _ = fill(src_port)
+    drain(dst_port, dst)
+    before = jobs_on(src_port)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move", "--json"])
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check("DRAINING" in err and "draining" in err, "the reason: %r" % err)
+    report = json.loads(out)
+    check_eq((report["jobs"], "DRAINING" in (report["error"] or "")), (0, True), "the JSON report")
+    check_eq({k: v[:5] for k, v in jobs_on(src_port).items()}, {k: v[:5] for k, v in before.items()},
+             "the source: nothing deleted")
+    consumer.close()
+
+
+def test_draining_source():
+    """FROM draining (SIGUSR1, as before going back): a copy cannot put its
+    probe and says to use --move; --move moves everything."""
+    src_port, src = start_beangate()
+    dst_port, _ = start_beanstalkd()
+    consumer, t0 = fill(src_port)
+    drain(src_port, src)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port])
+    check_eq(status, 1, "exit status of a copy; stdout %r" % out)
+    check("DRAINING" in err and "--move needs none" in err, "the reason: %r" % err)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--move"])
+    check_eq(status, 3, "exit status of --move; stderr %r" % err)
+    check_summary(out, "moved", JOBS)
+    check_target(dst_port, t0, JOBS)
+    consumer.close()
+
+
+def test_unix_socket_source():
+    """FROM as a unix socket path."""
+    path = os.path.join(WORKDIR, "src.sock")
+    _, _ = start_beangate(unix=path)
+    dst_port, _ = start_beanstalkd()
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(path)
+    c.sendall(b"use u\r\nput 3 0 7 2\r\nhi\r\n")
+    f = c.makefile("rb")
+    check_eq((f.readline(), f.readline()), (b"USING u\r\n", b"INSERTED 1\r\n"), "put over the unix socket")
+    status, out, err = copy_jobs([path, "127.0.0.1:%d" % dst_port])
+    check_eq(status, 0, "exit status; stderr %r" % err)
+    check_eq(list(jobs_on(dst_port).values()), [("u", "ready", 3, 7, b"hi", 0)], "the job on the target")
+    c.close()
+
+
+def killed_mid_move(side):
+    """side ("FROM" or "TO", beangate with -b and -f 0; the other one is
+    beanstalkd) SIGKILLed while --move runs: after its restart every job is
+    on one server or the other, at most one on both. Killing TO proves that
+    a job leaves FROM only once TO has it."""
+    count = 4000
+    logdir = os.path.join(WORKDIR, "log")
+    shutil.rmtree(logdir, ignore_errors=True)
+    if side == "FROM":
+        (src_port, victim), (dst_port, _) = start_beangate(logdir=logdir), start_beanstalkd()
+    else:
+        (src_port, _), (dst_port, victim) = start_beanstalkd(), start_beangate(logdir=logdir)
+    victim_port = src_port if side == "FROM" else dst_port
+    c = Conn(src_port)
+    c.s.sendall(b"".join(b"put 100 0 60 8\r\n%08d\r\n" % i for i in range(count)))
+    for _ in range(count):
+        check(c.line().startswith(b"INSERTED "), "put")
+    c.close()
+    copier = subprocess.Popen([BINARY, "--copy-jobs", "127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port,
+                               "--move"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    probe = Conn(dst_port)
+
+    def target_jobs():
+        line = probe.ask(b"stats-tube default")
+        if not line.startswith(b"OK"):
+            return 0
+        return int(next(r.split(b": ")[1] for r in probe.body(int(line.split()[1])).splitlines()
+                        if r.startswith(b"current-jobs-ready:")))
+    wait_until(lambda: target_jobs() >= 200 or copier.poll() is not None, "200 jobs moved", 30)
+    probe.close()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    out, err = copier.communicate(timeout=60)
+    err = err.decode()
+    check_eq(copier.returncode, 1, "exit status; stderr %r" % err)
+    check("stopped: %s 127.0.0.1:%d" % (side, victim_port) in err, "the reason names %s: %r" % (side, err))
+    check(sanitizer_report(err) is None, "sanitizer report: %s" % err[:2000])
+    start_beangate(logdir=logdir, port=victim_port)
+    bodies = [v[4] for port in (src_port, dst_port) for v in jobs_on(port, count + 1).values()]
+    check_eq(sorted(set(bodies)), [b"%08d" % i for i in range(count)], "every job on one of the servers")
+    check(len(bodies) - count <= 1, "%d jobs on both servers (at most 1)" % (len(bodies) - count))
+
+
+def test_source_killed_mid_move():
+    killed_mid_move("FROM")
+
+
+def test_target_killed_mid_move():
+    killed_mid_move("TO")
+
+
+def test_usage_errors():
+    for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
+                       (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
+                       (["a:1", "b:2", "--tube"], "needs a value"), (["a:1", "b:2", "c:3"], "one FROM")]:
+        status, _, err = copy_jobs(args, timeout=20)
+        check_eq(status, 5, "exit status of --copy-jobs %s" % " ".join(args))
+        check(what in err and "Use: beangate --copy-jobs" in err, "stderr of %r: %r" % (args, err))
+    status, _, err = copy_jobs(["127.0.0.1:%d" % free_port(), "127.0.0.1:%d" % free_port()], timeout=20)
+    check_eq(status, 1, "exit status with nothing listening")
+    check("FROM 127.0.0.1:" in err and "cannot connect" in err, "stderr: %r" % err)
+
+
+TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, test_copy_beanstalkd_to_beangate,
+         test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
+         test_target_without_reserve_job, test_target_draining, test_draining_source, test_unix_socket_source,
+         test_source_killed_mid_move, test_target_killed_mid_move, test_usage_errors]
+
+
+def after(_error):
+    problems = []
+    for proc in SERVERS:
+        proc.kill()
+        report = sanitizer_report(proc.stderr())
+        if report:
+            problems.append("sanitizer report of a server: %s" % report)
+    SERVERS.clear()
+    return problems
+
+
+def main(argv):
+    global BINARY, WORKDIR
+    args = parse_args(arg_parser(__doc__), argv)
+    BINARY = args.binary
+    with tempfile.TemporaryDirectory(prefix="beangate-copy-") as d:
+        WORKDIR = d
+        return run("copy_jobs", TESTS, args, namespace=globals(), after=after, all_skipped=77)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
