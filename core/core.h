@@ -26,6 +26,7 @@
  *                       place all three protocols ask (issue 23)
  *   journal.c           the write-ahead log's record format; engine <-> log;
  *                       CRC-32C (its checksum) and CRC-32 (the tube hash)
+ *   binlog.h            beanstalkd's binlog.N files read (binlog.c): its own header
  *   stats.c             the one stats model
  *   codec.c             the beanstalk session (bg_session)
  *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman

@@ -240,6 +240,17 @@ static const struct storage_ops posix_ops = {
     posix_unlink, posix_rename, posix_list, posix_read_all, posix_release, posix_destroy,
 };
 
+/* beanstalkd locks DIR/lock with fcntl (a write lock on the whole file),
+ * which flock does not see: take that lock too, so that neither server
+ * starts on a directory the other one uses (a running beanstalkd's files
+ * are never imported). 0, EWOULDBLOCK when it is held, or an errno. */
+static int beanstalkd_lock(int fd)
+{
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(fd, F_SETLK, &lk) == 0) return 0;
+    return errno == EACCES || errno == EAGAIN ? EWOULDBLOCK : errno;
+}
+
 int storage_posix_open(struct storage **out, const char *dir, int take_lock)
 {
     if (take_lock && mkdir(dir, 0700) != 0 && errno != EEXIST) return errno;
@@ -256,6 +267,7 @@ int storage_posix_open(struct storage **out, const char *dir, int take_lock)
         p->lock_fd = openat(p->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (p->lock_fd < 0) e = errno;
         else if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) e = errno == EWOULDBLOCK ? EWOULDBLOCK : errno;
+        else e = beanstalkd_lock(p->lock_fd);
     }
     if (e) {
         posix_destroy(&p->base);

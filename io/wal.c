@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/binlog.h"
 #include "loop.h"
 #include "wal.h"
 #include "eventlog.h"
@@ -1704,6 +1705,432 @@ static int recover(struct wal *w, struct recovery *rc)
     return 0;
 }
 
+/* ---- importing beanstalkd's log (docs/durability.md, "Importing
+ * beanstalkd's log") ------------------------------------------------------ */
+
+#define IMPORT_FILE "beangate.1.wal.import"       /* the import, until it commits */
+#define IMPORT_MARKER "beanstalkd-import.pending" /* committed or about to: binlog.N go aside */
+#define IMPORT_ASIDE_SUFFIX ".imported"
+/* A test hook: the start stops (exit status 75, as a crash) right after the
+ * named step of the import's commit sequence. */
+#define IMPORT_STOP_ENV "BEANGATE_TEST_IMPORT_STOP"
+
+/* The number of beanstalkd's file name "binlog.<digits>". 0 or BG_BAD_FORMAT. */
+static int binlog_index(const char *name, uint64_t *index)
+{
+    static const char prefix[] = "binlog.";
+    size_t pre = sizeof prefix - 1, len = strlen(name);
+    if (len <= pre || memcmp(name, prefix, pre) != 0) return BG_BAD_FORMAT;
+    return bg_parse_u64(name + pre, len - pre, UINT64_MAX, index);
+}
+
+/* What the directory holds of beanstalkd's log, read (binlog_scan). */
+struct binlog_scan {
+    char **names;                 /* the directory's names (storage list) */
+    size_t name_count;
+    uint64_t *indexes;            /* of the binlog.N files, oldest first */
+    size_t count;
+    char **data;                  /* their bytes (storage read_all) */
+    size_t *lens;
+    struct bg_binlog_file *files; /* what reading each found */
+    struct bg_binlog log;         /* the jobs */
+    int segments, marker;         /* beangate.N.wal files; the import's marker */
+    uint64_t bytes, damaged, torn;
+    uint64_t by_state[BG_BINLOG_DELAYED + 1]; /* live jobs */
+    int error;                    /* an errno (or ENOMEM) when the scan failed */
+    const char *failed_op;
+};
+
+static void binlog_scan_free(struct storage *st, struct binlog_scan *sc)
+{
+    for (size_t i = 0; i < sc->count; i++)
+        if (sc->data && sc->data[i]) st->ops->release(st, sc->data[i], sc->lens[i]);
+    free(sc->data);
+    free(sc->lens);
+    free(sc->files);
+    free(sc->indexes);
+    bg_binlog_free(&sc->log);
+    if (sc->names) storage_free_names(sc->names, sc->name_count);
+    memset(sc, 0, sizeof *sc);
+}
+
+/* List the directory and read every binlog.N file (oldest first) into sc.
+ * 0, or an errno (sc->error, sc->failed_op: what failed). */
+static int binlog_scan(struct storage *st, struct binlog_scan *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    bg_binlog_init(&sc->log);
+    int e = st->ops->list(st, &sc->names, &sc->name_count);
+    if (e) {
+        sc->names = NULL;
+        sc->failed_op = "list";
+        return sc->error = e;
+    }
+    size_t n = sc->name_count ? sc->name_count : 1;
+    sc->indexes = malloc(n * sizeof *sc->indexes);
+    sc->data = calloc(n, sizeof *sc->data);
+    sc->lens = calloc(n, sizeof *sc->lens);
+    sc->files = calloc(n, sizeof *sc->files);
+    if (!sc->indexes || !sc->data || !sc->lens || !sc->files) {
+        sc->failed_op = "read";
+        return sc->error = ENOMEM;
+    }
+    for (size_t i = 0; i < sc->name_count; i++) {
+        uint64_t index;
+        if (binlog_index(sc->names[i], &index) == 0) sc->indexes[sc->count++] = index;
+        else if (segment_index(sc->names[i], &index) == 0) sc->segments = 1;
+        else if (strcmp(sc->names[i], IMPORT_MARKER) == 0) sc->marker = 1;
+    }
+    if (sc->count) qsort(sc->indexes, sc->count, sizeof *sc->indexes, index_less);
+    for (size_t i = 0; i < sc->count; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "binlog.%llu", (unsigned long long)sc->indexes[i]);
+        if ((e = st->ops->read_all(st, name, &sc->data[i], &sc->lens[i])) != 0) {
+            sc->data[i] = NULL;
+            sc->failed_op = "read";
+            return sc->error = e;
+        }
+        sc->bytes += sc->lens[i];
+        if (bg_binlog_read(&sc->log, sc->data[i], sc->lens[i], &sc->files[i]) != 0) {
+            sc->failed_op = "read";
+            return sc->error = ENOMEM;
+        }
+    }
+    bg_binlog_classify(sc->files, sc->count);
+    for (size_t i = 0; i < sc->count; i++) {
+        sc->damaged += bg_binlog_damaged(&sc->files[i]) != 0;
+        sc->torn += sc->files[i].torn;
+    }
+    for (size_t i = 0; i < sc->log.count; i++)
+        if (sc->log.jobs[i].live) sc->by_state[sc->log.jobs[i].state]++;
+    return 0;
+}
+
+/* Bytes dropped from a file: from where reading stopped to its last
+ * nonzero byte (beanstalkd's zeros after it are no loss). */
+static size_t binlog_dropped_bytes(const struct binlog_scan *sc, size_t i)
+{
+    const struct bg_binlog_file *f = &sc->files[i];
+    if (f->damage == BG_BINLOG_OK || f->damage == BG_BINLOG_NEVER_WRITTEN) return 0;
+    size_t end = sc->lens[i];
+    while (end > f->offset && !sc->data[i][end - 1]) end--;
+    return end - f->offset;
+}
+
+/* What is wrong with binlog file i, as key=value pairs (empty when nothing). */
+static void binlog_describe(char *out, size_t n, const struct binlog_scan *sc, size_t i)
+{
+    const struct bg_binlog_file *f = &sc->files[i];
+    if (f->damage == BG_BINLOG_OK || f->damage == BG_BINLOG_NEVER_WRITTEN) {
+        out[0] = '\0';
+        return;
+    }
+    snprintf(out, n, " damage=%s offset=%zu dropped_bytes=%zu", bg_binlog_damage_name(f->damage), f->offset,
+             binlog_dropped_bytes(sc, i));
+}
+
+static const char *binlog_status(const struct bg_binlog_file *f)
+{
+    return f->damage == BG_BINLOG_NEVER_WRITTEN ? "never_written" : f->torn ? "torn_tail"
+           : bg_binlog_damaged(f) ? "damaged" : "ok";
+}
+
+/* The log record of an imported job: a reserved job is ready again (its
+ * reservation died with beanstalkd), a passed deadline leaves it delayed
+ * until now (recovery makes it ready). */
+static void binlog_job_record(const struct bg_binlog_job *j, struct bg_journal_job *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = j->id;
+    out->tube = j->tube;
+    out->pri = j->pri;
+    out->state = j->state == BG_BINLOG_BURIED ? BG_JOB_BURIED : j->state == BG_BINLOG_DELAYED ? BG_JOB_DELAYED
+                                                                                             : BG_JOB_READY;
+    out->delay_s = (uint32_t)((uint64_t)j->delay_ns / BG_SECOND);
+    uint64_t ttr_s = (uint64_t)j->ttr_ns / BG_SECOND;
+    out->ttr_s = ttr_s ? (uint32_t)ttr_s : 1; /* beanstalkd's least TTR */
+    out->deadline_wall = j->state == BG_BINLOG_DELAYED && j->deadline_ns > 0 ? (uint64_t)j->deadline_ns : 0;
+    out->created_wall = (uint64_t)j->created_ns;
+    out->reserves = j->reserves;
+    out->timeouts = j->timeouts;
+    out->releases = j->releases;
+    out->buries = j->buries; /* as logged: beanstalkd's replay adds one per restart */
+    out->kicks = j->kicks;
+    out->body_len = j->body_len;
+    out->body = j->body;
+}
+
+static int binlog_job_less(const void *a, const void *b)
+{
+    uint64_t x = (*(const struct bg_binlog_job *const *)a)->id, y = (*(const struct bg_binlog_job *const *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+/* The import's segment: a header, a JOB record per live job (by id) and,
+ * when the highest id any record had is not live, a DELETE record of it
+ * (recovery keeps ids above it). 0 or BG_OUT_OF_MEMORY. */
+static int binlog_encode(const struct binlog_scan *sc, struct bg_buf *out)
+{
+    const struct bg_binlog *log = &sc->log;
+    const struct bg_binlog_job **live = malloc((log->count ? log->count : 1) * sizeof *live);
+    if (!live) return BG_OUT_OF_MEMORY;
+    size_t n = 0;
+    for (size_t i = 0; i < log->count; i++)
+        if (log->jobs[i].live) live[n++] = &log->jobs[i];
+    qsort(live, n, sizeof *live, binlog_job_less);
+    char header[BG_JOURNAL_HEADER_SIZE];
+    bg_journal_segment_header(header);
+    int r = bg_buf_append(out, header, sizeof header);
+    for (size_t i = 0; i < n && r == 0; i++) {
+        struct bg_journal_job rec;
+        binlog_job_record(live[i], &rec);
+        r = bg_journal_encode_job(out, &rec, 1);
+    }
+    if (r == 0 && log->max_id && !(n && live[n - 1]->id == log->max_id))
+        r = bg_journal_encode_delete(out, log->max_id);
+    free(live);
+    return r;
+}
+
+/* The test hook: stop here if IMPORT_STOP_ENV names this step. */
+static void import_step_done(const char *step)
+{
+    const char *stop = getenv(IMPORT_STOP_ENV);
+    if (!stop || strcmp(stop, step) != 0) return;
+    log_event(BG_LOG_WARN, "binlog_import_test_stop", "step=%s", step);
+    fflush(stderr);
+    _exit(75);
+}
+
+/* Write NAME whole (created afresh) and sync it. 0 or an errno. */
+static int write_file_synced(struct storage *st, const char *name, const void *p, size_t n)
+{
+    int file;
+    int e = st->ops->create(st, name, &file);
+    if (e) return e;
+    e = write_fully(st, file, p, n, 0);
+    if (!e) e = st->ops->sync(st, file);
+    int c = st->ops->close(st, file);
+    return e ? e : c;
+}
+
+/* Nonzero if the marker's text (a name a line) lists name. */
+static int marker_lists(const char *marker, size_t len, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t at = 0; at + n <= len;) {
+        const char *nl = memchr(marker + at, '\n', len - at);
+        size_t line = nl ? (size_t)(nl - (marker + at)) : len - at;
+        if (line == n && memcmp(marker + at, name, n) == 0) return 1;
+        at += line + 1;
+    }
+    return 0;
+}
+
+/* Move the binlog.N files the import brought aside (binlog.N.imported, or
+ * with a number after it when that name is taken: nothing is overwritten):
+ * all of sc's, or (marker not NULL: its text, a name a line) only those
+ * it lists; sync the directory, then drop the marker. 0 or an errno; *op
+ * says what failed. */
+static int binlog_move_aside(struct storage *st, const struct binlog_scan *sc, const char *marker,
+                             size_t marker_len, const char **op)
+{
+    int e = 0;
+    for (size_t i = 0; i < sc->count && !e; i++) {
+        char from[64], to[96];
+        snprintf(from, sizeof from, "binlog.%llu", (unsigned long long)sc->indexes[i]);
+        if (marker && !marker_lists(marker, marker_len, from)) continue; /* not imported: left, then refused */
+        snprintf(to, sizeof to, "%s%s", from, IMPORT_ASIDE_SUFFIX);
+        for (unsigned k = 2;; k++) {
+            int taken = 0;
+            for (size_t m = 0; m < sc->name_count && !taken; m++) taken = strcmp(sc->names[m], to) == 0;
+            if (!taken) break;
+            snprintf(to, sizeof to, "%s%s.%u", from, IMPORT_ASIDE_SUFFIX, k);
+        }
+        *op = "move_aside";
+        e = st->ops->rename(st, from, to);
+    }
+    if (!e && !(e = st->ops->sync_dir(st))) import_step_done("moved_aside");
+    if (!e) *op = "remove_marker", e = st->ops->unlink(st, IMPORT_MARKER);
+    if (!e) *op = "sync_dir", e = st->ops->sync_dir(st);
+    return e;
+}
+
+/* Say each damaged or torn binlog file; 1 if the import must be refused. */
+static int binlog_report_damage(const struct wal *w, const struct binlog_scan *sc)
+{
+    for (size_t i = 0; i < sc->count; i++) {
+        char name[64], damage[160];
+        snprintf(name, sizeof name, "binlog.%llu", (unsigned long long)sc->indexes[i]);
+        binlog_describe(damage, sizeof damage, sc, i);
+        if (sc->files[i].torn)
+            log_event(BG_LOG_WARN, "binlog_torn_tail", "file=%s%s action=dropped", name, damage);
+        else if (bg_binlog_damaged(&sc->files[i]) && w->cfg.recover_damaged)
+            log_event(BG_LOG_WARN, "binlog_damage_dropped", "file=%s%s action=dropped", name, damage);
+        else if (bg_binlog_damaged(&sc->files[i]))
+            log_event(BG_LOG_ERROR, "binlog_damaged", "file=%s%s action=refuse_start", name, damage);
+    }
+    if (!sc->damaged || w->cfg.recover_damaged) return 0;
+    log_event(BG_LOG_ERROR, "binlog_import_refused", "dir=%s damaged_files=%llu action=refuse_start hint=%s",
+              log_str(w->cfg.dir), (unsigned long long)sc->damaged,
+              log_str("beangate --check-log DIR reports every file; --log-recover-damaged imports what is readable"));
+    return 1;
+}
+
+/* Write the import and commit it (the sequence in docs/durability.md):
+ * the import file synced, the marker synced, the rename to beangate.1.wal
+ * (the commit), beanstalkd's files aside, the marker gone. 0 or an errno;
+ * *op says what failed. */
+static int binlog_commit(struct storage *st, const struct binlog_scan *sc, const struct bg_buf *segment,
+                         const char **op)
+{
+    *op = "write_import";
+    int e = write_file_synced(st, IMPORT_FILE, bg_buf_head(segment), segment->len);
+    if (e) return e;
+    import_step_done("import_written");
+    struct bg_buf marker = {0};
+    for (size_t i = 0; i < sc->count; i++)
+        if (bg_buf_printf(&marker, "binlog.%llu\n", (unsigned long long)sc->indexes[i]) != 0) {
+            bg_buf_free(&marker);
+            return ENOMEM;
+        }
+    *op = "write_marker";
+    e = write_file_synced(st, IMPORT_MARKER, bg_buf_head(&marker), marker.len);
+    bg_buf_free(&marker);
+    if (!e) e = st->ops->sync_dir(st);
+    if (e) return e;
+    import_step_done("marker_written");
+    *op = "commit";
+    if ((e = st->ops->rename(st, IMPORT_FILE, "beangate.1.wal")) != 0 || (e = st->ops->sync_dir(st)) != 0) return e;
+    import_step_done("committed");
+    return binlog_move_aside(st, sc, NULL, 0, op);
+}
+
+/* Before recovery: import beanstalkd's binlog.N files of the directory
+ * into beangate.1.wal when there is no beangate segment, finish an import
+ * that committed, refuse a directory that holds both logs. 0, or an
+ * outcome after a message (BG_CORRUPT: damage or both logs). */
+static int binlog_import(struct wal *w)
+{
+    struct storage *st = w->storage;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct binlog_scan sc;
+    const char *op = NULL;
+    int e = binlog_scan(st, &sc), r = 0;
+    if (e) {
+        op = sc.failed_op;
+        goto failed;
+    }
+    if (sc.marker && sc.segments) { /* committed: finish moving aside what it imported */
+        char *marker;
+        size_t marker_len;
+        op = "read_marker";
+        if ((e = st->ops->read_all(st, IMPORT_MARKER, &marker, &marker_len)) != 0) goto failed;
+        e = binlog_move_aside(st, &sc, marker ? marker : "", marker_len, &op);
+        st->ops->release(st, marker, marker_len);
+        if (e) goto failed;
+        log_event(BG_LOG_WARN, "binlog_import_finished", "dir=%s", log_str(w->cfg.dir));
+        binlog_scan_free(st, &sc); /* binlog.N files it did not list make the start refused */
+        return binlog_import(w);
+    }
+    if (sc.marker) { /* not committed: start over */
+        if ((e = st->ops->unlink(st, IMPORT_MARKER)) != 0 || (e = st->ops->sync_dir(st)) != 0) {
+            op = "remove_marker";
+            goto failed;
+        }
+    }
+    if (!sc.count) goto done;
+    if (sc.segments) {
+        log_event(BG_LOG_ERROR, "binlog_import_refused", "dir=%s binlog_files=%zu action=refuse_start msg=%s",
+                  log_str(w->cfg.dir), sc.count,
+                  log_str("the directory holds beangate's log (beangate.N.wal) and beanstalkd's binlog.N files: "
+                          "their jobs would be ignored. Move the binlog.N files to a directory of their own "
+                          "and start beangate on it to import them, or move them away"));
+        r = BG_CORRUPT;
+        goto done;
+    }
+    if (binlog_report_damage(w, &sc)) {
+        r = BG_CORRUPT;
+        goto done;
+    }
+    struct bg_buf segment = {0};
+    if (binlog_encode(&sc, &segment) != 0) {
+        bg_buf_free(&segment);
+        op = "encode", e = ENOMEM;
+        goto failed;
+    }
+    e = binlog_commit(st, &sc, &segment, &op);
+    bg_buf_free(&segment);
+    if (e) goto failed;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+    /* at warn, so that it shows without -V: the directory changed */
+    log_event(BG_LOG_WARN, "binlog_imported",
+              "dir=%s files=%zu jobs=%llu ready=%llu delayed=%llu buried=%llu reserved_now_ready=%llu bytes=%llu "
+              "max_id=%llu torn_tails=%llu damaged_files=%llu ms=%llu moved_aside=binlog.N%s",
+              log_str(w->cfg.dir), sc.count,
+              (unsigned long long)(sc.by_state[BG_BINLOG_READY] + sc.by_state[BG_BINLOG_RESERVED] +
+                                   sc.by_state[BG_BINLOG_BURIED] + sc.by_state[BG_BINLOG_DELAYED]),
+              (unsigned long long)sc.by_state[BG_BINLOG_READY], (unsigned long long)sc.by_state[BG_BINLOG_DELAYED],
+              (unsigned long long)sc.by_state[BG_BINLOG_BURIED], (unsigned long long)sc.by_state[BG_BINLOG_RESERVED],
+              (unsigned long long)sc.bytes, (unsigned long long)sc.log.max_id, (unsigned long long)sc.torn,
+              (unsigned long long)sc.damaged, (unsigned long long)ms, IMPORT_ASIDE_SUFFIX);
+    goto done;
+failed:
+    log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=binlog_import_%s error=%s", log_str(w->cfg.dir),
+              op ? op : "read", log_str(strerror(e)));
+    errno = e;
+    r = BG_IO_ERROR;
+done:;
+    int err = errno;
+    binlog_scan_free(st, &sc);
+    errno = err;
+    return r;
+}
+
+/* --check-log's part for beanstalkd's files: a line per binlog.N and one
+ * for what an import would bring. WAL_CHECK_DAMAGED if a start would
+ * refuse, WAL_CHECK_FAILED if they could not be read, else 0. */
+static int binlog_check(struct storage *st, const char *dir)
+{
+    struct binlog_scan sc;
+    int e = binlog_scan(st, &sc);
+    if (e) {
+        log_event(BG_LOG_ERROR, "check_log_failed", "dir=%s op=binlog_%s error=%s", log_str(dir), sc.failed_op,
+                  log_str(strerror(e)));
+        binlog_scan_free(st, &sc);
+        return WAL_CHECK_FAILED;
+    }
+    int result = 0;
+    for (size_t i = 0; i < sc.count; i++) {
+        char damage[160];
+        const struct bg_binlog_file *f = &sc.files[i];
+        binlog_describe(damage, sizeof damage, &sc, i);
+        printf("binlog file=binlog.%llu bytes=%zu version=%d records=%llu full_records=%llu jobs_made=%llu status=%s%s\n",
+               (unsigned long long)sc.indexes[i], f->bytes, f->version, (unsigned long long)f->records,
+               (unsigned long long)f->full_records, (unsigned long long)f->jobs_made, binlog_status(f), damage);
+    }
+    if (sc.count) {
+        const char *import = sc.marker && sc.segments ? "committed"
+                             : sc.segments            ? "refused_both_logs"
+                             : sc.damaged             ? "refused_damaged"
+                                                      : "would_import";
+        printf("binlog_import files=%zu jobs=%llu ready=%llu delayed=%llu buried=%llu reserved_now_ready=%llu "
+               "bytes=%llu max_id=%llu torn_tails=%llu damaged_files=%llu import=%s\n",
+               sc.count,
+               (unsigned long long)(sc.by_state[BG_BINLOG_READY] + sc.by_state[BG_BINLOG_RESERVED] +
+                                    sc.by_state[BG_BINLOG_BURIED] + sc.by_state[BG_BINLOG_DELAYED]),
+               (unsigned long long)sc.by_state[BG_BINLOG_READY], (unsigned long long)sc.by_state[BG_BINLOG_DELAYED],
+               (unsigned long long)sc.by_state[BG_BINLOG_BURIED], (unsigned long long)sc.by_state[BG_BINLOG_RESERVED],
+               (unsigned long long)sc.bytes, (unsigned long long)sc.log.max_id, (unsigned long long)sc.torn,
+               (unsigned long long)sc.damaged, import);
+        if (!(sc.marker && sc.segments) && (sc.segments || sc.damaged)) result = WAL_CHECK_DAMAGED;
+    }
+    binlog_scan_free(st, &sc);
+    return result;
+}
+
 /* The storage of cfg: the one given, or the real files of cfg->dir
  * (locked), wrapped by the disk-fault test hook when its environment
  * variable is set. 0, or BG_IO_ERROR after a message. */
@@ -1745,6 +2172,8 @@ static int open_dir(struct wal *w, const struct wal_config *cfg, bg_time now, ui
 {
     int r = open_storage(w, cfg);
     if (r != 0) return r;
+    /* replicating, the stream is the log: the directory is not read */
+    if (!cfg->repl && (r = binlog_import(w)) != 0) return r;
     struct recovery rc = {.accept_damage = cfg->recover_damaged, .copy_only = cfg->repl != NULL,
                           .now = now, .wall = wall};
     r = recover(w, &rc);
@@ -1877,13 +2306,15 @@ int wal_check(const char *dir)
     w.engine = &e;
     struct recovery rc = {.check = 1, .now = loop_now(), .wall = loop_wall_now()};
     recover(&w, &rc);
+    int binlog = binlog_check(w.storage, dir);
     fflush(stdout);
     bg_engine_destroy(&e);
     free(w.segment_sizes);
     free(w.damaged_indexes);
     w.storage->ops->destroy(w.storage);
     if (rc.failed || rc.vanished) return WAL_CHECK_FAILED;
-    return rc.damaged || rc.missing || rc.other_version ? WAL_CHECK_DAMAGED : 0;
+    if (binlog == WAL_CHECK_FAILED) return WAL_CHECK_FAILED;
+    return rc.damaged || rc.missing || rc.other_version || binlog ? WAL_CHECK_DAMAGED : 0;
 }
 
 void wal_close(struct wal *w)

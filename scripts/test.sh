@@ -55,10 +55,10 @@ if wants asan; then
 fi
 
 if wants fuzz; then
-    echo "== fuzzing the codec for ${FUZZ_SECONDS:-60} s, the log reader for ${FUZZ_LOG_SECONDS:-30} s and the Gearman codec for ${FUZZ_GEARMAN_SECONDS:-30} s"
+    echo "== fuzzing the codec for ${FUZZ_SECONDS:-60} s, the log reader for ${FUZZ_LOG_SECONDS:-30} s, the Gearman codec for ${FUZZ_GEARMAN_SECONDS:-30} s and the binlog reader for ${FUZZ_BINLOG_SECONDS:-30} s"
     CC=clang cmake -S . -B build-fuzz -DBEANGATE_TESTS=OFF -DBEANGATE_FUZZ=ON >/dev/null
-    cmake --build build-fuzz -j"$jobs" --target fuzz_codec fuzz_journal fuzz_gearman
-    mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-gearman
+    cmake --build build-fuzz -j"$jobs" --target fuzz_codec fuzz_journal fuzz_gearman fuzz_binlog
+    mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-gearman build-fuzz/corpus-binlog
     # new inputs go to build-fuzz/; the seeds in fuzz/ are read only
     build-fuzz/fuzz/fuzz_codec -max_total_time="${FUZZ_SECONDS:-60}" -max_len=4096 \
         -print_final_stats=1 build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 5
@@ -66,7 +66,9 @@ if wants fuzz; then
         -print_final_stats=1 build-fuzz/corpus-journal fuzz/corpus-journal 2>&1 | tail -n 5
     build-fuzz/fuzz/fuzz_gearman -max_total_time="${FUZZ_GEARMAN_SECONDS:-30}" -max_len=4096 \
         -print_final_stats=1 build-fuzz/corpus-gearman fuzz/corpus-gearman 2>&1 | tail -n 5
-    echo "fuzz: 3 passed, 0 failed"
+    build-fuzz/fuzz/fuzz_binlog -max_total_time="${FUZZ_BINLOG_SECONDS:-30}" -max_len=8192 \
+        -print_final_stats=1 build-fuzz/corpus-binlog fuzz/corpus-binlog 2>&1 | tail -n 5
+    echo "fuzz: 4 passed, 0 failed"
 fi
 
 if wants container; then
