@@ -8,7 +8,9 @@ Debian's beanstalkd (BEANSTALKD, default /usr/bin/beanstalkd) runs with
 every kind of priority, delay (none, 1 s, a minute to a day), TTR and body
 (0 to 4,000 bytes, CRLF and NUL inside), and churn: deletes, releases with
 and without a delay, buries, kicks (kick and kick-job), touches, TTR
-timeouts; at the end a client holds reserved jobs. The files are small, so
+timeouts; a client holds jobs reserved from the start (compaction logs
+them in state reserved: the test checks that the log has such records)
+and takes more just before the stop. The files are small, so
 the log spans many files and beanstalkd compacts it (the test checks that
 the oldest file is gone while its jobs live on). beanstalkd is then stopped
 and the directory copied twice: beanstalkd restarts on one copy, beangate
@@ -306,6 +308,12 @@ class Workload:
         # long-lived jobs in the first file: compaction must move them
         for _ in range(30):
             self.put(delay=rng.randrange(3600, 86400))
+        # jobs held reserved from the start: compaction logs them as reserved
+        self.holder = Client(self.port, "holder")
+        self.holder.expect(b"watch held", b"WATCHING 2")
+        for _ in range(6):
+            self.put(delay=0, ttr=86400, tube="held")
+            check(self.holder.reserve_now() is not None, "reserve a job of tube held")
         self.timeouts()
         steps = [(0.36, self.put), (0.58, self.delete), (0.92, self.work), (1.0, self.kick)]
         for _ in range(ops):
@@ -315,8 +323,7 @@ class Workload:
         last = self.put(delay=1, tube="default")
         testlib.wait_until(lambda: self.producer.yaml(b"stats-job %d" % last)["state"] == "ready",
                            "the last 1-second delay to pass", timeout=10)
-        # a client holds jobs reserved (some touched) when beanstalkd stops
-        self.holder = Client(self.port, "holder")
+        # the holder takes more jobs (some touched) just before beanstalkd stops
         for tube in TUBES:
             self.holder.ask(b"watch " + tube.encode())
         for i in range(HOLD):
@@ -347,6 +354,8 @@ def beanstalkd_log(name, stop_signal, seed):
     wl.run(WORKLOAD_OPS)
     status = signal_and_wait(srv.proc, stop_signal, 10)
     check(status is not None, "beanstalkd did not stop on signal %d" % stop_signal)
+    reserved = sum(1 for path in binlog_files(logdir).values() for r in records(path) if r[2][-1] == 2)
+    check(reserved > 0, "no record of the log says reserved: compaction moved no held job")
     return logdir, wl.max_id
 
 
