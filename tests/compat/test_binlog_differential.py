@@ -18,8 +18,9 @@ and the directory copied twice: beanstalkd restarts on one copy, beangate
 compared for every id from 1 to the highest put:
   peek (found or not, the body), every stats-job field (id, tube, state,
   pri, delay, ttr, reserves, timeouts, releases, kicks exactly; age and
-  time-left within a second), every tube's stats-tube, list-tubes, the job
-  counts of stats, and the id of the next put.
+  time-left within a second), every tube's stats-tube (job counts,
+  total-jobs: 0 on both after a restart), list-tubes, the job counts,
+  total-jobs and current-tubes of stats, and the id of the next put.
 Two fields differ for documented reasons, and the test asserts the
 difference instead of skipping the field (docs/protocol.md, "Differences
 from beanstalkd"; docs/durability.md, "Importing beanstalkd's log"):
@@ -419,7 +420,7 @@ EXACT_JOB_FIELDS = ("id", "tube", "state", "pri", "delay", "ttr", "reserves", "t
 NEAR_JOB_FIELDS = ("age", "time-left")          # within a second
 JOB_COUNTS = ("current-jobs-urgent", "current-jobs-ready", "current-jobs-reserved",
               "current-jobs-delayed", "current-jobs-buried")
-TUBE_FIELDS = ("name",) + JOB_COUNTS + ("current-using", "current-watching", "current-waiting",
+TUBE_FIELDS = ("name", "total-jobs") + JOB_COUNTS + ("current-using", "current-watching", "current-waiting",
                                           "cmd-delete", "cmd-pause-tube", "pause", "pause-time-left")
 
 
@@ -479,7 +480,7 @@ def compare_all(ref_port, cand_port, max_id, label):
             check_eq(st[1].get(field), st[0].get(field), "%s: stats-tube %s: %s (beangate, beanstalkd)"
                      % (label, tube, field))
     st = [c.yaml(b"stats") for c in (ref, cand)]
-    for field in JOB_COUNTS:
+    for field in JOB_COUNTS + ("total-jobs", "current-tubes"):
         check_eq(st[1][field], st[0][field], "%s: stats %s (beangate, beanstalkd)" % (label, field))
     check(found > 100, "%s: only %d jobs survived; the workload is too thin to compare" % (label, found))
     print("  %s: %d ids compared, %d jobs (%s), %d tubes agree" % (
