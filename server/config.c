@@ -316,7 +316,7 @@ static const struct setting settings[] = {
              "--move (delete each job on FROM once TO has it), --tube NAME (only\n"
              "these tubes; may be repeated), --map FILE (write FROM-id TO-id lines),\n"
              "--json (the report as JSON). Exit 0 all copied, 3 reserved jobs left\n"
-             "behind, 1 stopped by an error, 5 bad usage (docs/migrating-back.md)"},
+             "behind, 1 stopped by an error, 5 bad usage (docs/migrating.md)"},
 };
 
 #define SETTING_COUNT (sizeof settings / sizeof settings[0])

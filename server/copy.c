@@ -1,6 +1,6 @@
 /* copy.c - `beangate --copy-jobs FROM TO [OPTIONS]`: copy or move every job
  * of one running beanstalk server to another over the beanstalk protocol,
- * and report the counts (docs/migrating-back.md). A one-shot tool: two
+ * and report the counts (docs/migrating.md). A one-shot tool: two
  * blocking client connections, no event loop.
  *
  * A copy (the default) leaves FROM untouched: it learns FROM's highest job

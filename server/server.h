@@ -165,7 +165,7 @@ int gearman_tls_listen_fd(const struct gearman *g);
 
 /* `beangate --copy-jobs FROM TO [OPTIONS]` (argv: what follows the flag):
  * copy (or with --move, move) every job of one running beanstalk server to
- * another and print the counts; the exit status (docs/migrating-back.md). */
+ * another and print the counts; the exit status (docs/migrating.md). */
 int copy_jobs_main(int argc, char **argv);
 
 /* ---- main.c: the process ----------------------------------------------- */
