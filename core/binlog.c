@@ -120,7 +120,8 @@ static int apply(struct bg_binlog *b, const struct record *r, struct bg_binlog_f
         }
         struct bg_binlog_job keep = *j;
         *j = r->job;
-        memcpy(j->tube, keep.tube, sizeof j->tube);
+        j->tube = keep.tube;
+        j->tube_len = keep.tube_len;
         j->body = keep.body;
         j->body_len = keep.body_len;
         j->live = 1;
@@ -139,8 +140,8 @@ static int apply(struct bg_binlog *b, const struct record *r, struct bg_binlog_f
     }
     if (!live) report->jobs_made++;
     *j = r->job;
-    memcpy(j->tube, r->name, r->name_len);
-    j->tube[r->name_len] = '\0';
+    j->tube = r->name;
+    j->tube_len = (uint8_t)r->name_len;
     j->live = 1;
     return 0;
 }

@@ -38,7 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         assert(j->id && j->id <= log.max_id);
         if (!j->live) continue;
         assert(j->state >= BG_BINLOG_READY && j->state <= BG_BINLOG_DELAYED);
-        assert(bg_tube_name_valid(j->tube, strlen(j->tube)));
+        assert(bg_tube_name_valid(j->tube, j->tube_len));
+        assert(j->tube >= (const char *)data && j->tube + j->tube_len <= end);
         assert(j->body_len >= 2 && j->body >= (const char *)data && j->body + j->body_len <= end);
         assert(memcmp(j->body + j->body_len - 2, "\r\n", 2) == 0);
     }

@@ -1837,12 +1837,16 @@ static const char *binlog_status(const struct bg_binlog_file *f)
 
 /* The log record of an imported job: a reserved job is ready again (its
  * reservation died with beanstalkd), a passed deadline leaves it delayed
- * until now (recovery makes it ready). */
-static void binlog_job_record(const struct bg_binlog_job *j, struct bg_journal_job *out)
+ * until now (recovery makes it ready). out->tube is `tube`, the caller's
+ * buffer. */
+static void binlog_job_record(const struct bg_binlog_job *j, struct bg_journal_job *out,
+                              char tube[BG_TUBE_NAME_MAX + 1])
 {
     memset(out, 0, sizeof *out);
     out->id = j->id;
-    out->tube = j->tube;
+    memcpy(tube, j->tube, j->tube_len);
+    tube[j->tube_len] = '\0';
+    out->tube = tube;
     out->pri = j->pri;
     out->state = j->state == BG_BINLOG_BURIED ? BG_JOB_BURIED : j->state == BG_BINLOG_DELAYED ? BG_JOB_DELAYED
                                                                                              : BG_JOB_READY;
@@ -1883,7 +1887,8 @@ static int binlog_encode(const struct binlog_scan *sc, struct bg_buf *out)
     int r = bg_buf_append(out, header, sizeof header);
     for (size_t i = 0; i < n && r == 0; i++) {
         struct bg_journal_job rec;
-        binlog_job_record(live[i], &rec);
+        char tube[BG_TUBE_NAME_MAX + 1];
+        binlog_job_record(live[i], &rec, tube);
         r = bg_journal_encode_job(out, &rec, 1);
     }
     if (r == 0 && log->max_id && !(n && live[n - 1]->id == log->max_id))

@@ -260,7 +260,8 @@ static void test_fields(void **state)
         assert_int_equal(bg_binlog_read(&log, (const char *)f.data, f.len, &report), 0);
         const struct bg_binlog_job *j = bg_binlog_find(&log, 9);
         assert_non_null(j);
-        assert_string_equal(j->tube, "emails");
+        assert_int_equal(j->tube_len, 6);
+        assert_memory_equal(j->tube, "emails", 6);
         assert_int_equal(j->pri, 90);
         assert_int_equal(j->state, BG_BINLOG_BURIED);
         assert_int_equal(j->ttr_ns, 60000000000ll);
