@@ -24,6 +24,9 @@
  *                        POST /tubes/T/reservations?timeout=0 and
  *                        DELETE /jobs/ID?reservation=TOKEN.
  *
+ * --redis runs put, reserve-delete and cycle against Redis with the same
+ * work per job: LPUSH; LMOVE to a processing list + LREM; LPUSH, BLMOVE, LREM.
+ *
  * Latency: for pipelined scenarios, from the write that carried a request to
  * the read that brought its reply (reserve-delete: reserve sent -> DELETED
  * read). Percentiles come from a log-linear histogram (about 1.6% wide
@@ -78,6 +81,7 @@ struct opts {
     const char *tls_ca; /* --tls: beanstalk over TLS, the server verified against this CA */
     int csv;
     int quiet;
+    int redis;        /* the TCP scenarios in Redis's RESP (LPUSH, LMOVE, LREM) */
     int prefill_only; /* consuming scenarios: only put the jobs */
     int no_prefill;   /* consuming scenarios: the jobs are already there */
 };
@@ -282,6 +286,7 @@ struct mode {
     /* http: one response */
     void (*http_reply)(struct bench *, struct conn *, int status, const char *body, size_t blen,
                        const char *head, size_t hlen);
+    int resp; /* Redis: replies are RESP, handed to reply() (line = the type byte and its line) */
 };
 
 struct conn {
@@ -331,6 +336,11 @@ struct bench {
     uint64_t watched_jobs; /* jobs spread round-robin over the first `watched` tubes */
     int watched;
     int tube_jobs;
+    /* --redis: the list the jobs go to, its processing list, and the prebuilt
+     * take command (LMOVE or BLMOVE from one to the other) */
+    const char *key;
+    char *processing;
+    char *take_cmd;
     /* http */
     char host_hdr[300];
     const char *http_tube;
@@ -599,6 +609,43 @@ static void parse_beanstalk(struct bench *b, struct conn *c)
 }
 
 /* Find the value of header `name` in [h, h+n): pointer and length, or NULL. */
+/* RESP replies (--redis): simple strings, integers and bulk strings, each
+ * handed to m->reply with its first line (type byte included, no \r\n) and,
+ * for a bulk string, its content (NULL for the null bulk string $-1). An
+ * error (-ERR ...) or an array is unexpected. */
+static void parse_resp(struct bench *b, struct conn *c)
+{
+    char *p = c->in.p + c->in.off;
+    size_t avail = buf_live(&c->in);
+    while (avail) {
+        char *nl = memchr(p, '\n', avail);
+        if (!nl) {
+            if (avail > 8192) unexpected(c, NULL, p, avail);
+            break;
+        }
+        size_t linelen = (size_t)(nl + 1 - p);
+        if (linelen < 3 || nl[-1] != '\r' || !strchr("+:$", p[0])) unexpected(c, NULL, p, linelen);
+        size_t total = linelen;
+        const char *body = NULL;
+        size_t blen = 0;
+        if (p[0] == '$' && !(linelen == 5 && memcmp(p, "$-1", 3) == 0)) {
+            uint64_t bytes;
+            if (parse_u64(p + 1, linelen - 3, &bytes, NULL)) unexpected(c, NULL, p, linelen);
+            if (avail < linelen + bytes + 2) break;
+            body = p + linelen;
+            blen = (size_t)bytes;
+            if (body[blen] != '\r' || body[blen + 1] != '\n') unexpected(c, NULL, p, linelen + blen + 2);
+            total += blen + 2;
+        }
+        if (!c->outstanding) unexpected(c, "nothing (no request in flight)", p, total);
+        c->outstanding--;
+        b->m->reply(b, c, p, linelen - 2, body, blen);
+        p += total;
+        avail -= total;
+    }
+    c->in.off = (size_t)(p - c->in.p);
+}
+
 static const char *http_header(const char *h, size_t n, const char *name, size_t *vlen)
 {
     size_t nl = strlen(name);
@@ -734,6 +781,7 @@ static void conn_read_once(struct bench *b, struct conn *c)
     c->in.len += (size_t)n;
     uint64_t before = b->completed;
     if (b->m->http) parse_http(b, c);
+    else if (b->m->resp) parse_resp(b, c);
     else parse_beanstalk(b, c);
     b->last_progress = b->now;
     if (b->completed != before) b->t_last = b->now;
@@ -917,7 +965,7 @@ static void put_reply(struct bench *b, struct conn *c, const char *line, size_t 
     b->completed++;
 }
 
-static const struct mode mode_put = {"put", 0, put_fill, put_reply, NULL};
+static const struct mode mode_put = {"put", 0, put_fill, put_reply, NULL, 0};
 
 /* ---- prefill: pipelined use + put following a plan of tubes ---------------- */
 
@@ -962,7 +1010,7 @@ static void prefill_reply(struct bench *b, struct conn *c, const char *line, siz
     unexpected(c, "use/put (prefill)", line, len + 2);
 }
 
-static const struct mode mode_prefill = {"prefill", 0, prefill_fill, prefill_reply, NULL};
+static const struct mode mode_prefill = {"prefill", 0, prefill_fill, prefill_reply, NULL, 0};
 
 static void make_put_block(struct bench *b, int copies)
 {
@@ -979,13 +1027,16 @@ static void make_put_block(struct bench *b, int copies)
     }
 }
 
-/* Put jobs over 4 pipelined connections following the plan in b. */
+static const struct mode mode_redis_prefill; /* below, with the Redis scenarios */
+
+/* Put jobs over 4 pipelined connections following the plan in b (--redis:
+ * LPUSH to its first tube's list). */
 static void prefill(struct bench *b, uint64_t jobs)
 {
     struct bench p = *b;
     p.conns = NULL;
     p.put_block = NULL;
-    bench_open(&p, &mode_prefill, opt.port, 4, 128);
+    bench_open(&p, opt.redis ? &mode_redis_prefill : &mode_prefill, opt.port, 4, 128);
     make_put_block(&p, 1);
     p.limit = jobs;
     struct hist *h = calloc(1, sizeof *h);
@@ -1046,7 +1097,7 @@ static void rd_reply(struct bench *b, struct conn *c, const char *line, size_t l
     unexpected(c, "reserve-with-timeout 0 / delete", line, len + 2);
 }
 
-static const struct mode mode_rd = {"reserve-delete", 0, rd_fill, rd_reply, NULL};
+static const struct mode mode_rd = {"reserve-delete", 0, rd_fill, rd_reply, NULL, 0};
 
 /* ---- scenario: cycle (unpipelined put -> reserve -> delete) ---------------- */
 
@@ -1098,7 +1149,194 @@ static void cycle_reply(struct bench *b, struct conn *c, const char *line, size_
     c->outstanding = 1;
 }
 
-static const struct mode mode_cycle = {"cycle", 0, cycle_fill, cycle_reply, NULL};
+static const struct mode mode_cycle = {"cycle", 0, cycle_fill, cycle_reply, NULL, 0};
+
+/* ---- Redis (--redis): put, reserve-delete and cycle over RESP ----------------
+ * put: LPUSH KEY BODY. reserve-delete: LMOVE KEY KEY-processing RIGHT LEFT,
+ * answered with LREM KEY-processing 1 BODY (the reliable-queue pattern: a
+ * taken job stays on the processing list until it is done). cycle: LPUSH,
+ * BLMOVE (1 s), LREM, one at a time. A body starts with its serial number, so
+ * LREM removes the job it took, as a client that stores job ids would. */
+
+static void resp_arg(struct buf *o, const char *p, size_t n)
+{
+    buf_str(o, "$");
+    buf_u64(o, n);
+    buf_append(o, "\r\n", 2);
+    buf_append(o, p, n);
+    buf_append(o, "\r\n", 2);
+}
+
+/* LPUSH key BODY: opt.body bytes, the decimal serial then 'x's. */
+static void resp_lpush(struct buf *o, const char *key, uint64_t serial)
+{
+    buf_str(o, "*3\r\n$5\r\nLPUSH\r\n");
+    resp_arg(o, key, strlen(key));
+    buf_str(o, "$");
+    buf_u64(o, (uint64_t)opt.body);
+    buf_append(o, "\r\n", 2);
+    buf_reserve(o, (size_t)opt.body + 2 + 24);
+    char *body = o->p + o->len;
+    memset(body, 'x', (size_t)opt.body);
+    char num[24];
+    size_t k = u64_to_dec(num, serial);
+    memcpy(body, num, k < (size_t)opt.body ? k : (size_t)opt.body);
+    memcpy(body + opt.body, "\r\n", 2);
+    o->len += (size_t)opt.body + 2;
+}
+
+/* LREM processing 1 BODY */
+static void resp_lrem(struct bench *b, struct buf *o, const char *body, size_t blen)
+{
+    buf_str(o, "*4\r\n$4\r\nLREM\r\n");
+    resp_arg(o, b->processing, strlen(b->processing));
+    buf_str(o, "$1\r\n1\r\n");
+    resp_arg(o, body, blen);
+}
+
+/* Point b at list key: its processing list and take command (BLMOVE with a
+ * 1 s timeout when blocking, else LMOVE). */
+static void redis_lists(struct bench *b, const char *key, int blocking)
+{
+    b->key = key;
+    b->processing = xmalloc(strlen(key) + 12);
+    sprintf(b->processing, "%s-processing", key);
+    struct buf o = {0};
+    buf_str(&o, blocking ? "*6\r\n$6\r\nBLMOVE\r\n" : "*5\r\n$5\r\nLMOVE\r\n");
+    resp_arg(&o, key, strlen(key));
+    resp_arg(&o, b->processing, strlen(b->processing));
+    buf_str(&o, "$5\r\nRIGHT\r\n$4\r\nLEFT\r\n");
+    if (blocking) buf_str(&o, "$1\r\n1\r\n");
+    buf_append(&o, "", 1);
+    b->take_cmd = o.p;
+}
+
+static void redis_lists_free(struct bench *b)
+{
+    free(b->processing);
+    free(b->take_cmd);
+}
+
+static int resp_is_int(const char *line, size_t len) { return len >= 2 && line[0] == ':'; }
+
+/* put: copies LPUSHes of serials 0..copies-1, all the same length. */
+static void make_lpush_block(struct bench *b, int copies)
+{
+    struct buf o = {0};
+    for (int i = 0; i < copies; i++) resp_lpush(&o, b->key, (uint64_t)i);
+    b->put_block = o.p;
+    b->put_len = o.len / (size_t)copies;
+}
+
+static void redis_put_reply(struct bench *b, struct conn *c, const char *line, size_t len,
+                            const char *body, size_t blen)
+{
+    uint64_t t0 = ring_pop(c);
+    if (!resp_is_int(line, len)) unexpected(c, "LPUSH", line, len + 2);
+    hist_add(b->hist, b->now - t0);
+    b->completed++;
+}
+
+static const struct mode mode_redis_put = {"put", 0, put_fill, redis_put_reply, NULL, 1};
+
+static void redis_prefill_fill(struct bench *b, struct conn *c)
+{
+    while (c->outstanding < (uint32_t)b->depth && quota(b)) {
+        resp_lpush(&c->out, b->tube_names[0], b->started++);
+        ring_push(c, b->now);
+        c->outstanding++;
+    }
+    c->last_cmd = "LPUSH (prefill)";
+}
+
+static void redis_prefill_reply(struct bench *b, struct conn *c, const char *line, size_t len,
+                                const char *body, size_t blen)
+{
+    ring_pop(c);
+    if (!resp_is_int(line, len)) unexpected(c, "LPUSH (prefill)", line, len + 2);
+    b->completed++;
+}
+
+static const struct mode mode_redis_prefill = {"prefill", 0, redis_prefill_fill, redis_prefill_reply, NULL, 1};
+
+static void redis_rd_fill(struct bench *b, struct conn *c)
+{
+    uint64_t k = (uint64_t)b->depth - c->outstanding, q = quota(b);
+    if (k > q) k = q;
+    for (uint64_t i = 0; i < k; i++) {
+        buf_str(&c->out, b->take_cmd);
+        ring_push(c, b->now);
+    }
+    c->outstanding += (uint32_t)k;
+    b->started += k;
+    if (k) c->last_cmd = "LMOVE";
+}
+
+static void redis_rd_reply(struct bench *b, struct conn *c, const char *line, size_t len, const char *body,
+                           size_t blen)
+{
+    uint64_t t0 = ring_pop(c);
+    if (body) { /* LMOVE brought a job: done with it */
+        resp_lrem(b, &c->out, body, blen);
+        ring_push(c, t0); /* the op started with its LMOVE */
+        c->outstanding++;
+        c->last_cmd = "LREM";
+        return;
+    }
+    if (len == 2 && memcmp(line, ":1", 2) == 0) {
+        hist_add(b->hist, b->now - t0);
+        b->completed++;
+        return;
+    }
+    if (len == 3 && memcmp(line, "$-1", 3) == 0) { /* the list ran dry */
+        b->timed_out++;
+        b->dry = 1;
+        return;
+    }
+    unexpected(c, "LMOVE / LREM", line, len + 2);
+}
+
+static const struct mode mode_redis_rd = {"reserve-delete", 0, redis_rd_fill, redis_rd_reply, NULL, 1};
+
+static void redis_cycle_fill(struct bench *b, struct conn *c)
+{
+    if (c->state != CY_IDLE || !quota(b)) return;
+    resp_lpush(&c->out, b->key, b->started++);
+    c->t0 = b->now;
+    c->outstanding = 1;
+    c->state = CY_PUT;
+    c->last_cmd = "LPUSH";
+}
+
+static void redis_cycle_reply(struct bench *b, struct conn *c, const char *line, size_t len,
+                              const char *body, size_t blen)
+{
+    switch (c->state) {
+    case CY_PUT:
+        if (!resp_is_int(line, len)) unexpected(c, "LPUSH", line, len + 2);
+        buf_str(&c->out, b->take_cmd);
+        c->state = CY_RESERVE;
+        c->last_cmd = "BLMOVE";
+        break;
+    case CY_RESERVE:
+        if (!body) unexpected(c, "BLMOVE (a job was just put, so one must be there)", line, len + 2);
+        resp_lrem(b, &c->out, body, blen);
+        c->state = CY_DELETE;
+        c->last_cmd = "LREM";
+        break;
+    case CY_DELETE:
+        if (len != 2 || memcmp(line, ":1", 2) != 0) unexpected(c, "LREM", line, len + 2);
+        hist_add(b->hist, b->now - c->t0);
+        b->completed++;
+        c->state = CY_IDLE;
+        return;
+    default:
+        unexpected(c, "nothing", line, len + 2);
+    }
+    c->outstanding = 1;
+}
+
+static const struct mode mode_redis_cycle = {"cycle", 0, redis_cycle_fill, redis_cycle_reply, NULL, 1};
 
 /* ---- scenario: http-put ------------------------------------------------ */
 
@@ -1133,7 +1371,7 @@ static void http_put_reply(struct bench *b, struct conn *c, int status, const ch
     b->completed++;
 }
 
-static const struct mode mode_http_put = {"http-put", 1, http_put_fill, NULL, http_put_reply};
+static const struct mode mode_http_put = {"http-put", 1, http_put_fill, NULL, http_put_reply, 0};
 
 /* ---- scenario: http-reserve-delete -------------------------------------- */
 
@@ -1212,7 +1450,7 @@ static void http_rd_reply(struct bench *b, struct conn *c, int status, const cha
     http_unexpected(c, "nothing", head, hlen, body, blen);
 }
 
-static const struct mode mode_http_rd = {"http-reserve-delete", 1, http_rd_fill, NULL, http_rd_reply};
+static const struct mode mode_http_rd = {"http-reserve-delete", 1, http_rd_fill, NULL, http_rd_reply, 0};
 
 /* ---- reporting ------------------------------------------------------------ */
 
@@ -1282,12 +1520,18 @@ static struct bench one_tube_plan(char **tube, uint64_t jobs)
 static void run_put(void)
 {
     struct bench b = {0};
-    bench_open(&b, &mode_put, opt.port, opt.conns, opt.depth);
-    for (int i = 0; i < b.nconns; i++) setup_use(&b, &b.conns[i], opt.tube);
-    make_put_block(&b, opt.depth);
+    bench_open(&b, opt.redis ? &mode_redis_put : &mode_put, opt.port, opt.conns, opt.depth);
+    if (opt.redis) {
+        redis_lists(&b, opt.tube, 0);
+        make_lpush_block(&b, opt.depth);
+    } else {
+        for (int i = 0; i < b.nconns; i++) setup_use(&b, &b.conns[i], opt.tube);
+        make_put_block(&b, opt.depth);
+    }
     b.limit = count_bound();
     run_and_report(&b, "put");
     free(b.put_block);
+    redis_lists_free(&b);
     bench_close(&b);
 }
 
@@ -1298,10 +1542,13 @@ static void run_consume(const char *name, struct bench *plan, uint64_t jobs, int
     if (!opt.no_prefill) prefill(plan, jobs);
     if (opt.prefill_only) return;
     struct bench b = {0};
-    bench_open(&b, &mode_rd, opt.port, conns, opt.depth);
-    for (int i = 0; i < b.nconns; i++) setup_watch(&b, &b.conns[i], plan->tube_names, watch);
+    bench_open(&b, opt.redis ? &mode_redis_rd : &mode_rd, opt.port, conns, opt.depth);
+    if (opt.redis) redis_lists(&b, plan->tube_names[0], 0);
+    else
+        for (int i = 0; i < b.nconns; i++) setup_watch(&b, &b.conns[i], plan->tube_names, watch);
     b.limit = plan->watched_jobs;
     run_and_report(&b, name);
+    redis_lists_free(&b);
     bench_close(&b);
 }
 
@@ -1316,15 +1563,18 @@ static void run_reserve_delete(void)
 static void run_cycle(void)
 {
     struct bench b = {0};
-    bench_open(&b, &mode_cycle, opt.port, opt.conns, 1);
+    bench_open(&b, opt.redis ? &mode_redis_cycle : &mode_cycle, opt.port, opt.conns, 1);
     char *t = tube_name("-cycle");
-    for (int i = 0; i < b.nconns; i++) {
-        setup_use(&b, &b.conns[i], t);
-        setup_watch(&b, &b.conns[i], &t, 1);
-    }
+    if (opt.redis) redis_lists(&b, t, 1);
+    else
+        for (int i = 0; i < b.nconns; i++) {
+            setup_use(&b, &b.conns[i], t);
+            setup_watch(&b, &b.conns[i], &t, 1);
+        }
     make_put_block(&b, 1);
     b.limit = count_bound();
     run_and_report(&b, "cycle");
+    redis_lists_free(&b);
     free(t);
     free(b.put_block);
     bench_close(&b);
@@ -1454,6 +1704,9 @@ static void usage(FILE *f)
 " --tls CA_FILE    beanstalk over TLS (-p is then a TLS port, e.g. beangate's\n"
 "                  --tls-port); the server's certificate must verify against\n"
 "                  CA_FILE. Needs a build with GnuTLS\n"
+" --redis          put, reserve-delete and cycle against a Redis server (-p its\n"
+"                  port): LPUSH; LMOVE to NAME-processing + LREM; LPUSH, BLMOVE,\n"
+"                  LREM (the list NAME, bodies starting with a serial number)\n"
 " --http-tubes N   http-put: spread the puts over N tubes NAME-http-0 .. N-1 in turn\n"
 "                  (default 1: the one tube NAME-http); through a proxy in front of\n"
 "                  shards (docs/scaling.md) they spread over the shards\n"
@@ -1485,7 +1738,7 @@ static long num_arg(const char *name, const char *s, long min, long max)
 int main(int argc, char **argv)
 {
     enum { O_HTTP_PORT = 1000, O_CSV, O_TUBE, O_TUBE_JOBS, O_TIMEOUT, O_HELP, O_PREFILL_ONLY, O_NO_PREFILL, O_TLS,
-           O_HTTP_TUBES };
+           O_HTTP_TUBES, O_REDIS };
     static const struct option longs[] = {
         {"http-port", required_argument, 0, O_HTTP_PORT},
         {"csv", no_argument, 0, O_CSV},
@@ -1498,6 +1751,7 @@ int main(int argc, char **argv)
         {"prefill-only", no_argument, 0, O_PREFILL_ONLY},
         {"tls", required_argument, 0, O_TLS},
         {"no-prefill", no_argument, 0, O_NO_PREFILL},
+        {"redis", no_argument, 0, O_REDIS},
         {0, 0, 0, 0},
     };
     int ch;
@@ -1539,9 +1793,11 @@ int main(int argc, char **argv)
         case O_PREFILL_ONLY: opt.prefill_only = 1; break;
         case O_TLS: opt.tls_ca = optarg; break;
         case O_NO_PREFILL: opt.no_prefill = 1; break;
+        case O_REDIS: opt.redis = 1; break;
         default: usage(stderr); return EXIT_USAGE;
         }
     }
+    if (opt.redis && opt.tls_ca) die(EXIT_USAGE, "--redis and --tls exclude each other");
     if (opt.prefill_only && opt.no_prefill) die(EXIT_USAGE, "--prefill-only and --no-prefill exclude each other");
     if (optind < argc) {
         usage(stderr);
@@ -1565,6 +1821,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < nknown; i++)
             if (strcmp(s, known[i]) == 0) ok = 1;
         if (!ok) die(EXIT_USAGE, "unknown scenario '%s' (known: put reserve-delete cycle tubes http-put http-reserve-delete all)", s);
+        if (opt.redis && strcmp(s, "put") && strcmp(s, "reserve-delete") && strcmp(s, "cycle"))
+            die(EXIT_USAGE, "--redis: scenario '%s' has no Redis form (put, reserve-delete and cycle have)", s);
         if (ntodo < 16) todo[ntodo++] = s;
     }
     if (!ntodo) die(EXIT_USAGE, "no scenario given");

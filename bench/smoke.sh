@@ -26,5 +26,20 @@ run -t tubes -c 1 -P 16 -d 100 -T 200 -W 20 -n 5000
 run -t http-put -c 4 -d 100 -n 2000
 run -t http-put -c 4 -d 100 -n 2000 --http-tubes 10
 run -t http-reserve-delete -c 4 -d 100 -n 1000
+# --redis: the same client against Redis, when redis-server is installed
+if command -v redis-server >/dev/null; then
+    rport=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from testlib import free_port
+print(free_port())' "$(dirname "$0")/../tests/lib")
+    rdir=$(mktemp -d)
+    redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$rdir" --logfile '' \
+        >/dev/null 2>&1 & rpid=$!
+    trap 'kill $pid $rpid 2>/dev/null; wait $pid $rpid 2>/dev/null; rm -rf "$rdir"' EXIT
+    for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/"$rport") 2>/dev/null && break; sleep 0.1; done
+    port=$rport run --redis -t put -c 2 -P 16 -d 100 -n 20000
+    port=$rport run --redis -t reserve-delete -c 2 -P 16 -d 100 -n 10000
+    port=$rport run --redis -t cycle -c 2 -d 100 -n 2000
+else
+    echo "SKIP --redis: redis-server is not installed (scripts/install-deps.sh test installs it)"
+fi
 echo "bench-smoke: $passed passed, $failed failed"
 [ "$failed" = 0 ]

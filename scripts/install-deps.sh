@@ -16,6 +16,7 @@
 #          nats-server (the replication tests' JetStream cluster),
 #          openssl and gnutls-bin (the TLS tests' clients and test CA),
 #          nginx-light and wrk (bench/compare's HTTPS reference),
+#          redis-server (bench/compare's Redis peer, Debian's Redis 7.0),
 #          debhelper and lintian (the Debian package, debian/)
 set -euo pipefail
 mode="${1:-test}"
@@ -26,7 +27,7 @@ if [ "$mode" = test ]; then
     pkgs+=(libcmocka-dev clang libclang-rt-14-dev beanstalkd python3 procps iproute2 curl jq prometheus util-linux
            gearman-job-server gearman-tools chromium chromium-driver python3-selenium haproxy python3-yaml
            python3-hypothesis python3-jsonschema nats-server
-           openssl gnutls-bin python3-cryptography nginx-light wrk debhelper lintian)
+           openssl gnutls-bin python3-cryptography nginx-light wrk redis-server debhelper lintian)
 fi
 
 missing=()
@@ -46,7 +47,8 @@ sudo_cmd=()
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 # Installing Debian's beanstalkd must not start it as a service on 11300,
-# gearman-job-server a gearmand on 4730, nats-server one on 4222, nor haproxy
+# gearman-job-server a gearmand on 4730, nats-server one on 4222, redis-server
+# one on 6379, nor haproxy
 # its default /etc/haproxy/haproxy.cfg: the tests pick their own ports
 # and must not share a machine with a stray server. policy-rc.d tells the
 # packages not to start anything.
@@ -68,7 +70,7 @@ fi
 if [ -s /run/haproxy.pid ] && command -v invoke-rc.d >/dev/null; then
     "${sudo_cmd[@]}" invoke-rc.d --force haproxy stop >&2 || true
 fi
-for service in gearman-job-server haproxy nats-server; do
+for service in gearman-job-server haproxy nats-server redis-server; do
     if command -v systemctl >/dev/null && systemctl is-active --quiet "$service" 2>/dev/null; then
         "${sudo_cmd[@]}" systemctl disable --now "$service" >&2 || true
     fi
