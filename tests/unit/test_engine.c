@@ -2658,6 +2658,40 @@ static void test_job_table_grow_failure(void **state)
     check_world(w);
 }
 
+/* The id table keeps an empty slot: while it cannot grow it takes jobs up
+ * to one slot short of full, then a put gets BG_OUT_OF_MEMORY and stores
+ * nothing; once memory is back the table grows and the put is taken. */
+static void test_job_table_full_refuses(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0];
+    size_t slots = e->jobs_mask + 1;
+    while (e->job_count < slots / 8 * 7) put_job(producer, "fill", 1, 0, 60, T0);
+    while (e->job_count < slots - 1) { /* every growth fails */
+        struct bg_job *j = make_job(e, "no growth", 1, 0, 60, T0);
+        assert_non_null(j);
+        bg_alloc_fail_after(1);
+        assert_int_equal(bg_put(&producer->client, producer->client.use, j, T0), BG_OK);
+        bg_alloc_fail_after(0);
+    }
+    assert_int_equal(e->jobs_mask + 1, slots);
+    check_world(w);
+    struct bg_job *j = make_job(e, "refused", 1, 0, 60, T0);
+    assert_non_null(j);
+    uint64_t id = j->id;
+    bg_alloc_fail_after(1);
+    assert_int_equal(bg_put(&producer->client, producer->client.use, j, T0), BG_OUT_OF_MEMORY);
+    bg_alloc_fail_after(0);
+    assert_null(bg_job_find(e, id));
+    assert_int_equal(e->job_count, slots - 1);
+    check_world(w);
+    put_job(producer, "taken", 1, 0, 60, T0);
+    assert_int_equal(e->jobs_mask + 1, 2 * slots);
+    assert_int_equal(e->job_count, slots);
+    check_world(w);
+}
+
 /* A scripted session of every kind of call, tolerant of any call failing
  * for lack of memory. Audits the engine after every step. */
 static void oom_script(void)
@@ -3309,6 +3343,7 @@ int main(void)
         ENGINE_TEST(test_job_new_out_of_memory),
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
         ENGINE_TEST(test_job_table_grow_failure),
+        ENGINE_TEST(test_job_table_full_refuses),
         cmocka_unit_test(test_oom_every_allocation),
         cmocka_unit_test(test_job_allocator),
         cmocka_unit_test(test_stress_random_operations),
