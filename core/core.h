@@ -339,7 +339,7 @@ struct bg_engine {
     uint32_t shard_index, shard_count; /* instance index of count (bg_engine_set_shard); 0 of 1 */
     struct bg_job **jobs;       /* table by id, open addressing (engine.c "job table") */
     size_t jobs_mask, job_count;
-    uint32_t jobs_stride;       /* a job's home slot is id / jobs_stride, masked */
+    uint64_t jobs_scale;        /* a job's home slot: (id * jobs_scale) >> 64, masked */
     struct bg_tube **tubes;     /* hash table by name, keyed (bg_siphash) */
     uint64_t hash_key[2];
     size_t tubes_mask;

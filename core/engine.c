@@ -86,7 +86,8 @@ static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
 
 /* The id table is open addressing with Robin Hood linear probing over
  * pointers: a job carries no link, and a slot costs 8 bytes. A job's home
- * slot is its id's ordinal in the shard's class (id / jobs_stride), masked.
+ * slot is about its id's ordinal in the shard's class (id / shard_count,
+ * as a multiply by jobs_scale = 2^64 / shard_count: no divide), masked.
  * Ids are handed out in order and jobs mostly leave in about that order, so
  * the live jobs fill consecutive slots: a put writes the slot next to the
  * previous one, a find hits its home, and only the pages that hold live
@@ -97,7 +98,7 @@ static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
  * grows at 7/8 full; it always keeps an empty slot (job_table_room). */
 static inline size_t id_home(const struct bg_engine *e, uint64_t id)
 {
-    uint64_t ordinal = e->jobs_stride == 1 ? id : id / e->jobs_stride;
+    uint64_t ordinal = (uint64_t)(((unsigned __int128)id * e->jobs_scale) >> 64);
     return (size_t)ordinal & e->jobs_mask;
 }
 
@@ -144,7 +145,7 @@ static void job_table_place(struct bg_engine *e, struct bg_job *j)
     }
 }
 
-/* Double the job table (and adopt the shard's stride); on allocation
+/* Double the job table (and adopt the shard count's scale); on allocation
  * failure keep the old one. */
 static int job_table_grow(struct bg_engine *e)
 {
@@ -155,7 +156,7 @@ static int job_table_grow(struct bg_engine *e)
     if (!t) return BG_OUT_OF_MEMORY;
     e->jobs = t;
     e->jobs_mask = n - 1;
-    e->jobs_stride = e->shard_count;
+    e->jobs_scale = UINT64_MAX / e->shard_count;
     for (size_t i = 0; i < old_n; i++)
         if (old[i]) job_table_place(e, old[i]);
     bg_free(old);
@@ -586,7 +587,7 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t ha
     e->due_at = NEVER;
     e->max_job_size = max_job_size;
     e->jobs_mask = 1023;
-    e->jobs_stride = 1;
+    e->jobs_scale = UINT64_MAX;
     e->jobs = bg_calloc(e->jobs_mask + 1, sizeof *e->jobs);
     e->tubes_mask = 63;
     e->tubes = bg_malloc((e->tubes_mask + 1) * sizeof *e->tubes);
@@ -834,7 +835,7 @@ int bg_engine_set_shard(struct bg_engine *e, uint32_t index, uint32_t count)
     if (count == 0 || count > BG_SHARD_COUNT_MAX || index >= count) return BG_BAD_FORMAT;
     e->shard_index = index;
     e->shard_count = count;
-    if (e->job_count == 0) e->jobs_stride = count; /* else the next growth adopts it */
+    if (e->job_count == 0) e->jobs_scale = UINT64_MAX / count; /* else the next growth adopts it */
     /* ids below next_id may have been given out: start above them */
     e->next_id = class_id_above(e, e->next_id - 1);
     return 0;

@@ -3181,6 +3181,45 @@ static void test_shard_setting_checked(void **state)
     check_world(w);
 }
 
+/* The id table under a shard class (ids 5 apart) through three growths,
+ * out-of-order deletes and ids that wrap around the table: every job stays
+ * findable, no deleted one is. */
+static void test_job_table_sharded_deletes(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0];
+    assert_int_equal(bg_engine_set_shard(e, 2, 5), BG_OK);
+    enum { N = 5000 };
+    static uint64_t ids[N];
+    for (size_t i = 0; i < N; i++) ids[i] = put_job(producer, "x", 1, 0, 60, T0);
+    assert_true(e->jobs_mask + 1 >= 8192);
+    for (size_t i = 0; i < N; i += 3) assert_int_equal(bg_delete(&producer->client, ids[i], T0), BG_OK);
+    for (size_t k = 0; k < N; k += 7) {
+        size_t i = N - 1 - k;
+        if (i % 3) assert_int_equal(bg_delete(&producer->client, ids[i], T0), BG_OK);
+    }
+    check_world(w);
+    /* ids run past the table's size while the kept jobs stay: new jobs
+     * share home slots with old ones and deletes shift them back */
+    size_t slots = e->jobs_mask + 1;
+    enum { M = 2000 };
+    static uint64_t more[M];
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < M; i++) more[i] = put_job(producer, "y", 1, 0, 60, T0);
+        check_world(w);
+        for (size_t i = 0; i < M; i += 2) assert_int_equal(bg_delete(&producer->client, more[i], T0), BG_OK);
+        check_world(w);
+        for (size_t i = 1; i < M; i += 2) assert_int_equal(bg_delete(&producer->client, more[i], T0), BG_OK);
+        check_world(w);
+    }
+    assert_int_equal(e->jobs_mask + 1, slots);
+    for (size_t i = 0; i < N; i++) {
+        int deleted = i % 3 == 0 || (N - 1 - i) % 7 == 0;
+        assert_int_equal(bg_job_find(e, ids[i]) != NULL, !deleted);
+    }
+}
+
 /* Restoring from a log keeps the class: next_id goes to the smallest id of
  * the class above every id a record named, of any class (ids are never
  * reused); a job of another class is counted as foreign, and the audit
@@ -3344,6 +3383,7 @@ int main(void)
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
         ENGINE_TEST(test_job_table_grow_failure),
         ENGINE_TEST(test_job_table_full_refuses),
+        ENGINE_TEST(test_job_table_sharded_deletes),
         cmocka_unit_test(test_oom_every_allocation),
         cmocka_unit_test(test_job_allocator),
         cmocka_unit_test(test_stress_random_operations),
