@@ -90,8 +90,8 @@ static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
  * as a multiply by jobs_scale = 2^64 / shard_count: no divide), masked.
  * Ids are handed out in order and jobs mostly leave in about that order, so
  * the live jobs fill consecutive slots: a put writes the slot next to the
- * previous one, a find hits its home, and only the pages that hold live
- * jobs are ever touched (grown tables come from calloc). Robin Hood order
+ * previous one, a find hits its home, and a fresh table's pages are
+ * touched only as ids reach them (grown tables come from calloc). Robin Hood order
  * (along a run of occupied slots the homes never decrease, cyclically) lets
  * a find stop at the first job that is nearer its home than the probe is,
  * and a removal stop at the first job that sits at its home. The table
