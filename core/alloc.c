@@ -51,6 +51,14 @@ void *bg_realloc(void *ptr, size_t size)
     return realloc(ptr, size);
 }
 
+/* Zeroed memory; large blocks come from fresh pages that stay untouched
+ * (and out of RSS) until written. */
+void *bg_calloc(size_t count, size_t size)
+{
+    if (should_fail()) return NULL;
+    return calloc(count, size);
+}
+
 void bg_free(void *ptr) { free(ptr); }
 
 /* ---- the job allocator -------------------------------------------------- */

@@ -36,21 +36,24 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
     *broken = none;
     struct state_counts total = {{0}, 0};
     uint64_t jobs = 0, memory = 0;
-    for (size_t b = 0; b <= e->jobs_mask; b++)
-        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
-            jobs++;
-            memory += BG_JOB_MEMORY(j->body_size);
-            CHECK(j->id < e->next_id, "a job id was never given out");
-            CHECK(bg_shard_of_id(j->id, e->shard_count) == e->shard_index,
-                  "a job id of another shard's class");
-            CHECK(j->state <= BG_JOB_BURIED, "a job in no state");
-            CHECK(j->tube->list_index < e->tube_count && e->tube_list[j->tube->list_index] == j->tube,
-                  "a job's tube is not in the tube list");
-            CHECK((j->state == BG_JOB_RESERVED) == (j->reserver != NULL), "a job's reserver does not fit its state");
-            total.by_state[j->state]++;
-            if (j->state == BG_JOB_READY && j->pri < BG_URGENT_PRIORITY) total.urgent++;
-        }
+    for (size_t b = 0; b <= e->jobs_mask; b++) {
+        const struct bg_job *j = e->jobs[b];
+        if (!j) continue;
+        jobs++;
+        CHECK(bg_job_find(e, j->id) == j, "a job the id table cannot find (probe order broken)");
+        memory += BG_JOB_MEMORY(j->body_size);
+        CHECK(j->id < e->next_id, "a job id was never given out");
+        CHECK(bg_shard_of_id(j->id, e->shard_count) == e->shard_index,
+              "a job id of another shard's class");
+        CHECK(j->state <= BG_JOB_BURIED, "a job in no state");
+        CHECK(j->tube->list_index < e->tube_count && e->tube_list[j->tube->list_index] == j->tube,
+              "a job's tube is not in the tube list");
+        CHECK((j->state == BG_JOB_RESERVED) == (j->reserver != NULL), "a job's reserver does not fit its state");
+        total.by_state[j->state]++;
+        if (j->state == BG_JOB_READY && j->pri < BG_URGENT_PRIORITY) total.urgent++;
+    }
     CHECK(jobs == e->job_count, "job_count is not the number of jobs");
+    CHECK(e->job_count < e->jobs_mask + 1, "the id table has no empty slot");
     CHECK(e->shard_count >= 1 && e->shard_index < e->shard_count &&
               bg_shard_of_id(e->next_id, e->shard_count) == e->shard_index,
           "the next id is not of this shard's class");

@@ -87,6 +87,7 @@ const char *bg_outcome_word(int outcome);
 
 void *bg_malloc(size_t size);
 void *bg_realloc(void *ptr, size_t size);
+void *bg_calloc(size_t count, size_t size);
 void bg_free(void *ptr);
 /* Make the nth allocation from now on fail (1 = the next one); 0 disables. */
 void bg_alloc_fail_after(uint64_t nth);
@@ -239,7 +240,6 @@ struct bg_engine;
 
 struct bg_job {
     uint64_t id;
-    struct bg_job *hash_next;
     struct bg_tube *tube;
     struct bg_client *reserver;
     struct bg_job *prev, *next; /* buried list, or the reserver's list */
@@ -337,8 +337,9 @@ struct bg_server_counters {
 struct bg_engine {
     uint64_t next_id;           /* the next id to give out: always of this shard's class */
     uint32_t shard_index, shard_count; /* instance index of count (bg_engine_set_shard); 0 of 1 */
-    struct bg_job **jobs;       /* hash table by id */
+    struct bg_job **jobs;       /* table by id, open addressing (engine.c "job table") */
     size_t jobs_mask, job_count;
+    uint64_t jobs_scale;        /* a job's home slot: (id * jobs_scale) >> 64, masked */
     struct bg_tube **tubes;     /* hash table by name, keyed (bg_siphash) */
     uint64_t hash_key[2];
     size_t tubes_mask;
@@ -422,7 +423,7 @@ size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids);
  * oldest buried job; NULL if there is none (or for BG_JOB_RESERVED). */
 struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state);
 /* Find a job by id; NULL if there is none. */
-struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id);
+struct bg_job *bg_job_find(const struct bg_engine *e, uint64_t id);
 /* Find a tube by name (NUL-terminated); NULL if there is none. */
 struct bg_tube *bg_tube_find(struct bg_engine *e, const char *name);
 /* Nonzero if ch may appear in a tube name. */
@@ -470,7 +471,7 @@ int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);
 int bg_client_unwatch(struct bg_client *c, const char *name);
 
 /* What a job of body_size bytes (CRLF included) counts against the
- * job-memory ceiling: its 112-byte header and its body. */
+ * job-memory ceiling: its 104-byte header and its body. */
 #define BG_JOB_MEMORY(body_size) (sizeof(struct bg_job) + (uint64_t)(body_size))
 /* 1 if a new job of body_size bytes (CRLF included) fits under the
  * job-memory ceiling (always, without one), else 0. */

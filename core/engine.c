@@ -42,7 +42,7 @@ static int client_wake_less(const void *a, const void *b)
 }
 
 /* docs/operations.md gives what a job counts against --max-job-memory */
-_Static_assert(sizeof(struct bg_job) == 112, "a job's header is 112 bytes (docs/operations.md)");
+_Static_assert(sizeof(struct bg_job) == 104, "a job's header is 104 bytes (docs/operations.md)");
 
 /* A job's memory from bg_job_alloc, counted in e->job_memory; NULL: none. */
 static struct bg_job *job_mem_alloc(struct bg_engine *e, uint32_t body_size)
@@ -84,73 +84,118 @@ static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
 
 /* ---- job table --------------------------------------------------------- */
 
-/* Ids are handed out in order, and jobs mostly leave in about that order.
- * So runs of 256 consecutive ids go to consecutive buckets, and only the
- * start of each run is hashed: a put or a delete then writes the bucket
- * next to the previous one instead of a random cache line and page of the
- * table, and growing the table reads the jobs in about their allocation
- * order. Ids that are 256 or more apart still scatter like a hash. */
-static size_t id_bucket(const struct bg_engine *e, uint64_t id)
+/* The id table is open addressing with Robin Hood linear probing over
+ * pointers: a job carries no link, and a slot costs 8 bytes. A job's home
+ * slot is about its id's ordinal in the shard's class (id / shard_count,
+ * as a multiply by jobs_scale = 2^64 / shard_count: no divide), masked.
+ * Ids are handed out in order and jobs mostly leave in about that order, so
+ * the live jobs fill consecutive slots: a put writes the slot next to the
+ * previous one, a find hits its home, and a fresh table's pages are
+ * touched only as ids reach them (grown tables come from calloc). Robin Hood order
+ * (along a run of occupied slots the homes never decrease, cyclically) lets
+ * a find stop at the first job that is nearer its home than the probe is,
+ * and a removal stop at the first job that sits at its home. The table
+ * grows at 7/8 full; it always keeps an empty slot (job_table_room). */
+static inline size_t id_home(const struct bg_engine *e, uint64_t id)
 {
-    uint64_t run = ((id >> 8) * 0x9E3779B97F4A7C15ull) >> 17;
-    return (size_t)(id + run) & e->jobs_mask;
+    uint64_t ordinal = (uint64_t)(((unsigned __int128)id * e->jobs_scale) >> 64);
+    return (size_t)ordinal & e->jobs_mask;
 }
 
-struct bg_job *bg_job_find(struct bg_engine *e, uint64_t id)
+/* How far slot i is past the home of the job in it. */
+static inline size_t probe_distance(const struct bg_engine *e, size_t i, const struct bg_job *j)
 {
-    struct bg_job *j = e->jobs[id_bucket(e, id)];
-    while (j && j->id != id) j = j->hash_next;
-    return j;
+    return (i - id_home(e, j->id)) & e->jobs_mask;
+}
+
+struct bg_job *bg_job_find(const struct bg_engine *e, uint64_t id)
+{
+    size_t i = id_home(e, id);
+    for (size_t d = 0;; d++, i = (i + 1) & e->jobs_mask) {
+        struct bg_job *j = e->jobs[i];
+        if (!j || probe_distance(e, i, j) < d) return NULL;
+        if (j->id == id) return j;
+    }
 }
 
 size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids)
 {
     size_t n = 0;
     for (size_t b = 0; b <= e->jobs_mask; b++)
-        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next) ids[n++] = j->id;
+        if (e->jobs[b]) ids[n++] = e->jobs[b]->id;
     return n;
 }
 
-/* Double the job table; on allocation failure keep the old one. */
-static void job_table_grow(struct bg_engine *e)
+/* Put j into the table (which has an empty slot), Robin Hood order. */
+static void job_table_place(struct bg_engine *e, struct bg_job *j)
+{
+    size_t i = id_home(e, j->id);
+    for (size_t d = 0;; d++, i = (i + 1) & e->jobs_mask) {
+        struct bg_job *cur = e->jobs[i];
+        if (!cur) {
+            e->jobs[i] = j;
+            return;
+        }
+        size_t cur_d = probe_distance(e, i, cur);
+        if (cur_d < d) { /* cur is nearer home than j: j takes its slot */
+            e->jobs[i] = j;
+            j = cur;
+            d = cur_d;
+        }
+    }
+}
+
+/* Double the job table (and adopt the shard count's scale); on allocation
+ * failure keep the old one. */
+static int job_table_grow(struct bg_engine *e)
 {
     size_t n = (e->jobs_mask + 1) * 2;
     struct bg_job **old = e->jobs;
     size_t old_n = e->jobs_mask + 1;
-    struct bg_job **t = bg_malloc(n * sizeof *t);
-    if (!t) return;
-    memset(t, 0, n * sizeof *t);
+    struct bg_job **t = bg_calloc(n, sizeof *t);
+    if (!t) return BG_OUT_OF_MEMORY;
     e->jobs = t;
     e->jobs_mask = n - 1;
-    for (size_t i = 0; i < old_n; i++) {
-        struct bg_job *j = old[i];
-        while (j) {
-            struct bg_job *next = j->hash_next;
-            size_t b = id_bucket(e, j->id);
-            j->hash_next = t[b];
-            t[b] = j;
-            j = next;
-        }
-    }
+    e->jobs_scale = UINT64_MAX / e->shard_count;
+    for (size_t i = 0; i < old_n; i++)
+        if (old[i]) job_table_place(e, old[i]);
     bg_free(old);
+    return 0;
 }
 
-/* Enter j into tube t (a reference) and the job table. */
+/* Make sure one more job leaves the table an empty slot: 0, or
+ * BG_OUT_OF_MEMORY if that needs a bigger table and there is no memory. */
+static int job_table_room(struct bg_engine *e)
+{
+    if (e->job_count + 2 <= e->jobs_mask + 1) return 0;
+    return job_table_grow(e);
+}
+
+/* Enter j into tube t (a reference) and the job table (job_table_room
+ * was asked first). */
 static void job_table_insert(struct bg_engine *e, struct bg_job *j, struct bg_tube *t)
 {
     j->tube = t;
     t->refs++; /* the job's reference to its tube */
-    size_t b = id_bucket(e, j->id);
-    j->hash_next = e->jobs[b];
-    e->jobs[b] = j;
-    if (++e->job_count > e->jobs_mask + 1) job_table_grow(e);
+    job_table_place(e, j);
+    /* past 7/8 full, grow; if that fails the table still has room */
+    if (++e->job_count > (e->jobs_mask + 1) / 8 * 7) job_table_grow(e);
 }
 
+/* Take j out of the table; the jobs after it that are past their home
+ * move back one slot. */
 static void job_table_remove(struct bg_engine *e, struct bg_job *j)
 {
-    struct bg_job **p = &e->jobs[id_bucket(e, j->id)];
-    while (*p != j) p = &(*p)->hash_next;
-    *p = j->hash_next;
+    size_t i = id_home(e, j->id);
+    while (e->jobs[i] != j) i = (i + 1) & e->jobs_mask;
+    for (;;) {
+        size_t next = (i + 1) & e->jobs_mask;
+        struct bg_job *k = e->jobs[next];
+        if (!k || probe_distance(e, next, k) == 0) break;
+        e->jobs[i] = k;
+        i = next;
+    }
+    e->jobs[i] = NULL;
     e->job_count--;
 }
 
@@ -542,11 +587,11 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t ha
     e->due_at = NEVER;
     e->max_job_size = max_job_size;
     e->jobs_mask = 1023;
-    e->jobs = bg_malloc((e->jobs_mask + 1) * sizeof *e->jobs);
+    e->jobs_scale = UINT64_MAX;
+    e->jobs = bg_calloc(e->jobs_mask + 1, sizeof *e->jobs);
     e->tubes_mask = 63;
     e->tubes = bg_malloc((e->tubes_mask + 1) * sizeof *e->tubes);
     if (!e->jobs || !e->tubes) goto fail;
-    memset(e->jobs, 0, (e->jobs_mask + 1) * sizeof *e->jobs);
     memset(e->tubes, 0, (e->tubes_mask + 1) * sizeof *e->tubes);
     bg_heap_init(&e->job_timers, job_deadline_less, offsetof(struct bg_job, timer_slot));
     bg_heap_init(&e->tube_timers, tube_unpause_less, offsetof(struct bg_tube, timer_slot));
@@ -564,14 +609,8 @@ fail:
 
 void bg_engine_destroy(struct bg_engine *e)
 {
-    for (size_t i = 0; i <= e->jobs_mask; i++) {
-        struct bg_job *j = e->jobs[i];
-        while (j) {
-            struct bg_job *next = j->hash_next;
-            job_mem_free(e, j);
-            j = next;
-        }
-    }
+    for (size_t i = 0; i <= e->jobs_mask; i++)
+        if (e->jobs[i]) job_mem_free(e, e->jobs[i]);
     while (e->tube_count) {
         struct bg_tube *t = e->tube_list[e->tube_count - 1];
         t->timer_slot = NO_SLOT;
@@ -796,6 +835,7 @@ int bg_engine_set_shard(struct bg_engine *e, uint32_t index, uint32_t count)
     if (count == 0 || count > BG_SHARD_COUNT_MAX || index >= count) return BG_BAD_FORMAT;
     e->shard_index = index;
     e->shard_count = count;
+    if (e->job_count == 0) e->jobs_scale = UINT64_MAX / count; /* else the next growth adopts it */
     /* ids below next_id may have been given out: start above them */
     e->next_id = class_id_above(e, e->next_id - 1);
     return 0;
@@ -820,12 +860,13 @@ size_t bg_engine_foreign_jobs(const struct bg_engine *e, uint64_t *first)
 {
     size_t n = 0;
     *first = 0;
-    for (size_t b = 0; b <= e->jobs_mask; b++)
-        for (const struct bg_job *j = e->jobs[b]; j; j = j->hash_next)
-            if (bg_shard_of_id(j->id, e->shard_count) != e->shard_index) {
-                if (!n || j->id < *first) *first = j->id;
-                n++;
-            }
+    for (size_t b = 0; b <= e->jobs_mask; b++) {
+        const struct bg_job *j = e->jobs[b];
+        if (j && bg_shard_of_id(j->id, e->shard_count) != e->shard_index) {
+            if (!n || j->id < *first) *first = j->id;
+            n++;
+        }
+    }
     return n;
 }
 
@@ -873,7 +914,7 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     /* Room in the timer heap for every job in the engine, this one included:
      * job_reserve pushes without checking. bg_job_new's reservation is not
      * enough when several jobs are made before any is put. */
-    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) {
+    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0 || job_table_room(e) != 0) {
         job_mem_free(e, j);
         return BG_OUT_OF_MEMORY;
     }
@@ -1203,7 +1244,8 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
                           bg_time deadline_mono, bg_time created_mono, bg_time now)
 {
     bg_engine_restore_delete(e, r->id);
-    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0) return BG_OUT_OF_MEMORY;
+    if (bg_heap_reserve(&e->job_timers, (uint32_t)e->job_count + 1) != 0 || job_table_room(e) != 0)
+        return BG_OUT_OF_MEMORY;
     struct bg_tube *t = tube_get(e, r->tube);
     if (!t) return BG_OUT_OF_MEMORY;
     struct bg_job *j = job_mem_alloc(e, r->body_len); /* counted, never refused */

@@ -1,5 +1,7 @@
 /* heap.c - binary min-heap of pointers; each item stores its own slot so it
  * can be removed from the middle in O(log n). */
+#include <string.h>
+
 #include "core.h"
 
 static inline uint32_t *slot_of(const struct bg_heap *h, void *item)
@@ -89,8 +91,13 @@ int bg_heap_reserve(struct bg_heap *h, uint32_t n)
     if (n <= h->cap) return 0;
     uint32_t cap = h->cap ? h->cap : 8;
     while (cap < n) cap *= 2;
-    void **items = bg_realloc(h->items, cap * sizeof *items);
+    /* not realloc: a reserved heap (job_timers holds room for every job)
+     * is mostly empty, and realloc would copy, and so touch, all of its old
+     * room; only the items in use are copied */
+    void **items = bg_malloc(cap * sizeof *items);
     if (!items) return BG_OUT_OF_MEMORY;
+    if (h->len) memcpy(items, h->items, h->len * sizeof *items);
+    bg_free(h->items);
     h->items = items;
     h->cap = cap;
     return 0;

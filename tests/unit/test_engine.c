@@ -310,8 +310,10 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
 
     /* jobs: walk the id table */
     uint64_t jobs = 0;
+    AUDIT(e->job_count < e->jobs_mask + 1); /* an empty slot ends every probe */
     for (size_t b = 0; b <= e->jobs_mask; b++) {
-        for (struct bg_job *j = e->jobs[b]; j; j = j->hash_next) {
+        struct bg_job *j = e->jobs[b];
+        if (j) {
             jobs++;
             AUDIT(bg_job_find(e, j->id) == j);
             AUDIT(j->id < e->next_id);
@@ -2244,7 +2246,7 @@ static const char *session_reply(struct bg_session *s)
     return text;
 }
 
-/* Each job counts its 112-byte header and its body (CRLF included); a put
+/* Each job counts its 104-byte header and its body (CRLF included); a put
  * that lands exactly on the ceiling is taken, one byte over is refused, for
  * bg_put_copy (HTTP, Gearman) and the beanstalk session alike; a delete
  * makes room again. */
@@ -2253,7 +2255,7 @@ static void test_job_memory_ceiling_exact(void **state)
     struct world *w = *state;
     struct bg_engine *e = &w->engine;
     struct bg_client *c = &w->fc[0].client;
-    assert_int_equal(BG_JOB_MEMORY(12), 124);
+    assert_int_equal(BG_JOB_MEMORY(12), 116);
     e->max_job_memory = 3 * BG_JOB_MEMORY(12);
     uint64_t a, b, id;
     assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789", 10, T0, &a), BG_OK);
@@ -2637,7 +2639,8 @@ static void test_job_table_grow_failure(void **state)
     struct bg_engine *e = &w->engine;
     struct fake_client *producer = &w->fc[0];
     size_t slots = e->jobs_mask + 1;
-    for (size_t i = 0; i < slots; i++) put_job(producer, "fill", 1, 0, 60, T0);
+    /* fill to the growth threshold (7/8): the next job asks to grow */
+    while (e->job_count < slots / 8 * 7) put_job(producer, "fill", 1, 0, 60, T0);
     assert_int_equal(e->jobs_mask + 1, slots);
     struct bg_job *j = make_job(e, "overflow", 1, 0, 60, T0);
     assert_non_null(j);
@@ -2652,6 +2655,40 @@ static void test_job_table_grow_failure(void **state)
     put_job(producer, "grows now", 1, 0, 60, T0);
     assert_int_equal(e->jobs_mask + 1, 2 * slots);
     for (uint64_t k = 1; k <= id + 1; k++) assert_non_null(bg_job_find(e, k));
+    check_world(w);
+}
+
+/* The id table keeps an empty slot: while it cannot grow it takes jobs up
+ * to one slot short of full, then a put gets BG_OUT_OF_MEMORY and stores
+ * nothing; once memory is back the table grows and the put is taken. */
+static void test_job_table_full_refuses(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0];
+    size_t slots = e->jobs_mask + 1;
+    while (e->job_count < slots / 8 * 7) put_job(producer, "fill", 1, 0, 60, T0);
+    while (e->job_count < slots - 1) { /* every growth fails */
+        struct bg_job *j = make_job(e, "no growth", 1, 0, 60, T0);
+        assert_non_null(j);
+        bg_alloc_fail_after(1);
+        assert_int_equal(bg_put(&producer->client, producer->client.use, j, T0), BG_OK);
+        bg_alloc_fail_after(0);
+    }
+    assert_int_equal(e->jobs_mask + 1, slots);
+    check_world(w);
+    struct bg_job *j = make_job(e, "refused", 1, 0, 60, T0);
+    assert_non_null(j);
+    uint64_t id = j->id;
+    bg_alloc_fail_after(1);
+    assert_int_equal(bg_put(&producer->client, producer->client.use, j, T0), BG_OUT_OF_MEMORY);
+    bg_alloc_fail_after(0);
+    assert_null(bg_job_find(e, id));
+    assert_int_equal(e->job_count, slots - 1);
+    check_world(w);
+    put_job(producer, "taken", 1, 0, 60, T0);
+    assert_int_equal(e->jobs_mask + 1, 2 * slots);
+    assert_int_equal(e->job_count, slots);
     check_world(w);
 }
 
@@ -3144,6 +3181,45 @@ static void test_shard_setting_checked(void **state)
     check_world(w);
 }
 
+/* The id table under a shard class (ids 5 apart) through three growths,
+ * out-of-order deletes and ids that wrap around the table: every job stays
+ * findable, no deleted one is. */
+static void test_job_table_sharded_deletes(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0];
+    assert_int_equal(bg_engine_set_shard(e, 2, 5), BG_OK);
+    enum { N = 5000 };
+    static uint64_t ids[N];
+    for (size_t i = 0; i < N; i++) ids[i] = put_job(producer, "x", 1, 0, 60, T0);
+    assert_true(e->jobs_mask + 1 >= 8192);
+    for (size_t i = 0; i < N; i += 3) assert_int_equal(bg_delete(&producer->client, ids[i], T0), BG_OK);
+    for (size_t k = 0; k < N; k += 7) {
+        size_t i = N - 1 - k;
+        if (i % 3) assert_int_equal(bg_delete(&producer->client, ids[i], T0), BG_OK);
+    }
+    check_world(w);
+    /* ids run past the table's size while the kept jobs stay: new jobs
+     * share home slots with old ones and deletes shift them back */
+    size_t slots = e->jobs_mask + 1;
+    enum { M = 2000 };
+    static uint64_t more[M];
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < M; i++) more[i] = put_job(producer, "y", 1, 0, 60, T0);
+        check_world(w);
+        for (size_t i = 0; i < M; i += 2) assert_int_equal(bg_delete(&producer->client, more[i], T0), BG_OK);
+        check_world(w);
+        for (size_t i = 1; i < M; i += 2) assert_int_equal(bg_delete(&producer->client, more[i], T0), BG_OK);
+        check_world(w);
+    }
+    assert_int_equal(e->jobs_mask + 1, slots);
+    for (size_t i = 0; i < N; i++) {
+        int deleted = i % 3 == 0 || (N - 1 - i) % 7 == 0;
+        assert_int_equal(bg_job_find(e, ids[i]) != NULL, !deleted);
+    }
+}
+
 /* Restoring from a log keeps the class: next_id goes to the smallest id of
  * the class above every id a record named, of any class (ids are never
  * reused); a job of another class is counted as foreign, and the audit
@@ -3306,6 +3382,8 @@ int main(void)
         ENGINE_TEST(test_job_new_out_of_memory),
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
         ENGINE_TEST(test_job_table_grow_failure),
+        ENGINE_TEST(test_job_table_full_refuses),
+        ENGINE_TEST(test_job_table_sharded_deletes),
         cmocka_unit_test(test_oom_every_allocation),
         cmocka_unit_test(test_job_allocator),
         cmocka_unit_test(test_stress_random_operations),
