@@ -61,6 +61,8 @@
  */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <fcntl.h>
+#include <malloc.h> /* malloc_trim */
 #include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received */
 #include <netinet/in.h>
 #include <stddef.h>
@@ -355,7 +357,10 @@ static void hand_over(struct gw_conn *c)
     a->adding_started = 0;
     int ok = MHD_add_connection(gw->daemon, c->fd, (struct sockaddr *)&c->sa, c->sa_len) == MHD_YES;
     a->adding = NULL;
-    if (ok) return;
+    if (ok) { /* in plain text (MHD_USE_TURBO) it is ready to be read, not yet in the epoll set */
+        event_active(gw->run_ev, EV_READ, 0);
+        return;
+    }
     log_event(BG_LOG_DEBUG, "http_connection_closed", "reason=add_failed fd=%d error=%s", c->fd,
               log_str(strerror(errno)));
     if (!a->adding_started) {
@@ -432,11 +437,32 @@ static int first_head_step(struct gw_conn *c, int closed)
     return 1;
 }
 
-/* Bytes of the first head arrived (edge-triggered), or the client closed. */
+/* A parked connection's socket is readable: its next head began (whose
+ * header deadline runs from now), or the client left (closed quietly, as
+ * libmicrohttpd closes an idle connection that the client ended). 1 if a
+ * head began. */
+static int unpark(struct gw_conn *c)
+{
+    char byte;
+    ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n <= 0) {
+        conn_free(c);
+        return 0;
+    }
+    c->parked = 0;
+    event_add(c->deadline_ev, c->gw->admit.header_tv);
+    return 1;
+}
+
+/* Bytes of the first head (or a parked connection's next) arrived
+ * (edge-triggered), or the client closed. */
 static void pending_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
-    first_head_step(arg, (what & EV_CLOSED) != 0);
+    struct gw_conn *c = arg;
+    if (c->parked && !unpark(c)) return;
+    first_head_step(c, (what & EV_CLOSED) != 0);
 }
 
 /* Bytes wait in the kernel for libmicrohttpd to read: c's socket has
@@ -459,6 +485,10 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gw_conn *c = arg;
     static const char detail[] = "the request head was not complete in time";
+    if (c->parked) { /* the idle timeout, as libmicrohttpd's: closed quietly */
+        conn_free(c);
+        return;
+    }
     if (!c->mhd && first_head_step(c, 0)) return;
     if (c->mhd && !c->deadline_extended && unread_bytes(c)) {
         static const struct timeval next_turn = {0, 0};
@@ -508,6 +538,7 @@ static void admit_one(struct gateway *gw, int fd, const struct sockaddr_storage 
     }
     c->gw = gw;
     c->fd = fd;
+    c->spare_fd = -1;
     memcpy(&c->sa, ss, len);
     c->sa_len = len;
     c->deadline_ev = evtimer_new(gw->base, deadline_cb, c);
@@ -591,6 +622,80 @@ static uint64_t later_head_bytes(const struct gw_conn *c)
     return now > c->consumed ? now - c->consumed : 0;
 }
 
+/* ---- parking: idle keep-alive connections taken back -------------------- */
+
+/* Ask libmicrohttpd to let c go (plain HTTP, idle for GW_PARK_AFTER_MS, no
+ * byte of a next head received): a second descriptor keeps the socket, and
+ * a timeout of one second, long passed, has libmicrohttpd close its own
+ * (without shutdown(): MHD_USE_TURBO) in its next run, before it reads
+ * anything (libmicrohttpd looks at timeouts before it reads). So an idle
+ * connection costs this struct and its events, not libmicrohttpd's
+ * connection and its memory pool (a head's size and more, zeroed whole at
+ * each request). 1 if asked (c is put on *list). */
+static int park_begin(struct gw_conn *c, struct gw_conn **list)
+{
+    int fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    if (MHD_set_connection_option(c->mhd, MHD_CONNECTION_OPTION_TIMEOUT, 1u) != MHD_YES) {
+        close(fd);
+        return 0;
+    }
+    c->spare_fd = fd;
+    c->parking = 1;
+    c->park_next = *list;
+    *list = c;
+    return 1;
+}
+
+/* libmicrohttpd closed its descriptor of c (being parked): c is admit.c's
+ * again, waiting and evictable as before. Its next head is looked at as a
+ * first head is, its header deadline from its first byte (unpark); until
+ * then the idle timeout runs, from the end of its last request. */
+static void park_end(struct gw_conn *c)
+{
+    struct gateway *gw = c->gw;
+    c->parking = 0;
+    c->mhd = NULL;
+    c->fd = c->spare_fd;
+    c->spare_fd = -1;
+    bg_time idle_end = c->idle_since + (bg_time)gw->cfg.idle_timeout_s * BG_SECOND, now = gw->now();
+    bg_time left = idle_end > now ? idle_end - now : 0;
+    struct timeval tv = {(time_t)(left / BG_SECOND), (suseconds_t)(left % BG_SECOND / 1000)};
+    c->read_ev = event_new(gw->base, c->fd, EV_READ | EV_PERSIST | EV_ET | EV_CLOSED, pending_cb, c);
+    if (!c->read_ev || event_add(c->deadline_ev, &tv) != 0 || event_add(c->read_ev, NULL) != 0) {
+        conn_free(c);
+        return;
+    }
+    c->parked = 1;
+    gw->admit.parked_untrimmed++;
+}
+
+/* Run libmicrohttpd for the connections on list being parked (it closes
+ * each, and gw_conn_closed parks it; a closed connection is let go in the
+ * run after the one that closed it, so two runs); one it kept (bytes came, or
+ * its clock says one second has not passed) keeps its idle timeout, to be
+ * tried again in a later round. The memory libmicrohttpd freed goes back
+ * to the system every GW_PARK_TRIM_EVERY parkings. */
+static void park_finish(struct gateway *gw, struct gw_conn *list)
+{
+    gw_run(gw); /* marks them closed (a connection that timed out reads nothing more) */
+    gw_run(gw); /* closes their descriptors */
+    for (struct gw_conn *c = list, *next; c; c = next) {
+        next = c->park_next;
+        c->park_next = NULL;
+        if (!c->parking) continue;
+        MHD_set_connection_option(c->mhd, MHD_CONNECTION_OPTION_TIMEOUT, gw->cfg.idle_timeout_s);
+        close(c->spare_fd);
+        c->spare_fd = -1;
+        c->parking = 0;
+        gw->admit.sweep_watched = 1;
+    }
+    if (gw->admit.parked_untrimmed >= GW_PARK_TRIM_EVERY) {
+        malloc_trim(0);
+        gw->admit.parked_untrimmed = 0;
+    }
+}
+
 /* Look at up to GW_SWEEP_BATCH waiting connections from the sweep's
  * cursor: one of libmicrohttpd's that has received bytes past its last
  * request has begun its next head, whose deadline runs from now (so from
@@ -601,6 +706,9 @@ static uint64_t later_head_bytes(const struct gw_conn *c)
  * round, none per request. */
 static void sweep_batch(struct gw_admit *a)
 {
+    struct gateway *gw = a->sweep_cursor ? a->sweep_cursor->gw : NULL;
+    struct gw_conn *parking = NULL;
+    bg_time park_before = gw ? gw->now() - (bg_time)GW_PARK_AFTER_MS * (BG_SECOND / 1000) : 0;
     int seen = 0;
     while (a->sweep_cursor && seen < GW_SWEEP_BATCH) {
         struct gw_conn *c = a->sweep_cursor;
@@ -608,13 +716,15 @@ static void sweep_batch(struct gw_admit *a)
         if (!c->mhd || c->head_started) continue;
         seen++;
         if (!later_head_bytes(c)) {
-            a->sweep_watched = 1;
+            if (gw->cfg.tls || c->idle_since > park_before || !park_begin(c, &parking))
+                a->sweep_watched = 1;
             continue;
         }
         c->head_started = 1;
         c->deadline_extended = 0;
         event_add(c->deadline_ev, a->header_tv);
     }
+    if (parking) park_finish(gw, parking);
     if (a->sweep_cursor) {
         static const struct timeval next_turn = {0, 0};
         event_add(a->sweep_more_ev, &next_turn);
@@ -661,6 +771,10 @@ void gw_conn_closed(struct gateway *gw, void *socket_context)
 {
     struct gw_conn *c = socket_context;
     if (!c) return;
+    if (c->parking) {
+        park_end(c);
+        return;
+    }
     /* closed by libmicrohttpd, not by us, between a later head's first byte
      * and its end: the client left (libmicrohttpd says so at debug level).
      * The sweep may not have seen the head's bytes yet; the socket is still
@@ -708,6 +822,7 @@ void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
         c->consumed = (uint64_t)unread < got ? got - (uint64_t)unread : 0;
         c->consumed_unknown = 0;
     }
+    c->idle_since = gw->now();
     wait_enter(c);
     struct gw_admit *a = &gw->admit;
     if (a->sweep_ev && !a->sweep_armed && event_add(a->sweep_ev, a->sweep_tv) == 0)

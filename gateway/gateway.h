@@ -62,6 +62,9 @@
 #define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
 #define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds, */
 #define GW_SWEEP_BATCH 256                /* this many per turn of the loop */
+#define GW_PARK_AFTER_MS 2000             /* plain HTTP: a keep-alive connection idle this long is */
+                                          /* taken back from libmicrohttpd (admit.c, parking) */
+#define GW_PARK_TRIM_EVERY 64             /* the heap is trimmed after this many parkings */
 #define GW_ACCEPT_BACKOFF_MS 250          /* accept pauses this long at the fd limit */
 #define GW_ACCEPT_LOG_INTERVAL_S 10       /* a refusal at a limit is logged at most this often */
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
@@ -330,6 +333,11 @@ struct gw_conn {
     uint8_t deadline_extended;    /* its header deadline passed with bytes unread: one more loop turn */
     uint8_t consumed_unknown;     /* the request in progress has a chunked body: count at its end */
     uint8_t plain_text;           /* HTTPS: its first byte is not a TLS handshake's (answered in plain text) */
+    uint8_t parking;              /* libmicrohttpd is asked to let it go; spare_fd keeps the socket */
+    uint8_t parked;               /* idle, taken back from libmicrohttpd: admit.c's until its next head */
+    int spare_fd;                 /* while parking: a second descriptor of the socket */
+    bg_time idle_since;           /* when its last request ended */
+    struct gw_conn *park_next;    /* the sweep batch's list of connections being parked */
     uint64_t consumed;            /* TCP bytes of the requests begun so far (heads and bodies) */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
@@ -364,6 +372,7 @@ struct gw_admit {
     struct gw_conn *sweep_cursor; /* the next waiting connection of the round; NULL: no round going */
     int sweep_armed;              /* sweep_ev is pending */
     int sweep_watched;            /* this round saw a connection still to watch */
+    unsigned parked_untrimmed;    /* parkings since the heap was last trimmed */
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;
@@ -426,6 +435,8 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c, const s
 void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c);
 /* Count a connection event (libmicrohttpd's notices of clients too). */
 void gw_conn_count(struct gateway *gw, enum gw_conn_event e);
+/* Run libmicrohttpd now, then re-arm its timer (http.c). */
+void gw_run(struct gateway *gw);
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
 

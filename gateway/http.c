@@ -21,8 +21,6 @@
 #include "../io/loop.h"
 #include "../io/tls.h"
 
-static void gw_run(struct gateway *gw);
-
 static void epoll_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -48,7 +46,7 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Run the daemon, then re-arm its timer and the engine's. */
-static void gw_run(struct gateway *gw)
+void gw_run(struct gateway *gw)
 {
     MHD_run(gw->daemon);
     MHD_UNSIGNED_LONG_LONG ms;
@@ -650,7 +648,12 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
      * header records and a response's head. */
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      MHD_USE_NO_LISTEN_SOCKET;
+    /* MHD_USE_TURBO in plain text: libmicrohttpd closes a connection
+     * without shutdown(), so that admit.c can take an idle one back on a
+     * second descriptor (parking); the last close still ends the TCP
+     * connection. Over TLS a close sends its close_notify alert, so no. */
     struct MHD_OptionItem tls_opts[4] = {{MHD_OPTION_END, 0, NULL}};
+    if (!cfg->tls) flags |= MHD_USE_TURBO;
     if (cfg->tls) {
         flags |= MHD_USE_TLS;
         https_listener = cfg->tls;
