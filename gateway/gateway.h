@@ -62,6 +62,7 @@
 #define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
 #define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds, */
 #define GW_SWEEP_BATCH 256                /* this many per turn of the loop */
+#define GW_SPARE_REQUESTS 64             /* freed request records kept for reuse (http.c) */
 #define GW_PARK_AFTER_MS 2000             /* plain HTTP: a keep-alive connection idle this long is */
                                           /* taken back from libmicrohttpd (admit.c, parking) */
 #define GW_PARK_TRIM_EVERY 64             /* the heap is trimmed after this many parkings */
@@ -294,6 +295,7 @@ struct gw_request {
     uint64_t job_ids[GW_BATCH_MAX]; /* reserved for this request, in order */
     uint32_t job_reserves[GW_BATCH_MAX];
     struct gw_request *next_woken;
+    struct gw_request *next_spare; /* on gw->spare_requests once freed */
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
     struct event *peer_ev;        /* watches the socket while listed */
@@ -392,6 +394,8 @@ struct gateway {
     void (*after_run)(void *);
     void *after_run_arg;
     struct gw_request *woken;     /* long-polls resolved, to resume */
+    struct gw_request *spare_requests; /* freed requests kept for the next (GW_SPARE_REQUESTS) */
+    unsigned spare_count;
     struct gw_request *waiting;   /* every suspended long-poll */
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
@@ -483,6 +487,10 @@ int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const ch
 /* The same with one more header (name may be NULL). */
 int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
                          const char *location, const char *name, const char *value);
+/* The same for JSON text already written: n bytes of text, its newline
+ * included (copied). */
+int gw_reply_json_text(struct MHD_Connection *c, unsigned status, const char *text, size_t n,
+                       const char *location, const char *name, const char *value);
 /* The application/problem+json text of a problem (malloc'd; NULL: out of
  * memory). */
 char *gw_problem_text(unsigned status, const char *code, const char *detail);
