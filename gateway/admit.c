@@ -27,6 +27,11 @@
  *   spinning on a listening socket that stays readable, and says so at most
  *   once per GW_ACCEPT_LOG_INTERVAL_S.
  *
+ * - parking (plain HTTP): a keep-alive connection idle for
+ *   GW_PARK_AFTER_MS is taken back from libmicrohttpd (park_begin), so
+ *   that it costs this record instead of libmicrohttpd's memory pool; it is
+ *   then as before its first request, its next head judged here.
+ *
  * Refusals answered here are written, the socket is shut for writing, and
  * what the client still sends is read and dropped for GW_LINGER_MS, so that
  * closing does not reset the answer away before the client reads it.
