@@ -376,6 +376,8 @@ struct gw_admit {
     int sweep_watched;            /* this round saw a connection still to watch */
     unsigned parked_untrimmed;    /* parkings since the heap was last trimmed */
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
+    void *conn_blocks;            /* the blocks gw_conn records come from (admit.c, conn_alloc) */
+    struct gw_conn *free_conns;   /* their free slots */
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;
     uint64_t events[GW_CONN_EVENTS];
