@@ -62,6 +62,10 @@
 #define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
 #define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds, */
 #define GW_SWEEP_BATCH 256                /* this many per turn of the loop */
+#define GW_SPARE_REQUESTS 64             /* freed request records kept for reuse (http.c) */
+#define GW_PARK_AFTER_MS 2000             /* plain HTTP: a keep-alive connection idle this long is */
+                                          /* taken back from libmicrohttpd (admit.c, parking) */
+#define GW_PARK_TRIM_EVERY 64             /* the heap is trimmed after this many parkings */
 #define GW_ACCEPT_BACKOFF_MS 250          /* accept pauses this long at the fd limit */
 #define GW_ACCEPT_LOG_INTERVAL_S 10       /* a refusal at a limit is logged at most this often */
 #define GW_IDEMPOTENCY_WINDOW_S 300   /* a retried put within this returns the first job */
@@ -291,6 +295,7 @@ struct gw_request {
     uint64_t job_ids[GW_BATCH_MAX]; /* reserved for this request, in order */
     uint32_t job_reserves[GW_BATCH_MAX];
     struct gw_request *next_woken;
+    struct gw_request *next_spare; /* on gw->spare_requests once freed */
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
     struct event *peer_ev;        /* watches the socket while listed */
@@ -330,6 +335,11 @@ struct gw_conn {
     uint8_t deadline_extended;    /* its header deadline passed with bytes unread: one more loop turn */
     uint8_t consumed_unknown;     /* the request in progress has a chunked body: count at its end */
     uint8_t plain_text;           /* HTTPS: its first byte is not a TLS handshake's (answered in plain text) */
+    uint8_t parking;              /* libmicrohttpd is asked to let it go; spare_fd keeps the socket */
+    uint8_t parked;               /* idle, taken back from libmicrohttpd: admit.c's until its next head */
+    int spare_fd;                 /* while parking: a second descriptor of the socket */
+    bg_time idle_since;           /* when its last request ended */
+    struct gw_conn *park_next;    /* the sweep batch's list of connections being parked */
     uint64_t consumed;            /* TCP bytes of the requests begun so far (heads and bodies) */
     struct gw_conn *prev, *next;          /* gw->admit.wait_head: every waiting connection, oldest first */
     struct gw_conn *addr_prev, *addr_next; /* addr->wait_head */
@@ -364,7 +374,10 @@ struct gw_admit {
     struct gw_conn *sweep_cursor; /* the next waiting connection of the round; NULL: no round going */
     int sweep_armed;              /* sweep_ev is pending */
     int sweep_watched;            /* this round saw a connection still to watch */
+    unsigned parked_untrimmed;    /* parkings since the heap was last trimmed */
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
+    void *conn_blocks;            /* the blocks gw_conn records come from (admit.c, conn_alloc) */
+    struct gw_conn *free_conns;   /* their free slots */
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;
     uint64_t events[GW_CONN_EVENTS];
@@ -383,6 +396,8 @@ struct gateway {
     void (*after_run)(void *);
     void *after_run_arg;
     struct gw_request *woken;     /* long-polls resolved, to resume */
+    struct gw_request *spare_requests; /* freed requests kept for the next (GW_SPARE_REQUESTS) */
+    unsigned spare_count;
     struct gw_request *waiting;   /* every suspended long-poll */
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
@@ -426,6 +441,8 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c, const s
 void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c);
 /* Count a connection event (libmicrohttpd's notices of clients too). */
 void gw_conn_count(struct gateway *gw, enum gw_conn_event e);
+/* Run libmicrohttpd now, then re-arm its timer (http.c). */
+void gw_run(struct gateway *gw);
 
 /* ---- reply.c: responses (calls no other gateway file) ------------------ */
 
@@ -472,6 +489,10 @@ int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const ch
 /* The same with one more header (name may be NULL). */
 int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
                          const char *location, const char *name, const char *value);
+/* The same for JSON text already written: n bytes of text, its newline
+ * included (copied). */
+int gw_reply_json_text(struct MHD_Connection *c, unsigned status, const char *text, size_t n,
+                       const char *location, const char *name, const char *value);
 /* The application/problem+json text of a problem (malloc'd; NULL: out of
  * memory). */
 char *gw_problem_text(unsigned status, const char *code, const char *detail);

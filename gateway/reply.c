@@ -187,13 +187,19 @@ int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
     if (!text) return GW_NO_REPLY;
     size_t n = strlen(text);
     text[n] = '\n'; /* json_dumps leaves room for the NUL we overwrite */
+    int rc = gw_reply_json_text(c, status, text, n + 1, location, name, value);
+    free(text);
+    return rc;
+}
+
+int gw_reply_json_text(struct MHD_Connection *c, unsigned status, const char *text, size_t n,
+                       const char *location, const char *name, const char *value)
+{
     struct gw_header h[2];
     size_t count = 0;
     add_header(h, &count, location ? "Location" : NULL, location);
     add_header(h, &count, name, value);
-    int rc = queue(c, status, text, n + 1, 1, "application/json", h, count);
-    free(text);
-    return rc;
+    return queue(c, status, text, n, 1, "application/json", h, count);
 }
 
 int gw_reply_problem(struct MHD_Connection *c, unsigned status, const char *code,
