@@ -282,6 +282,7 @@ static void linger_leave(struct gw_conn *c)
 static void conn_free(struct gw_conn *c)
 {
     struct gw_admit *a = &c->gw->admit;
+    if (c->parked) a->parked--;
     uncount(c);
     linger_leave(c);
     if (c->read_ev) event_del(c->read_ev);
@@ -521,6 +522,7 @@ static int unpark(struct gw_conn *c)
         return 0;
     }
     c->parked = 0;
+    c->gw->admit.parked--;
     event_add(c->deadline_ev, c->gw->admit.header_tv);
     return 1;
 }
@@ -739,6 +741,7 @@ static void park_end(struct gw_conn *c)
         return;
     }
     c->parked = 1;
+    gw->admit.parked++;
     gw->admit.parked_untrimmed++;
 }
 
@@ -750,8 +753,8 @@ static void park_end(struct gw_conn *c)
  * to the system every GW_PARK_TRIM_EVERY parkings. */
 static void park_finish(struct gateway *gw, struct gw_conn *list)
 {
-    gw_run(gw); /* marks them closed (a connection that timed out reads nothing more) */
-    gw_run(gw); /* closes their descriptors */
+    gw->run_daemon(gw); /* marks them closed (a connection that timed out reads nothing more) */
+    gw->run_daemon(gw); /* closes their descriptors */
     for (struct gw_conn *c = list, *next; c; c = next) {
         next = c->park_next;
         c->park_next = NULL;

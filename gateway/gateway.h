@@ -374,6 +374,7 @@ struct gw_admit {
     struct gw_conn *sweep_cursor; /* the next waiting connection of the round; NULL: no round going */
     int sweep_armed;              /* sweep_ev is pending */
     int sweep_watched;            /* this round saw a connection still to watch */
+    uint64_t parked;              /* connections parked now (beangate_http_connections_parked) */
     unsigned parked_untrimmed;    /* parkings since the heap was last trimmed */
     char *peek;                   /* max_header_size + 1 bytes: a head seen without reading it */
     void *conn_blocks;            /* the blocks gw_conn records come from (admit.c, conn_alloc) */
@@ -395,6 +396,8 @@ struct gateway {
     bg_time (*now)(void);
     void (*after_run)(void *);
     void *after_run_arg;
+    /* http.c's gw_run, for admit.c below it (parking runs the daemon) */
+    void (*run_daemon)(struct gateway *gw);
     struct gw_request *woken;     /* long-polls resolved, to resume */
     struct gw_request *spare_requests; /* freed requests kept for the next (GW_SPARE_REQUESTS) */
     unsigned spare_count;

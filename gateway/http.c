@@ -662,6 +662,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     limits_defaults(&gw->cfg);
     gw->now = now;
     gw->after_run = after_run;
+    gw->run_daemon = gw_run;
     gw->after_run_arg = after_run_arg;
     gw->started_at = cfg->started_at;
     gw->metrics_auth = cfg->metrics_auth;

@@ -436,6 +436,10 @@ static int render_connections(const struct gateway *gw, struct bg_buf *b)
     const struct gw_admit *a = &gw->admit;
     int rc = gauge(b, "beangate_http_connections", "HTTP connections open.", a->open);
     if (rc == 0)
+        rc = gauge(b, "beangate_http_connections_parked",
+                   "Idle keep-alive HTTP connections taken back from libmicrohttpd (counted in "
+                   "beangate_http_connections too).", a->parked);
+    if (rc == 0)
         rc = family(b, "beangate_http_connections_refused_total", "counter",
                     "HTTP connections refused at accept: every slot busy in a request (connections, "
                     "address) or no descriptor left (fd_limit).");
