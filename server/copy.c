@@ -39,6 +39,8 @@
 #define COPY_TUBE_MAX 200         /* beanstalkd's tube name limit */
 #define COPY_TUBES_MAX 64         /* --tube given at most this often */
 #define COPY_BURIED_DELAY 3600    /* a buried job waits delayed for its reserve-job */
+#define COPY_DATA_MAX ((size_t)BG_JOB_SIZE_LIMIT) /* the most a reply may announce (a body, a YAML
+                                                   * document): -z's own ceiling */
 
 enum job_state { ST_READY, ST_DELAYED, ST_BURIED, ST_RESERVED, ST_COUNT };
 static const char *const state_names[ST_COUNT] = {"ready", "delayed", "buried", "reserved"};
@@ -234,6 +236,10 @@ static char *read_line(struct copy *c, struct peer *p)
  * until the next read, or NULL. */
 static const char *read_data(struct copy *c, struct peer *p, size_t n)
 {
+    if (n > COPY_DATA_MAX) {
+        fail(c, "%s %s: a reply announces %zu bytes, more than %zu", p->role, p->addr, n, COPY_DATA_MAX);
+        return NULL;
+    }
     if (fill(c, p, n + 2) != 0) return NULL;
     const char *d = p->in + p->start;
     if (d[n] != '\r' || d[n + 1] != '\n') {
@@ -242,6 +248,21 @@ static const char *read_data(struct copy *c, struct peer *p, size_t n)
     }
     p->start += n + 2;
     return d;
+}
+
+/* The data of the `OK <bytes>` reply whose line is `line` (stats-job,
+ * stats-tube, list-tubes), *n its length: a pointer valid until the next
+ * read, or NULL after a message naming `what`. */
+static const char *read_ok_data(struct copy *c, struct peer *p, const char *line, const char *what, size_t *n)
+{
+    unsigned long long len;
+    char tail;
+    if (sscanf(line, "OK %llu%c", &len, &tail) != 1) {
+        fail(c, "%s %s: %s: answered \"%s\"", p->role, p->addr, what, line);
+        return NULL;
+    }
+    *n = (size_t)len;
+    return read_data(c, p, *n);
 }
 
 /* Read one reply line and fail unless it is `want` exactly. */
@@ -299,12 +320,11 @@ static int recv_stats_job(struct copy *c, struct job *j)
     const char *line = read_line(c, &c->from);
     if (!line) return -1;
     if (strcmp(line, "NOT_FOUND") == 0) return 0;
-    unsigned long long n;
-    char tail;
-    if (sscanf(line, "OK %llu%c", &n, &tail) != 1)
-        return fail(c, "FROM %s: stats-job %" PRIu64 ": answered \"%s\"", c->from.addr, j->id, line);
-    const char *yaml = read_data(c, &c->from, (size_t)n);
-    return yaml && parse_stats_job(c, yaml, (size_t)n, j) == 0 ? 1 : -1;
+    char what[48];
+    snprintf(what, sizeof what, "stats-job %" PRIu64, j->id);
+    size_t n;
+    const char *yaml = read_ok_data(c, &c->from, line, what, &n);
+    return yaml && parse_stats_job(c, yaml, n, j) == 0 ? 1 : -1;
 }
 
 /* Read the reply to a peek: 1 found (id and a copy of the body in j),
@@ -558,14 +578,9 @@ static char **list_tubes(struct copy *c)
     if (send_line(c, &c->from, "list-tubes\r\n") != 0 || flush(c, &c->from) != 0) return NULL;
     const char *line = read_line(c, &c->from);
     if (!line) return NULL;
-    unsigned long long n;
-    char tail;
-    if (sscanf(line, "OK %llu%c", &n, &tail) != 1) {
-        fail(c, "FROM %s: list-tubes: answered \"%s\"", c->from.addr, line);
-        return NULL;
-    }
-    const char *yaml = read_data(c, &c->from, (size_t)n);
-    char *doc = yaml ? strndup(yaml, (size_t)n) : NULL;
+    size_t n = 0;
+    const char *yaml = read_ok_data(c, &c->from, line, "list-tubes", &n);
+    char *doc = yaml ? strndup(yaml, n) : NULL;
     char **names = doc ? calloc(n / 3 + 2, sizeof *names) : NULL;
     if (!names) {
         free(doc);
@@ -594,13 +609,12 @@ static int reserved_in_tube(struct copy *c, const char *tube, uint64_t *out)
     if (!line) return -1;
     *out = 0;
     if (strcmp(line, "NOT_FOUND") == 0) return 0;
-    unsigned long long n;
-    char tail;
-    if (sscanf(line, "OK %llu%c", &n, &tail) != 1)
-        return fail(c, "FROM %s: stats-tube %s: answered \"%s\"", c->from.addr, tube, line);
-    const char *yaml = read_data(c, &c->from, (size_t)n);
+    char what[16 + COPY_TUBE_MAX];
+    snprintf(what, sizeof what, "stats-tube %s", tube);
+    size_t n;
+    const char *yaml = read_ok_data(c, &c->from, line, what, &n);
     if (!yaml) return -1;
-    char *doc = strndup(yaml, (size_t)n);
+    char *doc = strndup(yaml, n);
     if (!doc) return fail(c, "out of memory");
     const char *key = strstr(doc, "\ncurrent-jobs-reserved: ");
     if (key) *out = strtoull(key + 24, NULL, 10);

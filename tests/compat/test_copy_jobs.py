@@ -439,22 +439,50 @@ def test_target_killed_mid_move():
     killed_mid_move("TO")
 
 
+def test_reply_announcing_too_much():
+    """A FROM that announces more bytes than any reply may hold (past -z's ceiling
+    of 1 GiB, and 2^64-1, which would wrap a length sum): a clear error, exit 1,
+    nothing read into memory, nothing on TO."""
+    dst_port, _ = start_beanstalkd()
+    for size in (2 ** 30 + 1, 2 ** 64 - 1):
+        fake = socket.create_server(("127.0.0.1", 0))
+
+        def answer(listener=fake, size=size):
+            conn, _ = listener.accept()
+            with conn:
+                while conn.recv(65536):
+                    conn.sendall(b"OK %d\r\n" % size)
+        threading.Thread(target=answer, daemon=True).start()
+        status, out, err = copy_jobs(["127.0.0.1:%d" % fake.getsockname()[1], "127.0.0.1:%d" % dst_port, "--move"],
+                                     timeout=30)
+        fake.close()
+        check_eq(status, 1, "exit status for OK %d; stdout %r, stderr %r" % (size, out, err))
+        check("announces %d bytes, more than %d" % (size, 2 ** 30) in err, "the reason: %r" % err)
+    check_eq(jobs_on(dst_port), {}, "jobs on TO")
+
+
 def test_usage_errors():
     for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
                        (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
-                       (["a:1", "b:2", "--tube"], "needs a value"), (["a:1", "b:2", "c:3"], "one FROM")]:
+                       (["a:1", "b:2", "--tube"], "needs a value"), (["a:1", "b:2", "c:3"], "one FROM"),
+                       (["a:1", "b:2"] + [a for i in range(65) for a in ("--tube", "t%d" % i)], "--tube given too often")]:
         status, _, err = copy_jobs(args, timeout=20)
         check_eq(status, 5, "exit status of --copy-jobs %s" % " ".join(args))
         check(what in err and "Use: beangate --copy-jobs" in err, "stderr of %r: %r" % (args, err))
     status, _, err = copy_jobs(["127.0.0.1:%d" % free_port(), "127.0.0.1:%d" % free_port()], timeout=20)
     check_eq(status, 1, "exit status with nothing listening")
     check("FROM 127.0.0.1:" in err and "cannot connect" in err, "stderr: %r" % err)
+    # 64 --tube options (COPY_TUBES_MAX) are not a usage error
+    status, _, err = copy_jobs(["127.0.0.1:%d" % free_port(), "127.0.0.1:%d" % free_port()]
+                               + [a for i in range(64) for a in ("--tube", "t%d" % i)], timeout=20)
+    check_eq(status, 1, "exit status with 64 --tube and nothing listening; stderr %r" % err)
 
 
 TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, test_copy_beanstalkd_to_beangate,
          test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
          test_target_without_reserve_job, test_target_draining, test_draining_source, test_unix_socket_source,
-         test_source_killed_mid_move, test_target_killed_mid_move, test_usage_errors]
+         test_source_killed_mid_move, test_target_killed_mid_move, test_reply_announcing_too_much,
+         test_usage_errors]
 
 
 def after(_error):
