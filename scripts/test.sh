@@ -46,6 +46,24 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 skipped=()
 
+# Run a stage's command (its output shown as it runs): exit status 77 means
+# it cannot run here, which is a skip with the reason of its last line that
+# starts with PREFIX (no / in it); any other failure ends the run.
+run_skippable() {
+    local label=$1 prefix=$2 out status=0
+    shift 2
+    out=$(mktemp)
+    "$@" | tee "$out" || status=${PIPESTATUS[0]}
+    local why
+    why=$(sed -n "s/^$prefix//p" "$out" | tail -n 1)
+    rm -f "$out"
+    if [ "$status" = 77 ]; then
+        skipped+=("$label: $why")
+    elif [ "$status" != 0 ]; then
+        exit "$status"
+    fi
+}
+
 if wants normal; then
     echo "== normal build"
     cmake -S . -B build -DBEANGATE_TESTS=ON >/dev/null
@@ -57,16 +75,7 @@ if wants package; then
     echo "== Debian package (build, lintian, install, run, remove, purge)"
     # exit status 77: it cannot run here (not root, no dpkg, a beangate
     # package of someone else's); its SKIP line says why
-    out=$(mktemp)
-    status=0
-    tests/package/test_package.py --install | tee "$out" || status=${PIPESTATUS[0]}
-    why=$(sed -n 's/^SKIP setup: //p' "$out" | tail -n 1)
-    rm -f "$out"
-    if [ "$status" = 77 ]; then
-        skipped+=("Debian package: $why")
-    elif [ "$status" != 0 ]; then
-        exit "$status"
-    fi
+    run_skippable "Debian package" "SKIP setup: " tests/package/test_package.py --install
 fi
 
 if wants asan; then
@@ -96,16 +105,7 @@ fi
 if wants container; then
     echo "== container image (docker/smoke-test: docker or podman, where one works)"
     # exit status 77: no working container engine; its SKIP line says why
-    out=$(mktemp)
-    status=0
-    docker/smoke-test | tee "$out" || status=${PIPESTATUS[0]}
-    why=$(sed -n 's/^SKIP container image: //p' "$out" | tail -n 1)
-    rm -f "$out"
-    if [ "$status" = 77 ]; then
-        skipped+=("container image: $why")
-    elif [ "$status" != 0 ]; then
-        exit "$status"
-    fi
+    run_skippable "container image" "SKIP container image: " docker/smoke-test
 fi
 
 if [ ${#skipped[@]} -gt 0 ]; then
