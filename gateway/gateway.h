@@ -228,6 +228,8 @@ enum gw_tube_source {
     GW_TUBE_QUERY,  /* each tube of ?tubes= (POST /reservations) */
     GW_TUBE_JOB,    /* the tube of the {id} job; a job of a tube the token
                      * cannot see is answered 404, as a missing one */
+    GW_TUBE_ALL,    /* every tube (a kind:* grant): rows about clients,
+                     * whose tubes are any (GET/DELETE /clients) */
 };
 /* The kind of action a row needs: an enum bg_scope_kind, or one of these. */
 #define GW_KIND_NONE (-1)   /* none (GW_TUBE_NONE rows) */
@@ -584,6 +586,14 @@ int gw_handle_openapi(struct gw_request *r);
 int gw_handle_subscriptions(struct gw_request *r);
 int gw_handle_auth(struct gw_request *r);
 
+/* ---- clients.c: who is connected (GET /clients, issue 26) ----------------- */
+
+int gw_handle_clients(struct gw_request *r);
+int gw_handle_client_delete(struct gw_request *r);
+/* List r's engine client c (a long-poll) in GET /clients as an HTTP client
+ * at r's peer, closed by close_now. Out of memory it is not listed. */
+void gw_list_client(struct gw_request *r, struct bg_client *c, void (*close_now)(struct bg_client *, bg_time));
+
 /* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
 
 int gw_handle_ui_redirect(struct gw_request *r);
@@ -611,6 +621,9 @@ int gw_request_kind(struct gw_request *r);
  * unscoped token, or no token configured, may do all); else 0 after a 403
  * PERMISSION_DENIED naming the scope it needs was queued into *reply. */
 int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply);
+/* May r's token do what its row needs on every tube (a kind:* grant)? 1 if
+ * so; else 0 after a 403 naming "kind:*" was queued into *reply. */
+int gw_scope_permits_all(struct gw_request *r, int *reply);
 /* Nonzero if r's token sees tube name[0..len) (listings show only these). */
 int gw_scope_sees(const struct gw_request *r, const char *name, size_t len);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
