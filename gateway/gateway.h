@@ -844,6 +844,9 @@ unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct
  * zero (so every byte string has one encoding). NULL if text is not that,
  * or memory ran out (*bad tells which: 1 invalid, 0 memory). *n = length. */
 char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad);
+/* Job j as JSON: its stats; `reservation` (token, when given: the reply to
+ * a reserve); without a token, a reserved job's `reserved_by` (the listed
+ * client holding it, or null); its body when with_body. */
 json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);

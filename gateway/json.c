@@ -88,7 +88,7 @@ json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                           "kicks", (json_int_t)sj.kicks);
     if (!v) return NULL;
     if (token) json_object_set_new(v, "reservation", json_string(token));
-    if (j->state == BG_JOB_RESERVED) { /* the connection that holds it (GET /clients); null: a token */
+    if (!token && j->state == BG_JOB_RESERVED) { /* the client that holds it (GET /clients); null: a token */
         uint64_t by = bg_job_reserved_by(j);
         json_object_set_new(v, "reserved_by", by ? json_integer((json_int_t)by) : json_null());
     }
