@@ -310,6 +310,11 @@ def test_limits_cursor_protocol_validated():
         conns = [Beanstalk(srv.tcp_port) for _ in range(3)]
         try:
             testlib.wait_until(lambda: clients(srv)["count"] >= 3, "3 listed", TIMEOUT)
+            # /metrics counts the same clients
+            lines = srv.metrics().splitlines()
+            for protocol in ("beanstalk", "gearman", "http", "push"):
+                want = 'beangate_clients{protocol="%s"} %d' % (protocol, clients(srv, "?protocol=" + protocol)["count"])
+                check(want in lines, "%s in /metrics" % want)
             check_eq(len(clients(srv, "?limit=500")["clients"]), clients(srv)["count"], "limit=500 is allowed")
             check_eq(clients(srv, "?limit=1")["next"] is not None, True, "limit=1 has a next")
             last = clients(srv)["clients"][-1]["id"]
