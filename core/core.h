@@ -1092,7 +1092,7 @@ void bg_history_read_engine(const struct bg_engine *e, uint64_t other_connection
 
 /* Sweep the tubes if BG_HISTORY_SWEEP_S seconds began since the last sweep
  * (or none was made): note each tube's put and delete counters (O(tubes),
- * ~3 ns a tube: docs/performance.md). The first sweep notes them as if
+ * ~4 ns a tube: docs/performance.md §21). The first sweep notes them as if
  * they had not changed in the BG_HISTORY_SWEEP_S seconds before. Returns 1
  * if it swept, else 0. */
 int bg_history_sweep_tubes(struct bg_history *h, struct bg_engine *e, bg_time now);
