@@ -1097,7 +1097,7 @@ void bg_history_read_engine(const struct bg_engine *e, uint64_t other_connection
  * BG_HISTORY_SWEEP_S seconds before. Returns 1 if it swept, else 0. */
 int bg_history_sweep_tubes(struct bg_history *h, struct bg_engine *e, bg_time now);
 /* Tube t's puts and deletes per second since the sweep before the latest:
- * over the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
+ * over about the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
  * only if the loop stalled). A tube made since a sweep had no puts before
  * it. 0 and 0 before the first sweep. */
 void bg_tube_rates(const struct bg_history *h, const struct bg_tube *t, bg_time now,
