@@ -265,7 +265,8 @@ enum bg_tree_order {
 };
 
 struct bg_tree {
-    void *root, *first;         /* first: the smallest, NULL when empty */
+    void *root;
+    void *first, *last;         /* the smallest and the largest, NULL when empty */
     uint64_t len;               /* jobs in it */
     uint8_t order;              /* enum bg_tree_order */
     uint8_t nodes;              /* 1: bg_tree_node records, 0: the jobs themselves */
