@@ -682,6 +682,12 @@ fail:
 
 void bg_engine_destroy(struct bg_engine *e)
 {
+    /* reserved-index records of jobs still reserved (a client left open):
+     * found by their jobs' keys, so before the jobs go */
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tree *r = &e->tube_list[i]->reserved;
+        while (r->first) bg_free(bg_tree_remove(r, bg_tree_key(r, r->first)));
+    }
     for (size_t i = 0; i <= e->jobs_mask; i++)
         if (e->jobs[i]) job_mem_free(e, e->jobs[i]);
     while (e->tube_count) {
