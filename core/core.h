@@ -250,13 +250,15 @@ struct bg_job_cursor { uint64_t key; uint64_t id; };
  * Each tube keeps its ready, delayed, buried and reserved jobs in four of
  * these, each in its state's serving order, (key, id) as bg_job_cursor
  * says. An AVL tree threaded through the jobs (nodes == 0: a job's prev and
- * next are its left and right links, its tube_slot its height; the fields a
- * ready, delayed or buried job does not use otherwise) or through
+ * next are its left and right links, its tube_slot its two subtrees'
+ * heights; fields a ready, delayed or buried job does not use otherwise) or
+ * through
  * bg_tree_node records (nodes == 1: reserved jobs, whose links belong to
  * their reserver's list; the engine keeps a spare record so that taking a
  * reservation never allocates). Inserting and removing never allocate, cost
  * O(log n) and never fail; listing after a cursor costs O(log n + listed);
- * the first job is cached. A job's key must not change while it is in. */
+ * the first and last jobs are cached. A job's key must not change while it
+ * is in. */
 enum bg_tree_order {
     BG_ORDER_PRIORITY,  /* (pri, id): ready */
     BG_ORDER_DEADLINE,  /* (deadline_at, id): delayed, and buried (deadline_at
@@ -274,7 +276,7 @@ struct bg_tree {
 
 struct bg_tree_node {
     struct bg_tree_node *left, *right;
-    uint32_t height;
+    uint32_t height;            /* its subtrees' heights (tree.c) */
     struct bg_job *job;
 };
 
@@ -293,7 +295,7 @@ static inline struct bg_job *bg_tree_first(const struct bg_tree *t)
 }
 /* Up to max jobs that come after `after`, in order, into out; how many. */
 size_t bg_tree_after(const struct bg_tree *t, struct bg_job_cursor after, struct bg_job **out, size_t max);
-/* Check order, heights, balance, the count and the cached first, and call
+/* Check order, heights, balance, the count and the cached first and last, and call
  * visit (if not NULL) on every job (nonzero: the job does not belong). 0, or
  * BG_INTERNAL_ERROR with *broken saying what. For the audit: O(n). */
 int bg_tree_audit(const struct bg_tree *t, int (*visit)(const struct bg_job *j, void *arg), void *arg,
@@ -312,7 +314,8 @@ struct bg_job {
                                  * (bg_tube.burials), the buried order's key */
     uint32_t delay_s, ttr_s;
     uint32_t tube_slot;         /* reserved: slot in the reserver's heap; ready,
-                                 * delayed, buried: height in the tube's index */
+                                 * delayed, buried: its subtrees' heights in the
+                                 * tube's index */
     uint32_t timer_slot;        /* engine's job timer heap */
     uint32_t pri;
     uint32_t body_size;         /* bytes stored in body[], including CRLF */
@@ -341,12 +344,11 @@ struct bg_tube {
     uint64_t ready_top_id;
     char name[BG_TUBE_NAME_MAX + 1];
     struct bg_tube *hash_next;
-    const struct bg_engine *engine; /* the engine that holds it */
     uint32_t list_index;        /* slot in engine tube list (creation order) */
     uint32_t timer_slot;        /* paused-tube timer heap */
     uint32_t refs;              /* users, watchers, jobs */
-    /* the jobs of each state but reserved in serving order, `len` their
-     * count (tree.c; bg_tube_jobs lists them) */
+    /* its jobs of each state in serving order, `len` their count (tree.c;
+     * bg_tube_jobs lists them, bg_tube_count counts them) */
     struct bg_tree ready;       /* by (pri, id) */
     struct bg_tree delayed;     /* by (deadline, id) */
     struct bg_tree buried;      /* by burial number */

@@ -256,7 +256,6 @@ static struct bg_tube *tube_get(struct bg_engine *e, const char *name)
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
     strncpy(t->name, name, BG_TUBE_NAME_MAX);
-    t->engine = e;
     t->timer_slot = NO_SLOT;
     t->ready_top_pri = UINT32_MAX;
     t->ready_top_id = UINT64_MAX;

@@ -1,13 +1,15 @@
 /* tree.c - the ordered index of one tube's jobs in one state (issue 26): an
  * AVL tree keyed by (key, id) (struct bg_job_cursor), threaded through the
  * jobs themselves (ready, delayed, buried: left and right are the job's
- * prev and next, its height is in tube_slot) or through bg_tree_node
- * records (reserved: the job's links belong to its reserver's list).
+ * prev and next, its subtrees' heights are in tube_slot) or through
+ * bg_tree_node records (reserved: the job's links belong to its reserver's
+ * list).
  *
  * Why not a heap or a B+tree: a heap cannot list in order after a cursor
- * at a bounded cost; a B+tree of job pointers can, but its inserts
- * allocate, and a job must always have somewhere to go (a release that
- * cannot make the job ready buries it, and burying must not fail). The
+ * at a bounded cost; a B+tree of job pointers can, and reads less memory
+ * per step, but its inserts allocate, and a job that changes state must
+ * always have somewhere to go (the engine buries a job it cannot queue,
+ * and burying must not fail). The
  * threaded tree never allocates, costs no byte per job (the links are the
  * fields a job in these states does not use otherwise; the heap arrays it
  * replaces cost 8 to 16 bytes a job), and every operation is O(log n)
