@@ -269,6 +269,7 @@ enum bg_tree_order {
 struct bg_tree {
     void *root;
     void *first, *last;         /* the smallest and the largest, NULL when empty */
+    void **finger;              /* a slot on the right spine where appends start (tree.c) */
     uint64_t len;               /* jobs in it */
     uint8_t order;              /* enum bg_tree_order */
     uint8_t nodes;              /* 1: bg_tree_node records, 0: the jobs themselves */

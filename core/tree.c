@@ -121,8 +121,9 @@ static void *rebalance(const struct bg_tree *t, void *n)
 
 /* The subtree in slot `changed` (a link of *link[from], or of nothing when
  * from < 0) changed height: record that in each node up the path
- * link[from..0], rebalancing each, until a subtree keeps its height. */
-static void rebalance_path(const struct bg_tree *t, void **link[], int from, void **changed)
+ * link[from..0], rebalancing each, until a subtree keeps its height.
+ * Returns 1 if one did, 0 if the change reached the slot link[0] itself. */
+static int rebalance_path(const struct bg_tree *t, void **link[], int from, void **changed)
 {
     for (int i = from; i >= 0; i--) {
         void *n = *link[i];
@@ -131,46 +132,82 @@ static void rebalance_path(const struct bg_tree *t, void **link[], int from, voi
         else set_heights(t, n, left_height(t, n), h);
         void *m = rebalance(t, n);
         *link[i] = m;
-        if (height(t, m) == before) return;
+        if (height(t, m) == before) return 1;
         changed = link[i];
     }
+    return 0;
 }
 
 void bg_tree_init(struct bg_tree *t, enum bg_tree_order order, int nodes)
 {
     t->root = t->first = t->last = NULL;
+    t->finger = &t->root;
     t->len = 0;
     t->order = (uint8_t)order;
     t->nodes = (uint8_t)(nodes != 0);
 }
 
-void bg_tree_insert(struct bg_tree *t, void *n)
+/* How far below the finger an append keeps it (FINGER_DEPTH to twice that
+ * levels): a put then walks a few nodes, not the whole right spine. */
+#define FINGER_DEPTH 4
+
+/* Append n after the last node: its place is at the bottom of the right
+ * spine. The walk starts at the finger, a slot on the right spine that
+ * only appends keep (anything else resets it to the root's): the changes
+ * below it stay below it unless the subtree there grows taller, and then
+ * the spine above it is walked from the root once. */
+static void append(struct bg_tree *t, void *n)
 {
     void **link[BG_TREE_DEPTH_MAX];
     int depth = 0;
+    void **top = t->finger, **slot = top;
+    while (*slot) {
+        link[depth++] = slot;
+        slot = right_of(t, *slot);
+    }
+    L(n) = R(n) = NULL;
+    set_heights(t, n, 0, 0);
+    *slot = n;
+    if (rebalance_path(t, link, depth - 1, slot) || top == &t->root) {
+        if (depth > 2 * FINGER_DEPTH) { /* nothing above top moved: keep it near the bottom */
+            slot = top;
+            for (int i = 0; i < FINGER_DEPTH && *right_of(t, *slot); i++) slot = right_of(t, *slot);
+            t->finger = slot;
+        }
+        return;
+    }
+    /* the subtree at top grew: the spine above it, from the root */
+    depth = 0;
+    for (slot = &t->root; slot != top; slot = right_of(t, *slot)) link[depth++] = slot;
+    rebalance_path(t, link, depth - 1, top);
+    t->finger = &t->root; /* rotations above top may have moved it off the spine */
+}
+
+void bg_tree_insert(struct bg_tree *t, void *n)
+{
     struct bg_job_cursor k = bg_tree_key(t, n);
-    void **slot = &t->root;
     if (t->last && key_less(bg_tree_key(t, t->last), k)) {
-        /* after the last (a put's new id, at a priority already there):
-         * its place is below the right spine, no key to compare on the way */
-        while (*slot) {
-            link[depth++] = slot;
-            slot = right_of(t, *slot);
-        }
+        /* after the last: a put's new id at a priority already there */
+        append(t, n);
         t->last = n;
-    } else {
-        while (*slot) {
-            link[depth++] = slot;
-            slot = key_less(k, bg_tree_key(t, *slot)) ? left_of(t, *slot) : right_of(t, *slot);
-        }
-        if (!t->last) t->last = n;
+        t->len++;
+        return;
+    }
+    void **link[BG_TREE_DEPTH_MAX];
+    int depth = 0;
+    void **slot = &t->root;
+    while (*slot) {
+        link[depth++] = slot;
+        slot = key_less(k, bg_tree_key(t, *slot)) ? left_of(t, *slot) : right_of(t, *slot);
     }
     L(n) = R(n) = NULL;
     set_heights(t, n, 0, 0);
     *slot = n;
     t->len++;
+    if (!t->last) t->last = n;
     if (!t->first || key_less(k, bg_tree_key(t, t->first))) t->first = n;
     rebalance_path(t, link, depth - 1, slot);
+    t->finger = &t->root;
 }
 
 /* The leftmost and rightmost nodes of the subtree at n (n not NULL). */
@@ -220,6 +257,7 @@ void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k)
         rebalance_path(t, link, depth - 2, link[depth - 1]);
     }
     t->len--;
+    t->finger = &t->root;
     if (t->first == n) t->first = t->root ? leftmost(t, t->root) : NULL;
     if (t->last == n) t->last = t->root ? rightmost(t, t->root) : NULL;
     L(n) = R(n) = NULL;
@@ -305,6 +343,12 @@ int bg_tree_audit(const struct bg_tree *t, int (*visit)(const struct bg_job *j, 
     if (t->first != (t->root ? leftmost(t, t->root) : NULL) ||
         t->last != (t->root ? rightmost(t, t->root) : NULL)) {
         *broken = "an index's cached first or last job is stale";
+        return BG_INTERNAL_ERROR;
+    }
+    void *const *slot = (void *const *)&t->root;
+    while (slot != (void *const *)t->finger && *slot) slot = right_of(t, *slot);
+    if (slot != (void *const *)t->finger) {
+        *broken = "an index's finger is not on its right spine";
         return BG_INTERNAL_ERROR;
     }
     return 0;

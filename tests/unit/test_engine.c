@@ -3790,6 +3790,65 @@ static void test_destroy_with_reservations(void **state)
     bg_heap_free(&fc.client.reserved);
 }
 
+/* Appends (a put's new id at a priority already there) walk from the
+ * tree's finger: long runs of them, a FIFO (remove the first, append), and
+ * removals and inserts elsewhere in between (which reset the finger) keep
+ * the tree sound and in order. */
+static void test_tree_appends(void **state)
+{
+    (void)state;
+    enum { M = 60000 };
+    struct bg_job *jobs = calloc(M, sizeof *jobs);
+    uint8_t *in = calloc(M, 1);
+    assert_non_null(jobs);
+    assert_non_null(in);
+    struct bg_tree t;
+    bg_tree_init(&t, BG_ORDER_PRIORITY, 0);
+    prng_state = 0xF1F0;
+    const char *broken;
+    size_t next = 0, head = 0;
+    for (size_t i = 0; i < M; i++) {
+        jobs[i].id = i + 1;
+        jobs[i].pri = 7;
+        jobs[i].state = BG_JOB_READY;
+    }
+    for (int step = 0; next < M; step++) {
+        if (step < 30000 || pick(3)) { /* append */
+            bg_tree_insert(&t, &jobs[next]);
+            in[next++] = 1;
+        } else if (pick(2)) { /* FIFO: take the first */
+            while (!in[head]) head++;
+            assert_ptr_equal(bg_tree_first(&t), &jobs[head]);
+            assert_ptr_equal(bg_tree_remove(&t, bg_tree_key(&t, &jobs[head])), &jobs[head]);
+            in[head] = 0;
+        } else { /* anywhere: remove one, or put back a removed one */
+            size_t i = pick(next);
+            if (in[i]) assert_ptr_equal(bg_tree_remove(&t, bg_tree_key(&t, &jobs[i])), &jobs[i]);
+            else bg_tree_insert(&t, &jobs[i]);
+            in[i] ^= 1;
+            if (in[i] && i < head) head = i; /* the first again */
+        }
+        if (step % 997 == 0) assert_int_equal(bg_tree_audit(&t, NULL, NULL, &broken), BG_OK);
+    }
+    assert_int_equal(bg_tree_audit(&t, NULL, NULL, &broken), BG_OK);
+    struct bg_job *page[100];
+    struct bg_job_cursor c = {0, 0};
+    size_t listed = 0, got;
+    uint64_t last_id = 0;
+    while ((got = bg_tree_after(&t, c, page, 100)) > 0) {
+        for (size_t i = 0; i < got; i++) {
+            assert_true(page[i]->id > last_id);
+            assert_true(in[page[i]->id - 1]);
+            last_id = page[i]->id;
+        }
+        listed += got;
+        c = bg_tree_key(&t, page[got - 1]);
+    }
+    assert_int_equal(listed, t.len);
+    free(in);
+    free(jobs);
+}
+
 /* ======================================================================= */
 
 #define ENGINE_TEST(fn) cmocka_unit_test_setup_teardown(fn, world_setup, world_teardown)
@@ -3859,6 +3918,7 @@ int main(void)
         ENGINE_TEST(test_bulk_kick_and_delete),
         ENGINE_TEST(test_browse_matches_model),
         cmocka_unit_test(test_tree_random),
+        cmocka_unit_test(test_tree_appends),
         ENGINE_TEST(test_bulk_delete_steps_are_short),
         ENGINE_TEST(test_restore_keeps_burial_order),
         cmocka_unit_test(test_destroy_with_reservations),
