@@ -286,6 +286,8 @@ void bg_tree_init(struct bg_tree *t, enum bg_tree_order order, int nodes);
 void bg_tree_insert(struct bg_tree *t, void *n);
 /* Remove the node of key k and return it; NULL if there is none. */
 void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k);
+/* Job j's key in `order`. */
+struct bg_job_cursor bg_job_key(const struct bg_job *j, enum bg_tree_order order);
 /* The job of node n, and its key in t's order. */
 struct bg_job *bg_tree_job(const struct bg_tree *t, const void *n);
 struct bg_job_cursor bg_tree_key(const struct bg_tree *t, const void *n);

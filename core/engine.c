@@ -323,21 +323,9 @@ uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state)
 
 /* ---- browsing a tube's jobs (bg_tube_jobs) ------------------------------ */
 
-/* j's key in its state's serving order (struct bg_job_cursor). */
-static uint64_t job_order_key(const struct bg_job *j)
-{
-    switch (j->state) {
-    case BG_JOB_READY: return j->pri;
-    case BG_JOB_DELAYED:
-    case BG_JOB_BURIED: return j->deadline_at;
-    default: return 0;
-    }
-}
-
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j)
 {
-    struct bg_job_cursor c = {job_order_key(j), j->id};
-    return c;
+    return bg_job_key(j, (enum bg_tree_order)bg_tube_index(j->tube, (enum bg_job_state)j->state)->order);
 }
 
 size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,

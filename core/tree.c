@@ -42,13 +42,17 @@ struct bg_job *bg_tree_job(const struct bg_tree *t, const void *n)
     return t->nodes ? ((const struct bg_tree_node *)n)->job : (struct bg_job *)n;
 }
 
+struct bg_job_cursor bg_job_key(const struct bg_job *j, enum bg_tree_order order)
+{
+    struct bg_job_cursor k = {0, j->id};
+    if (order == BG_ORDER_PRIORITY) k.key = j->pri;
+    else if (order == BG_ORDER_DEADLINE) k.key = j->deadline_at;
+    return k;
+}
+
 struct bg_job_cursor bg_tree_key(const struct bg_tree *t, const void *n)
 {
-    const struct bg_job *j = bg_tree_job(t, n);
-    struct bg_job_cursor k = {0, j->id};
-    if (t->order == BG_ORDER_PRIORITY) k.key = j->pri;
-    else if (t->order == BG_ORDER_DEADLINE) k.key = j->deadline_at;
-    return k;
+    return bg_job_key(bg_tree_job(t, n), (enum bg_tree_order)t->order);
 }
 
 static inline int key_less(struct bg_job_cursor a, struct bg_job_cursor b)

@@ -3624,8 +3624,8 @@ static void test_browse_matches_model(void **state)
 
 static int job_cursor_less(const void *a, const void *b)
 {
-    struct bg_job_cursor x = bg_job_cursor_of(*(struct bg_job *const *)a);
-    struct bg_job_cursor y = bg_job_cursor_of(*(struct bg_job *const *)b);
+    struct bg_job_cursor x = bg_job_key(*(struct bg_job *const *)a, BG_ORDER_PRIORITY);
+    struct bg_job_cursor y = bg_job_key(*(struct bg_job *const *)b, BG_ORDER_PRIORITY);
     if (x.key != y.key) return x.key < y.key ? -1 : 1;
     return x.id < y.id ? -1 : x.id > y.id;
 }
@@ -3675,7 +3675,7 @@ static void test_tree_random(void **state)
         assert_ptr_equal(bg_tree_first(&t), n ? sorted[0] : NULL);
         for (int q = 0; q < 50; q++) { /* a cursor at a job, or between jobs */
             size_t at = pick(n + 1);
-            struct bg_job_cursor c = at ? bg_job_cursor_of(sorted[at - 1]) : (struct bg_job_cursor){0, 0};
+            struct bg_job_cursor c = at ? bg_job_key(sorted[at - 1], BG_ORDER_PRIORITY) : (struct bg_job_cursor){0, 0};
             if (at && pick(2) && !(at < n && sorted[at]->pri == c.key && sorted[at]->id == c.id + 1))
                 c.id++; /* just past it: where a deleted job would have been */
             size_t got = bg_tree_after(&t, c, page, 37);
