@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -255,6 +256,38 @@ static void audit_job_heap(const struct bg_heap *h, size_t slot_offset,
     }
 }
 
+/* Nonzero if tube t's listing of `state` has j: the job right after the
+ * position just before j's (ids are integers, so {key, id - 1}). */
+static int indexed(const struct bg_tube *t, enum bg_job_state state, struct bg_job *j)
+{
+    struct bg_job_cursor before = bg_job_cursor_of(j), cur;
+    before.id--;
+    cur = before;
+    struct bg_job *got = NULL;
+    return bg_tube_jobs(t, state, &cur, &got, 1) == 1 && got == j;
+}
+
+/* The whole listing of t's jobs in `state` is in strictly increasing
+ * order (`before`, read from the jobs) and as long as the count. */
+static void audit_listing(const struct bg_tube *t, enum bg_job_state state,
+                          int (*before)(const struct bg_job *, const struct bg_job *))
+{
+    struct bg_job_cursor cur = {0, 0};
+    struct bg_job *page[64], *prev = NULL;
+    uint64_t n = 0;
+    size_t k;
+    while ((k = bg_tube_jobs(t, state, &cur, page, 64)) > 0) {
+        for (size_t i = 0; i < k; i++, n++) {
+            AUDIT(page[i]->state == state && page[i]->tube == t);
+            if (prev) AUDIT(before(prev, page[i]));
+            prev = page[i];
+        }
+    }
+    AUDIT(n == bg_tube_count(t, state));
+}
+
+static int id_before(const struct bg_job *a, const struct bg_job *b) { return a->id < b->id; }
+
 static int list_contains(const struct bg_job *head, const struct bg_job *j)
 {
     for (; head; head = head->next)
@@ -324,13 +357,13 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
             tt->jobs++;
             switch (j->state) {
             case BG_JOB_READY:
-                AUDIT(j->tube_slot < t->ready.len && t->ready.items[j->tube_slot] == j);
+                AUDIT(indexed(t, BG_JOB_READY, j));
                 AUDIT(j->reserver == NULL);
                 tt->ready++;
                 if (j->pri < BG_URGENT_PRIORITY) tt->urgent++;
                 break;
             case BG_JOB_DELAYED:
-                AUDIT(j->tube_slot < t->delayed.len && t->delayed.items[j->tube_slot] == j);
+                AUDIT(indexed(t, BG_JOB_DELAYED, j));
                 AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
                 AUDIT(j->reserver == NULL);
                 tt->delayed++;
@@ -341,11 +374,12 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
                 AUDIT(j->tube_slot < c->reserved.len && c->reserved.items[j->tube_slot] == j);
                 AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
                 AUDIT(list_contains(c->reserved_head, j));
+                AUDIT(indexed(t, BG_JOB_RESERVED, j));
                 tt->reserved++;
                 break;
             }
             case BG_JOB_BURIED:
-                AUDIT(list_contains(t->buried_head, j));
+                AUDIT(indexed(t, BG_JOB_BURIED, j));
                 AUDIT(j->reserver == NULL);
                 tt->buried++;
                 break;
@@ -364,17 +398,18 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
         AUDIT(t->ready.len == tt->ready);
         AUDIT(t->urgent_count == tt->urgent);
         AUDIT(t->delayed.len == tt->delayed);
-        AUDIT(t->reserved_count == tt->reserved);
-        AUDIT(t->buried_count == tt->buried);
-        AUDIT(audit_list(t->buried_head, t->buried_tail) == tt->buried);
+        AUDIT(t->reserved.len == tt->reserved);
+        AUDIT(t->buried.len == tt->buried);
         AUDIT(t->refs == t->using_count + t->watching_count + tt->jobs + (t == e->default_tube));
-        audit_job_heap(&t->ready, offsetof(struct bg_job, tube_slot), ready_before);
+        audit_listing(t, BG_JOB_READY, ready_before);
+        audit_listing(t, BG_JOB_RESERVED, id_before);
+        audit_listing(t, BG_JOB_BURIED, deadline_before); /* burial numbers */
         {   /* the cached top key that reserve scans */
-            const struct bg_job *top = t->pause_ns ? NULL : bg_heap_min(&t->ready);
+            const struct bg_job *top = t->pause_ns ? NULL : bg_peek(t, BG_JOB_READY);
             AUDIT(t->ready_top_pri == (top ? top->pri : UINT32_MAX));
             AUDIT(t->ready_top_id == (top ? top->id : UINT64_MAX));
         }
-        audit_job_heap(&t->delayed, offsetof(struct bg_job, tube_slot), deadline_before);
+        audit_listing(t, BG_JOB_DELAYED, deadline_before);
         for (uint32_t k = 0; k < t->waiting_len; k++) {
             struct bg_watch *w = t->waiting[k];
             AUDIT(w->tube == t && w->wait_index == k && w->client->waiting);
@@ -894,13 +929,13 @@ static void test_delayed_order_by_deadline(void **state)
     static const size_t expected_peek[] = {4, 1, 3, 2, 0};
     struct bg_tube *t = producer->client.use;
     for (size_t k = 0; k < 5; k++) {
-        struct bg_job *peek = bg_heap_min(&t->delayed);
+        struct bg_job *peek = bg_peek(t, BG_JOB_DELAYED);
         assert_non_null(peek);
         assert_int_equal(peek->id, ids[expected_peek[k]]);
         assert_int_equal(bg_engine_next_deadline(&w->engine), peek->deadline_at);
         assert_int_equal(bg_delete(&producer->client, peek->id, T0), BG_OK);
     }
-    assert_null(bg_heap_min(&t->delayed));
+    assert_null(bg_peek(t, BG_JOB_DELAYED));
 
     /* due together: one tick promotes all of them */
     for (size_t i = 0; i < 3; i++) put_job(producer, "d", 1, 2, 60, T0);
@@ -1030,7 +1065,7 @@ static void test_kick_buried_then_delayed(void **state)
     };
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         assert_int_equal(bg_kick(&w->engine, t, steps[i].n, T0), steps[i].kicked);
-        assert_int_equal(t->buried_count, steps[i].buried_after);
+        assert_int_equal(t->buried.len, steps[i].buried_after);
         assert_int_equal(t->delayed.len, steps[i].delayed_after);
         if (i == 1) {
             assert_int_equal(state_of(w, b[0]), BG_JOB_READY);
@@ -1110,11 +1145,10 @@ static void test_kick_job_by_state(void **state)
     check_world(w);
 }
 
-/* When the ready heap cannot grow, kick stops at the failure and reports
- * only jobs really made ready, never kicking one job twice (the reference's
- * kick_buried_jobs stops at the first failure); kick-job reports failure
- * rather than KICKED for a job left buried. */
-static void test_kick_when_ready_queue_cannot_grow(void **state)
+/* Making a job ready never allocates (a tube's index is threaded through
+ * its jobs, core/tree.c): while every allocation fails, kick and kick-job
+ * still make the jobs ready, each counted once. */
+static void test_kick_when_allocations_fail(void **state)
 {
     struct world *w = *state;
     struct bg_engine *e = &w->engine;
@@ -1123,25 +1157,15 @@ static void test_kick_when_ready_queue_cannot_grow(void **state)
     for (uint32_t i = 0; i < 10; i++) put_job(producer, "fill", i, 0, 60, T0);
     uint64_t b1 = reserve_and_bury(worker, 100, T0);
     uint64_t b2 = reserve_and_bury(worker, 100, T0);
-    while (t->ready.len < t->ready.cap) put_job(producer, "fill", 50, 0, 60, T0);
-
-    bg_alloc_fail_after(1); /* the push into the full ready heap */
-    uint64_t kicked = bg_kick(e, t, 5, T0);
-    bg_alloc_fail_after(0);
-    assert_int_equal(kicked, 2 - t->buried_count);
-    assert_true(find(w, b1)->kicks <= 1);
-    assert_true(find(w, b2)->kicks <= 1);
-    check_world(w);
-
-    /* kick-job of a buried job while the heap cannot grow */
-    while (t->buried_count) assert_int_equal(bg_kick(e, t, 1, T0), 1);
     uint64_t b3 = reserve_and_bury(worker, 100, T0);
-    while (t->ready.len < t->ready.cap) put_job(producer, "fill", 50, 0, 60, T0);
     bg_alloc_fail_after(1);
-    int r = bg_kick_job(e, b3, T0);
+    assert_int_equal(bg_kick(e, t, 2, T0), 2);
+    assert_int_equal(bg_kick_job(e, b3, T0), BG_OK);
     bg_alloc_fail_after(0);
-    if (r == BG_OK) assert_int_not_equal(state_of(w, b3), BG_JOB_BURIED);
-    else assert_int_equal(state_of(w, b3), BG_JOB_BURIED);
+    assert_int_equal(t->buried.len, 0);
+    assert_int_equal(find(w, b1)->kicks, 1);
+    assert_int_equal(find(w, b2)->kicks, 1);
+    assert_int_equal(state_of(w, b3), BG_JOB_READY);
     check_world(w);
 }
 
@@ -1699,7 +1723,7 @@ static void test_bury(void **state)
     assert_int_equal(j->state, BG_JOB_BURIED);
     assert_int_equal(j->pri, 42);
     assert_int_equal(j->buries, 1);
-    assert_ptr_equal(w->engine.default_tube->buried_head, j); /* peek-buried */
+    assert_ptr_equal(bg_peek(w->engine.default_tube, BG_JOB_BURIED), j); /* peek-buried */
     assert_int_equal(w->engine.buried_count, 1);
     assert_int_equal(tube_stats(w, "default", T0).buried, 1);
     assert_int_equal(bg_bury(&worker->client, id, 1, T0), BG_NOT_FOUND); /* not reserved */
@@ -2351,8 +2375,8 @@ static void test_job_memory_restore_over_ceiling(void **state)
 
 /* The log's view: the last update record of a job. */
 static struct {
-    int updates;
-    uint64_t id;
+    int updates, deletes;
+    uint64_t id, deleted_id;
     uint32_t ttr_s;
 } logged;
 
@@ -2364,7 +2388,12 @@ static void log_saved(void *ctx, const struct bg_job *j, int with_body)
     logged.id = j->id;
     logged.ttr_s = j->ttr_s;
 }
-static void log_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
+static void log_deleted(void *ctx, uint64_t id)
+{
+    (void)ctx;
+    logged.deletes++;
+    logged.deleted_id = id;
+}
 static void log_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
 static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused, NULL};
 
@@ -2898,9 +2927,10 @@ static struct bg_job *model_best_ready(struct bg_client *c)
     for (uint32_t i = 0; i < c->watch_len; i++) {
         struct bg_tube *t = c->watch[i]->tube;
         if (t->pause_ns) continue;
-        for (uint32_t k = 0; k < t->ready.len; k++) {
-            struct bg_job *j = t->ready.items[k];
-            if (!best || ready_before(j, best)) best = j;
+        const struct bg_engine *e = c->engine;
+        for (size_t b = 0; b <= e->jobs_mask; b++) {
+            struct bg_job *j = e->jobs[b];
+            if (j && j->tube == t && j->state == BG_JOB_READY && (!best || ready_before(j, best))) best = j;
         }
     }
     return best;
@@ -3003,7 +3033,7 @@ static void stress_step(struct stress *s)
             break;
         }
         uint64_t n = pick(4);
-        uint64_t buried = t->buried_count, delayed = t->delayed.len;
+        uint64_t buried = t->buried.len, delayed = t->delayed.len;
         uint64_t want = buried ? (n < buried ? n : buried) : (n < delayed ? n : delayed);
         EXPECT(bg_kick(e, t, n, s->now), want);
         break;
@@ -3299,6 +3329,527 @@ static void test_shard_of_tube_is_crc32_mod_n(void **state)
 }
 
 /* ======================================================================= */
+/* browsing a tube's jobs and bulk actions (issue 26)                      */
+/* ======================================================================= */
+
+/* The jobs of tube t in `state`, found from the job table alone and
+ * sorted by (key, id) with the key read as bg_job_cursor documents it:
+ * the model the engine's ordered listing must match. Returns how many. */
+static size_t model_tube_jobs(const struct bg_engine *e, const struct bg_tube *t,
+                              enum bg_job_state state, struct bg_job **out)
+{
+    size_t n = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++) {
+        struct bg_job *j = e->jobs[b];
+        if (!j || j->tube != t || j->state != state) continue;
+        size_t i = n++;
+        struct bg_job_cursor k = bg_job_cursor_of(j);
+        for (; i > 0; i--) { /* insertion sort: small lists */
+            struct bg_job_cursor p = bg_job_cursor_of(out[i - 1]);
+            if (p.key < k.key || (p.key == k.key && p.id < k.id)) break;
+            out[i] = out[i - 1];
+        }
+        out[i] = j;
+    }
+    return n;
+}
+
+/* Page through t's jobs in `state`, `page` at a time, and check the
+ * concatenation against the model; returns how many were listed. */
+static size_t check_listing(const struct bg_engine *e, const struct bg_tube *t,
+                            enum bg_job_state state, size_t page)
+{
+    size_t total = e->job_count;
+    struct bg_job **want = calloc(total + 1, sizeof *want);
+    struct bg_job **got = calloc(total + page + 1, sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    size_t n = model_tube_jobs(e, t, state, want), listed = 0;
+    struct bg_job_cursor cur = {0, 0};
+    for (;;) {
+        size_t k = bg_tube_jobs(t, state, &cur, got + listed, page);
+        assert_true(k <= page);
+        if (k) {
+            struct bg_job_cursor last = bg_job_cursor_of(got[listed + k - 1]);
+            assert_int_equal(cur.key, last.key);
+            assert_int_equal(cur.id, last.id);
+        }
+        listed += k;
+        assert_true(listed <= n);
+        if (k < page) break;
+    }
+    assert_int_equal(listed, n);
+    for (size_t i = 0; i < n; i++) assert_ptr_equal(got[i], want[i]);
+    free(want);
+    free(got);
+    return n;
+}
+
+/* Ids of a listing of up to 16 jobs after *cur, as a 0-terminated array. */
+static void list_ids(const struct bg_tube *t, enum bg_job_state state, struct bg_job_cursor *cur,
+                     size_t max, uint64_t ids[17])
+{
+    struct bg_job *js[16];
+    size_t n = bg_tube_jobs(t, state, cur, js, max);
+    for (size_t i = 0; i < n; i++) ids[i] = js[i]->id;
+    ids[n] = 0;
+}
+
+#define ASSERT_IDS(ids, ...)                                                  \
+    do {                                                                      \
+        const uint64_t want_[] = {__VA_ARGS__, 0};                           \
+        for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++)         \
+            assert_int_equal((ids)[i_], want_[i_]);                           \
+    } while (0)
+
+/* Each state lists in its serving order: ready by (priority, id), delayed
+ * by deadline, buried by burial (not id), reserved by id; across pages. */
+static void test_browse_order_per_state(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *p = &w->fc[0], *c = &w->fc[1];
+    struct bg_tube *t = w->engine.default_tube;
+    uint64_t r1 = put_job(p, "r1", 5, 0, 60, T0);
+    uint64_t r2 = put_job(p, "r2", 1, 0, 60, T0);
+    uint64_t r3 = put_job(p, "r3", 5, 0, 60, T0);
+    uint64_t r4 = put_job(p, "r4", 0, 0, 60, T0);
+    uint64_t d1 = put_job(p, "d1", 0, 30, 60, T0);
+    uint64_t d2 = put_job(p, "d2", 9, 10, 60, T0);
+    uint64_t d3 = put_job(p, "d3", 0, 10, 60, T0);
+    uint64_t ids[17];
+    struct bg_job_cursor cur = {0, 0};
+    list_ids(t, BG_JOB_READY, &cur, 3, ids);
+    ASSERT_IDS(ids, r4, r2, r1);
+    list_ids(t, BG_JOB_READY, &cur, 3, ids);
+    ASSERT_IDS(ids, r3);
+    list_ids(t, BG_JOB_READY, &cur, 3, ids); /* the end: nothing, cursor kept */
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(cur.key, 5);
+    assert_int_equal(cur.id, r3);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_DELAYED, &cur, 16, ids);
+    ASSERT_IDS(ids, d2, d3, d1);
+    /* reserve r4, r2, r1, r3 (serving order); bury r1 then r4 then r3 */
+    for (int i = 0; i < 4; i++) reserve_now(c, T0);
+    assert_int_equal(bg_bury(&c->client, r1, 7, T0), BG_OK);
+    assert_int_equal(bg_bury(&c->client, r4, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_RESERVED, &cur, 16, ids);
+    ASSERT_IDS(ids, r2, r3);
+    assert_int_equal(bg_bury(&c->client, r3, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 2, ids);
+    ASSERT_IDS(ids, r1, r4);
+    list_ids(t, BG_JOB_BURIED, &cur, 2, ids);
+    ASSERT_IDS(ids, r3);
+    /* kicked and buried again: it goes to the end of the burial order */
+    assert_int_equal(bg_kick_job(&w->engine, r1, T0), BG_OK);
+    assert_int_equal(reserve_now(c, T0), r1);
+    assert_int_equal(bg_bury(&c->client, r1, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 16, ids);
+    ASSERT_IDS(ids, r4, r3, r1);
+    /* max 0 lists nothing and leaves the cursor */
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 0, ids);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(cur.id, 0);
+    check_world(w);
+}
+
+/* A cursor stays valid as jobs come and go: its own job deleted or
+ * reserved, jobs added before it (not shown) and after it (shown). */
+static void test_browse_cursor_survives_changes(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *p = &w->fc[0];
+    struct bg_tube *t = w->engine.default_tube;
+    uint64_t a = put_job(p, "a", 10, 0, 60, T0);
+    uint64_t b = put_job(p, "b", 20, 0, 60, T0);
+    uint64_t c = put_job(p, "c", 30, 0, 60, T0);
+    uint64_t ids[17];
+    struct bg_job_cursor cur = {0, 0};
+    list_ids(t, BG_JOB_READY, &cur, 2, ids);
+    ASSERT_IDS(ids, a, b);
+    assert_int_equal(bg_delete(&p->client, b, T0), BG_OK); /* the cursor's own job */
+    uint64_t before = put_job(p, "before", 15, 0, 60, T0);
+    uint64_t tie = put_job(p, "tie", 20, 0, 60, T0); /* same priority, later id */
+    uint64_t after = put_job(p, "after", 25, 0, 60, T0);
+    list_ids(t, BG_JOB_READY, &cur, 16, ids);
+    ASSERT_IDS(ids, tie, after, c);
+    (void)before;
+    /* bg_job_cursor_of: resume right after a given job */
+    cur = bg_job_cursor_of(find(w, before));
+    list_ids(t, BG_JOB_READY, &cur, 1, ids);
+    ASSERT_IDS(ids, tie);
+    /* a delayed cursor past a job that became ready */
+    uint64_t d1 = put_job(p, "d1", 0, 1, 60, T0);
+    uint64_t d2 = put_job(p, "d2", 0, 2, 60, T0);
+    uint64_t d3 = put_job(p, "d3", 0, 3, 60, T0);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_DELAYED, &cur, 1, ids);
+    ASSERT_IDS(ids, d1);
+    bg_engine_tick(&w->engine, T0 + SEC(1));
+    assert_int_equal(state_of(w, d1), BG_JOB_READY);
+    list_ids(t, BG_JOB_DELAYED, &cur, 16, ids);
+    ASSERT_IDS(ids, d2, d3);
+    check_world(w);
+}
+
+/* Bulk kick and delete: serving order, max respected, logged, counted;
+ * states that do not apply do nothing; a tube emptied by a bulk delete
+ * that nothing else refers to is gone. */
+static void test_bulk_kick_and_delete(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *p = &w->fc[0], *c = &w->fc[1];
+    struct bg_tube *t = e->default_tube;
+    uint64_t id[6];
+    for (int i = 0; i < 6; i++) id[i] = put_job(p, "x", 6 - i, 0, 60, T0); /* reversed priorities */
+    for (int i = 0; i < 6; i++) reserve_now(c, T0); /* in serving order: id[5] first */
+    for (int i = 0; i < 6; i++) assert_int_equal(bg_bury(&c->client, id[i], 6 - (uint32_t)i, T0), BG_OK);
+    memset(&logged, 0, sizeof logged);
+    e->journal = &test_log;
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_RESERVED, 10, T0), 0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_READY, 10, T0), 0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_BURIED, 2, T0), 2); /* the oldest burials */
+    assert_int_equal(state_of(w, id[0]), BG_JOB_READY);
+    assert_int_equal(state_of(w, id[1]), BG_JOB_READY);
+    assert_int_equal(state_of(w, id[2]), BG_JOB_BURIED);
+    assert_int_equal(find(w, id[0])->kicks, 1);
+    assert_int_equal(logged.updates, 2);
+    assert_int_equal(logged.id, id[1]);
+    uint64_t deleted = e->stat.total_jobs_deleted, cmd_delete = t->stat.cmd_delete;
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_RESERVED, 10, T0), 0);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, 3, T0), 3);
+    assert_int_equal(logged.deletes, 3);
+    assert_int_equal(logged.deleted_id, id[4]);
+    assert_null(find(w, id[2]));
+    assert_non_null(find(w, id[5]));
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, UINT64_MAX, T0), 1);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, UINT64_MAX, T0), 0);
+    assert_int_equal(t->buried.len, 0);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_READY, 1, T0), 1); /* id[1]: priority 5 */
+    assert_null(find(w, id[1]));
+    assert_non_null(find(w, id[0]));
+    assert_int_equal(e->stat.total_jobs_deleted, deleted + 5);
+    assert_int_equal(t->stat.cmd_delete, cmd_delete + 5);
+    assert_int_equal(logged.deletes, 5);
+    /* delayed: kick in deadline order, then delete the rest */
+    uint64_t d1 = put_job(p, "d", 0, 20, 60, T0), d2 = put_job(p, "d", 0, 10, 60, T0);
+    uint64_t d3 = put_job(p, "d", 0, 30, 60, T0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_DELAYED, 1, T0), 1);
+    assert_int_equal(state_of(w, d2), BG_JOB_READY);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_DELAYED, 1, T0), 1);
+    assert_null(find(w, d1));
+    assert_int_equal(state_of(w, d3), BG_JOB_DELAYED);
+    /* bg_kick keeps beanstalk's rule: buried first, else delayed */
+    assert_int_equal(bg_kick(e, t, 5, T0), 1);
+    assert_int_equal(state_of(w, d3), BG_JOB_READY);
+    /* a tube that only its jobs keep: the bulk delete that empties it frees it */
+    struct bg_job *j = make_job(e, "g", 0, 0, 60, T0);
+    assert_non_null(j);
+    assert_int_equal(bg_put_named(&p->client, "gone", j, T0), BG_OK);
+    struct bg_tube *gone = bg_tube_find(e, "gone");
+    assert_non_null(gone);
+    assert_int_equal(bg_delete_state(e, gone, BG_JOB_READY, 100, T0), 1);
+    assert_null(bg_tube_find(e, "gone"));
+    e->journal = NULL;
+    check_world(w);
+}
+
+/* Random puts, reserves, releases, buries, kicks, deletes and bulk steps
+ * over a few tubes; after each burst every state's listing, paged at
+ * random sizes, matches the model and the audit passes. */
+static void test_browse_matches_model(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    static const char *tubes[] = {"default", "b1", "b2"};
+    prng_state = 0xB40453;
+    bg_time now = T0;
+    size_t seen[BG_JOB_BURIED + 1] = {0};
+    for (int round = 0; round < 200; round++) {
+        for (int k = 0; k < 20; k++) {
+            struct fake_client *fc = &w->fc[pick(3)];
+            struct bg_tube *t = bg_tube_find(e, tubes[pick(3)]);
+            switch (pick(8)) {
+            case 0:
+            case 1: {
+                struct bg_job *j = make_job(e, "m", (uint32_t)pick(4), pick(3) ? 0 : (uint32_t)pick(5), 5, now);
+                assert_non_null(j);
+                assert_int_equal(bg_put_named(&fc->client, tubes[pick(3)], j, now) >= BG_BURIED, 1);
+                break;
+            }
+            case 2: {
+                struct bg_job *j = NULL;
+                int r = pick(2) ? bg_reserve_job(&fc->client, 1 + pick(e->next_id), now, &j)
+                                : reserve(fc, 0, now, &j);
+                if (r == BG_OK && pick(2))
+                    bg_bury(&fc->client, j->id, (uint32_t)pick(4), now);
+                break;
+            }
+            case 3: {
+                struct bg_job *j = fc->client.reserved_head;
+                if (j) bg_release(&fc->client, j->id, (uint32_t)pick(4), pick(2) ? 0 : 2, now);
+                break;
+            }
+            case 4:
+                bg_delete(&fc->client, 1 + pick(e->next_id), now);
+                break;
+            case 5:
+                if (t) bg_kick_state(e, t, pick(2) ? BG_JOB_BURIED : BG_JOB_DELAYED, pick(4), now);
+                break;
+            case 6:
+                if (t && !pick(4)) bg_delete_state(e, t, (enum bg_job_state)pick(4), pick(3), now);
+                break;
+            case 7:
+                now += MSEC(pick(1500));
+                bg_engine_tick(e, now);
+                break;
+            }
+        }
+        for (int ti = 0; ti < 3; ti++) {
+            struct bg_tube *t = bg_tube_find(e, tubes[ti]);
+            if (!t) continue;
+            for (int s = BG_JOB_READY; s <= BG_JOB_BURIED; s++)
+                seen[s] += check_listing(e, t, (enum bg_job_state)s, 1 + pick(5));
+        }
+        check_world(w);
+    }
+    print_message("    listed %zu ready, %zu delayed, %zu reserved, %zu buried\n", seen[0], seen[1], seen[2], seen[3]);
+    for (int s = BG_JOB_READY; s <= BG_JOB_BURIED; s++) assert_true(seen[s] > 100); /* every state was listed */
+}
+
+static int job_cursor_less(const void *a, const void *b)
+{
+    struct bg_job_cursor x = bg_job_key(*(struct bg_job *const *)a, BG_ORDER_PRIORITY);
+    struct bg_job_cursor y = bg_job_key(*(struct bg_job *const *)b, BG_ORDER_PRIORITY);
+    if (x.key != y.key) return x.key < y.key ? -1 : 1;
+    return x.id < y.id ? -1 : x.id > y.id;
+}
+
+/* tree.c alone, at a size where balance matters: 20,000 jobs inserted
+ * with few distinct priorities (long runs of equal keys, ascending ids,
+ * as puts make them) and removed at random; after each phase the
+ * audit passes and listing from random cursors matches a sorted model. */
+static void test_tree_random(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    struct bg_job *jobs = calloc(N, sizeof *jobs), **sorted = calloc(N, sizeof *sorted);
+    struct bg_job *page[37];
+    assert_non_null(jobs);
+    assert_non_null(sorted);
+    struct bg_tree t;
+    bg_tree_init(&t, BG_ORDER_PRIORITY, 0);
+    prng_state = 0x7EE;
+    for (size_t i = 0; i < N; i++) {
+        jobs[i].id = i + 1;
+        jobs[i].pri = (uint32_t)pick(4) * 1000;
+        jobs[i].state = BG_JOB_READY;
+        bg_tree_insert(&t, &jobs[i]);
+    }
+    uint8_t *in = calloc(N, 1);
+    assert_non_null(in);
+    memset(in, 1, N);
+    const char *broken;
+    for (int phase = 0; phase < 6; phase++) {
+        for (size_t k = 0; k < N / 4; k++) { /* remove some, put some back */
+            size_t i = pick(N);
+            if (in[i]) {
+                assert_ptr_equal(bg_tree_remove(&t, bg_tree_key(&t, &jobs[i])), &jobs[i]);
+                assert_null(bg_tree_remove(&t, bg_tree_key(&t, &jobs[i]))); /* gone */
+            } else {
+                bg_tree_insert(&t, &jobs[i]);
+            }
+            in[i] ^= 1;
+        }
+        assert_int_equal(bg_tree_audit(&t, NULL, NULL, &broken), BG_OK);
+        size_t n = 0;
+        for (size_t i = 0; i < N; i++)
+            if (in[i]) sorted[n++] = &jobs[i];
+        qsort(sorted, n, sizeof *sorted, job_cursor_less);
+        assert_int_equal(t.len, n);
+        assert_ptr_equal(bg_tree_first(&t), n ? sorted[0] : NULL);
+        for (int q = 0; q < 50; q++) { /* a cursor at a job, or between jobs */
+            size_t at = pick(n + 1);
+            struct bg_job_cursor c = at ? bg_job_key(sorted[at - 1], BG_ORDER_PRIORITY) : (struct bg_job_cursor){0, 0};
+            if (at && pick(2) && !(at < n && sorted[at]->pri == c.key && sorted[at]->id == c.id + 1))
+                c.id++; /* just past it: where a deleted job would have been */
+            size_t got = bg_tree_after(&t, c, page, 37);
+            size_t want = n - at < 37 ? n - at : 37;
+            assert_int_equal(got, want);
+            for (size_t i = 0; i < got; i++) assert_ptr_equal(page[i], sorted[at + i]);
+        }
+    }
+    free(in);
+    free(sorted);
+    free(jobs);
+}
+
+static double clock_ms(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+static double thread_ms(void) { return clock_ms(CLOCK_THREAD_CPUTIME_ID); }
+static double wall_ms(void) { return clock_ms(CLOCK_MONOTONIC); }
+
+/* Bulk steps cost O(max log n): deleting 1,000,000 buried jobs 1,000 at a
+ * time, no step takes long (the HTTP layer runs one per loop turn). */
+static void test_bulk_delete_steps_are_short(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *p = &w->fc[0];
+    const uint64_t n = getenv("BG_BULK_JOBS") ? strtoull(getenv("BG_BULK_JOBS"), NULL, 10) : 1000000;
+    assert_int_equal(bg_client_use(&p->client, "bulk"), BG_OK);
+    struct bg_tube *t = bg_tube_find(e, "bulk");
+    /* buried straight from the log, as a restore would: no client holds them */
+    for (uint64_t i = 0; i < n; i++) {
+        struct bg_journal_job r = {.id = i + 1, .tube = "bulk", .state = BG_JOB_BURIED, .ttr_s = 60,
+                                   .body_len = 3, .body = "x\r\n"};
+        assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    }
+    assert_int_equal(t->buried.len, n);
+    /* CPU time of this thread: a loaded machine's preemptions are not
+     * the engine's cost (the wall time is printed beside it) */
+    double worst = 0, total = 0, wall = 0;
+    uint64_t steps = 0, deleted = 0, got;
+    double page_ms = thread_ms();
+    struct bg_job *first_page[10];
+    struct bg_job_cursor cur = {0, 0};
+    assert_int_equal(bg_tube_jobs(t, BG_JOB_BURIED, &cur, first_page, 10), n < 10 ? n : 10);
+    page_ms = thread_ms() - page_ms;
+    do {
+        double at = thread_ms(), wall_at = wall_ms();
+        got = bg_delete_state(e, t, BG_JOB_BURIED, 1000, T0);
+        double ms = thread_ms() - at;
+        wall += wall_ms() - wall_at;
+        if (ms > worst) worst = ms;
+        total += ms;
+        deleted += got;
+        steps++;
+    } while (got);
+    assert_int_equal(deleted, n);
+    assert_int_equal(e->job_count, 0);
+    double mean = total / (double)(steps > 1 ? steps - 1 : 1);
+    print_message("    %llu buried jobs: first page %.3f ms; deleted in %llu steps of 1000: "
+                  "CPU mean %.3f ms, worst %.3f ms; wall mean %.3f ms\n",
+                  (unsigned long long)n, page_ms, (unsigned long long)steps - 1, mean, worst,
+                  wall / (double)(steps > 1 ? steps - 1 : 1));
+    /* a step that walked the tube would cost milliseconds each; the bounds
+     * are loose for a sanitizer build */
+    assert_true(mean < 2.0);
+    assert_true(worst < 20.0);
+    check_world(w);
+}
+
+/* Restoring from the log keeps the burial order (the log's order), and a
+ * restored job buried again by an update goes to the end of it. */
+static void test_restore_keeps_burial_order(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    static const uint64_t ids[] = {9, 4, 7};
+    for (size_t i = 0; i < 3; i++) {
+        struct bg_journal_job r = {.id = ids[i], .tube = "rb", .state = BG_JOB_BURIED, .ttr_s = 60,
+                                   .body_len = 3, .body = "x\r\n"};
+        assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
+    }
+    struct bg_journal_job again = {.id = 9, .tube = "rb", .state = BG_JOB_BURIED, .ttr_s = 60};
+    assert_int_equal(bg_engine_restore_update(e, &again, T0, T0), BG_OK);
+    bg_engine_restore_finish(e);
+    uint64_t got[17];
+    struct bg_job_cursor cur = {0, 0};
+    list_ids(bg_tube_find(e, "rb"), BG_JOB_BURIED, &cur, 16, got);
+    ASSERT_IDS(got, 4, 7, 9);
+    check_world(w);
+}
+
+/* An engine destroyed while a client still holds a reservation frees the
+ * reserved index's records too (ASan's leak check would say otherwise). */
+static void test_destroy_with_reservations(void **state)
+{
+    (void)state;
+    struct bg_engine e;
+    struct fake_client fc;
+    assert_int_equal(bg_engine_init(&e, MAX_JOB_SIZE, NULL), BG_OK);
+    assert_int_equal(fake_open(&e, &fc), BG_OK);
+    for (int i = 0; i < 3; i++) put_job(&fc, "held", 0, 0, 60, T0);
+    for (int i = 0; i < 3; i++) reserve_now(&fc, T0);
+    assert_int_equal(fc.client.engine->tube_list[0]->reserved.len, 3);
+    bg_engine_destroy(&e);
+    /* the client's own memory, which bg_client_close would have freed */
+    for (uint32_t i = 0; i < fc.client.watch_len; i++) bg_free(fc.client.watch[i]);
+    bg_free(fc.client.watch);
+    bg_free(fc.client.watch_tube);
+    bg_heap_free(&fc.client.reserved);
+}
+
+/* Appends (a put's new id at a priority already there) walk from the
+ * tree's finger: long runs of them, a FIFO (remove the first, append), and
+ * removals and inserts elsewhere in between (which reset the finger) keep
+ * the tree sound and in order. */
+static void test_tree_appends(void **state)
+{
+    (void)state;
+    enum { M = 60000 };
+    struct bg_job *jobs = calloc(M, sizeof *jobs);
+    uint8_t *in = calloc(M, 1);
+    assert_non_null(jobs);
+    assert_non_null(in);
+    struct bg_tree t;
+    bg_tree_init(&t, BG_ORDER_PRIORITY, 0);
+    prng_state = 0xF1F0;
+    const char *broken;
+    size_t next = 0, head = 0;
+    for (size_t i = 0; i < M; i++) {
+        jobs[i].id = i + 1;
+        jobs[i].pri = 7;
+        jobs[i].state = BG_JOB_READY;
+    }
+    for (int step = 0; next < M; step++) {
+        if (step < 30000 || pick(3)) { /* append */
+            bg_tree_insert(&t, &jobs[next]);
+            in[next++] = 1;
+        } else if (pick(2)) { /* FIFO: take the first */
+            while (!in[head]) head++;
+            assert_ptr_equal(bg_tree_first(&t), &jobs[head]);
+            assert_ptr_equal(bg_tree_remove(&t, bg_tree_key(&t, &jobs[head])), &jobs[head]);
+            in[head] = 0;
+        } else { /* anywhere: remove one, or put back a removed one */
+            size_t i = pick(next);
+            if (in[i]) assert_ptr_equal(bg_tree_remove(&t, bg_tree_key(&t, &jobs[i])), &jobs[i]);
+            else bg_tree_insert(&t, &jobs[i]);
+            in[i] ^= 1;
+            if (in[i] && i < head) head = i; /* the first again */
+        }
+        if (step % 997 == 0) assert_int_equal(bg_tree_audit(&t, NULL, NULL, &broken), BG_OK);
+    }
+    assert_int_equal(bg_tree_audit(&t, NULL, NULL, &broken), BG_OK);
+    struct bg_job *page[100];
+    struct bg_job_cursor c = {0, 0};
+    size_t listed = 0, got;
+    uint64_t last_id = 0;
+    while ((got = bg_tree_after(&t, c, page, 100)) > 0) {
+        for (size_t i = 0; i < got; i++) {
+            assert_true(page[i]->id > last_id);
+            assert_true(in[page[i]->id - 1]);
+            last_id = page[i]->id;
+        }
+        listed += got;
+        c = bg_tree_key(&t, page[got - 1]);
+    }
+    assert_int_equal(listed, t.len);
+    free(in);
+    free(jobs);
+}
+
+/* ======================================================================= */
 
 #define ENGINE_TEST(fn) cmocka_unit_test_setup_teardown(fn, world_setup, world_teardown)
 
@@ -3328,7 +3879,7 @@ int main(void)
         ENGINE_TEST(test_kick_buried_then_delayed),
         ENGINE_TEST(test_kick_is_per_tube_and_dispatches),
         ENGINE_TEST(test_kick_job_by_state),
-        ENGINE_TEST(test_kick_when_ready_queue_cannot_grow),
+        ENGINE_TEST(test_kick_when_allocations_fail),
         ENGINE_TEST(test_tube_lifetime),
         ENGINE_TEST(test_default_tube_always_exists),
         ENGINE_TEST(test_tube_list_order_after_removal),
@@ -3362,6 +3913,15 @@ int main(void)
         ENGINE_TEST(test_job_memory_counts_bodies_in_flight),
         ENGINE_TEST(test_job_memory_restore_over_ceiling),
         ENGINE_TEST(test_set_ttr_is_logged),
+        ENGINE_TEST(test_browse_order_per_state),
+        ENGINE_TEST(test_browse_cursor_survives_changes),
+        ENGINE_TEST(test_bulk_kick_and_delete),
+        ENGINE_TEST(test_browse_matches_model),
+        cmocka_unit_test(test_tree_random),
+        cmocka_unit_test(test_tree_appends),
+        ENGINE_TEST(test_bulk_delete_steps_are_short),
+        ENGINE_TEST(test_restore_keeps_burial_order),
+        cmocka_unit_test(test_destroy_with_reservations),
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),
         ENGINE_TEST(test_peek_and_job_ids),
