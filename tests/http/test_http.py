@@ -1686,8 +1686,8 @@ def test_tube_bulk_delete():
                  {"deleted": 1, "state": "buried"}, "bound=all")
         check_eq(expect_json(delete("/tubes/%s/jobs?state=delayed" % tube), 200, "all delayed"),
                  {"deleted": 2, "state": "delayed"}, "delayed")
-        check_eq(expect_json(delete("/tubes/%s/jobs?state=ready" % tube), 200, "no ready"),
-                 {"deleted": 0, "state": "ready"}, "no ready job")
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=ready&bound=4294967295" % tube), 200, "no ready"),
+                 {"deleted": 0, "state": "ready"}, "no ready job (the largest bound)")
         after = server_stats()
         check_eq({k: after[k] - before[k] for k in keys}, {"cmd_delete": 5, "total_jobs_deleted": 5},
                  "server counters: one per job deleted")
@@ -1754,6 +1754,33 @@ def test_bulk_delete_in_steps_other_clients_served():
         check_eq(done, BULK_JOBS, "the steps' count")
         check(steps >= 2, "100,000 deletes in %d step(s): want more than one loop turn" % steps)
         print("  %d jobs in %d steps, the longest %d us; %d round trips meanwhile" % (done, steps, longest_us, trips))
+
+
+def test_two_bulk_deletes_of_one_tube():
+    """Two bulk deletes of the same 100,000 buried jobs at once: their steps
+    interleave, the one that deletes the last job frees the tube, and the
+    other then finds no tube at its next step and ends (the bulk action
+    names its tube at each step and never holds a freed one; ASan checks).
+    Together they delete every job once; an answer is 200, or 404 for one
+    that arrived after the tube was gone."""
+    with own_server([], "two bulk deletes") as srv:
+        tube = uniq("twice")
+        fill_buried(srv.tcp_port, tube, BULK_JOBS)
+        bulks = [Later(lambda: delete("/tubes/%s/jobs?state=buried" % tube, timeout=120)) for _ in range(2)]
+        for bulk in bulks:
+            bulk.start()
+        deleted = []
+        for bulk in bulks:
+            r = bulk.get(120)
+            if r.status == 404:
+                expect_problem(r, 404, "NOT_FOUND", "a bulk delete after the tube was freed")
+                deleted.append(0)
+            else:
+                deleted.append(expect_json(r, 200, "a bulk delete")["deleted"])
+        check_eq(sum(deleted), BULK_JOBS, "jobs deleted by the two (%r)" % deleted)
+        check_eq(server_stats()["current_jobs_buried"], 0, "no buried job left")
+        expect_problem(get("/tubes/%s" % tube), 404, "NOT_FOUND", "the tube is gone")
+        print("  the two deleted %r" % deleted)
 
 
 def test_bulk_delete_stops_when_its_client_leaves():
@@ -3340,6 +3367,7 @@ TESTS = [
     test_tube_bulk_delete,
     test_tube_bulk_kick,
     test_bulk_delete_in_steps_other_clients_served,
+    test_two_bulk_deletes_of_one_tube,
     test_bulk_delete_stops_when_its_client_leaves,
     test_bulk_delete_at_shutdown_loses_nothing,
     test_tube_pause,
