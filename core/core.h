@@ -68,7 +68,7 @@ enum bg_outcome {
     BG_UNKNOWN_COMMAND = -10,
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
-    BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
+    BG_BURIED = -13,      /* a delayed job could not be timed, so it was buried */
     BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
@@ -265,7 +265,8 @@ enum bg_tree_order {
 };
 
 struct bg_tree {
-    void *root, *first;         /* first: the smallest, NULL when empty */
+    void *root;
+    void *first, *last;         /* the smallest and the largest, NULL when empty */
     uint64_t len;               /* jobs in it */
     uint8_t order;              /* enum bg_tree_order */
     uint8_t nodes;              /* 1: bg_tree_node records, 0: the jobs themselves */
@@ -513,9 +514,8 @@ uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state);
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j);
 /* Kick up to max jobs of tube t that are in `state` (BG_JOB_BURIED or
  * BG_JOB_DELAYED; any other state kicks nothing), in serving order;
- * returns how many (each logged as a kick). Stops early, as bg_kick, at a
- * job that could not be made ready. O(max log n): a bulk kick runs in
- * steps of max jobs. */
+ * returns how many (each logged as a kick). O(max log n): a bulk kick runs
+ * in steps of max jobs. */
 uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
                        uint64_t max, bg_time now);
 /* Delete up to max jobs of tube t that are in `state` (ready, delayed or
@@ -591,7 +591,7 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new on e that never entered the engine. */
 void bg_job_discard(struct bg_engine *e, struct bg_job *j);
-/* Enter a new job into tube `t`: 0 (BG_BURIED if a heap could not grow),
+/* Enter a new job into tube `t`: 0 (BG_BURIED if its delay could not be timed),
  * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
  * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);

@@ -349,7 +349,7 @@ size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
     return n;
 }
 
-/* Refresh t's cached ready top key after its ready heap or pause changed. */
+/* Refresh t's cached ready top key after its ready index or pause changed. */
 static void tube_top_update(struct bg_tube *t)
 {
     const struct bg_job *j = tube_paused(t) ? NULL : bg_tree_first(&t->ready);
@@ -682,6 +682,12 @@ fail:
 
 void bg_engine_destroy(struct bg_engine *e)
 {
+    /* reserved-index records of jobs still reserved (a client left open):
+     * found by their jobs' keys, so before the jobs go */
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tree *r = &e->tube_list[i]->reserved;
+        while (r->first) bg_free(bg_tree_remove(r, bg_tree_key(r, r->first)));
+    }
     for (size_t i = 0; i <= e->jobs_mask; i++)
         if (e->jobs[i]) job_mem_free(e, e->jobs[i]);
     while (e->tube_count) {
@@ -1190,19 +1196,16 @@ int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now)
     return 0;
 }
 
-/* Move a buried or delayed job to ready, counting a kick. 0, or BG_BURIED
- * when the ready heap could not grow and the job was buried instead. */
-static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
+/* Move a buried or delayed job to ready (which cannot fail: the ready
+ * index never allocates), counting and logging a kick. */
+static void job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
 {
     job_unlink(e, j);
     j->kicks++;
-    int r = job_enqueue(e, j, 0, now);
+    job_enqueue(e, j, 0, now);
     journal_saved(e, j, 0);
-    return r;
 }
 
-/* Stops at the first job that could not be made ready, as the reference
- * does: otherwise a re-buried job is kicked again and over-counted. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
 {
     return bg_kick_state(e, t, t->buried.len ? BG_JOB_BURIED : BG_JOB_DELAYED, n, now);
@@ -1215,8 +1218,7 @@ uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state
     if (state != BG_JOB_BURIED && state != BG_JOB_DELAYED) return 0;
     uint64_t i = 0;
     struct bg_job *j;
-    for (; i < max && (j = bg_peek(t, state)); i++)
-        if (job_kick(e, j, now) != 0) break;
+    for (; i < max && (j = bg_peek(t, state)); i++) job_kick(e, j, now);
     return i;
 }
 
@@ -1233,14 +1235,13 @@ uint64_t bg_delete_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_sta
     return i;
 }
 
-/* NOT_FOUND also when the job could not be made ready (the reference's
- * reply when kick_job fails). */
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now)
 {
     bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state != BG_JOB_BURIED && j->state != BG_JOB_DELAYED)) return BG_NOT_FOUND;
-    return job_kick(e, j, now) == 0 ? 0 : BG_NOT_FOUND;
+    job_kick(e, j, now);
+    return 0;
 }
 
 /* End t's pause (its timer, if any, is already gone) and serve its waiters. */

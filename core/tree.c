@@ -54,12 +54,23 @@ static inline int key_less(struct bg_job_cursor a, struct bg_job_cursor b)
     return a.key != b.key ? a.key < b.key : a.id < b.id;
 }
 
-static inline uint32_t height(const struct bg_tree *t, void *n) { return n ? *height_of(t, n) : 0; }
-
-static inline void fix_height(const struct bg_tree *t, void *n)
+/* A node's heights field holds the heights of its two subtrees (left in
+ * the low byte, right in the next: an AVL tree this deep would not fit in
+ * memory), so that balancing reads only the nodes on the path, never a
+ * sibling subtree's root (a cache miss on every level of a large tree). */
+static inline uint32_t left_height(const struct bg_tree *t, void *n) { return *height_of(t, n) & 0xff; }
+static inline uint32_t right_height(const struct bg_tree *t, void *n) { return *height_of(t, n) >> 8 & 0xff; }
+static inline void set_heights(const struct bg_tree *t, void *n, uint32_t l, uint32_t r)
 {
-    uint32_t l = height(t, L(n)), r = height(t, R(n));
-    *height_of(t, n) = 1 + (l > r ? l : r);
+    *height_of(t, n) = l | r << 8;
+}
+
+/* The height of the subtree at n (0: none). */
+static inline uint32_t height(const struct bg_tree *t, void *n)
+{
+    if (!n) return 0;
+    uint32_t l = left_height(t, n), r = right_height(t, n);
+    return 1 + (l > r ? l : r);
 }
 
 static void *rotate_right(const struct bg_tree *t, void *n)
@@ -67,8 +78,8 @@ static void *rotate_right(const struct bg_tree *t, void *n)
     void *l = L(n);
     L(n) = R(l);
     R(l) = n;
-    fix_height(t, n);
-    fix_height(t, l);
+    set_heights(t, n, right_height(t, l), right_height(t, n));
+    set_heights(t, l, left_height(t, l), height(t, n));
     return l;
 }
 
@@ -77,47 +88,55 @@ static void *rotate_left(const struct bg_tree *t, void *n)
     void *r = R(n);
     R(n) = L(r);
     L(r) = n;
-    fix_height(t, n);
-    fix_height(t, r);
+    set_heights(t, n, left_height(t, n), left_height(t, r));
+    set_heights(t, r, height(t, n), right_height(t, r));
     return r;
 }
 
-/* n with its height made right and, if its subtrees differ by 2, rotated
- * back into balance; returns the subtree's new root. */
+/* n (its subtree heights up to date) rotated back into balance if its
+ * subtrees differ by 2; returns the subtree's new root. */
 static void *rebalance(const struct bg_tree *t, void *n)
 {
-    fix_height(t, n);
-    uint32_t l = height(t, L(n)), r = height(t, R(n));
+    uint32_t l = left_height(t, n), r = right_height(t, n);
     if (l > r + 1) {
         void *c = L(n);
-        if (height(t, L(c)) < height(t, R(c))) L(n) = rotate_left(t, c);
+        if (left_height(t, c) < right_height(t, c)) {
+            L(n) = rotate_left(t, c);
+            set_heights(t, n, height(t, L(n)), r);
+        }
         return rotate_right(t, n);
     }
     if (r > l + 1) {
         void *c = R(n);
-        if (height(t, R(c)) < height(t, L(c))) R(n) = rotate_right(t, c);
+        if (right_height(t, c) < left_height(t, c)) {
+            R(n) = rotate_right(t, c);
+            set_heights(t, n, l, height(t, R(n)));
+        }
         return rotate_left(t, n);
     }
     return n;
 }
 
-/* Rebalance the slots link[from..0] (deepest first); stop early once a
- * subtree at or above `stop` kept its height (nothing above it changes). */
-static void rebalance_path(const struct bg_tree *t, void **link[], int from, int stop)
+/* The subtree in slot `changed` (a link of *link[from], or of nothing when
+ * from < 0) changed height: record that in each node up the path
+ * link[from..0], rebalancing each, until a subtree keeps its height. */
+static void rebalance_path(const struct bg_tree *t, void **link[], int from, void **changed)
 {
     for (int i = from; i >= 0; i--) {
         void *n = *link[i];
-        if (!n) continue;
-        uint32_t before = *height_of(t, n);
+        uint32_t before = height(t, n), h = height(t, *changed);
+        if (changed == left_of(t, n)) set_heights(t, n, h, right_height(t, n));
+        else set_heights(t, n, left_height(t, n), h);
         void *m = rebalance(t, n);
         *link[i] = m;
-        if (i < stop && *height_of(t, m) == before) return;
+        if (height(t, m) == before) return;
+        changed = link[i];
     }
 }
 
 void bg_tree_init(struct bg_tree *t, enum bg_tree_order order, int nodes)
 {
-    t->root = t->first = NULL;
+    t->root = t->first = t->last = NULL;
     t->len = 0;
     t->order = (uint8_t)order;
     t->nodes = (uint8_t)(nodes != 0);
@@ -129,22 +148,38 @@ void bg_tree_insert(struct bg_tree *t, void *n)
     int depth = 0;
     struct bg_job_cursor k = bg_tree_key(t, n);
     void **slot = &t->root;
-    while (*slot) {
-        link[depth++] = slot;
-        slot = key_less(k, bg_tree_key(t, *slot)) ? left_of(t, *slot) : right_of(t, *slot);
+    if (t->last && key_less(bg_tree_key(t, t->last), k)) {
+        /* after the last (a put's new id, at a priority already there):
+         * its place is below the right spine, no key to compare on the way */
+        while (*slot) {
+            link[depth++] = slot;
+            slot = right_of(t, *slot);
+        }
+        t->last = n;
+    } else {
+        while (*slot) {
+            link[depth++] = slot;
+            slot = key_less(k, bg_tree_key(t, *slot)) ? left_of(t, *slot) : right_of(t, *slot);
+        }
+        if (!t->last) t->last = n;
     }
     L(n) = R(n) = NULL;
-    *height_of(t, n) = 1;
+    set_heights(t, n, 0, 0);
     *slot = n;
     t->len++;
     if (!t->first || key_less(k, bg_tree_key(t, t->first))) t->first = n;
-    rebalance_path(t, link, depth - 1, depth);
+    rebalance_path(t, link, depth - 1, slot);
 }
 
-/* The leftmost node of the subtree at n (n not NULL). */
+/* The leftmost and rightmost nodes of the subtree at n (n not NULL). */
 static void *leftmost(const struct bg_tree *t, void *n)
 {
     while (L(n)) n = L(n);
+    return n;
+}
+static void *rightmost(const struct bg_tree *t, void *n)
+{
+    while (R(n)) n = R(n);
     return n;
 }
 
@@ -164,7 +199,7 @@ void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k)
     int d = depth - 1; /* link[d] == slot */
     if (!L(n) || !R(n)) {
         *slot = L(n) ? L(n) : R(n);
-        rebalance_path(t, link, d - 1, d);
+        rebalance_path(t, link, d - 1, slot);
     } else {
         /* the successor s (leftmost of the right subtree) takes n's place */
         void **s_slot = right_of(t, n);
@@ -177,12 +212,14 @@ void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k)
         *s_slot = R(s);
         L(s) = L(n);
         R(s) = R(n);
+        *height_of(t, s) = *height_of(t, n); /* n's subtrees, now s's */
         *slot = s;
         link[d + 1] = right_of(t, s); /* was n's right link */
-        rebalance_path(t, link, depth - 1, d);
+        rebalance_path(t, link, depth - 2, link[depth - 1]);
     }
     t->len--;
     if (t->first == n) t->first = t->root ? leftmost(t, t->root) : NULL;
+    if (t->last == n) t->last = t->root ? rightmost(t, t->root) : NULL;
     L(n) = R(n) = NULL;
     return n;
 }
@@ -210,34 +247,44 @@ size_t bg_tree_after(const struct bg_tree *t, struct bg_job_cursor after, struct
     return got;
 }
 
-/* Check the subtree at n: order within (lo, hi) (the bounds exclusive
- * where has_lo / has_hi), heights and balance; count its nodes into *count
- * and call visit on each job. 0 or BG_INTERNAL_ERROR. */
-static int sound(const struct bg_tree *t, void *n, const struct bg_job_cursor *lo,
-                 const struct bg_job_cursor *hi, int depth, uint64_t *count, const char **broken,
-                 int (*visit)(const struct bg_job *j, void *arg), void *arg)
+/* The audit's walk over the subtree at n (depth deep): keys within the
+ * exclusive bounds lo and hi (NULL: none), the recorded subtree heights
+ * equal to the counted ones (*h gets the subtree's), balance; counts the
+ * nodes into *count and calls visit on each job. 0 or BG_INTERNAL_ERROR. */
+struct audit_walk {
+    const struct bg_tree *t;
+    uint64_t count;
+    const char **broken;
+    int (*visit)(const struct bg_job *j, void *arg);
+    void *arg;
+};
+
+static int sound(struct audit_walk *w, void *n, const struct bg_job_cursor *lo, const struct bg_job_cursor *hi,
+                 int depth, uint32_t *h)
 {
+    const struct bg_tree *t = w->t;
+    *h = 0;
     if (!n) return 0;
     if (depth >= BG_TREE_DEPTH_MAX) {
-        *broken = "an index is deeper than an AVL tree can be";
+        *w->broken = "an index is deeper than an AVL tree can be";
         return BG_INTERNAL_ERROR;
     }
     struct bg_job_cursor k = bg_tree_key(t, n);
     if ((lo && !key_less(*lo, k)) || (hi && !key_less(k, *hi))) {
-        *broken = "an index is out of order";
+        *w->broken = "an index is out of order";
         return BG_INTERNAL_ERROR;
     }
-    if (sound(t, L(n), lo, &k, depth + 1, count, broken, visit, arg) ||
-        sound(t, R(n), &k, hi, depth + 1, count, broken, visit, arg))
+    uint32_t l, r;
+    if (sound(w, L(n), lo, &k, depth + 1, &l) || sound(w, R(n), &k, hi, depth + 1, &r))
         return BG_INTERNAL_ERROR;
-    uint32_t l = height(t, L(n)), r = height(t, R(n));
-    if (*height_of(t, n) != 1 + (l > r ? l : r) || l > r + 1 || r > l + 1) {
-        *broken = "an index's heights or balance are wrong";
+    if (left_height(t, n) != l || right_height(t, n) != r || l > r + 1 || r > l + 1) {
+        *w->broken = "an index's heights or balance are wrong";
         return BG_INTERNAL_ERROR;
     }
-    (*count)++;
-    if (visit && visit(bg_tree_job(t, n), arg) != 0) {
-        *broken = "an index holds a job that is not in its state or tube";
+    *h = 1 + (l > r ? l : r);
+    w->count++;
+    if (w->visit && w->visit(bg_tree_job(t, n), w->arg) != 0) {
+        *w->broken = "an index holds a job that is not in its state or tube";
         return BG_INTERNAL_ERROR;
     }
     return 0;
@@ -246,14 +293,16 @@ static int sound(const struct bg_tree *t, void *n, const struct bg_job_cursor *l
 int bg_tree_audit(const struct bg_tree *t, int (*visit)(const struct bg_job *j, void *arg), void *arg,
                   const char **broken)
 {
-    uint64_t count = 0;
-    if (sound(t, t->root, NULL, NULL, 0, &count, broken, visit, arg) != 0) return BG_INTERNAL_ERROR;
-    if (count != t->len) {
+    struct audit_walk w = {t, 0, broken, visit, arg};
+    uint32_t h;
+    if (sound(&w, t->root, NULL, NULL, 0, &h) != 0) return BG_INTERNAL_ERROR;
+    if (w.count != t->len) {
         *broken = "an index's count is off";
         return BG_INTERNAL_ERROR;
     }
-    if (t->first != (t->root ? leftmost(t, t->root) : NULL)) {
-        *broken = "an index's first job is stale";
+    if (t->first != (t->root ? leftmost(t, t->root) : NULL) ||
+        t->last != (t->root ? rightmost(t, t->root) : NULL)) {
+        *broken = "an index's cached first or last job is stale";
         return BG_INTERNAL_ERROR;
     }
     return 0;

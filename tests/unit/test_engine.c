@@ -3689,6 +3689,15 @@ static void test_tree_random(void **state)
     free(jobs);
 }
 
+static double clock_ms(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+static double thread_ms(void) { return clock_ms(CLOCK_THREAD_CPUTIME_ID); }
+static double wall_ms(void) { return clock_ms(CLOCK_MONOTONIC); }
+
 /* Bulk steps cost O(max log n): deleting 1,000,000 buried jobs 1,000 at a
  * time, no step takes long (the HTTP layer runs one per loop turn). */
 static void test_bulk_delete_steps_are_short(void **state)
@@ -3706,20 +3715,20 @@ static void test_bulk_delete_steps_are_short(void **state)
         assert_int_equal(bg_engine_restore_job(e, &r, T0, T0, T0), BG_OK);
     }
     assert_int_equal(t->buried.len, n);
-    struct timespec a, b;
-    double worst = 0, total = 0;
+    /* CPU time of this thread: a loaded machine's preemptions are not
+     * the engine's cost (the wall time is printed beside it) */
+    double worst = 0, total = 0, wall = 0;
     uint64_t steps = 0, deleted = 0, got;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double page_ms = thread_ms();
     struct bg_job *first_page[10];
     struct bg_job_cursor cur = {0, 0};
     assert_int_equal(bg_tube_jobs(t, BG_JOB_BURIED, &cur, first_page, 10), n < 10 ? n : 10);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double page_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    page_ms = thread_ms() - page_ms;
     do {
-        clock_gettime(CLOCK_MONOTONIC, &a);
+        double at = thread_ms(), wall_at = wall_ms();
         got = bg_delete_state(e, t, BG_JOB_BURIED, 1000, T0);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+        double ms = thread_ms() - at;
+        wall += wall_ms() - wall_at;
         if (ms > worst) worst = ms;
         total += ms;
         deleted += got;
@@ -3727,13 +3736,15 @@ static void test_bulk_delete_steps_are_short(void **state)
     } while (got);
     assert_int_equal(deleted, n);
     assert_int_equal(e->job_count, 0);
-    print_message("    %llu buried jobs: first page %.3f ms; deleted in %llu steps of 1000, "
-                  "mean %.3f ms, worst %.3f ms\n",
-                  (unsigned long long)n, page_ms, (unsigned long long)steps - 1,
-                  total / (double)(steps - 1 ? steps - 1 : 1), worst);
-    /* loose enough for a loaded machine and a sanitizer build; a step that
-     * walked the whole tube would take far longer */
-    assert_true(worst < 50.0);
+    double mean = total / (double)(steps > 1 ? steps - 1 : 1);
+    print_message("    %llu buried jobs: first page %.3f ms; deleted in %llu steps of 1000: "
+                  "CPU mean %.3f ms, worst %.3f ms; wall mean %.3f ms\n",
+                  (unsigned long long)n, page_ms, (unsigned long long)steps - 1, mean, worst,
+                  wall / (double)(steps > 1 ? steps - 1 : 1));
+    /* a step that walked the tube would cost milliseconds each; the bounds
+     * are loose for a sanitizer build */
+    assert_true(mean < 2.0);
+    assert_true(worst < 20.0);
     check_world(w);
 }
 
