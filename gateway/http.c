@@ -475,6 +475,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
                   r->status, seconds,
                   toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "yes" : "no");
     }
+    gw_bulk_end(r); /* answered otherwise (a standby's 503) or cut off mid-way */
     gw_unlist(r);
     bg_buf_free(&r->body);
     request_free(gw, r);
@@ -804,6 +805,13 @@ void gateway_stop_reading(struct gateway *gw)
         r->peer_ev = NULL;
         if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
         r->wait_outcome = BG_TIMED_OUT;
+        if (r->suspended) {
+            r->suspended = 0;
+            MHD_resume_connection(r->conn);
+        }
+    }
+    /* and those woken since the loop's last turn (off the list already) */
+    for (struct gw_request *r = gw->woken; r; r = r->next_woken) {
         if (r->suspended) {
             r->suspended = 0;
             MHD_resume_connection(r->conn);

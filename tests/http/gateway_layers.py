@@ -24,7 +24,7 @@ LAYERS = [
     ["admit.c"],                                    # accept, limits, deadlines, the first head
     ["router.c"],                                   # the route table and matching
     ["routes.c", "metrics.c", "ui.c", "guard.c"],   # handlers; the browser guards
-    ["clients.c"],                                  # GET /clients; lists routes.c's long-polls
+    ["clients.c", "bulk.c"],                        # GET /clients (lists routes.c's long-polls); bulk kicks and deletes in steps
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
      "tube_page.c", "framing.c"],                    # pages of tubes, body framing
