@@ -154,6 +154,14 @@ struct wal {
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
     struct wal_hold *hold_head, *hold_tail; /* replies waiting, by position */
+    /* -f 0: after a batch let replies go, the next
+     * one waits (gather_due) until the peers they answered could ask again */
+    struct {
+        uint64_t records;      /* pending records it waits for */
+        bg_time until;         /* ... at most until then (0: not waiting) */
+        bg_time submitted_at;  /* when the batch in flight was handed on */
+        struct event *timer;
+    } gather;
     /* when a reply may go (wal_reply_may_go): positions are record
      * sequences; replies_wait: -f 0, a reply waits for what it reports */
     int replies_wait;
@@ -634,6 +642,23 @@ static int batch_due(struct wal *w, bg_time now, int sync)
     return 0;
 }
 
+/* Group commit across the replies' round trip (-f 0):
+ * after a batch's replies went, the next batch waits for as many more
+ * records as replies went (their peers asking again), at most as long as
+ * that batch took; so the peers answered by one sync share the next one
+ * instead of splitting into two halves that alternate. Nonzero when the
+ * batch may go now; else the gather timer brings the kick at its time. */
+static int gather_done(struct wal *w, bg_time now)
+{
+    if (!w->gather.until || w->pending_records >= w->gather.records || now >= w->gather.until ||
+        w->snap_ids || w->force_snapshot || w->purge_due || w->sync_now) {
+        w->gather.until = 0;
+        return 1;
+    }
+    timer_in(w->gather.timer, w->gather.until - now);
+    return 0;
+}
+
 /* Nonzero when a sink (the directory, the stream) holds more than twice
  * the live data plus a segment, or a snapshot is forced (damage accepted
  * at start, a failed sync, a record that could not be buffered). */
@@ -717,6 +742,8 @@ static void submit_batch(struct wal *w, int sync)
     b->purged = 0;
     if (b->disk) w->disk_sink.attempts++;
     if (w->repl) w->stream_sink.attempts++;
+    w->gather.until = 0;
+    w->gather.submitted_at = loop_now();
     submit(w);
 }
 
@@ -759,7 +786,7 @@ void wal_kick(struct wal *w)
         return;
     }
     copy_restart_step(w, now);
-    if (!batch_due(w, now, sync)) return;
+    if (!batch_due(w, now, sync) || !gather_done(w, now)) return;
     bg_buf_clear(&b->data);
     b->purge_before = w->purge_due;
     compaction_step(w); /* a snapshot that cannot go now does not hold up the records */
@@ -1030,14 +1057,17 @@ void wal_unhold(struct wal *w, struct wal_hold *h)
     h->queued = 0;
 }
 
-/* Let every reply whose mark is on disk go, oldest first. */
-static void release_holds(struct wal *w)
+/* Let every reply whose mark is on disk go, oldest first. The count let go. */
+static uint64_t release_holds(struct wal *w)
 {
     struct wal_hold *h;
+    uint64_t released = 0;
     while ((h = w->hold_head) && h->mark <= w->synced_seq) {
         wal_unhold(w, h);
         h->durable(h);
+        released++;
     }
+    return released;
 }
 
 /* The loop side of a finished batch: account for it, let the replies it
@@ -1045,7 +1075,12 @@ static void release_holds(struct wal *w)
 static void batch_complete(struct wal *w)
 {
     if (batch_done(w) != 0) return; /* the retry timer is armed */
-    release_holds(w);
+    uint64_t released = release_holds(w);
+    if (released && w->replies_wait && w->gather.timer) {
+        bg_time now = loop_now();
+        w->gather.records = w->pending_records + released;
+        w->gather.until = now + (now - w->gather.submitted_at);
+    }
     wal_kick(w);
 }
 
@@ -2250,6 +2285,7 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     if (base) {
         w->sync_timer = evtimer_new(base, timer_kick_cb, w);
         w->retry_timer = evtimer_new(base, timer_kick_cb, w);
+        w->gather.timer = evtimer_new(base, timer_kick_cb, w);
     }
     w->last_sync = now;
     /* a standby logs nothing until it becomes primary (wal_start_writing) */
@@ -2340,6 +2376,7 @@ void wal_close(struct wal *w)
     if (w->notify_ev) event_free(w->notify_ev);
     if (w->sync_timer) event_free(w->sync_timer);
     if (w->retry_timer) event_free(w->retry_timer);
+    if (w->gather.timer) event_free(w->gather.timer);
     if (w->notify_fd >= 0) close(w->notify_fd);
     if (st) {
         segments_close_all(w);
