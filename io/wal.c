@@ -154,8 +154,8 @@ struct wal {
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
     struct wal_hold *hold_head, *hold_tail; /* replies waiting, by position */
-    /* -f 0: after a batch let replies go, the next
-     * one waits (gather_done) until the peers they answered could ask again */
+    /* -f 0: after a batch let replies go, the next one waits
+     * (gather_done) until the peers they answered could ask again */
     struct {
         uint64_t records;      /* pending records it waits for */
         bg_time until;         /* ... at most until then (0: not waiting) */
