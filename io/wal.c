@@ -154,6 +154,15 @@ struct wal {
     bg_time last_sync;
     int unsynced;              /* bytes written but not synced */
     struct wal_hold *hold_head, *hold_tail; /* replies waiting, by position */
+    /* -f 0: after a batch let replies go, the next one waits
+     * (gather_done) until the peers they answered could ask again */
+    struct {
+        uint64_t records;      /* pending records it waits for */
+        bg_time until;         /* ... at most until then (0: not waiting) */
+        bg_time submitted_at;  /* when the batch in flight was handed on */
+        int missed;            /* the last wait ended short of its records */
+        struct event *timer;
+    } gather;
     /* when a reply may go (wal_reply_may_go): positions are record
      * sequences; replies_wait: -f 0, a reply waits for what it reports */
     int replies_wait;
@@ -188,6 +197,7 @@ struct wal {
 #define WAL_ID_BLOCK (1u << 20)
 #define WAL_CLOSE_FINISH_SECONDS 3 /* wal_close without wal_finish: two retries */
 #define WAL_UNSYNCED_MAX ((size_t)4 << 20) /* bytes kept for a rewrite before a sync is forced (-f N) */
+#define WAL_GATHER_MAX (2 * BG_SECOND / 1000) /* longest wait of a batch for the peers a sync answered */
 #define WAL_SNAPSHOT_STEP_BYTES ((size_t)1 << 20) /* records a snapshot writes per batch (about 1 ms) */
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
@@ -634,6 +644,43 @@ static int batch_due(struct wal *w, bg_time now, int sync)
     return 0;
 }
 
+/* Group commit across the replies' round trip (-f 0): after a batch's
+ * replies went, the next batch waits for as many more records as replies
+ * went (their peers asking again), at most as long as that batch took and
+ * WAL_GATHER_MAX; so the peers answered by one sync share the next one
+ * instead of splitting into two halves that alternate. A wait that ended
+ * short (peers that did not ask again) makes the next batch go without
+ * one. Nonzero when the batch may go now; else the gather timer brings
+ * the kick at its time. */
+static int gather_done(struct wal *w, bg_time now)
+{
+    if (!w->gather.until) return 1;
+    int gathered = w->pending_records >= w->gather.records;
+    if (gathered || now >= w->gather.until || w->snap_ids || w->force_snapshot || w->purge_due || w->sync_now) {
+        w->gather.missed = !gathered && now >= w->gather.until;
+        w->gather.until = 0;
+        return 1;
+    }
+    timer_in(w->gather.timer, w->gather.until - now);
+    return 0;
+}
+
+/* After a batch whose replies went (`released` of them): the next one
+ * gathers their peers' next records (gather_done), unless the last wait
+ * came up short. */
+static void gather_begin(struct wal *w, uint64_t released)
+{
+    if (!released || !w->replies_wait || !w->gather.timer) return;
+    if (w->gather.missed) {
+        w->gather.missed = 0;
+        return;
+    }
+    bg_time now = loop_now();
+    bg_time took = now - w->gather.submitted_at;
+    w->gather.records = w->pending_records + released;
+    w->gather.until = now + (took < WAL_GATHER_MAX ? took : WAL_GATHER_MAX);
+}
+
 /* Nonzero when a sink (the directory, the stream) holds more than twice
  * the live data plus a segment, or a snapshot is forced (damage accepted
  * at start, a failed sync, a record that could not be buffered). */
@@ -717,6 +764,8 @@ static void submit_batch(struct wal *w, int sync)
     b->purged = 0;
     if (b->disk) w->disk_sink.attempts++;
     if (w->repl) w->stream_sink.attempts++;
+    w->gather.until = 0;
+    w->gather.submitted_at = loop_now();
     submit(w);
 }
 
@@ -759,7 +808,7 @@ void wal_kick(struct wal *w)
         return;
     }
     copy_restart_step(w, now);
-    if (!batch_due(w, now, sync)) return;
+    if (!batch_due(w, now, sync) || !gather_done(w, now)) return;
     bg_buf_clear(&b->data);
     b->purge_before = w->purge_due;
     compaction_step(w); /* a snapshot that cannot go now does not hold up the records */
@@ -1030,14 +1079,17 @@ void wal_unhold(struct wal *w, struct wal_hold *h)
     h->queued = 0;
 }
 
-/* Let every reply whose mark is on disk go, oldest first. */
-static void release_holds(struct wal *w)
+/* Let every reply whose mark is on disk go, oldest first. The count let go. */
+static uint64_t release_holds(struct wal *w)
 {
     struct wal_hold *h;
+    uint64_t released = 0;
     while ((h = w->hold_head) && h->mark <= w->synced_seq) {
         wal_unhold(w, h);
         h->durable(h);
+        released++;
     }
+    return released;
 }
 
 /* The loop side of a finished batch: account for it, let the replies it
@@ -1045,7 +1097,7 @@ static void release_holds(struct wal *w)
 static void batch_complete(struct wal *w)
 {
     if (batch_done(w) != 0) return; /* the retry timer is armed */
-    release_holds(w);
+    gather_begin(w, release_holds(w));
     wal_kick(w);
 }
 
@@ -2250,6 +2302,7 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     if (base) {
         w->sync_timer = evtimer_new(base, timer_kick_cb, w);
         w->retry_timer = evtimer_new(base, timer_kick_cb, w);
+        w->gather.timer = evtimer_new(base, timer_kick_cb, w);
     }
     w->last_sync = now;
     /* a standby logs nothing until it becomes primary (wal_start_writing) */
@@ -2340,6 +2393,7 @@ void wal_close(struct wal *w)
     if (w->notify_ev) event_free(w->notify_ev);
     if (w->sync_timer) event_free(w->sync_timer);
     if (w->retry_timer) event_free(w->retry_timer);
+    if (w->gather.timer) event_free(w->gather.timer);
     if (w->notify_fd >= 0) close(w->notify_fd);
     if (st) {
         segments_close_all(w);

@@ -311,6 +311,47 @@ static void test_synchronous_mode_runs_the_flusher_here(void **state)
     sync_world_free(&w);
 }
 
+/* -f 0: after a batch whose replies went, the next one waits for as many
+ * more records as replies went (gather_done in io/wal.c): it goes as soon
+ * as they are there, and short of them by its timer at the latest; after
+ * a wait that came up short, the next batch does not wait. */
+static void test_next_batch_gathers_the_answered_peers(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    memset(&calls, 0, sizeof calls);
+    struct wal_hold h[2] = {{0}};
+    sync_put(&w, "a", 1);
+    for (int i = 0; i < 2; i++) wal_hold(w.wal, &h[i], w.put_pos, durable);
+    sync_flush(&w, 1);
+    assert_int_equal(calls.n, 2); /* two replies went: the next batch gathers two records */
+    sync_put(&w, "b", 1);
+    sync_put(&w, "c", 1);
+    sync_flush(&w, 1); /* both there: handed on and written at once */
+    assert_true(wal_reply_may_go(w.wal, w.put_pos));
+    for (int i = 0; i < 2; i++) wal_hold(w.wal, &h[i], w.put_pos + 1, durable);
+    sync_put(&w, "d", 1);
+    sync_flush(&w, 1);
+    assert_int_equal(calls.n, 4);
+    sync_put(&w, "e", 1); /* one of two: the gather timer hands it on */
+    wal_kick(w.wal);      /* as the loop does after every callback */
+    for (int turn = 0; turn < 100 && !wal_reply_may_go(w.wal, w.put_pos); turn++) {
+        event_base_loop(w.base, EVLOOP_ONCE);
+        wal_run_flusher(w.wal);
+    }
+    assert_true(wal_reply_may_go(w.wal, w.put_pos));
+    /* that wait came up short: after the next batch's replies nothing waits */
+    for (int i = 0; i < 2; i++) wal_hold(w.wal, &h[i], w.put_pos + 1, durable);
+    sync_put(&w, "f", 1);
+    sync_flush(&w, 1);
+    assert_int_equal(calls.n, 6);
+    sync_put(&w, "g", 1);
+    sync_flush(&w, 1);
+    assert_true(wal_reply_may_go(w.wal, w.put_pos));
+    sync_world_free(&w);
+}
+
 /* fsyncgate: a failed sync (whose bytes the fault storage then zeroes, as
  * a kernel may drop them) makes the log write everything since the last
  * good sync again into a fresh segment; the mark is reached only once
@@ -528,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_only_new_ids_wait_with_fsync_interval),
         cmocka_unit_test(test_ids_continue_above_the_floor),
         cmocka_unit_test(test_synchronous_mode_runs_the_flusher_here),
+        cmocka_unit_test(test_next_batch_gathers_the_answered_peers),
         cmocka_unit_test(test_failed_sync_rewrites_into_fresh_segment),
         cmocka_unit_test(test_rotation_creates_segment_after_old_is_synced),
         cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
