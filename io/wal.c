@@ -1003,6 +1003,13 @@ static int batch_done(struct wal *w)
 
 int wal_reply_may_go(const struct wal *w, uint64_t pos) { return !w || pos <= w->synced_seq; }
 
+struct wal_progress wal_progress(const struct wal *w)
+{
+    struct wal_progress p = {0, 0};
+    if (w) p = (struct wal_progress){w->appended_seq, w->written_seq};
+    return p;
+}
+
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
 {
     h->mark = mark;

@@ -340,6 +340,47 @@ static void test_failed_sync_rewrites_into_fresh_segment(void **state)
     sync_world_free(&w);
 }
 
+/* wal_progress: `appended` counts each record as it is appended (a put,
+ * a delete), `written` stays where it was while a batch is only handed on
+ * or its write failed, and reaches `appended` once the flusher wrote it (a
+ * retry, after a failure); a NULL log is {0, 0}. What bulk.c paces its
+ * steps by. */
+static void test_progress_tells_the_backlog(void **state)
+{
+    (void)state;
+    struct wal_progress none = wal_progress(NULL);
+    assert_true(none.appended == 0 && none.written == 0);
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    struct wal_progress p0 = wal_progress(w.wal);
+    assert_true(p0.written == p0.appended);
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++) ids[i] = sync_put(&w, "x", 1);
+    struct wal_progress p1 = wal_progress(w.wal);
+    assert_int_equal(p1.appended - p0.appended, 3); /* -f 0: a record a put, no id floor */
+    assert_int_equal(p1.written, p0.written);
+    wal_kick(w.wal);
+    assert_int_equal(wal_progress(w.wal).written, p0.written); /* handed on, not written */
+    wal_run_flusher(w.wal);
+    struct wal_progress p2 = wal_progress(w.wal);
+    assert_int_equal(p2.appended, p1.appended);
+    assert_int_equal(p2.written, p1.appended);
+    /* deletes are records too; a failed write leaves them behind */
+    write_faults(&w, "write EIO once\n");
+    for (int i = 0; i < 2; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+    struct wal_progress p3 = wal_progress(w.wal);
+    assert_int_equal(p3.appended - p2.appended, 2);
+    sync_flush(&w, 2);
+    assert_int_equal(w.engine.journal_broken, 1);
+    assert_int_equal(wal_progress(w.wal).written, p2.written);
+    /* the retry comes once a second: the stop's finish waits for it */
+    assert_int_equal(wal_finish(w.wal, loop_now() + 5 * BG_SECOND), 0);
+    struct wal_progress p4 = wal_progress(w.wal);
+    assert_int_equal(p4.written, p3.appended);
+    assert_int_equal(p4.appended, p3.appended);
+    sync_world_free(&w);
+}
+
 /* Nonzero if dir holds the file name. */
 static int file_exists(const char *dir, const char *name)
 {
@@ -529,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_ids_continue_above_the_floor),
         cmocka_unit_test(test_synchronous_mode_runs_the_flusher_here),
         cmocka_unit_test(test_failed_sync_rewrites_into_fresh_segment),
+        cmocka_unit_test(test_progress_tells_the_backlog),
         cmocka_unit_test(test_rotation_creates_segment_after_old_is_synced),
         cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
         cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
