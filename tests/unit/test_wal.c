@@ -509,6 +509,51 @@ static int log_holds_delete(const char *dir, uint64_t id)
     return found;
 }
 
+/* The segment files in dir. */
+static int segment_files(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".wal") != NULL;
+    closedir(d);
+    return n;
+}
+
+/* Once a snapshot is on disk, the segments it superseded go one a kick
+ * (an unlink of a big file takes milliseconds on the loop), not all at
+ * once; no new compaction begins before they are gone, and in the end
+ * only the snapshot's segment and those after it are left. */
+static void test_superseded_segments_go_one_a_kick(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 4096);
+    static const char body[200] = {0};
+    uint64_t ids[100];
+    for (int i = 0; i < 100; i++) {
+        ids[i] = sync_put(&w, body, sizeof body);
+        sync_flush(&w, 1);
+    }
+    int most = segment_files(w.dir);
+    assert_true(most >= 5);
+    for (int i = 0; i < 100; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+    int before = most, fewest = most, dropped_one = 0;
+    for (int turn = 0; turn < 40; turn++) {
+        sync_flush(&w, 1);
+        int now = segment_files(w.dir);
+        assert_true(now >= before - 1); /* at most one a kick */
+        dropped_one |= now == before - 1;
+        if (now < fewest) fewest = now;
+        before = now;
+    }
+    assert_true(dropped_one);
+    assert_true(fewest <= 2);
+    sync_restart(&w); /* what is left reads back: no job */
+    for (int i = 0; i < 100; i++) assert_null(bg_job_find(&w.engine, ids[i]));
+    sync_world_free(&w);
+}
+
 /* Kick and flush until the failed batch went again and the log is healthy
  * (its retry comes a second after the failure). */
 static void sync_heal(struct sync_world *w)
@@ -575,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
         cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
         cmocka_unit_test(test_abandoned_snapshot_keeps_positions),
+        cmocka_unit_test(test_superseded_segments_go_one_a_kick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
