@@ -8,7 +8,16 @@
  * client leaves and the stop sequence resumes it. What each step did is in
  * the log as it goes; the answer depends on the highest log position the
  * steps reached (gw_bulk.mark), so it leaves only once the log holds all of
- * it (the reply rule, http.c). */
+ * it (the reply rule, http.c).
+ *
+ * With a log, a step's records (a delete record per job, thousands a ms)
+ * come far faster than the flusher writes and syncs them, and another
+ * client's record appended meanwhile goes out behind all of them: a
+ * durable put would wait for the whole backlog. So the next step waits
+ * until the log has written everything up to the last step's newest record
+ * (wal_progress): at most one step's records are ever ahead of another
+ * client's. While the log is failing (it writes nothing; puts are refused)
+ * the steps do not wait for it; the reply rule still holds the answer. */
 #include <string.h>
 #include <time.h>
 
@@ -38,11 +47,12 @@ static bg_time thread_cpu_ns(void)
     return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
 }
 
-/* One step: engine calls of b->chunk jobs until GW_BULK_STEP_NS passed or
- * nothing is left. The chunk is halved after a call that took more than a
- * quarter of the step and doubled after one that took less than a sixteenth,
- * so that a step overruns its time by a fraction of it however slow or fast
- * the engine is for this state. */
+/* One step: engine calls of b->chunk jobs until GW_BULK_STEP_NS passed,
+ * nothing is left, or (with a log) GW_BULK_LOG_STEP_JOBS were done. The
+ * chunk is halved after a call that took more than a quarter of the step
+ * and doubled after one that took less than a sixteenth, so that a step
+ * overruns its time by a fraction of it however slow or fast the engine is
+ * for this state. */
 static void step(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
@@ -51,9 +61,12 @@ static void step(struct gw_request *r)
     uint64_t outer_pos = e->reply_pos; /* a request's, when the first step runs in its dispatch */
     e->reply_pos = 0;
     bg_time start = gw->now(), now = start, cpu_start = thread_cpu_ns();
-    while (b->left > 0) {
+    uint64_t budget = gw->cfg.wal ? GW_BULK_LOG_STEP_JOBS : UINT64_MAX; /* a log record per job */
+    while (b->left > 0 && budget > 0) {
         struct bg_tube *t = bg_tube_find(e, r->match.seg[1]);
         uint64_t want = b->left < b->chunk ? b->left : b->chunk;
+        if (want > budget) want = budget;
+        budget -= want;
         uint64_t n = t ? engine_call(r, t, want, now) : 0;
         b->done += n;
         b->left -= n;
@@ -67,18 +80,37 @@ static void step(struct gw_request *r)
     }
     if (e->reply_pos > b->mark) b->mark = e->reply_pos;
     if (outer_pos > e->reply_pos) e->reply_pos = outer_pos;
+    b->log_pos = wal_progress(gw->cfg.wal).appended;
     b->steps++;
     if (now - start > b->longest_step) b->longest_step = now - start;
     bg_time cpu = thread_cpu_ns() - cpu_start;
     if (cpu > b->longest_step_cpu) b->longest_step_cpu = cpu;
 }
 
-/* Arm the next step for the next loop turn. 0, or -1 (no memory). */
-static int schedule(struct gw_request *r)
+/* Arm the next step for the next loop turn, or `wait` ns later. 0, or -1
+ * (no memory). */
+static int schedule(struct gw_request *r, bg_time wait)
 {
     struct gw_bulk *b = &r->bulk;
-    static const struct timeval zero = {0, 0};
-    return b->step_ev && evtimer_add(b->step_ev, &zero) == 0 ? 0 : -1;
+    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
+    return b->step_ev && evtimer_add(b->step_ev, &tv) == 0 ? 0 : -1;
+}
+
+/* Nonzero when the next step may run: no log, the log is failing, or it
+ * has written every record up to the last step's newest. Counts the time
+ * the steps waited for it. */
+static int log_caught_up(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
+    struct gw_bulk *b = &r->bulk;
+    int ready = gw->engine->journal_broken || wal_progress(gw->cfg.wal).written >= b->log_pos;
+    if (ready && b->waiting_since) {
+        b->log_waited += gw->now() - b->waiting_since;
+        b->waiting_since = 0;
+    } else if (!ready && !b->waiting_since) {
+        b->waiting_since = gw->now();
+    }
+    return ready;
 }
 
 /* The next step of a suspended bulk action: run it, then arm the next or
@@ -99,9 +131,13 @@ static void step_cb(evutil_socket_t fd, short what, void *arg)
         gw_wake(r);
         return;
     }
-    step(r);
-    if (gw->after_run) gw->after_run(gw->after_run_arg); /* kicked jobs, deadlines */
-    if (r->bulk.left > 0 && schedule(r) == 0) return;
+    if (!log_caught_up(r)) {
+        if (schedule(r, GW_BULK_LOG_POLL_NS) == 0) return;
+    } else {
+        step(r);
+        if (gw->after_run) gw->after_run(gw->after_run_arg); /* kicked jobs, deadlines; hands the records on */
+        if (r->bulk.left > 0 && schedule(r, 0) == 0) return;
+    }
     gw_unlist(r);
     gw_wake(r);
 }
@@ -119,7 +155,7 @@ int gw_bulk_start(struct gw_request *r, enum gw_bulk_action action, enum bg_job_
     step(r);
     if (b->left == 0) return 1;
     b->step_ev = evtimer_new(r->gw->base, step_cb, r);
-    if (schedule(r) != 0) { /* no memory for the next steps: answer what was done */
+    if (schedule(r, 0) != 0) { /* no memory for the next steps: answer what was done */
         gw_bulk_end(r);
         return 1;
     }
@@ -134,8 +170,10 @@ void gw_bulk_end(struct gw_request *r)
     b->step_ev = NULL;
     if (b->active && b->steps)
         log_event(BG_LOG_DEBUG, "http_bulk_steps",
-                  "action=%s done=%llu left=%llu steps=%u longest_step_us=%llu longest_step_cpu_us=%llu",
+                  "action=%s done=%llu left=%llu steps=%u longest_step_us=%llu longest_step_cpu_us=%llu "
+                  "log_wait_us=%llu",
                   action_names[b->action], (unsigned long long)b->done, (unsigned long long)b->left, b->steps,
-                  (unsigned long long)(b->longest_step / 1000), (unsigned long long)(b->longest_step_cpu / 1000));
+                  (unsigned long long)(b->longest_step / 1000), (unsigned long long)(b->longest_step_cpu / 1000),
+                  (unsigned long long)(b->log_waited / 1000));
     b->steps = 0; /* logged once */
 }

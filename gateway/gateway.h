@@ -94,6 +94,12 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
 #define GW_BULK_CHUNK_FIRST 256
 #define GW_BULK_CHUNK_MIN 16
 #define GW_BULK_CHUNK_MAX 8192
+/* With a log, a step acts on at most GW_BULK_LOG_STEP_JOBS jobs (a record
+ * each: about 70 KB of deletes, whatever the CPU's speed), and the next step
+ * waits until the log has written them (bulk.c), looking again this often
+ * (the loop's timers have ms precision; a finished batch wakes the loop). */
+#define GW_BULK_LOG_STEP_JOBS 4096
+#define GW_BULK_LOG_POLL_NS 200000
 #define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
 #define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
 #define GW_ALLOWED_HOSTS_MAX 64       /* names in --http-allowed-hosts at most */
@@ -294,6 +300,9 @@ struct gw_bulk {
     uint32_t steps;               /* loop turns it took so far */
     bg_time longest_step;         /* ns its longest step took (the loop's clock) */
     bg_time longest_step_cpu;     /* ns of CPU its longest step used (less when preempted) */
+    uint64_t log_pos;             /* the log's newest record after the last step (wal_progress) */
+    bg_time waiting_since;        /* when the next step began to wait for the log (0: not waiting) */
+    bg_time log_waited;           /* ns the steps waited for the log in all */
 };
 
 /* One HTTP request as the gateway follows it across handler calls. */

@@ -114,6 +114,10 @@ struct wal {
     uint64_t pending_records;  /* records in pending (the last ones appended) */
     uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
     int dir_dirty;             /* segments were deleted: sync the directory */
+    /* segments below it are superseded by a snapshot on disk: deleted one
+     * a loop turn (drop_step), as unlinking a segment of many MB takes
+     * milliseconds that every client would wait */
+    uint64_t drop_below;
     uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
     int force_snapshot;        /* damage was accepted at start: write a snapshot */
@@ -686,7 +690,7 @@ static void gather_begin(struct wal *w, uint64_t released)
  * at start, a failed sync, a record that could not be buffered). */
 static int compaction_due(const struct wal *w)
 {
-    if (w->compact_seq || w->snap_ids) return 0;
+    if (w->compact_seq || w->snap_ids || w->first_index < w->drop_below) return 0;
     /* each sink by its own bytes: the directory's, the stream's */
     uint64_t limit = 2 * w->live_bytes + w->cfg.segment_size;
     return w->force_snapshot || (w->storage && !w->copy_broken && w->disk_bytes > limit) ||
@@ -793,9 +797,20 @@ static void copy_restart_step(struct wal *w, bg_time now)
     w->force_snapshot = 1; /* snapshot_begin starts the new segment */
 }
 
+/* The drop step: delete the oldest superseded segment, if any (the next
+ * batch syncs the directory); a kick comes for the next one. */
+static void drop_step(struct wal *w)
+{
+    if (!w->storage || w->first_index >= w->drop_below) return;
+    segments_drop_below(w, w->first_index + 1);
+    w->dir_dirty = 1;
+    if (w->first_index < w->drop_below) timer_in(w->sync_timer, 0);
+}
+
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
+    drop_step(w);
     bg_time now = loop_now();
     int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
@@ -1031,10 +1046,7 @@ static int batch_done(struct wal *w)
     bg_buf_clear(&b->data);
     /* a snapshot on disk makes the older segments useless */
     if (w->compact_seq && w->written_seq >= w->compact_seq && (b->sync || w->cfg.fsync_never)) {
-        if (w->storage && !w->copy_broken) {
-            segments_drop_below(w, w->compact_index);
-            w->dir_dirty = 1; /* the next batch syncs the directory */
-        }
+        if (w->storage && !w->copy_broken) w->drop_below = w->compact_index; /* drop_step */
         if (w->repl && w->purge_seq) w->purge_due = w->purge_seq; /* the stream likewise */
         w->compact_seq = 0;
         /* the state is whole on disk again, if nothing was lost since it began */
@@ -1051,6 +1063,13 @@ static int batch_done(struct wal *w)
 /* ---- when a reply may go: positions and holds ---------------------------- */
 
 int wal_reply_may_go(const struct wal *w, uint64_t pos) { return !w || pos <= w->synced_seq; }
+
+struct wal_progress wal_progress(const struct wal *w)
+{
+    struct wal_progress p = {0, 0};
+    if (w) p = (struct wal_progress){w->appended_seq, w->written_seq};
+    return p;
+}
 
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h))
 {
@@ -1167,6 +1186,7 @@ int wal_finish(struct wal *w, bg_time deadline)
     if (!w) return 0;
     w->finishing = 1; /* no more compaction: only what was appended goes */
     while (finish_turn(w, deadline) == 0) {}
+    if (w->storage && !w->busy) segments_drop_below(w, w->drop_below); /* the rest of drop_step's at once */
     release_holds(w);
     w->finished_seq = w->appended_seq;
     uint64_t kept = durable_seq(w);

@@ -84,6 +84,13 @@ void wal_run_flusher(struct wal *w);
 /* Nonzero if a reply depending on log position pos may go now: the log
  * keeps everything up to pos (NULL w, or pos 0: yes). */
 int wal_reply_may_go(const struct wal *w, uint64_t pos);
+/* How far the log is behind, in record positions (the scale of the marks
+ * above): `appended` is the newest record appended, `written` the newest
+ * one every sink has taken (written; with -f 0 also synced); a record
+ * appended now goes out after appended - written others. It never goes
+ * backwards. NULL w: both 0. */
+struct wal_progress { uint64_t appended, written; };
+struct wal_progress wal_progress(const struct wal *w);
 /* Call durable(h) on the loop once mark is on disk: at once if it is. Marks
  * grow, so the holds form a queue; h must not be queued already. */
 void wal_hold(struct wal *w, struct wal_hold *h, uint64_t mark, void (*durable)(struct wal_hold *h));

@@ -381,6 +381,47 @@ static void test_failed_sync_rewrites_into_fresh_segment(void **state)
     sync_world_free(&w);
 }
 
+/* wal_progress: `appended` counts each record as it is appended (a put,
+ * a delete), `written` stays where it was while a batch is only handed on
+ * or its write failed, and reaches `appended` once the flusher wrote it (a
+ * retry, after a failure); a NULL log is {0, 0}. What bulk.c paces its
+ * steps by. */
+static void test_progress_tells_the_backlog(void **state)
+{
+    (void)state;
+    struct wal_progress none = wal_progress(NULL);
+    assert_true(none.appended == 0 && none.written == 0);
+    struct sync_world w;
+    sync_world_make(&w, 1 << 20);
+    struct wal_progress p0 = wal_progress(w.wal);
+    assert_true(p0.written == p0.appended);
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++) ids[i] = sync_put(&w, "x", 1);
+    struct wal_progress p1 = wal_progress(w.wal);
+    assert_int_equal(p1.appended - p0.appended, 3); /* -f 0: a record a put, no id floor */
+    assert_int_equal(p1.written, p0.written);
+    wal_kick(w.wal);
+    assert_int_equal(wal_progress(w.wal).written, p0.written); /* handed on, not written */
+    wal_run_flusher(w.wal);
+    struct wal_progress p2 = wal_progress(w.wal);
+    assert_int_equal(p2.appended, p1.appended);
+    assert_int_equal(p2.written, p1.appended);
+    /* deletes are records too; a failed write leaves them behind */
+    write_faults(&w, "write EIO once\n");
+    for (int i = 0; i < 2; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+    struct wal_progress p3 = wal_progress(w.wal);
+    assert_int_equal(p3.appended - p2.appended, 2);
+    sync_flush(&w, 2);
+    assert_int_equal(w.engine.journal_broken, 1);
+    assert_int_equal(wal_progress(w.wal).written, p2.written);
+    /* the retry comes once a second: the stop's finish waits for it */
+    assert_int_equal(wal_finish(w.wal, loop_now() + 5 * BG_SECOND), 0);
+    struct wal_progress p4 = wal_progress(w.wal);
+    assert_int_equal(p4.written, p3.appended);
+    assert_int_equal(p4.appended, p3.appended);
+    sync_world_free(&w);
+}
+
 /* Nonzero if dir holds the file name. */
 static int file_exists(const char *dir, const char *name)
 {
@@ -509,6 +550,51 @@ static int log_holds_delete(const char *dir, uint64_t id)
     return found;
 }
 
+/* The segment files in dir. */
+static int segment_files(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".wal") != NULL;
+    closedir(d);
+    return n;
+}
+
+/* Once a snapshot is on disk, the segments it superseded go one a kick
+ * (an unlink of a big file takes milliseconds on the loop), not all at
+ * once; no new compaction begins before they are gone, and in the end
+ * only the snapshot's segment and those after it are left. */
+static void test_superseded_segments_go_one_a_kick(void **state)
+{
+    (void)state;
+    struct sync_world w;
+    sync_world_make(&w, 4096);
+    static const char body[200] = {0};
+    uint64_t ids[100];
+    for (int i = 0; i < 100; i++) {
+        ids[i] = sync_put(&w, body, sizeof body);
+        sync_flush(&w, 1);
+    }
+    int most = segment_files(w.dir);
+    assert_true(most >= 5);
+    for (int i = 0; i < 100; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+    int before = most, fewest = most, dropped_one = 0;
+    for (int turn = 0; turn < 40; turn++) {
+        sync_flush(&w, 1);
+        int now = segment_files(w.dir);
+        assert_true(now >= before - 1); /* at most one a kick */
+        dropped_one |= now == before - 1;
+        if (now < fewest) fewest = now;
+        before = now;
+    }
+    assert_true(dropped_one);
+    assert_true(fewest <= 2);
+    sync_restart(&w); /* what is left reads back: no job */
+    for (int i = 0; i < 100; i++) assert_null(bg_job_find(&w.engine, ids[i]));
+    sync_world_free(&w);
+}
+
 /* Kick and flush until the failed batch went again and the log is healthy
  * (its retry comes a second after the failure). */
 static void sync_heal(struct sync_world *w)
@@ -571,10 +657,12 @@ int main(void)
         cmocka_unit_test(test_synchronous_mode_runs_the_flusher_here),
         cmocka_unit_test(test_next_batch_gathers_the_answered_peers),
         cmocka_unit_test(test_failed_sync_rewrites_into_fresh_segment),
+        cmocka_unit_test(test_progress_tells_the_backlog),
         cmocka_unit_test(test_rotation_creates_segment_after_old_is_synced),
         cmocka_unit_test(test_unbuffered_record_heals_by_snapshot),
         cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
         cmocka_unit_test(test_abandoned_snapshot_keeps_positions),
+        cmocka_unit_test(test_superseded_segments_go_one_a_kick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
