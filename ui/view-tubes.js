@@ -1,7 +1,9 @@
 // view-tubes.js - every tube, a page at a time: GET /stats/tubes sorts,
 // filters and cuts the page on the server, so the browser holds one page
-// (100 rows) however many tubes there are. Put and delete rates come from
-// the difference of each row's counters between two polls.
+// (100 rows) however many tubes there are. Put and delete rates are the
+// server's, over its last 10 seconds (each tube's "rates"), so they show on
+// the first poll; from a server without them, the difference of each
+// row's counters between two polls.
 
 import {h, setText} from "./dom.js";
 import * as api from "./api.js";
@@ -10,7 +12,7 @@ import {count, rate} from "./format.js";
 const PAGE = 100;
 
 // The columns: label, the field shown, and the server's sort key (null:
-// not sortable, as the rates are the browser's own).
+// not sortable).
 const COLUMNS = [
   {label: "Tube", sort: "name"},
   {label: "Ready", field: "current_jobs_ready", sort: "current_jobs_ready"},
@@ -123,8 +125,8 @@ export function tubesView(main, params, app) {
       setText(link, t.name);
       const was = previous.get(t.name);
       const dt = was ? (now - was.t) / 1000 : 0;
-      const puts = dt > 0 && t.total_jobs >= was.puts ? (t.total_jobs - was.puts) / dt : null;
-      const dels = dt > 0 && t.cmd_delete >= was.deletes ? (t.cmd_delete - was.deletes) / dt : null;
+      const puts = t.rates ? t.rates.put : dt > 0 && t.total_jobs >= was.puts ? (t.total_jobs - was.puts) / dt : null;
+      const dels = t.rates ? t.rates.delete : dt > 0 && t.cmd_delete >= was.deletes ? (t.cmd_delete - was.deletes) / dt : null;
       next.set(t.name, {t: now, puts: t.total_jobs, deletes: t.cmd_delete});
       const values = [
         count(t.current_jobs_ready), count(t.current_jobs_reserved), count(t.current_jobs_delayed),
