@@ -73,9 +73,13 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
         if (heap_sound(&t->ready, offsetof(struct bg_job, tube_slot), broken) ||
             heap_sound(&t->delayed, offsetof(struct bg_job, tube_slot), broken))
             return BG_INTERNAL_ERROR;
-        uint64_t n = 0;
-        for (const struct bg_job *j = t->buried_head; j; j = j->next, n++)
+        uint64_t n = 0, burial = 0;
+        for (const struct bg_job *j = t->buried_head; j; j = j->next, n++) {
             CHECK(j->state == BG_JOB_BURIED && j->tube == t, "a job on a buried list is not buried there");
+            CHECK(j->deadline_at > burial && j->deadline_at <= t->burials,
+                  "a tube's buried list is not in burial order");
+            burial = j->deadline_at;
+        }
         CHECK(n == t->buried_count, "a tube's buried count is off");
         const struct bg_job *top = t->pause_ns ? NULL : bg_heap_min(&t->ready);
         CHECK(t->ready_top_id == (top ? top->id : UINT64_MAX), "a tube's cached top is stale");

@@ -244,7 +244,9 @@ struct bg_job {
     struct bg_client *reserver;
     struct bg_job *prev, *next; /* buried list, or the reserver's list */
     bg_time created_at;
-    bg_time deadline_at;        /* delayed: ready time; reserved: TTR end */
+    bg_time deadline_at;        /* delayed: ready time; reserved: TTR end;
+                                 * buried: its burial number in its tube
+                                 * (bg_tube.burials), the buried order's key */
     uint32_t delay_s, ttr_s;
     uint32_t tube_slot;         /* ready/delayed heap of tube, or reserver heap */
     uint32_t timer_slot;        /* engine's job timer heap */
@@ -275,12 +277,14 @@ struct bg_tube {
     uint64_t ready_top_id;
     char name[BG_TUBE_NAME_MAX + 1];
     struct bg_tube *hash_next;
+    const struct bg_engine *engine; /* the engine that holds it */
     uint32_t list_index;        /* slot in engine tube list (creation order) */
     uint32_t timer_slot;        /* paused-tube timer heap */
     uint32_t refs;              /* users, watchers, jobs */
     struct bg_heap ready;       /* by (pri, id) */
     struct bg_heap delayed;     /* by (deadline, id) */
-    struct bg_job *buried_head, *buried_tail;
+    struct bg_job *buried_head, *buried_tail; /* in burial order */
+    uint64_t burials;           /* burial numbers given out (the next is burials + 1) */
     struct bg_watch **waiting;  /* waiting clients, reference set order */
     uint32_t waiting_len, waiting_cap, waiting_cursor;
     uint32_t buried_count, reserved_count, urgent_count;
@@ -422,6 +426,36 @@ size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids);
  * ready job (by priority, then id), the next delayed job (by deadline), the
  * oldest buried job; NULL if there is none (or for BG_JOB_RESERVED). */
 struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state);
+/* Browsing a tube's jobs (issue 26). A position in one state's serving
+ * order of one tube: after the job with this (key, id). {0, 0} is the
+ * start. The key per state: ready: priority; delayed: deadline (ns);
+ * buried: burial number (the tube's count of burials when it was buried);
+ * reserved: 0 (id order). */
+struct bg_job_cursor { uint64_t key; uint64_t id; };
+/* Up to max jobs of tube t in `state`, in serving order, that come after
+ * *cursor, into out; returns how many and moves *cursor past the last one
+ * (unchanged when none). The cursor stays valid as jobs come and go (a job
+ * that left is simply not there any more; one that came after the cursor's
+ * place shows on a later page). A paused tube's ready jobs are listed too.
+ * Reads only: the caller catches up (bg_engine_catch_up) first. */
+size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
+                    struct bg_job_cursor *cursor, struct bg_job **out, size_t max);
+/* The cursor just after job j, in j's current state. */
+struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j);
+/* Kick up to max jobs of tube t that are in `state` (BG_JOB_BURIED or
+ * BG_JOB_DELAYED; any other state kicks nothing), in serving order;
+ * returns how many (each logged as a kick). Stops early, as bg_kick, at a
+ * job that could not be made ready. O(max log n): a bulk kick runs in
+ * steps of max jobs. */
+uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
+                       uint64_t max, bg_time now);
+/* Delete up to max jobs of tube t that are in `state` (ready, delayed or
+ * buried; reserved deletes nothing), in serving order; returns how many
+ * (each logged as a delete, counted in total-jobs-deleted and the tube's
+ * cmd-delete). O(max log n). As after any delete, t is freed if nothing
+ * refers to it any more: a caller that steps looks it up by name again. */
+uint64_t bg_delete_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
+                         uint64_t max, bg_time now);
 /* Find a job by id; NULL if there is none. */
 struct bg_job *bg_job_find(const struct bg_engine *e, uint64_t id);
 /* Find a tube by name (NUL-terminated); NULL if there is none. */

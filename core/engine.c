@@ -263,6 +263,7 @@ static struct bg_tube *tube_get(struct bg_engine *e, const char *name)
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
     strncpy(t->name, name, BG_TUBE_NAME_MAX);
+    t->engine = e;
     t->timer_slot = NO_SLOT;
     t->ready_top_pri = UINT32_MAX;
     t->ready_top_id = UINT64_MAX;
@@ -311,6 +312,113 @@ struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state)
     case BG_JOB_BURIED: return t->buried_head;
     default: return NULL;
     }
+}
+
+/* ---- browsing a tube's jobs (bg_tube_jobs) ------------------------------ */
+
+/* j's key in its state's serving order (struct bg_job_cursor). */
+static uint64_t job_order_key(const struct bg_job *j)
+{
+    switch (j->state) {
+    case BG_JOB_READY: return j->pri;
+    case BG_JOB_DELAYED:
+    case BG_JOB_BURIED: return j->deadline_at;
+    default: return 0;
+    }
+}
+
+struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j)
+{
+    struct bg_job_cursor c = {job_order_key(j), j->id};
+    return c;
+}
+
+/* Nonzero if (key, id) a comes before b. */
+static inline int cursor_less(struct bg_job_cursor a, struct bg_job_cursor b)
+{
+    return a.key != b.key ? a.key < b.key : a.id < b.id;
+}
+
+/* The up to max smallest jobs after `after` among n candidates: out is a
+ * max-heap of the best so far (its root the worst kept), sorted at the
+ * end. Returns how many. */
+struct job_pick {
+    struct bg_job **out;
+    size_t len, max;
+    struct bg_job_cursor after;
+};
+
+static void pick_sift_down(struct job_pick *p, size_t i, size_t len)
+{
+    struct bg_job **a = p->out;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= len) return;
+        if (c + 1 < len && cursor_less(bg_job_cursor_of(a[c]), bg_job_cursor_of(a[c + 1]))) c++;
+        if (!cursor_less(bg_job_cursor_of(a[i]), bg_job_cursor_of(a[c]))) return;
+        struct bg_job *x = a[i];
+        a[i] = a[c];
+        a[c] = x;
+        i = c;
+    }
+}
+
+static void pick_offer(struct job_pick *p, struct bg_job *j)
+{
+    struct bg_job_cursor k = bg_job_cursor_of(j);
+    if (!cursor_less(p->after, k)) return;
+    struct bg_job **a = p->out;
+    if (p->len < p->max) {
+        size_t i = p->len++;
+        a[i] = j;
+        while (i > 0 && cursor_less(bg_job_cursor_of(a[(i - 1) / 2]), k)) {
+            a[i] = a[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        a[i] = j;
+    } else if (p->max && cursor_less(k, bg_job_cursor_of(a[0]))) {
+        a[0] = j;
+        pick_sift_down(p, 0, p->len);
+    }
+}
+
+/* Sort the kept jobs ascending (heap sort of the max-heap). */
+static void pick_finish(struct job_pick *p)
+{
+    for (size_t n = p->len; n > 1; n--) {
+        struct bg_job *x = p->out[0];
+        p->out[0] = p->out[n - 1];
+        p->out[n - 1] = x;
+        pick_sift_down(p, 0, n - 1);
+    }
+}
+
+size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
+                    struct bg_job_cursor *cursor, struct bg_job **out, size_t max)
+{
+    struct job_pick p = {out, 0, max, *cursor};
+    switch (state) {
+    case BG_JOB_READY:
+    case BG_JOB_DELAYED: {
+        const struct bg_heap *h = state == BG_JOB_READY ? &t->ready : &t->delayed;
+        for (uint32_t i = 0; i < h->len; i++) pick_offer(&p, h->items[i]);
+        break;
+    }
+    case BG_JOB_BURIED: /* the list is in burial order */
+        for (struct bg_job *j = t->buried_head; j && p.len < max; j = j->next) pick_offer(&p, j);
+        break;
+    case BG_JOB_RESERVED: { /* no per-tube index: the job table */
+        const struct bg_engine *e = t->engine;
+        for (size_t b = 0; b <= e->jobs_mask; b++) {
+            struct bg_job *j = e->jobs[b];
+            if (j && j->tube == t && j->state == BG_JOB_RESERVED) pick_offer(&p, j);
+        }
+        break;
+    }
+    }
+    pick_finish(&p);
+    if (p.len) *cursor = bg_job_cursor_of(out[p.len - 1]);
+    return p.len;
 }
 
 /* Refresh t's cached ready top key after its ready heap or pause changed. */
@@ -470,6 +578,7 @@ static void job_bury(struct bg_engine *e, struct bg_job *j)
 {
     struct bg_tube *t = j->tube;
     j->state = BG_JOB_BURIED;
+    j->deadline_at = ++t->burials; /* the buried order's key (bg_job_cursor) */
     j->next = NULL;
     j->prev = t->buried_tail;
     if (t->buried_tail) t->buried_tail->next = j; else t->buried_head = j;
@@ -1038,17 +1147,24 @@ static struct bg_job *reserved_by(struct bg_client *c, uint64_t id)
     return j && j->state == BG_JOB_RESERVED && j->reserver == c ? j : NULL;
 }
 
+/* Delete j: counted, logged, freed (and its tube with it if that was the
+ * tube's last reference). */
+static void job_delete(struct bg_engine *e, struct bg_job *j)
+{
+    j->tube->stat.cmd_delete++;
+    e->stat.total_jobs_deleted++;
+    job_unlink(e, j);
+    if (e->journal) e->journal->job_deleted(e->journal_ctx, j->id);
+    job_free(e, j);
+}
+
 int bg_delete(struct bg_client *c, uint64_t id, bg_time now)
 {
     struct bg_engine *e = c->engine;
     bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
-    j->tube->stat.cmd_delete++;
-    e->stat.total_jobs_deleted++;
-    job_unlink(e, j);
-    if (e->journal) e->journal->job_deleted(e->journal_ctx, j->id);
-    job_free(e, j);
+    job_delete(e, j);
     return 0;
 }
 
@@ -1120,15 +1236,31 @@ static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
  * does: otherwise a re-buried job is kicked again and over-counted. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
 {
+    return bg_kick_state(e, t, t->buried_count ? BG_JOB_BURIED : BG_JOB_DELAYED, n, now);
+}
+
+uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
+                       uint64_t max, bg_time now)
+{
     bg_engine_catch_up(e, now); /* delayed jobs that are due are ready, not kickable */
+    if (state != BG_JOB_BURIED && state != BG_JOB_DELAYED) return 0;
     uint64_t i = 0;
-    if (t->buried_head) {
-        for (; i < n && t->buried_head; i++)
-            if (job_kick(e, t->buried_head, now) != 0) break;
-    } else {
-        for (; i < n && t->delayed.len; i++)
-            if (job_kick(e, bg_heap_min(&t->delayed), now) != 0) break;
-    }
+    struct bg_job *j;
+    for (; i < max && (j = bg_peek(t, state)); i++)
+        if (job_kick(e, j, now) != 0) break;
+    return i;
+}
+
+uint64_t bg_delete_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
+                         uint64_t max, bg_time now)
+{
+    bg_engine_catch_up(e, now);
+    if (state == BG_JOB_RESERVED) return 0;
+    tube_ref(t); /* t outlives its last job until the loop ends */
+    uint64_t i = 0;
+    struct bg_job *j;
+    for (; i < max && (j = bg_peek(t, state)); i++) job_delete(e, j);
+    tube_unref(e, t);
     return i;
 }
 

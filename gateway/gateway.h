@@ -16,6 +16,7 @@
  *   router.c    the route table (path pattern, method, handler, body limit,
  *               auth rule, command counter) and URL matching
  *   routes.c    the handlers of the queue's resources: engine calls
+ *   bulk.c      a bulk kick or delete run in bounded steps, one per loop turn
  *   metrics.c   /metrics (Prometheus text), /livez, /readyz, request counters
  *   ui.c        the dashboard's files at /ui/ (ui.h; ui/ built in by CMake)
  *   request.c   what a handler asks of its request: query numbers, headers,
@@ -84,6 +85,15 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
 #define GW_METRICS_TUBES_MAX 1000     /* tubes exported in /metrics at most */
 #define GW_TUBE_PAGE_MAX 500          /* tubes in one page of GET /stats/tubes */
 #define GW_TUBE_PAGE_DEFAULT 100
+#define GW_JOB_PAGE_MAX 500           /* jobs in one page of GET /tubes/{tube}/jobs */
+#define GW_JOB_PAGE_DEFAULT 50
+/* A bulk kick or delete (bulk.c) runs in steps, one per loop turn: a step
+ * calls the engine with GW_BULK_CHUNK_* jobs at a time until it has spent
+ * GW_BULK_STEP_NS, the chunk halved or doubled to keep one call well under it. */
+#define GW_BULK_STEP_NS 1000000       /* 1 ms of engine work a loop turn */
+#define GW_BULK_CHUNK_FIRST 256
+#define GW_BULK_CHUNK_MIN 16
+#define GW_BULK_CHUNK_MAX 8192
 #define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
 #define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
 #define GW_ALLOWED_HOSTS_MAX 64       /* names in --http-allowed-hosts at most */
@@ -263,6 +273,24 @@ struct gw_match {
     int nseg;
 };
 
+/* What a bulk action does (bulk.c). */
+enum gw_bulk_action { GW_BULK_KICK, GW_BULK_DELETE };
+
+/* A bulk kick or delete of one tube's jobs in one state, as it runs in
+ * steps while its request is suspended (bulk.c). The tube is named by the
+ * request's path and looked up at each step, never held: it may be freed
+ * (emptied and unused) meanwhile, and then there is nothing left to do. */
+struct gw_bulk {
+    struct event *step_ev;        /* the next step, on the next loop turn; NULL: none */
+    uint8_t active;               /* this request runs (or ran) a bulk action */
+    uint8_t action;               /* enum gw_bulk_action */
+    uint8_t state;                /* enum bg_job_state of the jobs it acts on */
+    uint32_t chunk;               /* jobs per engine call, adapted to the time it takes */
+    uint64_t left;                /* jobs it may still act on (0: finished) */
+    uint64_t done;                /* jobs kicked or deleted so far */
+    uint64_t mark;                /* the log position its answer depends on */
+};
+
 /* One HTTP request as the gateway follows it across handler calls. */
 struct gw_request {
     struct gateway *gw;
@@ -299,6 +327,7 @@ struct gw_request {
     struct gw_request *prev_waiting, *next_waiting; /* gw->waiting */
     int listed;
     struct event *peer_ev;        /* watches the socket while listed */
+    struct gw_bulk bulk;          /* a bulk kick or delete */
     struct wal_hold hold;         /* response queued, waiting for the log */
     struct gw_request *held_prev, *held_next; /* gw->held */
     int held;
@@ -583,6 +612,23 @@ int gw_handle_job_reserve(struct gw_request *r);
 int gw_handle_openapi(struct gw_request *r);
 int gw_handle_subscriptions(struct gw_request *r);
 int gw_handle_auth(struct gw_request *r);
+int gw_handle_tube_jobs(struct gw_request *r);
+int gw_handle_tube_jobs_delete(struct gw_request *r);
+
+/* ---- bulk.c: a bulk kick or delete in steps (below routes.c) ------------- */
+
+/* Start kicking or deleting (action) up to `bound` jobs in `state` of the
+ * tube r's path names, in serving order: the first step runs now. 1: it
+ * finished (r->bulk says what it did; answer now); 0: r is suspended and
+ * the steps go on, one per loop turn, until it finishes, its client leaves
+ * or the server stops; then r is resumed and its handler is called again
+ * (r->bulk.active set; gw_bulk_end first). Delete counts one cmd-delete
+ * per job deleted. */
+int gw_bulk_start(struct gw_request *r, enum gw_bulk_action action, enum bg_job_state state,
+                  uint64_t bound);
+/* No more steps for r (its answer goes now, or it ended). Any time, any
+ * number of times. */
+void gw_bulk_end(struct gw_request *r);
 
 /* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
 

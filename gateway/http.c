@@ -430,6 +430,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
                   r->status, seconds,
                   toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "yes" : "no");
     }
+    gw_bulk_end(r); /* answered otherwise (a standby's 503) or cut off mid-way */
     gw_unlist(r);
     bg_buf_free(&r->body);
     request_free(gw, r);

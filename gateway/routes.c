@@ -585,20 +585,27 @@ static int reply_job(struct gw_request *r, uint64_t id)
                                                    NULL, 0), NULL);
 }
 
-/* GET (and HEAD) /jobs/{id}: the job's stats, no body. HEAD never deletes. */
-/* GET /jobs/{id}: the job's statistics, and its last push delivery
- * failure (last_delivery_error) when push delivery knows one. */
-int gw_handle_job(struct gw_request *r)
+/* Job j as GET /jobs/{id} shows it: its statistics, its body too if
+ * with_body, and its last push delivery failure (last_delivery_error) when
+ * push delivery knows one. NULL: out of memory. */
+static json_t *job_view(struct gw_request *r, const struct bg_job *j, bg_time now, int with_body)
 {
     struct gateway *gw = r->gw;
-    int reply;
-    struct bg_job *j = path_job(r, &reply);
-    if (!j) return reply;
-    json_t *v = gw_json_job(gw->engine, j, gw->now(), NULL, 0);
+    json_t *v = gw_json_job(gw->engine, j, now, NULL, with_body);
     json_t *failure = gw->push.job_error ? gw->push.job_error(gw->push.arg, j->id) : NULL;
     if (v && failure) json_object_set_new(v, "last_delivery_error", failure);
     else json_decref(failure);
-    return gw_reply_json(r->conn, 200, v, NULL);
+    return v;
+}
+
+/* GET (and HEAD) /jobs/{id}: the job's view (job_view), no body. HEAD
+ * never deletes. */
+int gw_handle_job(struct gw_request *r)
+{
+    int reply;
+    struct bg_job *j = path_job(r, &reply);
+    if (!j) return reply;
+    return gw_reply_json(r->conn, 200, job_view(r, j, r->gw->now(), 0), NULL);
 }
 
 /* DELETE /jobs/{id}: with its token when the job is reserved. */
@@ -724,16 +731,180 @@ int gw_handle_tube(struct gw_request *r)
     return t ? reply_tube(r, t) : reply;
 }
 
-/* POST /tubes/{tube}/kick?bound= */
-int gw_handle_tube_kick(struct gw_request *r)
+/* ---- a tube's jobs, and bulk actions on them (issue 26) ----------------- */
+
+/* The state ?state= names into *state: 0; else a 400 naming the states
+ * `allowed` (a bit per enum bg_job_state) was queued into *reply. Absent
+ * is refused too: every route that reads it needs it. */
+static int query_state(struct gw_request *r, unsigned allowed, enum bg_job_state *state, int *reply)
 {
+    const char *text = gw_query(r, "state");
+    for (int s = 0; text && s < 4; s++)
+        if ((allowed & (1u << s)) && strcmp(text, state_names[s]) == 0) {
+            *state = (enum bg_job_state)s;
+            return 0;
+        }
+    char detail[320];
+    size_t o = (size_t)snprintf(detail, sizeof detail, "query parameter 'state' %s one of:",
+                                text ? "must be" : "is required here:");
+    for (int s = 0; s < 4; s++)
+        if (allowed & (1u << s)) o += (size_t)snprintf(detail + o, sizeof detail - o, " %s", state_names[s]);
+    if (text && strcmp(text, "reserved") == 0)
+        snprintf(detail + o, sizeof detail - o,
+                 " (a reserved job belongs to the client that reserved it: it may only be "
+                 "deleted one at a time, DELETE /jobs/{id})");
+    *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+    return -1;
+}
+
+/* How many jobs tube t holds in `state` now. */
+static uint64_t jobs_in_state(const struct bg_tube *t, enum bg_job_state state, bg_time now)
+{
+    struct bg_stats_tube st;
+    bg_stats_tube(t, now, &st);
+    return state == BG_JOB_READY ? st.ready : state == BG_JOB_DELAYED ? st.delayed
+         : state == BG_JOB_RESERVED ? st.reserved : st.buried;
+}
+
+/* A page cursor as text ("KEY.ID", decimal: opaque to clients) and back:
+ * 0, or -1 if text is not one. */
+#define CURSOR_TEXT_MAX 48
+static void cursor_text(struct bg_job_cursor c, char out[CURSOR_TEXT_MAX])
+{
+    snprintf(out, CURSOR_TEXT_MAX, "%llu.%llu", (unsigned long long)c.key, (unsigned long long)c.id);
+}
+
+static int cursor_parse(const char *text, struct bg_job_cursor *c)
+{
+    const char *dot = strchr(text, '.');
+    if (!dot) return -1;
+    return bg_parse_u64(text, (size_t)(dot - text), UINT64_MAX, &c->key) == 0 &&
+           bg_parse_u64(dot + 1, strlen(dot + 1), UINT64_MAX, &c->id) == 0 ? 0 : -1;
+}
+
+/* GET /tubes/{tube}/jobs?state=&limit=&cursor=&body=: one page of the
+ * tube's jobs in one state, in the order the engine serves them, after
+ * the cursor; `next` continues after the last (null at the end). One more
+ * job than the page is read to tell whether there are more. */
+int gw_handle_tube_jobs(struct gw_request *r)
+{
+    struct gateway *gw = r->gw;
     int reply;
     struct bg_tube *t = path_tube(r, &reply);
     if (!t) return reply;
+    enum bg_job_state state;
+    if (query_state(r, 0xf, &state, &reply) != 0) return reply;
+    uint64_t limit = GW_JOB_PAGE_DEFAULT, body = 0;
+    if (gw_query_u64(r, "limit", GW_JOB_PAGE_MAX, &limit) || limit == 0)
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "query parameter 'limit' must be 1 to 500");
+    if (gw_query_u64(r, "body", 1, &body))
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "query parameter 'body' must be 0 or 1");
+    struct bg_job_cursor cursor = {0, 0};
+    const char *given = gw_query(r, "cursor");
+    if (given && cursor_parse(given, &cursor) != 0)
+        return gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                                "query parameter 'cursor' must be the 'next' of a page of this tube "
+                                "and state, as it was given");
+    struct bg_job *page[GW_JOB_PAGE_MAX + 1];
+    size_t n = bg_tube_jobs(t, state, &cursor, page, (size_t)limit + 1);
+    int more = n > limit;
+    if (more) n = (size_t)limit;
+    bg_time now = gw->now();
+    json_t *jobs = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(jobs, job_view(r, page[i], now, body == 1));
+    char next[CURSOR_TEXT_MAX];
+    if (more) cursor_text(bg_job_cursor_of(page[n - 1]), next);
+    return gw_reply_json(r->conn, 200,
+                         json_pack("{s:s, s:s, s:I, s:o, s:s?}", "tube", t->name, "state",
+                                   state_names[state], "count", (json_int_t)jobs_in_state(t, state, now),
+                                   "jobs", jobs, "next", more ? next : NULL),
+                         NULL);
+}
+
+/* ?bound=: at most this many jobs, N (0 to 2^32-1) or "all", into *bound
+ * (left as it is when absent). 0, or -1 after a 400 was queued into *reply. */
+static int query_bound(struct gw_request *r, uint64_t *bound, int *reply)
+{
+    const char *text = gw_query(r, "bound");
+    if (text && strcmp(text, "all") == 0) {
+        *bound = UINT64_MAX;
+        return 0;
+    }
+    if (gw_query_u64(r, "bound", UINT32_MAX, bound) == 0) return 0;
+    *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT",
+                              "query parameter 'bound' must be 'all' or 0 to 4294967295");
+    return -1;
+}
+
+/* The answer of a bulk action that finished: {"kicked":n}, or
+ * {"deleted":n,"state":S}, once the log holds it. One that was cut short
+ * (the server stops, no memory for its next step, its client left) is 503
+ * INTERRUPTED naming what it did. */
+static int reply_bulk(struct gw_request *r)
+{
+    struct gw_bulk *b = &r->bulk;
+    struct bg_engine *e = r->gw->engine;
+    gw_bulk_end(r);
+    if (b->mark > e->reply_pos) e->reply_pos = b->mark; /* the answer waits for the log */
+    if (b->left > 0) {
+        char detail[200];
+        snprintf(detail, sizeof detail,
+                 "the bulk %s stopped after %llu jobs (they are in the log) because the server "
+                 "is stopping or out of memory; the other jobs were not touched: retry",
+                 b->action == GW_BULK_KICK ? "kick" : "delete", (unsigned long long)b->done);
+        return gw_reply_problem(r->conn, 503, "INTERRUPTED", detail);
+    }
+    json_t *v = b->action == GW_BULK_KICK
+              ? json_pack("{s:I}", "kicked", (json_int_t)b->done)
+              : json_pack("{s:I, s:s}", "deleted", (json_int_t)b->done, "state", state_names[b->state]);
+    return gw_reply_json(r->conn, 200, v, NULL);
+}
+
+/* Kick or delete up to bound jobs of tube t in `state` (bulk.c): at most
+ * as many as it holds in that state now, so that a bulk action ends even
+ * while jobs keep entering the state. Answered now, or once it finishes. */
+static int start_bulk(struct gw_request *r, struct bg_tube *t, enum gw_bulk_action action,
+                      enum bg_job_state state, uint64_t bound)
+{
+    uint64_t there = jobs_in_state(t, state, r->gw->now());
+    if (gw_bulk_start(r, action, state, bound < there ? bound : there) == 0) return 0;
+    return reply_bulk(r);
+}
+
+/* POST /tubes/{tube}/kick?state=buried|delayed&bound=N|all: without state,
+ * beanstalk's rule (its buried jobs if it has any, else its delayed ones).
+ * bound: 1 by default. */
+int gw_handle_tube_kick(struct gw_request *r)
+{
+    if (r->bulk.active) return reply_bulk(r); /* resumed */
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    if (!t) return reply;
+    enum bg_job_state state = jobs_in_state(t, BG_JOB_BURIED, r->gw->now()) ? BG_JOB_BURIED : BG_JOB_DELAYED;
+    if (gw_query(r, "state") &&
+        query_state(r, 1u << BG_JOB_BURIED | 1u << BG_JOB_DELAYED, &state, &reply) != 0)
+        return reply;
     uint64_t bound = 1;
-    if (gw_query_u64(r, "bound", UINT32_MAX, &bound)) return bad_param(r, "bound");
-    uint64_t n = bg_kick(r->gw->engine, t, bound, r->gw->now());
-    return gw_reply_json(r->conn, 200, json_pack("{s:I}", "kicked", (json_int_t)n), NULL);
+    if (query_bound(r, &bound, &reply) != 0) return reply;
+    return start_bulk(r, t, GW_BULK_KICK, state, bound);
+}
+
+/* DELETE /tubes/{tube}/jobs?state=ready|delayed|buried&bound=N|all (all by
+ * default). It counts one cmd-delete per job deleted (bulk.c), none for
+ * the request itself. */
+int gw_handle_tube_jobs_delete(struct gw_request *r)
+{
+    if (r->bulk.active) return reply_bulk(r); /* resumed */
+    r->commands = 0;
+    int reply;
+    struct bg_tube *t = path_tube(r, &reply);
+    if (!t) return reply;
+    enum bg_job_state state;
+    unsigned deletable = 1u << BG_JOB_READY | 1u << BG_JOB_DELAYED | 1u << BG_JOB_BURIED;
+    if (query_state(r, deletable, &state, &reply) != 0) return reply;
+    uint64_t bound = UINT64_MAX;
+    if (query_bound(r, &bound, &reply) != 0) return reply;
+    return start_bulk(r, t, GW_BULK_DELETE, state, bound);
 }
 
 /* POST /tubes/{tube}/pause?delay= */

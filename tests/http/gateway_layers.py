@@ -24,6 +24,7 @@ LAYERS = [
     ["admit.c"],                                    # accept, limits, deadlines, the first head
     ["router.c"],                                   # the route table and matching
     ["routes.c", "metrics.c", "ui.c", "guard.c"],   # handlers; the browser guards
+    ["bulk.c"],                                     # bulk kicks and deletes in steps
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
      "tube_page.c", "framing.c"],                    # pages of tubes, body framing

@@ -2351,8 +2351,8 @@ static void test_job_memory_restore_over_ceiling(void **state)
 
 /* The log's view: the last update record of a job. */
 static struct {
-    int updates;
-    uint64_t id;
+    int updates, deletes;
+    uint64_t id, deleted_id;
     uint32_t ttr_s;
 } logged;
 
@@ -2364,7 +2364,12 @@ static void log_saved(void *ctx, const struct bg_job *j, int with_body)
     logged.id = j->id;
     logged.ttr_s = j->ttr_s;
 }
-static void log_deleted(void *ctx, uint64_t id) { (void)ctx, (void)id; }
+static void log_deleted(void *ctx, uint64_t id)
+{
+    (void)ctx;
+    logged.deletes++;
+    logged.deleted_id = id;
+}
 static void log_paused(void *ctx, const struct bg_tube *t) { (void)ctx, (void)t; }
 static const struct bg_journal_ops test_log = {log_saved, log_deleted, log_paused, NULL};
 
@@ -3299,6 +3304,300 @@ static void test_shard_of_tube_is_crc32_mod_n(void **state)
 }
 
 /* ======================================================================= */
+/* browsing a tube's jobs and bulk actions (issue 26)                      */
+/* ======================================================================= */
+
+/* The jobs of tube t in `state`, found from the job table alone and
+ * sorted by (key, id) with the key read as bg_job_cursor documents it:
+ * the model the engine's ordered listing must match. Returns how many. */
+static size_t model_tube_jobs(const struct bg_engine *e, const struct bg_tube *t,
+                              enum bg_job_state state, struct bg_job **out)
+{
+    size_t n = 0;
+    for (size_t b = 0; b <= e->jobs_mask; b++) {
+        struct bg_job *j = e->jobs[b];
+        if (!j || j->tube != t || j->state != state) continue;
+        size_t i = n++;
+        struct bg_job_cursor k = bg_job_cursor_of(j);
+        for (; i > 0; i--) { /* insertion sort: small lists */
+            struct bg_job_cursor p = bg_job_cursor_of(out[i - 1]);
+            if (p.key < k.key || (p.key == k.key && p.id < k.id)) break;
+            out[i] = out[i - 1];
+        }
+        out[i] = j;
+    }
+    return n;
+}
+
+/* Page through t's jobs in `state`, `page` at a time, and check the
+ * concatenation against the model; returns how many were listed. */
+static size_t check_listing(const struct bg_engine *e, const struct bg_tube *t,
+                            enum bg_job_state state, size_t page)
+{
+    size_t total = e->job_count;
+    struct bg_job **want = calloc(total + 1, sizeof *want);
+    struct bg_job **got = calloc(total + page + 1, sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    size_t n = model_tube_jobs(e, t, state, want), listed = 0;
+    struct bg_job_cursor cur = {0, 0};
+    for (;;) {
+        size_t k = bg_tube_jobs(t, state, &cur, got + listed, page);
+        assert_true(k <= page);
+        if (k) {
+            struct bg_job_cursor last = bg_job_cursor_of(got[listed + k - 1]);
+            assert_int_equal(cur.key, last.key);
+            assert_int_equal(cur.id, last.id);
+        }
+        listed += k;
+        assert_true(listed <= n);
+        if (k < page) break;
+    }
+    assert_int_equal(listed, n);
+    for (size_t i = 0; i < n; i++) assert_ptr_equal(got[i], want[i]);
+    free(want);
+    free(got);
+    return n;
+}
+
+/* Ids of a listing of up to 16 jobs after *cur, as a 0-terminated array. */
+static void list_ids(const struct bg_tube *t, enum bg_job_state state, struct bg_job_cursor *cur,
+                     size_t max, uint64_t ids[17])
+{
+    struct bg_job *js[16];
+    size_t n = bg_tube_jobs(t, state, cur, js, max);
+    for (size_t i = 0; i < n; i++) ids[i] = js[i]->id;
+    ids[n] = 0;
+}
+
+#define ASSERT_IDS(ids, ...)                                                  \
+    do {                                                                      \
+        const uint64_t want_[] = {__VA_ARGS__, 0};                           \
+        for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++)         \
+            assert_int_equal((ids)[i_], want_[i_]);                           \
+    } while (0)
+
+/* Each state lists in its serving order: ready by (priority, id), delayed
+ * by deadline, buried by burial (not id), reserved by id; across pages. */
+static void test_browse_order_per_state(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *p = &w->fc[0], *c = &w->fc[1];
+    struct bg_tube *t = w->engine.default_tube;
+    uint64_t r1 = put_job(p, "r1", 5, 0, 60, T0);
+    uint64_t r2 = put_job(p, "r2", 1, 0, 60, T0);
+    uint64_t r3 = put_job(p, "r3", 5, 0, 60, T0);
+    uint64_t r4 = put_job(p, "r4", 0, 0, 60, T0);
+    uint64_t d1 = put_job(p, "d1", 0, 30, 60, T0);
+    uint64_t d2 = put_job(p, "d2", 9, 10, 60, T0);
+    uint64_t d3 = put_job(p, "d3", 0, 10, 60, T0);
+    uint64_t ids[17];
+    struct bg_job_cursor cur = {0, 0};
+    list_ids(t, BG_JOB_READY, &cur, 3, ids);
+    ASSERT_IDS(ids, r4, r2, r1);
+    list_ids(t, BG_JOB_READY, &cur, 3, ids);
+    ASSERT_IDS(ids, r3);
+    list_ids(t, BG_JOB_READY, &cur, 3, ids); /* the end: nothing, cursor kept */
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(cur.key, 5);
+    assert_int_equal(cur.id, r3);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_DELAYED, &cur, 16, ids);
+    ASSERT_IDS(ids, d2, d3, d1);
+    /* reserve r4, r2, r1, r3 (serving order); bury r1 then r4 then r3 */
+    for (int i = 0; i < 4; i++) reserve_now(c, T0);
+    assert_int_equal(bg_bury(&c->client, r1, 7, T0), BG_OK);
+    assert_int_equal(bg_bury(&c->client, r4, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_RESERVED, &cur, 16, ids);
+    ASSERT_IDS(ids, r2, r3);
+    assert_int_equal(bg_bury(&c->client, r3, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 2, ids);
+    ASSERT_IDS(ids, r1, r4);
+    list_ids(t, BG_JOB_BURIED, &cur, 2, ids);
+    ASSERT_IDS(ids, r3);
+    /* kicked and buried again: it goes to the end of the burial order */
+    assert_int_equal(bg_kick_job(&w->engine, r1, T0), BG_OK);
+    assert_int_equal(reserve_now(c, T0), r1);
+    assert_int_equal(bg_bury(&c->client, r1, 7, T0), BG_OK);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 16, ids);
+    ASSERT_IDS(ids, r4, r3, r1);
+    /* max 0 lists nothing and leaves the cursor */
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_BURIED, &cur, 0, ids);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(cur.id, 0);
+    check_world(w);
+}
+
+/* A cursor stays valid as jobs come and go: its own job deleted or
+ * reserved, jobs added before it (not shown) and after it (shown). */
+static void test_browse_cursor_survives_changes(void **state)
+{
+    struct world *w = *state;
+    struct fake_client *p = &w->fc[0];
+    struct bg_tube *t = w->engine.default_tube;
+    uint64_t a = put_job(p, "a", 10, 0, 60, T0);
+    uint64_t b = put_job(p, "b", 20, 0, 60, T0);
+    uint64_t c = put_job(p, "c", 30, 0, 60, T0);
+    uint64_t ids[17];
+    struct bg_job_cursor cur = {0, 0};
+    list_ids(t, BG_JOB_READY, &cur, 2, ids);
+    ASSERT_IDS(ids, a, b);
+    assert_int_equal(bg_delete(&p->client, b, T0), BG_OK); /* the cursor's own job */
+    uint64_t before = put_job(p, "before", 15, 0, 60, T0);
+    uint64_t tie = put_job(p, "tie", 20, 0, 60, T0); /* same priority, later id */
+    uint64_t after = put_job(p, "after", 25, 0, 60, T0);
+    list_ids(t, BG_JOB_READY, &cur, 16, ids);
+    ASSERT_IDS(ids, tie, after, c);
+    (void)before;
+    /* bg_job_cursor_of: resume right after a given job */
+    cur = bg_job_cursor_of(find(w, before));
+    list_ids(t, BG_JOB_READY, &cur, 1, ids);
+    ASSERT_IDS(ids, tie);
+    /* a delayed cursor past a job that became ready */
+    uint64_t d1 = put_job(p, "d1", 0, 1, 60, T0);
+    uint64_t d2 = put_job(p, "d2", 0, 2, 60, T0);
+    uint64_t d3 = put_job(p, "d3", 0, 3, 60, T0);
+    cur = (struct bg_job_cursor){0, 0};
+    list_ids(t, BG_JOB_DELAYED, &cur, 1, ids);
+    ASSERT_IDS(ids, d1);
+    bg_engine_tick(&w->engine, T0 + SEC(1));
+    assert_int_equal(state_of(w, d1), BG_JOB_READY);
+    list_ids(t, BG_JOB_DELAYED, &cur, 16, ids);
+    ASSERT_IDS(ids, d2, d3);
+    check_world(w);
+}
+
+/* Bulk kick and delete: serving order, max respected, logged, counted;
+ * states that do not apply do nothing; a tube emptied by a bulk delete
+ * that nothing else refers to is gone. */
+static void test_bulk_kick_and_delete(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *p = &w->fc[0], *c = &w->fc[1];
+    struct bg_tube *t = e->default_tube;
+    uint64_t id[6];
+    for (int i = 0; i < 6; i++) id[i] = put_job(p, "x", 6 - i, 0, 60, T0); /* reversed priorities */
+    for (int i = 0; i < 6; i++) reserve_now(c, T0); /* in serving order: id[5] first */
+    for (int i = 0; i < 6; i++) assert_int_equal(bg_bury(&c->client, id[i], 6 - (uint32_t)i, T0), BG_OK);
+    memset(&logged, 0, sizeof logged);
+    e->journal = &test_log;
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_RESERVED, 10, T0), 0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_READY, 10, T0), 0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_BURIED, 2, T0), 2); /* the oldest burials */
+    assert_int_equal(state_of(w, id[0]), BG_JOB_READY);
+    assert_int_equal(state_of(w, id[1]), BG_JOB_READY);
+    assert_int_equal(state_of(w, id[2]), BG_JOB_BURIED);
+    assert_int_equal(find(w, id[0])->kicks, 1);
+    assert_int_equal(logged.updates, 2);
+    assert_int_equal(logged.id, id[1]);
+    uint64_t deleted = e->stat.total_jobs_deleted, cmd_delete = t->stat.cmd_delete;
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_RESERVED, 10, T0), 0);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, 3, T0), 3);
+    assert_int_equal(logged.deletes, 3);
+    assert_int_equal(logged.deleted_id, id[4]);
+    assert_null(find(w, id[2]));
+    assert_non_null(find(w, id[5]));
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, UINT64_MAX, T0), 1);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_BURIED, UINT64_MAX, T0), 0);
+    assert_int_equal(t->buried_count, 0);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_READY, 1, T0), 1); /* id[1]: priority 5 */
+    assert_null(find(w, id[1]));
+    assert_non_null(find(w, id[0]));
+    assert_int_equal(e->stat.total_jobs_deleted, deleted + 5);
+    assert_int_equal(t->stat.cmd_delete, cmd_delete + 5);
+    assert_int_equal(logged.deletes, 5);
+    /* delayed: kick in deadline order, then delete the rest */
+    uint64_t d1 = put_job(p, "d", 0, 20, 60, T0), d2 = put_job(p, "d", 0, 10, 60, T0);
+    uint64_t d3 = put_job(p, "d", 0, 30, 60, T0);
+    assert_int_equal(bg_kick_state(e, t, BG_JOB_DELAYED, 1, T0), 1);
+    assert_int_equal(state_of(w, d2), BG_JOB_READY);
+    assert_int_equal(bg_delete_state(e, t, BG_JOB_DELAYED, 1, T0), 1);
+    assert_null(find(w, d1));
+    assert_int_equal(state_of(w, d3), BG_JOB_DELAYED);
+    /* bg_kick keeps beanstalk's rule: buried first, else delayed */
+    assert_int_equal(bg_kick(e, t, 5, T0), 1);
+    assert_int_equal(state_of(w, d3), BG_JOB_READY);
+    /* a tube that only its jobs keep: the bulk delete that empties it frees it */
+    struct bg_job *j = make_job(e, "g", 0, 0, 60, T0);
+    assert_non_null(j);
+    assert_int_equal(bg_put_named(&p->client, "gone", j, T0), BG_OK);
+    struct bg_tube *gone = bg_tube_find(e, "gone");
+    assert_non_null(gone);
+    assert_int_equal(bg_delete_state(e, gone, BG_JOB_READY, 100, T0), 1);
+    assert_null(bg_tube_find(e, "gone"));
+    e->journal = NULL;
+    check_world(w);
+}
+
+/* Random puts, reserves, releases, buries, kicks, deletes and bulk steps
+ * over a few tubes; after each burst every state's listing, paged at
+ * random sizes, matches the model and the audit passes. */
+static void test_browse_matches_model(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    static const char *tubes[] = {"default", "b1", "b2"};
+    prng_state = 0xB40453;
+    bg_time now = T0;
+    size_t seen[BG_JOB_BURIED + 1] = {0};
+    for (int round = 0; round < 200; round++) {
+        for (int k = 0; k < 20; k++) {
+            struct fake_client *fc = &w->fc[pick(3)];
+            struct bg_tube *t = bg_tube_find(e, tubes[pick(3)]);
+            switch (pick(8)) {
+            case 0:
+            case 1: {
+                struct bg_job *j = make_job(e, "m", (uint32_t)pick(4), pick(3) ? 0 : (uint32_t)pick(5), 5, now);
+                assert_non_null(j);
+                assert_int_equal(bg_put_named(&fc->client, tubes[pick(3)], j, now) >= BG_BURIED, 1);
+                break;
+            }
+            case 2: {
+                struct bg_job *j = NULL;
+                int r = pick(2) ? bg_reserve_job(&fc->client, 1 + pick(e->next_id), now, &j)
+                                : reserve(fc, 0, now, &j);
+                if (r == BG_OK && pick(2))
+                    bg_bury(&fc->client, j->id, (uint32_t)pick(4), now);
+                break;
+            }
+            case 3: {
+                struct bg_job *j = fc->client.reserved_head;
+                if (j) bg_release(&fc->client, j->id, (uint32_t)pick(4), pick(2) ? 0 : 2, now);
+                break;
+            }
+            case 4:
+                bg_delete(&fc->client, 1 + pick(e->next_id), now);
+                break;
+            case 5:
+                if (t) bg_kick_state(e, t, pick(2) ? BG_JOB_BURIED : BG_JOB_DELAYED, pick(4), now);
+                break;
+            case 6:
+                if (t && !pick(4)) bg_delete_state(e, t, (enum bg_job_state)pick(4), pick(3), now);
+                break;
+            case 7:
+                now += MSEC(pick(1500));
+                bg_engine_tick(e, now);
+                break;
+            }
+        }
+        for (int ti = 0; ti < 3; ti++) {
+            struct bg_tube *t = bg_tube_find(e, tubes[ti]);
+            if (!t) continue;
+            for (int s = BG_JOB_READY; s <= BG_JOB_BURIED; s++)
+                seen[s] += check_listing(e, t, (enum bg_job_state)s, 1 + pick(5));
+        }
+        check_world(w);
+    }
+    print_message("    listed %zu ready, %zu delayed, %zu reserved, %zu buried\n", seen[0], seen[1], seen[2], seen[3]);
+    for (int s = BG_JOB_READY; s <= BG_JOB_BURIED; s++) assert_true(seen[s] > 100); /* every state was listed */
+}
+
+/* ======================================================================= */
 
 #define ENGINE_TEST(fn) cmocka_unit_test_setup_teardown(fn, world_setup, world_teardown)
 
@@ -3362,6 +3661,10 @@ int main(void)
         ENGINE_TEST(test_job_memory_counts_bodies_in_flight),
         ENGINE_TEST(test_job_memory_restore_over_ceiling),
         ENGINE_TEST(test_set_ttr_is_logged),
+        ENGINE_TEST(test_browse_order_per_state),
+        ENGINE_TEST(test_browse_cursor_survives_changes),
+        ENGINE_TEST(test_bulk_kick_and_delete),
+        ENGINE_TEST(test_browse_matches_model),
         ENGINE_TEST(test_sleeping_counts_as_waiting),
         ENGINE_TEST(test_engine_audit_finds_breakage),
         ENGINE_TEST(test_peek_and_job_ids),
