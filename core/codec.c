@@ -11,7 +11,6 @@
 
 #include "core.h"
 
-#define container_of(p, T, m) ((T *)((char *)(p) - offsetof(T, m)))
 
 /* ---- replies ----------------------------------------------------------- */
 

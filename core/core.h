@@ -20,6 +20,7 @@
  *   heap.c              binary min-heap
  *   engine.c            jobs, tubes, clients, time; peek, job ids; shards
  *                       (which ids and tubes an instance of N owns)
+ *   clients.c           who is connected: the listed clients by id (GET /clients)
  *   audit.c             the engine's structure checked from scratch
  *   token.c             bg_siphash (the one keyed hash), reservation tokens
  *   scope.c             what a token or a client certificate may do: the one
@@ -37,6 +38,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The T whose member m is at p. */
+#define container_of(p, T, m) ((T *)((char *)(p) - offsetof(T, m)))
 
 typedef uint64_t bg_time; /* monotonic nanoseconds */
 
@@ -236,6 +240,8 @@ enum bg_job_state { BG_JOB_READY, BG_JOB_DELAYED, BG_JOB_RESERVED, BG_JOB_BURIED
 
 struct bg_tube;
 struct bg_client;
+struct bg_client_entry;    /* clients.c */
+struct bg_client_registry; /* clients.c */
 struct bg_engine;
 
 struct bg_job {
@@ -323,6 +329,7 @@ struct bg_client {
     bg_time wake_at;            /* min(wait_deadline, soonest TTR - margin) */
     uint8_t waiting, is_producer, is_worker;
     uint8_t sleeping;           /* bg_client_set_sleeping */
+    struct bg_client_entry *listed; /* its row in GET /clients (clients.c); NULL: not listed */
 };
 
 struct bg_server_counters {
@@ -382,6 +389,7 @@ struct bg_engine {
     uint64_t ready_count, urgent_count, reserved_count, delayed_count, buried_count;
     uint64_t clients, connections, producers, workers, waiting;
     struct bg_server_counters stat;
+    struct bg_client_registry *registry; /* who is connected (clients.c); NULL until the first */
 };
 
 /* Set up an engine with the default tube; its tube-name table is hashed
@@ -619,6 +627,75 @@ void bg_token_make(const struct bg_token_key *key, uint64_t id, uint32_t reserve
 int bg_token_check(const struct bg_token_key *key, const char *token, uint64_t id,
                    uint32_t reserves);
 
+/* ---- clients.c: who is connected (GET /clients, issue 26) -------------
+ * A front-end lists each client a person would call a connection: a
+ * beanstalk or Gearman connection, an HTTP long-poll while it lasts, a push
+ * subscription. Each gets an id (from 1, ascending, never reused) and keeps
+ * it until bg_client_close. The registry keeps one id-ordered array per
+ * protocol (a new id always goes at the end; a closed one leaves a hole
+ * until half the array is holes), so finding an id and reading a page after
+ * a cursor are O(log n + page + holes passed), never a scan of everyone. */
+enum bg_client_protocol {
+    BG_CLIENT_BEANSTALK, BG_CLIENT_GEARMAN, BG_CLIENT_HTTP, BG_CLIENT_PUSH,
+    BG_CLIENT_PROTOCOLS
+};
+#define BG_CLIENT_PEER_MAX 64        /* "ip:port" with an IPv6 address, and its NUL */
+#define BG_CLIENT_RESERVED_SHOWN 20  /* reserved ids a listing names */
+
+/* One listed client. The front-end fills peer, tls, name and close_now
+ * after bg_client_list; the rest is the registry's. */
+struct bg_client_entry {
+    uint64_t id;
+    struct bg_client *client;       /* its tubes, reservations and wait */
+    struct bg_client *holder;       /* NULL, or a second client whose reservations are
+                                     * this one's too (a push subscription's holder) */
+    bg_time created_at, active_at;  /* listed; its peer's last request (bg_client_active) */
+    uint8_t protocol;               /* enum bg_client_protocol */
+    uint8_t tls;
+    char peer[BG_CLIENT_PEER_MAX];  /* "ip:port"; "": none (a UNIX socket, push) */
+    const char *name;               /* a push subscription's name; NULL */
+    /* Close it now as its peer's hang-up would (reservations go back to
+     * ready), or end a long-poll as timed out. NULL: it cannot be closed
+     * (a push subscription: the configuration decides). May free c. */
+    void (*close_now)(struct bg_client *c, bg_time now);
+    uint32_t slot;                  /* in its protocol's array */
+};
+
+/* "beanstalk", "gearman", "http", "push". */
+const char *bg_client_protocol_name(enum bg_client_protocol p);
+/* The protocol named name[0..len): 0, or BG_BAD_FORMAT. */
+int bg_client_protocol_parse(const char *name, size_t len, enum bg_client_protocol *out);
+/* List client c (initialised, not listed) as a client of protocol p from
+ * now on: its entry (id given, peer empty), or NULL out of memory (then it
+ * is simply not listed). bg_client_close unlists it. */
+struct bg_client_entry *bg_client_list(struct bg_client *c, enum bg_client_protocol p, bg_time now);
+/* Count holder's reservations as those of listed c (a push subscription). */
+void bg_client_list_holder(struct bg_client *c, struct bg_client *holder);
+/* Take c out of the listing (nothing if it is not listed). */
+void bg_client_unlist(struct bg_client *c);
+/* c's peer sent a request at now: it is not idle. */
+static inline void bg_client_active(struct bg_client *c, bg_time now)
+{
+    if (c->listed) c->listed->active_at = now;
+}
+/* The id that lists the reserver of job j, or 0 (an HTTP token's, a
+ * Gearman background job's holder: no connection holds it). */
+uint64_t bg_job_reserved_by(const struct bg_job *j);
+/* The listed client of that id; NULL if there is none (now). */
+struct bg_client_entry *bg_client_entry_find(const struct bg_engine *e, uint64_t id);
+/* How many clients are listed, of protocol p (BG_CLIENT_PROTOCOLS: all). */
+uint64_t bg_clients_count(const struct bg_engine *e, enum bg_client_protocol p);
+/* Up to max listed clients with an id above `after`, of protocol p
+ * (BG_CLIENT_PROTOCOLS: all), in id order, into out; returns how many, and
+ * *more is set when more follow the last. */
+size_t bg_clients_page(const struct bg_engine *e, enum bg_client_protocol p, uint64_t after,
+                       struct bg_client_entry **out, size_t max, int *more);
+/* How many jobs entry x's clients hold reserved, and the first ids of them
+ * (up to max) into ids; *shown gets how many ids were written. */
+uint64_t bg_client_entry_reserved(const struct bg_client_entry *x, uint64_t *ids, size_t max, size_t *shown);
+/* Free the registry (bg_engine_destroy; every client closed). */
+void bg_clients_free(struct bg_engine *e);
+
 /* ---- scope.c: what a token or a client certificate may do --------------
  * The access file (--http-token-file) has one entry per line (# comments):
  *   TOKEN [GRANT ...]                    a bearer token for the gateway
@@ -677,6 +754,9 @@ int bg_scope_allows(const struct bg_scope *s, enum bg_scope_kind kind, const cha
 /* 1 if s may do `kind` on at least one tube (beanstalk's server-wide
  * `stats` needs read somewhere). */
 int bg_scope_allows_some(const struct bg_scope *s, enum bg_scope_kind kind);
+/* 1 if s may do `kind` on every tube (a kind:* grant): what an action on a
+ * whole client needs, whose tubes are any (GET/DELETE /clients). */
+int bg_scope_allows_all(const struct bg_scope *s, enum bg_scope_kind kind);
 /* The scope that allows nothing and sees nothing: a certificate no
  * identity line matches. */
 const struct bg_scope *bg_scope_nothing(void);

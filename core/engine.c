@@ -731,6 +731,7 @@ void bg_engine_destroy(struct bg_engine *e)
     bg_heap_free(&e->job_timers);
     bg_heap_free(&e->tube_timers);
     bg_heap_free(&e->client_timers);
+    bg_clients_free(e);
 }
 
 /* ---- clients ----------------------------------------------------------- */
@@ -808,6 +809,7 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
 void bg_client_close(struct bg_client *c, bg_time now)
 {
     struct bg_engine *e = c->engine;
+    bg_client_unlist(c);        /* gone from GET /clients */
     bg_client_stop_waiting(c);  /* first: the catch-up must not end c's own wait */
     bg_engine_catch_up(e, now); /* TTRs that ended count as timeouts */
     while (c->reserved_head) {

@@ -88,6 +88,12 @@ int bg_scope_allows_some(const struct bg_scope *s, enum bg_scope_kind kind)
     return 0;
 }
 
+int bg_scope_allows_all(const struct bg_scope *s, enum bg_scope_kind kind)
+{
+    /* only a lone * (a prefix of no bytes) matches the empty name */
+    return bg_scope_allows(s, kind, "", 0);
+}
+
 const struct bg_scope *bg_scope_nothing(void)
 {
     static const struct bg_scope nothing = {0};

@@ -238,6 +238,8 @@ enum gw_tube_source {
     GW_TUBE_QUERY,  /* each tube of ?tubes= (POST /reservations) */
     GW_TUBE_JOB,    /* the tube of the {id} job; a job of a tube the token
                      * cannot see is answered 404, as a missing one */
+    GW_TUBE_ALL,    /* every tube (a kind:* grant): rows about clients,
+                     * whose tubes are any (GET/DELETE /clients) */
 };
 /* The kind of action a row needs: an enum bg_scope_kind, or one of these. */
 #define GW_KIND_NONE (-1)   /* none (GW_TUBE_NONE rows) */
@@ -630,6 +632,14 @@ int gw_bulk_start(struct gw_request *r, enum gw_bulk_action action, enum bg_job_
  * number of times. */
 void gw_bulk_end(struct gw_request *r);
 
+/* ---- clients.c: who is connected (GET /clients, issue 26) ----------------- */
+
+int gw_handle_clients(struct gw_request *r);
+int gw_handle_client_delete(struct gw_request *r);
+/* List r's engine client c (a long-poll) in GET /clients as an HTTP client
+ * at r's peer, closed by close_now. Out of memory it is not listed. */
+void gw_list_client(struct gw_request *r, struct bg_client *c, void (*close_now)(struct bg_client *, bg_time));
+
 /* ---- ui.c: the dashboard's handlers (its file table: ui.h) -------------- */
 
 int gw_handle_ui_redirect(struct gw_request *r);
@@ -657,6 +667,9 @@ int gw_request_kind(struct gw_request *r);
  * unscoped token, or no token configured, may do all); else 0 after a 403
  * PERMISSION_DENIED naming the scope it needs was queued into *reply. */
 int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply);
+/* May r's token do what its row needs on every tube (a kind:* grant)? 1 if
+ * so; else 0 after a 403 naming "kind:*" was queued into *reply. */
+int gw_scope_permits_all(struct gw_request *r, int *reply);
 /* Nonzero if r's token sees tube name[0..len) (listings show only these). */
 int gw_scope_sees(const struct gw_request *r, const char *name, size_t len);
 /* Nonzero if Accept asks for application/octet-stream and not JSON. */
@@ -877,6 +890,9 @@ unsigned gw_head_check(const char *head, size_t len, unsigned max_fields, struct
  * zero (so every byte string has one encoding). NULL if text is not that,
  * or memory ran out (*bad tells which: 1 invalid, 0 memory). *n = length. */
 char *gw_base64_decode(const char *text, size_t len, size_t *n, int *bad);
+/* Job j as JSON: its stats; `reservation` (token, when given: the reply to
+ * a reserve); without a token, a reserved job's `reserved_by` (the listed
+ * client holding it, or null); its body when with_body. */
 json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                     const char *token, int with_body);
 json_t *gw_json_tube(const struct bg_stats_tube *st);

@@ -270,6 +270,7 @@ static int dispatch(struct gw_request *r)
     if (tube && bg_tube_name_valid(tube, strlen(tube)) &&
         !gw_scope_permits(r, tube, strlen(tube), &refused))
         return refused;
+    if (m->route->tube == GW_TUBE_ALL && !gw_scope_permits_all(r, &refused)) return refused;
     if (!r->counted) r->commands = 1;
     /* the handler reads job states (reservation checks, GET): bring the
      * engine up to now first, whether or not the loop's timer ran */

@@ -88,6 +88,10 @@ json_t *gw_json_job(struct bg_engine *e, const struct bg_job *j, bg_time now,
                           "kicks", (json_int_t)sj.kicks);
     if (!v) return NULL;
     if (token) json_object_set_new(v, "reservation", json_string(token));
+    if (!token && j->state == BG_JOB_RESERVED) { /* the client that holds it (GET /clients); null: a token */
+        uint64_t by = bg_job_reserved_by(j);
+        json_object_set_new(v, "reserved_by", by ? json_integer((json_int_t)by) : json_null());
+    }
     if (with_body) {
         size_t n = j->body_size - 2;
         json_t *body = json_stringn(j->body, n); /* NULL unless valid UTF-8 */

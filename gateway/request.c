@@ -51,16 +51,32 @@ int gw_request_kind(struct gw_request *r)
     return token && *token ? BG_SCOPE_CONSUME : BG_SCOPE_MANAGE;
 }
 
+/* Queue the 403 PERMISSION_DENIED of r for `kind` on name[0..len) (the
+ * scope it names), counted as a refusal; the reply's outcome. */
+static int scope_refuse(struct gw_request *r, int kind, const char *name, size_t len)
+{
+    char required[BG_SCOPE_REQUIRED_MAX];
+    if (len > BG_TUBE_NAME_MAX) len = BG_TUBE_NAME_MAX; /* a bad name: its 400 would come next */
+    bg_scope_required((enum bg_scope_kind)kind, name, len, required);
+    r->gw->engine->stat.permission_denied++; /* every protocol's refusals, one counter */
+    return gw_reply_permission_denied(r->conn, required);
+}
+
 int gw_scope_permits(struct gw_request *r, const char *name, size_t len, int *reply)
 {
     if (!r->scope) return 1; /* unscoped: no header is looked at */
     int kind = gw_request_kind(r);
     if (kind < 0 || bg_scope_allows(r->scope, (enum bg_scope_kind)kind, name, len)) return 1;
-    char required[BG_SCOPE_REQUIRED_MAX];
-    if (len > BG_TUBE_NAME_MAX) len = BG_TUBE_NAME_MAX; /* a bad name: its 400 would come next */
-    bg_scope_required((enum bg_scope_kind)kind, name, len, required);
-    r->gw->engine->stat.permission_denied++; /* every protocol's refusals, one counter */
-    *reply = gw_reply_permission_denied(r->conn, required);
+    *reply = scope_refuse(r, kind, name, len);
+    return 0;
+}
+
+int gw_scope_permits_all(struct gw_request *r, int *reply)
+{
+    if (!r->scope) return 1;
+    int kind = gw_request_kind(r);
+    if (kind < 0 || bg_scope_allows_all(r->scope, (enum bg_scope_kind)kind)) return 1;
+    *reply = scope_refuse(r, kind, "*", 1);
     return 0;
 }
 

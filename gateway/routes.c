@@ -347,6 +347,17 @@ static int waiter_alive(struct bg_client *c) { return gw_peer_alive(c->owner); }
 
 static const struct bg_client_ops waiter_ops = {waiter_job_reserved, waiter_wait_ended, waiter_alive};
 
+/* DELETE /clients/{id} of a waiting long-poll: it ends as if timed out
+ * (204, or the jobs it got), and leaves the listing at once. */
+static void waiter_close_now(struct bg_client *c, bg_time now)
+{
+    (void)now;
+    bg_client_unlist(c);
+    if (!c->waiting) return; /* its answer is on its way already */
+    bg_client_stop_waiting(c);
+    waiter_wait_ended(c, BG_TIMED_OUT);
+}
+
 /* Reply with what the long-poll got: 204, one job, or a batch. */
 static int reply_reserved(struct gw_request *r)
 {
@@ -424,6 +435,7 @@ static int reserve(struct gw_request *r, const char *tubes)
     if (elsewhere) return wrong_shard(r, elsewhere, elsewhere_len, owner);
     if (bg_client_init_bare(gw->engine, &r->waiter, &waiter_ops, r) != 0) return BG_OUT_OF_MEMORY;
     r->waiter_active = 1;
+    gw_list_client(r, &r->waiter, waiter_close_now);
     r->want = (uint32_t)count;
     strcpy(names, tubes);
     uint32_t watching;

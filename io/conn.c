@@ -434,6 +434,24 @@ static void conn_lost(struct conn *c, const char *why)
 
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 
+void conn_list_client(struct bg_client *c, enum bg_client_protocol p, const struct conn_peer *peer,
+                      void (*close_now)(struct bg_client *c, bg_time now), bg_time now)
+{
+    struct bg_client_entry *x = bg_client_list(c, p, now);
+    if (!x) return;
+    x->tls = peer->tls != 0;
+    x->close_now = close_now;
+    if (peer->port) /* a UNIX socket's peer has no address */
+        snprintf(x->peer, sizeof x->peer, strchr(peer->addr, ':') ? "[%s]:%u" : "%s:%u", peer->addr,
+                 (unsigned)peer->port);
+}
+
+void conn_close_stream(struct bg_stream *s)
+{
+    conn_lost(s->owner, "closed_by_api");
+    loop_engine_changed(); /* jobs came back: waiters and timers */
+}
+
 /* gnutls_record_send as write(): bytes sent, or -1 with errno EAGAIN,
  * EINTR or EPIPE. After GNUTLS_E_AGAIN GnuTLS holds the record it made:
  * the next call finishes that one (NULL, 0) and reports its bytes, which
@@ -691,6 +709,14 @@ static void stream_output_ready(struct bg_stream *s)
     loop_defer(&c->woken);
 }
 
+/* The peer's port (0 when it has none: a UNIX socket). */
+static uint16_t peer_port(const struct sockaddr_storage *sa)
+{
+    if (sa->ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)sa)->sin_port);
+    if (sa->ss_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+    return 0;
+}
+
 /* The peer's address as text ("-" when it has none: a UNIX socket). */
 static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRSTRLEN])
 {
@@ -838,6 +864,7 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     c->cs = cs;
     c->peer.fd = fd;
     peer_address(sa, c->peer.addr);
+    c->peer.port = peer_port(sa);
     struct bg_stream *s = stream_of(c);
     if (cs->tls) {
         c->handshaking = 1;

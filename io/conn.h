@@ -36,6 +36,7 @@
 struct conn_peer {
     int fd;
     char addr[INET6_ADDRSTRLEN];
+    uint16_t port;             /* the peer's port; 0 for a UNIX socket */
     /* The verified client certificate's names (io/tls.h), on a TLS
      * listener with a CA; NULL: plain TCP, or no client certificate. The
      * session maps it to a scope (core/scope.c) in open(). */
@@ -137,6 +138,15 @@ int conn_server_start(struct conn_server **out, const struct conn_protocol *p, i
  * handshake record closes the connection at once (event tls_refused). */
 int conn_server_start_tls(struct conn_server **out, const struct conn_protocol *p, int fd,
                           struct bg_engine *e, struct wal *w, struct tls_listener *tls);
+/* List the session's client c in GET /clients (core/clients.c) as a
+ * client of protocol p at peer, closed by close_now (which finds c's
+ * stream and calls conn_close_stream). Out of memory it is not listed. */
+void conn_list_client(struct bg_client *c, enum bg_client_protocol p, const struct conn_peer *peer,
+                      void (*close_now)(struct bg_client *c, bg_time now), bg_time now);
+/* Close s's connection now, as its peer's hang-up would (DELETE
+ * /clients/{id}): the session is closed (reservations go back to ready)
+ * and nothing more is written. Not from inside s's own callbacks. */
+void conn_close_stream(struct bg_stream *s);
 /* Stop accepting new connections (the listener stays open). */
 void conn_server_pause(struct conn_server *cs);
 /* The listening socket. */

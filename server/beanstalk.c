@@ -24,19 +24,28 @@ static void session_cross_protocol(struct bg_session *s)
 static const struct bg_session_io session_io = {.process_info = session_process_info,
                                                 .cross_protocol = session_cross_protocol};
 
-static int beanstalk_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
+/* DELETE /clients/{id}: the connection closes as on a hang-up. */
+static void beanstalk_close_now(struct bg_client *c, bg_time now)
 {
     (void)now;
+    conn_close_stream(&container_of(c, struct bg_session, client)->stream);
+}
+
+static int beanstalk_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
+{
     struct server *srv = ctx;
     struct bg_session *session = (struct bg_session *)s;
     int rc = bg_session_init(&srv->engine, session, &session_io, srv);
     session->scope = server_peer_scope(srv->cfg->scopes, peer);
+    if (rc == 0) conn_list_client(&session->client, BG_CLIENT_BEANSTALK, peer, beanstalk_close_now, now);
     return rc;
 }
 
 static size_t beanstalk_feed(struct bg_stream *s, const char *in, size_t len, bg_time now)
 {
-    return bg_session_feed((struct bg_session *)s, in, len, now);
+    struct bg_session *session = (struct bg_session *)s;
+    if (len) bg_client_active(&session->client, now);
+    return bg_session_feed(session, in, len, now);
 }
 
 static void beanstalk_peer_eof(struct bg_stream *s, bg_time now)

@@ -63,19 +63,28 @@ static void hook_cross_protocol(void *ctx, const struct gm_session *s)
 
 /* ---- the session in the connection layer ---------------------------------- */
 
-static int gearman_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
+/* DELETE /clients/{id}: the connection closes as on a hang-up. */
+static void gearman_close_now(struct bg_client *c, bg_time now)
 {
     (void)now;
+    conn_close_stream(&container_of(c, struct gm_session, client)->stream);
+}
+
+static int gearman_open(void *ctx, struct bg_stream *s, const struct conn_peer *peer, bg_time now)
+{
     struct gearman *g = ctx;
     struct gm_session *session = (struct gm_session *)s;
     int rc = gm_session_init(&g->server, session, peer->fd, peer->addr);
     session->scope = server_peer_scope(g->scopes, peer);
+    if (rc == 0) conn_list_client(&session->client, BG_CLIENT_GEARMAN, peer, gearman_close_now, now);
     return rc;
 }
 
 static size_t gearman_feed(struct bg_stream *s, const char *in, size_t len, bg_time now)
 {
-    return gm_session_feed((struct gm_session *)s, in, len, now);
+    struct gm_session *session = (struct gm_session *)s;
+    if (len) bg_client_active(&session->client, now);
+    return gm_session_feed(session, in, len, now);
 }
 
 static void gearman_close(struct bg_stream *s, bg_time now) { gm_session_close((struct gm_session *)s, now); }

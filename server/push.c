@@ -767,6 +767,7 @@ static void delivery_durable(struct wal_hold *h)
  * once the log keeps its put (at once, mostly). */
 static void take(struct sub *s, struct bg_job *j, bg_time now)
 {
+    bg_client_active(&s->reserver, now); /* a delivery begins: not idle */
     bg_reservation_transfer(j, &s->holder); /* room was reserved at start */
     bg_rate_take(&s->rate, now);
     struct delivery *d = NULL;
@@ -1066,6 +1067,14 @@ static int sub_init(struct push *p, struct sub *s, const struct push_setup *setu
         return -1;
     }
     s->clients_up = 1;
+    /* GET /clients lists the subscription, by its URL; the configuration
+     * removes it, not DELETE /clients/{id} (no close_now) */
+    struct bg_client_entry *listed = bg_client_list(&s->reserver, BG_CLIENT_PUSH, p->now());
+    if (listed) {
+        listed->name = s->spec.url;
+        listed->tls = s->spec.tls != 0;
+        bg_client_list_holder(&s->reserver, &s->holder);
+    }
     if (bg_client_watch(&s->reserver, s->spec.tube, &watching) != 0 ||
         bg_heap_reserve(&s->holder.reserved, s->spec.concurrency) != 0)
         return -1;

@@ -286,6 +286,8 @@ def check_job(doc, what, body=None, reserved=False, with_body=None):
     want = set(JOB_KEYS)
     if reserved:
         want.add("reservation")
+    elif doc.get("state") == "reserved":
+        want.add("reserved_by")  # the client holding it (GET /clients), null for an HTTP token
     if with_body:
         if body is None:
             check(("body" in doc) != ("body_base64" in doc),
@@ -1382,9 +1384,10 @@ def test_method_not_allowed_405():
 
 def concrete_path(pattern, tube, jid):
     """A route pattern of routes_from_source() with {x} filled in: the tube
-    after "tubes", the job id after "jobs", a dashboard file after "ui"."""
+    after "tubes", the job id after "jobs", a dashboard file after "ui", a
+    client id (of none) after "clients"."""
     parts = pattern.split("/")
-    fill = {"tubes": tube, "jobs": str(jid), "ui": "index.html"}
+    fill = {"tubes": tube, "jobs": str(jid), "ui": "index.html", "clients": "999999"}
     for i, p in enumerate(parts):
         if p == "{x}":
             check(i > 0 and parts[i - 1] in fill, "cannot fill in %s" % pattern)
@@ -2936,6 +2939,37 @@ def test_subscriptions():
     check_eq([x["tube"] for x in server_stats()["subscriptions"]], [PUSH_TUBE], "GET /stats subscriptions")
 
 
+def test_clients_and_reserved_by():
+    """GET /clients and DELETE /clients/{id} through the contract check (the
+    full behaviour is tests/http/test_clients.py's): a beanstalk worker
+    holding a job is listed and named by the job's reserved_by; the push
+    subscription is listed and cannot be closed; bad parameters are 400."""
+    tube = uniq("clients")
+    jid = put(tube, b"held")
+    b = Beanstalk(T.tcp_port)
+    try:
+        b.cmd("watch %s\r\n" % tube)
+        check_eq(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED %d 4\r\n" % jid, "TCP reserve")
+        port = b.sock.getsockname()[1]
+        doc = expect_json(get("/clients?protocol=beanstalk&limit=500"), 200, "GET /clients")
+        mine = [c for c in doc["clients"] if c["peer"] == "127.0.0.1:%d" % port]
+        check_eq(len(mine), 1, "the worker listed")
+        check_eq((mine[0]["reserved"], mine[0]["reserved_ids"]), (1, [jid]), "its reservation")
+        check_eq(job_stats(jid)["reserved_by"], mine[0]["id"], "the job's reserved_by")
+        push = expect_json(get("/clients?protocol=push"), 200, "GET /clients?protocol=push")["clients"]
+        check_eq([c["watching"] for c in push], [[PUSH_TUBE]], "the push subscription")
+        expect_problem(delete("/clients/%d" % push[0]["id"]), 409, "NOT_CLOSABLE", "DELETE a subscription")
+        expect_problem(get("/clients?limit=501"), 400, "BAD_FORMAT", "limit 501")
+        expect_problem(get("/clients?cursor=x"), 400, "BAD_FORMAT", "a bad cursor")
+        expect_problem(delete("/clients/x"), 400, "BAD_FORMAT", "a bad id")
+        expect_status(delete("/clients/%d" % mine[0]["id"]), 204, "DELETE the worker")
+        check_eq(job_stats(jid)["state"], "ready", "its job is ready again")
+        expect_problem(delete("/clients/%d" % mine[0]["id"]), 404, "NOT_FOUND", "DELETE it again")
+    finally:
+        b.close()
+    expect_status(delete("/jobs/%d" % jid), 204, "delete the job")
+
+
 def test_push_last_delivery_error():
     before = push_subscription()
     j = put(PUSH_TUBE, b"to nowhere")
@@ -2962,6 +2996,7 @@ TESTS = [
     test_cross_site_state_changes_403,
     test_nosniff_and_no_store_on_every_response,
     test_subscriptions,
+    test_clients_and_reserved_by,
     test_push_last_delivery_error,
     test_tube_name_with_slash,
     test_put_defaults,
