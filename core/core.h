@@ -29,6 +29,8 @@
  *                       CRC-32C (its checksum) and CRC-32 (the tube hash)
  *   binlog.h            beanstalkd's binlog.N files read (binlog.c): its own header
  *   stats.c             the one stats model
+ *   history.c           the server's last 15 minutes, a sample a second, and
+ *                       each tube's put and delete rates (issue 26)
  *   codec.c             the beanstalk session (bg_session)
  *   gearman.h           the Gearman packet codec (gearman.c) and the Gearman
  *                       session (gearman_session.c): its own header
@@ -275,6 +277,14 @@ struct bg_tube_counters {
     uint64_t total_jobs, cmd_delete, cmd_pause;
 };
 
+/* A tube's counters at the history's last two tube sweeps (history.c), for
+ * its rates; zero in a tube no sweep has seen yet. 20 bytes. */
+struct bg_tube_rate_marks {
+    uint32_t sweep;             /* the sweep that wrote put[]/del[]; 0: none */
+    uint32_t put[2], del[2];    /* total_jobs, cmd_delete (low 32 bits) at the
+                                 * sweep before it [0] and at it [1] */
+};
+
 struct bg_tube {
     /* Hot: every reserve of a client that watches this tube reads these
      * first. The (pri, id) of the ready heap's top, or UINT32_MAX and
@@ -298,6 +308,7 @@ struct bg_tube {
     bg_time pause_ns;           /* 0 when not paused */
     bg_time unpause_at;
     struct bg_tube_counters stat;
+    struct bg_tube_rate_marks rate_marks; /* history.c's, nobody else's */
 };
 
 /* What a front-end does when the engine resolves a wait asynchronously. */
@@ -1135,6 +1146,76 @@ struct bg_process_info {
 void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now,
                   struct bg_stats_job *out);
 void bg_stats_tube(const struct bg_tube *t, bg_time now, struct bg_stats_tube *out);
+
+/* ---- history.c: the server's last minutes, and each tube's rates -------
+ * Pure: the front-end that serves it (the gateway) calls bg_history_sample
+ * and bg_history_sweep_tubes from a timer about once a second, with `now`. */
+
+#define BG_HISTORY_SAMPLES 900  /* one a second: 15 minutes */
+#define BG_HISTORY_SWEEP_S 5    /* seconds between two sweeps of the tubes */
+
+/* The series, in the order GET /stats/history lists them. The first
+ * BG_HISTORY_COUNTERS are counters, kept as how much each grew in the
+ * sample's second (a rate per second); the others are gauges, the value
+ * read at the sample. */
+enum bg_history_series {
+    BG_HISTORY_PUT, BG_HISTORY_RESERVE, BG_HISTORY_DELETE,
+    BG_HISTORY_READY, BG_HISTORY_RESERVED, BG_HISTORY_DELAYED, BG_HISTORY_BURIED,
+    BG_HISTORY_CONNECTIONS,
+    BG_HISTORY_SERIES
+};
+#define BG_HISTORY_COUNTERS 3
+/* "put", "reserve", ...: the series' names, indexed by enum bg_history_series. */
+extern const char *const bg_history_series_names[BG_HISTORY_SERIES];
+
+/* One reading of every series: counters as their running totals. */
+struct bg_history_reading {
+    uint64_t v[BG_HISTORY_SERIES];
+};
+
+/* A ring of the last BG_HISTORY_SAMPLES seconds (fixed memory, ~58 KB: make
+ * it once), and the times of the last two tube sweeps. Sample s stands for
+ * the monotonic second s (now / BG_SECOND) and holds what changed since
+ * second s - 1. */
+struct bg_history {
+    uint64_t second;            /* the newest sample's second (at start: the start's) */
+    uint64_t totals[BG_HISTORY_COUNTERS]; /* the counters read at `second` */
+    uint32_t newest, count;     /* ring slot of the newest sample; samples held */
+    uint32_t sweep;             /* number of the latest tube sweep; 0: none yet */
+    bg_time sweep_at[2];        /* [sweep & 1]: its time; [(sweep - 1) & 1]: the one before */
+    uint64_t ring[BG_HISTORY_SAMPLES][BG_HISTORY_SERIES];
+};
+
+/* Start an empty history at `now`, with `r` read then (the first sample, a
+ * second later, shows what changed since). */
+void bg_history_init(struct bg_history *h, const struct bg_history_reading *r, bg_time now);
+/* Record reading r, taken at `now`: nothing if no new second began since
+ * the newest sample; one sample if one did. If several did (the loop was
+ * stalled), one sample for each missed second: each counter's growth over
+ * the gap is spread evenly over them in whole numbers (the series still
+ * sums to what happened), and each gauge is r's value. Returns the samples
+ * added (a gap longer than the ring fills it: at most BG_HISTORY_SAMPLES). */
+uint32_t bg_history_sample(struct bg_history *h, const struct bg_history_reading *r, bg_time now);
+/* Series s, oldest first, into out (room for BG_HISTORY_SAMPLES); returns
+ * how many (h->count). */
+uint32_t bg_history_series(const struct bg_history *h, enum bg_history_series s, uint64_t *out);
+/* The engine's figures as a reading; connections is e's (beanstalk and
+ * Gearman) plus other_connections (the gateway's HTTP ones). */
+void bg_history_read_engine(const struct bg_engine *e, uint64_t other_connections,
+                            struct bg_history_reading *out);
+
+/* Sweep the tubes if BG_HISTORY_SWEEP_S seconds began since the last sweep
+ * (or none was made): note each tube's put and delete counters (O(tubes),
+ * ~3 ns a tube: docs/performance.md). The first sweep notes them as if
+ * they had not changed in the BG_HISTORY_SWEEP_S seconds before. Returns 1
+ * if it swept, else 0. */
+int bg_history_sweep_tubes(struct bg_history *h, struct bg_engine *e, bg_time now);
+/* Tube t's puts and deletes per second since the sweep before the latest:
+ * over the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
+ * only if the loop stalled). A tube made since a sweep had no puts before
+ * it. 0 and 0 before the first sweep. */
+void bg_tube_rates(const struct bg_history *h, const struct bg_tube *t, bg_time now,
+                   double *put, double *del);
 
 /* ---- codec.c: the beanstalk wire protocol ------------------------------- */
 

@@ -452,6 +452,10 @@ struct gateway {
     struct gw_hosts *hosts;       /* the Host names served (guard.c) */
     gw_role_fn role;              /* gateway_set_role; NULL: always serving */
     void *role_arg;
+    /* GET /stats/history and the tubes' rates (core/history.c), kept by
+     * history_ev, a timer just after each second of gw->now begins */
+    struct event *history_ev;
+    struct bg_history history;
 };
 
 /* Start accepting on listening socket fd (non-blocking; taken over). 0, or
@@ -593,6 +597,7 @@ const char *gw_route_pattern(int i);
 int gw_handle_stats(struct gw_request *r);
 int gw_handle_tubes(struct gw_request *r);
 int gw_handle_stats_tubes(struct gw_request *r);
+int gw_handle_stats_history(struct gw_request *r);
 int gw_handle_tube(struct gw_request *r);
 int gw_handle_put(struct gw_request *r);
 int gw_handle_batch_put(struct gw_request *r);

@@ -59,6 +59,50 @@ void gw_run(struct gateway *gw)
     if (gw->after_run) gw->after_run(gw->after_run_arg);
 }
 
+/* ---- the history (core/history.c): a sample each second ------------------ */
+
+#define HISTORY_MARGIN_NS 10000000 /* the timer fires this long after a second began */
+
+/* Arm the history timer for just after the next second of gw->now begins. */
+static void history_arm(struct gateway *gw, bg_time now)
+{
+    bg_time wait = BG_SECOND - now % BG_SECOND + HISTORY_MARGIN_NS;
+    struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
+    evtimer_add(gw->history_ev, &tv);
+}
+
+/* The history's reading of the engine now, HTTP connections counted. */
+static void history_read(struct gateway *gw, struct bg_history_reading *out)
+{
+    bg_history_read_engine(gw->engine, gw->admit.open, out);
+}
+
+static void history_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gateway *gw = arg;
+    bg_time now = gw->now();
+    struct bg_history_reading reading;
+    history_read(gw, &reading);
+    bg_history_sample(&gw->history, &reading, now);
+    bg_history_sweep_tubes(&gw->history, gw->engine, now);
+    history_arm(gw, now);
+}
+
+/* Start the history at now and its timer. */
+static void history_start(struct gateway *gw)
+{
+    bg_time now = gw->now();
+    struct bg_history_reading reading;
+    history_read(gw, &reading);
+    bg_history_init(&gw->history, &reading, now);
+    bg_history_sweep_tubes(&gw->history, gw->engine, now);
+    gw->history_ev = evtimer_new(gw->base, history_cb, gw);
+    if (gw->history_ev) history_arm(gw, now);
+    else log_event(BG_LOG_ERROR, "http_history_failed", "msg=\"no history timer: rates stay 0\"");
+}
+
 static int hex_digit(char ch)
 {
     return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
@@ -729,6 +773,7 @@ struct gateway *gateway_start(struct event_base *base, struct bg_engine *engine,
     gw->timer_ev = evtimer_new(base, epoll_cb, gw);
     gw->run_ev = event_new(base, -1, 0, run_cb, gw);
     event_add(gw->epoll_ev, NULL);
+    history_start(gw);
     gw_reply_set_cors(gw->cors);
     gw->responses.count.max = gw->cfg.max_response_buffer;
     gw_reply_set_budget(&gw->responses);
@@ -804,5 +849,6 @@ void gateway_stop(struct gateway *gw, bg_time deadline)
     event_free(gw->epoll_ev);
     event_free(gw->timer_ev);
     event_free(gw->run_ev);
+    if (gw->history_ev) event_free(gw->history_ev);
     free_parts(gw);
 }

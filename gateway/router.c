@@ -24,6 +24,8 @@ static const struct gw_route routes[] = {
      GW_KIND_NONE, GW_TUBE_NONE},
     {"/stats/tubes", GW_GET, gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1,
      GW_KIND_NONE, GW_TUBE_NONE},
+    {"/stats/history", GW_GET, gw_handle_stats_history, GW_BODY_NONE, GW_AUTH_TOKEN, -1,
+     GW_KIND_NONE, GW_TUBE_NONE},
     {"/tubes", GW_GET, gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES,
      GW_KIND_NONE, GW_TUBE_NONE},
     {"/tubes/*", GW_GET, gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE,

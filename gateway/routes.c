@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../io/loop.h"
 #include "gateway.h"
 
 /* ---- replies ---------------------------------------------------------- */
@@ -727,12 +728,23 @@ static struct bg_tube *path_tube(struct gw_request *r, int *reply)
     return t;
 }
 
+/* Tube t's object of GET /tubes/{tube} and GET /stats/tubes: its stats
+ * and its rates (core/history.c). */
+static json_t *tube_json(struct gateway *gw, const struct bg_tube *t, bg_time now)
+{
+    struct bg_stats_tube st;
+    bg_stats_tube(t, now, &st);
+    double put, del;
+    bg_tube_rates(&gw->history, t, now, &put, &del);
+    json_t *v = gw_json_tube(&st);
+    if (v) json_object_set_new(v, "rates", json_pack("{s:f, s:f}", "put", put, "delete", del));
+    return v;
+}
+
 /* 200 with tube t's stats. */
 static int reply_tube(struct gw_request *r, struct bg_tube *t)
 {
-    struct bg_stats_tube st;
-    bg_stats_tube(t, r->gw->now(), &st);
-    return gw_reply_json(r->conn, 200, gw_json_tube(&st), NULL);
+    return gw_reply_json(r->conn, 200, tube_json(r->gw, t, r->gw->now()), NULL);
 }
 
 /* GET /tubes/{tube} */
@@ -1036,15 +1048,39 @@ int gw_handle_stats_tubes(struct gw_request *r)
     int rc = gw_tube_page(gw->engine, now, &q, page, &n, &total);
     if (rc != 0) return rc;
     json_t *tubes = json_array();
-    struct bg_stats_tube st;
-    for (uint32_t i = 0; i < n; i++) {
-        bg_stats_tube(page[i], now, &st);
-        json_array_append_new(tubes, gw_json_tube(&st));
-    }
+    for (uint32_t i = 0; i < n; i++) json_array_append_new(tubes, tube_json(gw, page[i], now));
     return gw_reply_json(r->conn, 200,
                          json_pack("{s:I, s:I, s:I, s:o}", "total", (json_int_t)total, "offset",
                                    (json_int_t)q.offset, "limit", (json_int_t)q.limit, "tubes", tubes),
                          NULL);
+}
+
+/* GET /stats/history: the server's last minutes (core/history.c), each
+ * series oldest first; `end` is the newest sample's second in Unix time. */
+int gw_handle_stats_history(struct gw_request *r)
+{
+    const struct bg_history *h = &r->gw->history;
+    uint64_t mono_s = r->gw->now() / BG_SECOND, wall_s = loop_wall_now() / BG_SECOND;
+    uint64_t behind = mono_s > h->second ? mono_s - h->second : 0;
+    struct bg_buf out = {0};
+    uint64_t values[BG_HISTORY_SAMPLES];
+    int rc = bg_buf_printf(&out, "{\"interval\":1,\"end\":%llu,\"series\":{",
+                           (unsigned long long)(wall_s - behind));
+    for (int s = 0; s < BG_HISTORY_SERIES && rc == 0; s++) {
+        uint32_t n = bg_history_series(h, (enum bg_history_series)s, values);
+        rc = bg_buf_printf(&out, "%s\"%s\":[", s ? "," : "", bg_history_series_names[s]);
+        for (uint32_t i = 0; i < n && rc == 0; i++)
+            rc = bg_buf_printf(&out, i ? ",%llu" : "%llu", (unsigned long long)values[i]);
+        if (rc == 0) rc = bg_buf_append(&out, "]", 1);
+    }
+    if (rc == 0) rc = bg_buf_append(&out, "}}\n", 3);
+    if (rc != 0) {
+        bg_buf_free(&out);
+        return BG_OUT_OF_MEMORY;
+    }
+    rc = gw_reply_json_text(r->conn, 200, bg_buf_head(&out), out.len, NULL, NULL, NULL);
+    bg_buf_free(&out);
+    return rc;
 }
 
 /* The push subscriptions as a JSON array (empty without push delivery),

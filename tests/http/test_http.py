@@ -73,7 +73,9 @@ JOB_KEYS = {"id", "tube", "state", "priority", "age", "delay", "ttr", "time_left
 TUBE_KEYS = {"name", "current_jobs_urgent", "current_jobs_ready", "current_jobs_reserved",
              "current_jobs_delayed", "current_jobs_buried", "total_jobs", "current_using",
              "current_watching", "current_waiting", "cmd_delete", "cmd_pause_tube", "pause",
-             "pause_time_left"}
+             "pause_time_left", "rates"}
+HISTORY_SERIES = ("put", "reserve", "delete", "ready", "reserved", "delayed", "buried", "connections")
+HISTORY_SAMPLES = 900
 SERVER_KEYS = {
     "current_jobs_urgent", "current_jobs_ready", "current_jobs_reserved",
     "current_jobs_delayed", "current_jobs_buried", "cmd_put", "cmd_peek", "cmd_peek_ready",
@@ -1686,7 +1688,9 @@ def test_tube_stats_pages():
     check_eq(sorted(t["name"] for t in doc["tubes"]), sorted(names), "the filter finds every tube")
     by_name = {t["name"]: t for t in doc["tubes"]}
     for name in names[:2]:
-        check_eq(by_name[name], tube_stats(name), "a page's stats of %s vs GET /tubes/%s" % (name, name))
+        # the rates move with the clock between the two requests
+        without_rates = [{k: v for k, v in doc.items() if k != "rates"} for doc in (by_name[name], tube_stats(name))]
+        check_eq(without_rates[0], without_rates[1], "a page's stats of %s vs GET /tubes/%s" % (name, name))
 
     doc = tube_page(filter=prefix, sort="current_jobs_ready", order="desc")
     want = sorted(names, key=lambda n: (-ready[names.index(n)], n))
@@ -1718,6 +1722,80 @@ def test_tube_stats_pages():
     after = server_stats()
     check_eq({k: after[k] - before[k] for k in after if k.startswith("cmd_") and after[k] != before[k]},
              {"cmd_stats": 1}, "the counters a page moved (cmd_stats: the second GET /stats)")
+
+
+def history():
+    """GET /stats/history, its shape checked."""
+    doc = expect_json(get("/stats/history"), 200, "GET /stats/history")
+    check_eq(set(doc), {"interval", "end", "series"}, "history keys")
+    check_eq(doc["interval"], 1, "interval")
+    check_eq(sorted(doc["series"]), sorted(HISTORY_SERIES), "series names")
+    n = len(doc["series"]["put"])
+    check(n <= HISTORY_SAMPLES, "%d samples, at most %d" % (n, HISTORY_SAMPLES))
+    for name, values in doc["series"].items():
+        check_eq(len(values), n, "samples of %s" % name)
+        check(all(isinstance(v, int) and v >= 0 for v in values), "%s: counts %r" % (name, values[-5:]))
+    check(abs(doc["end"] - time.time()) <= 3, "end %d, now %.1f" % (doc["end"], time.time()))
+    return doc
+
+
+def history_since(doc, second, name):
+    """The samples of series `name` for the seconds from `second` (Unix) on."""
+    values = doc["series"][name]
+    first = doc["end"] - len(values) + 1       # the second of values[0]
+    return values[max(0, second - first):]
+
+
+def test_stats_history_shows_puts_and_deletes():
+    """GET /stats/history: a sample a second; jobs put (over HTTP and
+    beanstalk) and deleted show in the put and delete series within
+    seconds, and the ready gauge counts them."""
+    tube = uniq("history")
+    before = history()
+    since = int(time.time()) - 1               # the clocks' seconds may differ by a fraction
+    ids = [put(tube, b"h%d" % i) for i in range(5)]
+    with Beanstalk(T.tcp_port) as b:
+        check_eq(b.cmd("use %s\r\n" % tube), ("USING %s\r\n" % tube).encode(), "use")
+        ids += [b.put(b"b%d" % i) for i in range(2)]
+        # a sample of a second after the puts (the clocks' seconds may differ by a fraction)
+        done = int(time.time()) + 2
+        doc = wait_for(lambda: (lambda d: d if d["end"] >= done and sum(history_since(d, since, "put")) >= 7
+                                else None)(history()), "the 7 puts in the put series", timeout=10)
+        check(doc["end"] >= before["end"], "end went back: %d, then %d" % (before["end"], doc["end"]))
+        check(doc["series"]["ready"][-1] >= 7, "ready gauge %r" % doc["series"]["ready"][-5:])
+        check(doc["series"]["connections"][-1] >= 1, "connections gauge (the beanstalk one open) %r"
+              % doc["series"]["connections"][-5:])
+    since = int(time.time()) - 1
+    for jid in ids:
+        expect_status(delete("/jobs/%d" % jid), 204, "delete")
+    done = int(time.time()) + 2
+    wait_for(lambda: (lambda d: d["end"] >= done and sum(history_since(d, since, "delete")) >= 7)(history()),
+             "the 7 deletes in the delete series", timeout=10)
+
+
+def test_tube_rates_on_the_first_poll():
+    """Each tube object has its put and delete rates per second, measured by
+    the server over its last 5 to 10 seconds: not zero on the first GET
+    after puts, 0 for a tube that does nothing, the same in GET /stats/tubes."""
+    busy, idle = uniq("rates"), uniq("idle")
+    with Beanstalk(T.tcp_port) as b:
+        check_eq(b.cmd("watch %s\r\n" % idle), b"WATCHING 2\r\n", "watch makes the idle tube")
+        ids = [put(busy, b"r%d" % i) for i in range(10)]
+        st = wait_for(lambda: (lambda t: t if t["rates"]["put"] > 0 else None)(tube_stats(busy)),
+                      "a put rate in GET /tubes/%s" % busy)
+        check_eq(set(st["rates"]), {"put", "delete"}, "rates keys")
+        # 10 puts over at least 5 s (and at most ~10 s, more under a slow build)
+        check(0 < st["rates"]["put"] <= 2.0, "put rate %r for 10 puts" % st["rates"])
+        check_eq(st["rates"]["delete"], 0, "delete rate before any delete")
+        for jid in ids[:4]:
+            expect_status(delete("/jobs/%d" % jid), 204, "delete")
+        st = tube_stats(busy)
+        check(0 < st["rates"]["delete"] <= 0.8, "delete rate %r for 4 deletes" % st["rates"])
+        check_eq(tube_stats(idle)["rates"], {"put": 0, "delete": 0}, "an idle tube's rates")
+        page = tube_page(filter=busy)["tubes"]
+        check_eq([t["name"] for t in page], [busy], "the busy tube's page")
+        check(page[0]["rates"]["put"] > 0 and page[0]["rates"]["delete"] > 0,
+              "GET /stats/tubes rates %r" % page[0]["rates"])
 
 
 def test_tube_stats_pages_filter_with_slash_and_plus():
@@ -3049,6 +3127,8 @@ TESTS = [
     test_command_counters_count_http_requests,
     test_tube_stats_pages,
     test_tube_stats_pages_filter_with_slash_and_plus,
+    test_stats_history_shows_puts_and_deletes,
+    test_tube_rates_on_the_first_poll,
     test_tube_stats_pages_bad_parameters_400,
     test_ui_files_served,
     test_ui_etag_304,
