@@ -819,21 +819,13 @@ def test_tube_jobs_paged_by_state():
     b, s = C.browser, C.server
     tube = "ui-browse"
     ids = [s.put(tube, b"job %d" % i) for i in range(110)]   # 3 pages of 50, the last one short
-    marked = s.put(tube, XSS_BODIES[1], priority=0)
     bs = Beanstalk(s.tcp_port)
     try:
-        bs.put(tube, b"to bury")   # priority 0 over TCP: reserved before the others
         buried = []
-        for _ in range(3):
-            bs.cmd("watch %s\r\n" % tube)
-            reply = bs.cmd("reserve-with-timeout 0\r\n")
-            bs.line()
-            jid = int(reply.split()[1])
-            if jid == marked:   # keep the markup job ready; bury the next
-                check_eq(bs.cmd("release %d 0 0\r\n" % jid), b"RELEASED", "release")
-                continue
-            check_eq(bs.cmd("bury %d 0\r\n" % jid), b"BURIED", "bury")
-            buried.append(jid)
+        for i in range(2):
+            bs.put(tube, b"to bury %d" % i)   # priority 0 over TCP: reserved before the others
+            buried.append(bs.reserve_and_bury(tube))
+        marked = s.put(tube, XSS_BODIES[1], priority=0)
         delayed = [s.put(tube, b"later %d" % i, delay=600) for i in range(2)]
     finally:
         bs.close()
@@ -849,16 +841,16 @@ def test_tube_jobs_paged_by_state():
     check_eq(rows, ready_order[:50], "the first page in serving order")
     check(b.css("table.jobs caption").text.startswith("Ready jobs 1–50 of %d" % ready_now),
           "caption %r" % b.css("table.jobs caption").text)
-    check(not b.button("Previous").is_enabled(), "no Previous on the first page")
-    b.button("Next").click()
+    check(not b.button("Previous", ".pager").is_enabled(), "no Previous on the first page")
+    b.button("Next", ".pager").click()
     b.wait(lambda: job_rows(b)[:1] == ready_order[50:51], "page 2")
     check_eq(job_rows(b), ready_order[50:100], "page 2 in serving order")
-    b.button("Next").click()
+    b.button("Next", ".pager").click()
     b.wait(lambda: job_rows(b) == ready_order[100:], "page 3 (the rest)")
-    check(not b.button("Next").is_enabled(), "no Next on the last page")
-    b.button("Previous").click()
+    check(not b.button("Next", ".pager").is_enabled(), "no Next on the last page")
+    b.button("Previous", ".pager").click()
     b.wait(lambda: job_rows(b) == ready_order[50:100], "back to page 2")
-    b.button("Previous").click()
+    b.button("Previous", ".pager").click()
     b.wait(lambda: job_rows(b) == ready_order[:50], "back to page 1")
     # a page size of 20, kept in the address
     sel = b.css("#jobs-limit")
