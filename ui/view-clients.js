@@ -5,7 +5,8 @@
 // the jobs it holds reserved (links to their job pages) and whether it
 // waits in a reserve. Close ends a client's connection (a token that may
 // manage every tube; after a confirmation): its reserved jobs go back to
-// ready. #/clients?client=N shows client N (the job view links there).
+// ready; a push subscription is the configuration's and has no Close.
+// #/clients?client=N shows client N (the job view links there).
 
 import {h, setText} from "./dom.js";
 import * as api from "./api.js";
@@ -13,8 +14,6 @@ import {count, duration} from "./format.js";
 import {act, confirmAction} from "./widgets.js";
 
 const PAGE = 100;
-const FIND_PAGE = 500;     // the page size when looking for one client
-const FIND_PAGES = 20;     // and how many pages to look through
 const PROTOCOLS = ["beanstalk", "gearman", "http", "push"];
 
 // The columns after the id: label, "num" right-aligns, the cell of a client.
@@ -26,7 +25,7 @@ const COLUMNS = [
   {label: "Uses", text: (c) => c.use || "–"},
   {label: "Watching", text: (c) => (c.watching && c.watching.length ? c.watching.join(", ") : "–")},
   {label: "Reserved", jobs: true},
-  {label: "Waiting", text: (c) => (c.waiting ? (c.waiting_for === null ? "yes" : `yes, ${duration(c.waiting_for)} left`) : "no")},
+  {label: "Waiting", text: (c) => (c.waiting ? (c.waiting_for === null ? "yes" : `yes, for ${duration(c.waiting_for)}`) : "no")},
 ];
 
 // "Close client 7 (beanstalk, 127.0.0.1:5000)? Its 2 reserved jobs go back to ready."
@@ -80,7 +79,7 @@ export function clientsView(main, params, app) {
     const cells = COLUMNS.map((c) => h("td", {class: c.num ? "num" : ""}));
     const close = h("button", {type: "button", class: "small danger"}, "Close");
     const tr = h("tr", {"data-id": String(id)}, h("th", {scope: "row", class: "num"}, String(id)), cells,
-      h("td", {class: "row-actions"}, close));
+      h("td", {}, close));
     r = {tr, cells, close, client: null};
     close.addEventListener("click", async () => {
       if (!(await confirmAction(closeQuestion(r.client), "Close client"))) return;
@@ -114,7 +113,7 @@ export function clientsView(main, params, app) {
       const r = row(c.id);
       r.client = c;
       COLUMNS.forEach((col, k) => (col.jobs ? jobsCell(r.cells[k], c) : setText(r.cells[k], col.text(c))));
-      r.close.hidden = !manage;
+      r.close.hidden = !manage || c.protocol === "push";
       r.tr.className = c.waiting ? "waiting" : "";
       return r.tr;
     });
@@ -128,7 +127,7 @@ export function clientsView(main, params, app) {
       setText(empty, `There is no client ${wanted} now: it closed, or never was.`);
     } else {
       setText(caption, clients.length
-        ? `Clients ${count(first)}–${count(first + clients.length - 1)}${protocol ? ` (${protocol})` : ""}; ${count(total)} connected in all`
+        ? `Clients ${count(first)}–${count(first + clients.length - 1)} of ${count(total)}${protocol ? " " + protocol : ""}`
         : "Clients");
       setText(empty, protocol ? `No ${protocol} client is connected.` : "No client is connected.");
     }
@@ -138,18 +137,11 @@ export function clientsView(main, params, app) {
     nextButton.disabled = !next;
   }
 
-  // Client `wanted`: the pages in id order up to it (the API has no
-  // single-client route), at most FIND_PAGES of them.
+  // Client `wanted`, or none: the page of one client after id wanted - 1
+  // (the cursor is the last id shown, docs/http.md "Who is connected").
   async function find() {
-    let cursor = "";
-    for (let i = 0; i < FIND_PAGES; i++) {
-      const doc = await api.get("clients", {limit: FIND_PAGE, cursor});
-      const c = doc.clients.find((x) => x.id === wanted);
-      if (c) return {clients: [c], count: doc.count};
-      if (!doc.next || doc.clients.some((x) => x.id > wanted)) break;
-      cursor = doc.next;
-    }
-    return {clients: [], count: 0};
+    const doc = await api.get("clients", {limit: 1, cursor: wanted > 1 ? String(wanted - 1) : undefined});
+    return {clients: doc.clients.filter((x) => x.id === wanted), count: doc.count};
   }
 
   return {

@@ -66,9 +66,14 @@ export function jobView(main, {id}, app) {
     app.refreshNow();
   });
 
-  // "client N" linked to its row in the Clients view, or "–".
+  // "client N" linked to its row in the Clients view; "an HTTP
+  // reservation" for null (a reservation token holds it, no client); "–"
+  // when not reserved (undefined).
   function showHolder(dd, client) {
-    if (client === undefined || client === null) { setText(dd, "–"); return; }
+    if (client === undefined || client === null) {
+      setText(dd, client === null ? "an HTTP reservation" : "–");
+      return;
+    }
     const link = dd.firstElementChild;
     if (link && link.getAttribute("href") === api.clientHref(client)) return;
     dd.replaceChildren(h("a", {href: api.clientHref(client)}, `client ${client}`));
@@ -108,7 +113,7 @@ export function jobView(main, {id}, app) {
       setText(v.ttr, duration(job.ttr));
       setText(v.time_left, job.state === "reserved" || job.state === "delayed" ? duration(job.time_left) : "–");
       setCounts(v, job, {reserves: "reserves", timeouts: "timeouts", releases: "releases", buries: "buries", kicks: "kicks"});
-      showHolder(v.reserved_by, job.reserved_by);
+      showHolder(v.reserved_by, job.state === "reserved" ? job.reserved_by : undefined);
       const e = job.last_delivery_error;
       delivery.hidden = !e;
       if (e) {

@@ -180,7 +180,7 @@ export function tubeJobsView(main, {name, query}, app) {
     const kick = h("button", {type: "button", class: "small"}, "Kick");
     const del = h("button", {type: "button", class: "small danger"}, "Delete");
     const tr = h("tr", {"data-id": String(id)}, h("th", {scope: "row"}, link), cells,
-      h("td", {class: "row-actions"}, show, kick, del));
+      h("td", {}, h("div", {class: "row-actions"}, show, kick, del)));
     const viewer = bodyViewer(`Body of job ${id}`);
     const bodyTr = h("tr", {class: "body-row", hidden: true},
       h("td", {colspan: String(cells.length + 2)}, viewer.node));
@@ -224,7 +224,7 @@ export function tubeJobsView(main, {name, query}, app) {
         if (!c.client) { setText(r.cells[k], c.text(j)); return; }
         const held = j.reserved_by;
         const link = r.cells[k].firstChild;
-        if (held === undefined || held === null) setText(r.cells[k], "–");
+        if (held === undefined || held === null) setText(r.cells[k], held === null ? "an HTTP reservation" : "–");
         else if (!link || link.getAttribute("href") !== api.clientHref(held)) {
           r.cells[k].replaceChildren(h("a", {href: api.clientHref(held)}, `client ${held}`));
         }

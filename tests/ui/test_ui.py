@@ -950,7 +950,8 @@ def test_clients_view_and_close():
     """The Clients view lists a beanstalk worker (its peer, tube used, tubes
     watched, its reserved job linked to the job page) and a waiting one;
     the job page names the client that holds it (a link back); Close asks
-    first, ends the connection, and the job is ready again over beanstalk."""
+    first, ends the connection, and the job is ready again over beanstalk.
+    A push subscription's URL (markup here) is text, and it has no Close."""
     b, s = C.browser, C.server
     tube, other = "ui-clients", "ui-clients-wait"
     jid = s.put(tube, b"held by a worker")
@@ -1009,6 +1010,12 @@ def test_clients_view_and_close():
         worker.close()
         waiter.close()
     s.api("DELETE", "/jobs/%d" % jid, want=204)
+    # push subscriptions: their URL (one of them markup) as text, no Close
+    b.open(s, "/clients?protocol=push")
+    b.heading("Clients")
+    b.wait(lambda: any(MARKUP_PATH in c.text for c in b.all("table.clients tbody td")), "the markup URL as text")
+    no_markup_ran(b, "clients of push")
+    check_eq(visible_buttons(b, "table.clients tbody"), [], "a push subscription cannot be closed")
 
 
 def stats_job_state(s, jid):
