@@ -15,16 +15,17 @@ const REFETCH_AFTER_MS = 10 * 60 * 1000;   // ask the server again this often
 const GAP_MS = 5000;                         // polls further apart: ask the server again
 
 // The keys of a point, as GET /stats/history names its series: rates
-// (per second, from counters) and gauges (the value at the sample).
+// (per second, from counters) and gauges (the value at the sample, the sum
+// of these fields).
 const RATES = {put: "total_jobs", reserve: "total_jobs_reserved", delete: "total_jobs_deleted"};
-const GAUGES = {ready: "current_jobs_ready", reserved: "current_jobs_reserved", delayed: "current_jobs_delayed",
-  buried: "current_jobs_buried", connections: "current_connections"};
+const GAUGES = {ready: ["current_jobs_ready"], reserved: ["current_jobs_reserved"], delayed: ["current_jobs_delayed"],
+  buried: ["current_jobs_buried"],
+  connections: ["current_beanstalk_connections", "current_gearman_connections", "current_http_connections"]};
 
 let points = [];          // {t: performance.now() ms, put, reserve, ..., connections}, oldest first
 let last = null;          // the last poll: {t, counters of RATES}
 let fetchedAt = -Infinity;
 let stale = true;         // ask the server on the next ensure()
-let unsupported = false;  // the server has no GET /stats/history: the page's own samples only
 
 function trim(now) {
   while (points.length && now - points[0].t > CHART_SECONDS * 1000) points.shift();
@@ -41,7 +42,7 @@ export function record(stats) {
       const d = stats[field] - last[key];
       p[key] = d >= 0 ? d / ((t - last.t) / 1000) : 0;
     }
-    for (const [key, field] of Object.entries(GAUGES)) p[key] = stats[field];
+    for (const [key, fields] of Object.entries(GAUGES)) p[key] = fields.reduce((sum, f) => sum + stats[f], 0);
     points.push(p);
   }
   last = {t};
@@ -53,14 +54,8 @@ export function record(stats) {
 // never asked, after a gap, or when the last answer is old.
 export async function ensure() {
   const now = performance.now();
-  if (unsupported || (!stale && now - fetchedAt < REFETCH_AFTER_MS)) return;
-  let doc;
-  try {
-    doc = await api.get("stats/history");
-  } catch (e) {
-    if (e.status === 404) { unsupported = true; return; }
-    throw e;
-  }
+  if (!stale && now - fetchedAt < REFETCH_AFTER_MS) return;
+  const doc = await api.get("stats/history");
   const at = performance.now();
   // the newest sample is `end`; the browser's clock may differ from the
   // server's, so the lag is taken as at most one interval

@@ -8,7 +8,7 @@
 import {h, setText, setCounts, definitionList} from "./dom.js";
 import * as api from "./api.js";
 import {count, duration, deliveryMeaning, when} from "./format.js";
-import {bodyViewer, confirmAction, notify} from "./widgets.js";
+import {bodyViewer, confirmAction, notify, showHolder} from "./widgets.js";
 
 export function jobView(main, {id}, app) {
   const facts = definitionList([
@@ -65,19 +65,6 @@ export function jobView(main, {id}, app) {
     }
     app.refreshNow();
   });
-
-  // "client N" linked to its row in the Clients view; "an HTTP
-  // reservation" for null (a reservation token holds it, no client); "–"
-  // when not reserved (undefined).
-  function showHolder(dd, client) {
-    if (client === undefined || client === null) {
-      setText(dd, client === null ? "an HTTP reservation" : "–");
-      return;
-    }
-    const link = dd.firstElementChild;
-    if (link && link.getAttribute("href") === api.clientHref(client)) return;
-    dd.replaceChildren(h("a", {href: api.clientHref(client)}, `client ${client}`));
-  }
 
   function end() {
     ended = true;

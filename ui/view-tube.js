@@ -88,8 +88,8 @@ export function tubeView(main, {name}, app) {
   const stats = definitionList([
     ["ready", "Ready"], ["reserved", "Reserved"], ["delayed", "Delayed"], ["buried", "Buried"],
     ["urgent", "Urgent"], ["waiting", "Waiting"], ["watching", "Watching"], ["using", "Using"],
-    ["total", "Put since created"], ["deletes", "Deleted"], ["put_rate", "Puts/s (last 10 s)"],
-    ["delete_rate", "Deletes/s (last 10 s)"], ["pause", "Paused"],
+    ["total", "Put since created"], ["deletes", "Deleted"], ["put_rate", "Puts per second"],
+    ["delete_rate", "Deletes per second"], ["pause", "Paused"],
   ], "facts states");
   // the jobs of each state, a page at a time: links with the counts
   const browse = {};
@@ -219,8 +219,8 @@ export function tubeView(main, {name}, app) {
         buried: "current_jobs_buried", urgent: "current_jobs_urgent", waiting: "current_waiting",
         watching: "current_watching", using: "current_using", total: "total_jobs", deletes: "cmd_delete",
       });
-      setText(v.put_rate, t.rates ? rate(t.rates.put) : "–");
-      setText(v.delete_rate, t.rates ? rate(t.rates.delete) : "–");
+      setText(v.put_rate, rate(t.rates.put));
+      setText(v.delete_rate, rate(t.rates.delete));
       for (const [st, link] of Object.entries(browse)) setText(link, `${st[0].toUpperCase()}${st.slice(1)} (${count(t["current_jobs_" + st])})`);
       const paused = t.pause_time_left > 0;
       setText(v.pause, paused ? `Yes, ${duration(t.pause_time_left)} left (of ${duration(t.pause)})` : "No");

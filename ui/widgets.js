@@ -3,6 +3,7 @@
 // message.
 
 import {h, s, fill, setText} from "./dom.js";
+import {clientHref} from "./api.js";
 import {bytes, count, preview, defaultMode, hexLineChars} from "./format.js";
 
 // ---- body viewer ------------------------------------------------------------
@@ -136,6 +137,47 @@ export function chart(title, unit, lines) {
       node.dataset.max = String(max);
     },
   };
+}
+
+// ---- cursor pages ------------------------------------------------------------
+
+// Previous and Next over pages asked for by cursor: the cursors of the
+// pages come through ("" is the first) make Previous. onChange() runs after
+// a move. show(next, text): the page's `next` (null at the end) and what
+// the pager says.
+export function cursorPager(label, onChange) {
+  let cursors = [""], next = null;
+  const info = h("span", {class: "page-info"});
+  const prev = h("button", {type: "button", onclick: () => { cursors.pop(); onChange(); }}, "Previous");
+  const forward = h("button", {type: "button", onclick: () => { cursors.push(next); onChange(); }}, "Next");
+  return {
+    node: h("nav", {class: "pager", "aria-label": label}, prev, info, forward),
+    cursor: () => cursors[cursors.length - 1],
+    page: () => cursors.length,
+    reset() { cursors = [""]; },
+    show(nextCursor, text) {
+      next = nextCursor;
+      setText(info, text);
+      prev.disabled = cursors.length === 1;
+      forward.disabled = !next;
+    },
+  };
+}
+
+// Make tbody's rows these nodes, in order, moving them only when they
+// differ (a focused button keeps its focus across polls).
+export function placeRows(tbody, nodes) {
+  if (nodes.length !== tbody.children.length || nodes.some((n, i) => tbody.children[i] !== n)) tbody.replaceChildren(...nodes);
+}
+
+// Who holds a reserved job, into node: "client 7" linked to it in the
+// Clients view; "an HTTP reservation" for null (a reservation token holds
+// it, no client); "–" for undefined (not reserved).
+export function showHolder(node, client) {
+  if (client === null || client === undefined) return setText(node, client === null ? "an HTTP reservation" : "–");
+  const link = node.firstElementChild;
+  if (link && link.getAttribute("href") === clientHref(client)) return;
+  node.replaceChildren(h("a", {href: clientHref(client)}, `client ${client}`));
 }
 
 // ---- a bar of job states ----------------------------------------------------------
