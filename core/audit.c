@@ -25,6 +25,23 @@ static int heap_sound(const struct bg_heap *h, size_t slot_offset, const char **
     return 0;
 }
 
+/* What an index of tube t for jobs in `state` may hold. */
+struct index_visit {
+    const struct bg_tube *tube;
+    enum bg_job_state state;
+};
+
+/* A job of an index belongs there: its tube and state, and for a buried
+ * job a burial number the tube gave out. */
+static int in_state_of_tube(const struct bg_job *j, void *arg)
+{
+    const struct index_visit *v = arg;
+    if (j->tube != v->tube || j->state != v->state) return BG_INTERNAL_ERROR;
+    if (j->state == BG_JOB_BURIED && (j->deadline_at < 1 || j->deadline_at > v->tube->burials))
+        return BG_INTERNAL_ERROR;
+    return 0;
+}
+
 /* Counts one tube's jobs by state, from the job table. */
 struct state_counts {
     uint64_t by_state[BG_JOB_BURIED + 1], urgent;
@@ -70,18 +87,12 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
         const struct bg_tube *t = e->tube_list[i];
         CHECK(t->list_index == i, "a tube's list index is wrong");
         CHECK(bg_tube_find((struct bg_engine *)e, t->name) == t, "a tube is not found by its name");
-        if (heap_sound(&t->ready, offsetof(struct bg_job, tube_slot), broken) ||
-            heap_sound(&t->delayed, offsetof(struct bg_job, tube_slot), broken))
-            return BG_INTERNAL_ERROR;
-        uint64_t n = 0, burial = 0;
-        for (const struct bg_job *j = t->buried_head; j; j = j->next, n++) {
-            CHECK(j->state == BG_JOB_BURIED && j->tube == t, "a job on a buried list is not buried there");
-            CHECK(j->deadline_at > burial && j->deadline_at <= t->burials,
-                  "a tube's buried list is not in burial order");
-            burial = j->deadline_at;
+        for (int st = BG_JOB_READY; st <= BG_JOB_BURIED; st++) {
+            struct index_visit v = {t, (enum bg_job_state)st};
+            if (bg_tree_audit(bg_tube_index(t, v.state), in_state_of_tube, &v, broken) != 0)
+                return BG_INTERNAL_ERROR;
         }
-        CHECK(n == t->buried_count, "a tube's buried count is off");
-        const struct bg_job *top = t->pause_ns ? NULL : bg_heap_min(&t->ready);
+        const struct bg_job *top = t->pause_ns ? NULL : bg_tree_first(&t->ready);
         CHECK(t->ready_top_id == (top ? top->id : UINT64_MAX), "a tube's cached top is stale");
         /* the matching invariant: a ready job and a waiter never meet in an
          * unpaused tube */
@@ -90,11 +101,11 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
             CHECK(t->waiting[k]->wait_index == k && t->waiting[k]->client->waiting, "a waiting set entry is stale");
         ready += t->ready.len;
         delayed += t->delayed.len;
-        reserved += t->reserved_count;
-        buried += t->buried_count;
+        reserved += t->reserved.len;
+        buried += t->buried.len;
         paused += t->pause_ns != 0;
     }
-    CHECK(ready == e->ready_count && delayed == e->delayed_count, "tube heaps disagree with the counts");
+    CHECK(ready == e->ready_count && delayed == e->delayed_count, "tube indexes disagree with the counts");
     CHECK(reserved == e->reserved_count && buried == e->buried_count, "tube counts disagree with the engine's");
     CHECK(e->job_timers.len == delayed + reserved, "a delayed or reserved job is not on the timer heap");
     CHECK(e->tube_timers.len == paused, "a paused tube is not on the timer heap");

@@ -18,6 +18,7 @@
  *   the stream          struct bg_stream: what every byte-stream session
  *                       shares with its connection (io/conn.c)
  *   heap.c              binary min-heap
+ *   tree.c              the ordered index of a tube's jobs in one state
  *   engine.c            jobs, tubes, clients, time; peek, job ids; shards
  *                       (which ids and tubes an instance of N owns)
  *   clients.c           who is connected: the listed clients by id (GET /clients)
@@ -73,7 +74,7 @@ enum bg_outcome {
     BG_UNKNOWN_COMMAND = -10,
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
-    BG_BURIED = -13,      /* the queue could not grow, so the job was buried */
+    BG_BURIED = -13,      /* a delayed job could not be timed, so it was buried */
     BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
@@ -245,18 +246,81 @@ struct bg_client;
 struct bg_client_entry;    /* clients.c */
 struct bg_client_registry; /* clients.c */
 struct bg_engine;
+struct bg_job;
+
+/* A position in one state's serving order of one tube: after the job with
+ * this (key, id). {0, 0} is the start. The key per state: ready: priority;
+ * delayed: deadline (ns); buried: burial number (the tube's count of
+ * burials when it was buried); reserved: 0 (id order). */
+struct bg_job_cursor { uint64_t key; uint64_t id; };
+
+/* ---- tree.c: the ordered index of one tube's jobs in one state ----------
+ * Each tube keeps its ready, delayed, buried and reserved jobs in four of
+ * these, each in its state's serving order, (key, id) as bg_job_cursor
+ * says. An AVL tree threaded through the jobs (nodes == 0: a job's prev and
+ * next are its left and right links, its tube_slot its height; the fields a
+ * ready, delayed or buried job does not use otherwise) or through
+ * bg_tree_node records (nodes == 1: reserved jobs, whose links belong to
+ * their reserver's list; the engine keeps a spare record so that taking a
+ * reservation never allocates). Inserting and removing never allocate, cost
+ * O(log n) and never fail; listing after a cursor costs O(log n + listed);
+ * the first job is cached. A job's key must not change while it is in. */
+enum bg_tree_order {
+    BG_ORDER_PRIORITY,  /* (pri, id): ready */
+    BG_ORDER_DEADLINE,  /* (deadline_at, id): delayed, and buried (deadline_at
+                         * holds a buried job's burial number) */
+    BG_ORDER_ID,        /* (0, id): reserved */
+};
+
+struct bg_tree {
+    void *root;
+    void *first, *last;         /* the smallest and the largest, NULL when empty */
+    uint64_t len;               /* jobs in it */
+    uint8_t order;              /* enum bg_tree_order */
+    uint8_t nodes;              /* 1: bg_tree_node records, 0: the jobs themselves */
+};
+
+struct bg_tree_node {
+    struct bg_tree_node *left, *right;
+    uint32_t height;
+    struct bg_job *job;
+};
+
+void bg_tree_init(struct bg_tree *t, enum bg_tree_order order, int nodes);
+/* Insert node n (a job, or a record whose job is set); its key is not in t. */
+void bg_tree_insert(struct bg_tree *t, void *n);
+/* Remove the node of key k and return it; NULL if there is none. */
+void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k);
+/* The job of node n, and its key in t's order. */
+struct bg_job *bg_tree_job(const struct bg_tree *t, const void *n);
+struct bg_job_cursor bg_tree_key(const struct bg_tree *t, const void *n);
+/* The first job, NULL if t is empty. O(1). */
+static inline struct bg_job *bg_tree_first(const struct bg_tree *t)
+{
+    return t->first ? bg_tree_job(t, t->first) : NULL;
+}
+/* Up to max jobs that come after `after`, in order, into out; how many. */
+size_t bg_tree_after(const struct bg_tree *t, struct bg_job_cursor after, struct bg_job **out, size_t max);
+/* Check order, heights, balance, the count and the cached first, and call
+ * visit (if not NULL) on every job (nonzero: the job does not belong). 0, or
+ * BG_INTERNAL_ERROR with *broken saying what. For the audit: O(n). */
+int bg_tree_audit(const struct bg_tree *t, int (*visit)(const struct bg_job *j, void *arg), void *arg,
+                  const char **broken);
 
 struct bg_job {
     uint64_t id;
     struct bg_tube *tube;
     struct bg_client *reserver;
-    struct bg_job *prev, *next; /* buried list, or the reserver's list */
+    /* the reserver's list; ready, delayed, buried: the links of the
+     * tube's index of that state (tree.c) */
+    struct bg_job *prev, *next;
     bg_time created_at;
     bg_time deadline_at;        /* delayed: ready time; reserved: TTR end;
                                  * buried: its burial number in its tube
                                  * (bg_tube.burials), the buried order's key */
     uint32_t delay_s, ttr_s;
-    uint32_t tube_slot;         /* ready/delayed heap of tube, or reserver heap */
+    uint32_t tube_slot;         /* reserved: slot in the reserver's heap; ready,
+                                 * delayed, buried: height in the tube's index */
     uint32_t timer_slot;        /* engine's job timer heap */
     uint32_t pri;
     uint32_t body_size;         /* bytes stored in body[], including CRLF */
@@ -287,8 +351,8 @@ struct bg_tube_rate_marks {
 
 struct bg_tube {
     /* Hot: every reserve of a client that watches this tube reads these
-     * first. The (pri, id) of the ready heap's top, or UINT32_MAX and
-     * UINT64_MAX while the heap is empty or the tube paused. */
+     * first. The (pri, id) of the first ready job, or UINT32_MAX and
+     * UINT64_MAX while there is none or the tube is paused. */
     uint32_t ready_top_pri;
     uint64_t ready_top_id;
     char name[BG_TUBE_NAME_MAX + 1];
@@ -297,13 +361,16 @@ struct bg_tube {
     uint32_t list_index;        /* slot in engine tube list (creation order) */
     uint32_t timer_slot;        /* paused-tube timer heap */
     uint32_t refs;              /* users, watchers, jobs */
-    struct bg_heap ready;       /* by (pri, id) */
-    struct bg_heap delayed;     /* by (deadline, id) */
-    struct bg_job *buried_head, *buried_tail; /* in burial order */
+    /* the jobs of each state but reserved in serving order, `len` their
+     * count (tree.c; bg_tube_jobs lists them) */
+    struct bg_tree ready;       /* by (pri, id) */
+    struct bg_tree delayed;     /* by (deadline, id) */
+    struct bg_tree buried;      /* by burial number */
+    struct bg_tree reserved;    /* by id, bg_tree_node records */
     uint64_t burials;           /* burial numbers given out (the next is burials + 1) */
     struct bg_watch **waiting;  /* waiting clients, reference set order */
     uint32_t waiting_len, waiting_cap, waiting_cursor;
-    uint32_t buried_count, reserved_count, urgent_count;
+    uint32_t urgent_count;
     uint32_t using_count, watching_count;
     bg_time pause_ns;           /* 0 when not paused */
     bg_time unpause_at;
@@ -371,6 +438,10 @@ struct bg_engine {
     struct bg_heap job_timers;  /* delayed and reserved jobs by deadline */
     struct bg_heap tube_timers; /* paused tubes by unpause_at */
     struct bg_heap client_timers; /* waiting clients by wake_at */
+    /* spare records of the tubes' reserved indexes (tree.c): a reservation
+     * takes one, made beforehand, so that it never allocates */
+    struct bg_tree_node *free_nodes; /* linked by left */
+    uint32_t free_node_count;
     bg_time due_at;             /* no deadline in the three heaps is earlier:
                                  * lowered by every push, made exact by each
                                  * tick; catching up is one compare with it */
@@ -445,13 +516,8 @@ size_t bg_engine_job_ids(const struct bg_engine *e, uint64_t *ids);
  * ready job (by priority, then id), the next delayed job (by deadline), the
  * oldest buried job; NULL if there is none (or for BG_JOB_RESERVED). */
 struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state);
-/* Browsing a tube's jobs (issue 26). A position in one state's serving
- * order of one tube: after the job with this (key, id). {0, 0} is the
- * start. The key per state: ready: priority; delayed: deadline (ns);
- * buried: burial number (the tube's count of burials when it was buried);
- * reserved: 0 (id order). */
-struct bg_job_cursor { uint64_t key; uint64_t id; };
-/* Up to max jobs of tube t in `state`, in serving order, that come after
+/* Browsing a tube's jobs (issue 26), by struct bg_job_cursor (tree.c).
+ * Up to max jobs of tube t in `state`, in serving order, that come after
  * *cursor, into out; returns how many and moves *cursor past the last one
  * (unchanged when none). The cursor stays valid as jobs come and go (a job
  * that left is simply not there any more; one that came after the cursor's
@@ -459,13 +525,16 @@ struct bg_job_cursor { uint64_t key; uint64_t id; };
  * Reads only: the caller catches up (bg_engine_catch_up) first. */
 size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
                     struct bg_job_cursor *cursor, struct bg_job **out, size_t max);
+/* Tube t's index of its jobs in `state` (tree.c). */
+const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state state);
+/* How many jobs tube t holds in `state`. */
+uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state);
 /* The cursor just after job j, in j's current state. */
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j);
 /* Kick up to max jobs of tube t that are in `state` (BG_JOB_BURIED or
  * BG_JOB_DELAYED; any other state kicks nothing), in serving order;
- * returns how many (each logged as a kick). Stops early, as bg_kick, at a
- * job that could not be made ready. O(max log n): a bulk kick runs in
- * steps of max jobs. */
+ * returns how many (each logged as a kick). O(max log n): a bulk kick runs
+ * in steps of max jobs. */
 uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
                        uint64_t max, bg_time now);
 /* Delete up to max jobs of tube t that are in `state` (ready, delayed or
@@ -541,7 +610,7 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new on e that never entered the engine. */
 void bg_job_discard(struct bg_engine *e, struct bg_job *j);
-/* Enter a new job into tube `t`: 0 (BG_BURIED if a heap could not grow),
+/* Enter a new job into tube `t`: 0 (BG_BURIED if its delay could not be timed),
  * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
  * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);

@@ -17,13 +17,6 @@
 
 /* ---- ordering functions for the heaps ---------------------------------- */
 
-static int job_pri_less(const void *a, const void *b)
-{
-    const struct bg_job *x = a, *y = b;
-    if (x->pri != y->pri) return x->pri < y->pri;
-    return x->id < y->id;
-}
-
 static int job_deadline_less(const void *a, const void *b)
 {
     const struct bg_job *x = a, *y = b;
@@ -267,8 +260,10 @@ static struct bg_tube *tube_get(struct bg_engine *e, const char *name)
     t->timer_slot = NO_SLOT;
     t->ready_top_pri = UINT32_MAX;
     t->ready_top_id = UINT64_MAX;
-    bg_heap_init(&t->ready, job_pri_less, offsetof(struct bg_job, tube_slot));
-    bg_heap_init(&t->delayed, job_deadline_less, offsetof(struct bg_job, tube_slot));
+    bg_tree_init(&t->ready, BG_ORDER_PRIORITY, 0);
+    bg_tree_init(&t->delayed, BG_ORDER_DEADLINE, 0);
+    bg_tree_init(&t->buried, BG_ORDER_DEADLINE, 0);
+    bg_tree_init(&t->reserved, BG_ORDER_ID, 1);
     t->list_index = e->tube_count;
     e->tube_list[e->tube_count++] = t;
     size_t b = name_bucket(e, name);
@@ -288,8 +283,6 @@ static void tube_destroy(struct bg_engine *e, struct bg_tube *t)
     e->tube_list[i] = e->tube_list[--e->tube_count];
     e->tube_list[i]->list_index = i;
     if (t->timer_slot != NO_SLOT) bg_heap_remove(&e->tube_timers, t->timer_slot);
-    bg_heap_free(&t->ready);
-    bg_heap_free(&t->delayed);
     bg_free(t->waiting);
     bg_free(t);
 }
@@ -307,11 +300,26 @@ static inline int tube_paused(const struct bg_tube *t) { return t->pause_ns != 0
 struct bg_job *bg_peek(const struct bg_tube *t, enum bg_job_state state)
 {
     switch (state) {
-    case BG_JOB_READY: return bg_heap_min(&t->ready);
-    case BG_JOB_DELAYED: return bg_heap_min(&t->delayed);
-    case BG_JOB_BURIED: return t->buried_head;
+    case BG_JOB_READY: return bg_tree_first(&t->ready);
+    case BG_JOB_DELAYED: return bg_tree_first(&t->delayed);
+    case BG_JOB_BURIED: return bg_tree_first(&t->buried);
     default: return NULL;
     }
+}
+
+const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state state)
+{
+    switch (state) {
+    case BG_JOB_READY: return &t->ready;
+    case BG_JOB_DELAYED: return &t->delayed;
+    case BG_JOB_BURIED: return &t->buried;
+    default: return &t->reserved;
+    }
+}
+
+uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state)
+{
+    return bg_tube_index(t, state)->len;
 }
 
 /* ---- browsing a tube's jobs (bg_tube_jobs) ------------------------------ */
@@ -333,98 +341,18 @@ struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j)
     return c;
 }
 
-/* Nonzero if (key, id) a comes before b. */
-static inline int cursor_less(struct bg_job_cursor a, struct bg_job_cursor b)
-{
-    return a.key != b.key ? a.key < b.key : a.id < b.id;
-}
-
-/* The up to max smallest jobs after `after` among n candidates: out is a
- * max-heap of the best so far (its root the worst kept), sorted at the
- * end. Returns how many. */
-struct job_pick {
-    struct bg_job **out;
-    size_t len, max;
-    struct bg_job_cursor after;
-};
-
-static void pick_sift_down(struct job_pick *p, size_t i, size_t len)
-{
-    struct bg_job **a = p->out;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= len) return;
-        if (c + 1 < len && cursor_less(bg_job_cursor_of(a[c]), bg_job_cursor_of(a[c + 1]))) c++;
-        if (!cursor_less(bg_job_cursor_of(a[i]), bg_job_cursor_of(a[c]))) return;
-        struct bg_job *x = a[i];
-        a[i] = a[c];
-        a[c] = x;
-        i = c;
-    }
-}
-
-static void pick_offer(struct job_pick *p, struct bg_job *j)
-{
-    struct bg_job_cursor k = bg_job_cursor_of(j);
-    if (!cursor_less(p->after, k)) return;
-    struct bg_job **a = p->out;
-    if (p->len < p->max) {
-        size_t i = p->len++;
-        a[i] = j;
-        while (i > 0 && cursor_less(bg_job_cursor_of(a[(i - 1) / 2]), k)) {
-            a[i] = a[(i - 1) / 2];
-            i = (i - 1) / 2;
-        }
-        a[i] = j;
-    } else if (p->max && cursor_less(k, bg_job_cursor_of(a[0]))) {
-        a[0] = j;
-        pick_sift_down(p, 0, p->len);
-    }
-}
-
-/* Sort the kept jobs ascending (heap sort of the max-heap). */
-static void pick_finish(struct job_pick *p)
-{
-    for (size_t n = p->len; n > 1; n--) {
-        struct bg_job *x = p->out[0];
-        p->out[0] = p->out[n - 1];
-        p->out[n - 1] = x;
-        pick_sift_down(p, 0, n - 1);
-    }
-}
-
 size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
                     struct bg_job_cursor *cursor, struct bg_job **out, size_t max)
 {
-    struct job_pick p = {out, 0, max, *cursor};
-    switch (state) {
-    case BG_JOB_READY:
-    case BG_JOB_DELAYED: {
-        const struct bg_heap *h = state == BG_JOB_READY ? &t->ready : &t->delayed;
-        for (uint32_t i = 0; i < h->len; i++) pick_offer(&p, h->items[i]);
-        break;
-    }
-    case BG_JOB_BURIED: /* the list is in burial order */
-        for (struct bg_job *j = t->buried_head; j && p.len < max; j = j->next) pick_offer(&p, j);
-        break;
-    case BG_JOB_RESERVED: { /* no per-tube index: the job table */
-        const struct bg_engine *e = t->engine;
-        for (size_t b = 0; b <= e->jobs_mask; b++) {
-            struct bg_job *j = e->jobs[b];
-            if (j && j->tube == t && j->state == BG_JOB_RESERVED) pick_offer(&p, j);
-        }
-        break;
-    }
-    }
-    pick_finish(&p);
-    if (p.len) *cursor = bg_job_cursor_of(out[p.len - 1]);
-    return p.len;
+    size_t n = bg_tree_after(bg_tube_index(t, state), *cursor, out, max);
+    if (n) *cursor = bg_job_cursor_of(out[n - 1]);
+    return n;
 }
 
-/* Refresh t's cached ready top key after its ready heap or pause changed. */
+/* Refresh t's cached ready top key after its ready index or pause changed. */
 static void tube_top_update(struct bg_tube *t)
 {
-    const struct bg_job *j = tube_paused(t) ? NULL : bg_heap_min(&t->ready);
+    const struct bg_job *j = tube_paused(t) ? NULL : bg_tree_first(&t->ready);
     t->ready_top_pri = j ? j->pri : UINT32_MAX;
     t->ready_top_id = j ? j->id : UINT64_MAX;
 }
@@ -535,20 +463,50 @@ static void count_ready(struct bg_engine *e, struct bg_job *j, int delta)
     }
 }
 
+/* Reserved-index records (bg_tree_node) kept for reuse at most. */
+#define FREE_NODES_MAX 1024
+
+/* Make sure c can take one more reservation without allocating: room in
+ * its heap and a spare reserved-index record. 0 or BG_OUT_OF_MEMORY. */
+static int reservation_room(struct bg_client *c)
+{
+    struct bg_engine *e = c->engine;
+    if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
+    if (e->free_nodes) return 0;
+    struct bg_tree_node *n = bg_malloc(sizeof *n);
+    if (!n) return BG_OUT_OF_MEMORY;
+    n->left = NULL;
+    e->free_nodes = n;
+    e->free_node_count++;
+    return 0;
+}
+
+/* A reserved-index record no longer used: kept for the next reservation. */
+static void node_release(struct bg_engine *e, struct bg_tree_node *n)
+{
+    if (e->free_node_count >= FREE_NODES_MAX) {
+        bg_free(n);
+        return;
+    }
+    n->left = e->free_nodes;
+    e->free_nodes = n;
+    e->free_node_count++;
+}
+
 /* Take j out of whatever structure its state puts it in. */
 static void job_unlink(struct bg_engine *e, struct bg_job *j)
 {
     struct bg_tube *t = j->tube;
     switch (j->state) {
     case BG_JOB_READY: {
-        uint32_t slot = j->tube_slot;
-        bg_heap_remove(&t->ready, slot);
-        if (slot == 0) tube_top_update(t);
+        int was_first = t->ready.first == j;
+        bg_tree_remove(&t->ready, bg_tree_key(&t->ready, j));
+        if (was_first) tube_top_update(t);
         count_ready(e, j, -1);
         break;
     }
     case BG_JOB_DELAYED:
-        bg_heap_remove(&t->delayed, j->tube_slot);
+        bg_tree_remove(&t->delayed, bg_tree_key(&t->delayed, j));
         bg_heap_remove(&e->job_timers, j->timer_slot);
         e->delayed_count--;
         break;
@@ -560,15 +518,13 @@ static void job_unlink(struct bg_engine *e, struct bg_job *j)
         if (j->next) j->next->prev = j->prev; else c->reserved_tail = j->prev;
         j->reserver = NULL;
         e->reserved_count--;
-        t->reserved_count--;
+        node_release(e, bg_tree_remove(&t->reserved, (struct bg_job_cursor){0, j->id}));
         client_reschedule(c);
         break;
     }
     case BG_JOB_BURIED:
-        if (j->prev) j->prev->next = j->next; else t->buried_head = j->next;
-        if (j->next) j->next->prev = j->prev; else t->buried_tail = j->prev;
+        bg_tree_remove(&t->buried, bg_tree_key(&t->buried, j));
         e->buried_count--;
-        t->buried_count--;
         break;
     }
     j->prev = j->next = NULL;
@@ -579,11 +535,7 @@ static void job_bury(struct bg_engine *e, struct bg_job *j)
     struct bg_tube *t = j->tube;
     j->state = BG_JOB_BURIED;
     j->deadline_at = ++t->burials; /* the buried order's key (bg_job_cursor) */
-    j->next = NULL;
-    j->prev = t->buried_tail;
-    if (t->buried_tail) t->buried_tail->next = j; else t->buried_head = j;
-    t->buried_tail = j;
-    t->buried_count++;
+    bg_tree_insert(&t->buried, j);
     e->buried_count++;
 }
 
@@ -610,11 +562,11 @@ static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
         if (!waiter_alive(t->waiting[t->waiting_cursor]->client)) continue;
         struct bg_watch *w = tube_wait_take(t);
         struct bg_client *c = w->client;
-        if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) {
+        if (reservation_room(c) != 0) {
             tube_wait_add(t, w); /* cannot fail: a slot was just freed */
             return;
         }
-        struct bg_job *j = bg_heap_min(&t->ready);
+        struct bg_job *j = bg_tree_first(&t->ready);
         job_unlink(e, j);
         bg_client_stop_waiting(c);
         job_reserve(c, j, now);
@@ -625,32 +577,40 @@ static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
     if (e->job_ready && t->ready.len && !tube_paused(t)) e->job_ready(e->job_ready_ctx, t);
 }
 
-/* Make j ready (delay 0) or delayed; then match waiters. On failure to grow
- * a heap the job is buried and BG_BURIED returned, as the reference does. */
-static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
+/* Make j ready (now) or delayed until `ready_at`: 0, or BG_BURIED when the
+ * timer heap could not grow and the job was buried instead, as the
+ * reference buries a job it cannot queue. No waiter is served here. */
+static int job_queue(struct bg_engine *e, struct bg_job *j, bg_time ready_at, bg_time now)
 {
     struct bg_tube *t = j->tube;
     j->reserver = NULL;
-    if (delay_s) {
-        j->deadline_at = add_seconds(now, delay_s);
-        if (bg_heap_push(&t->delayed, j) != 0) goto bury;
+    if (ready_at > now) {
+        j->deadline_at = ready_at;
+        bg_tree_insert(&t->delayed, j);
         if (job_timer_push(e, j) != 0) {
-            bg_heap_remove(&t->delayed, j->tube_slot);
-            goto bury;
+            bg_tree_remove(&t->delayed, bg_tree_key(&t->delayed, j));
+            job_bury(e, j);
+            return BG_BURIED;
         }
         j->state = BG_JOB_DELAYED;
         e->delayed_count++;
         return 0;
     }
-    if (bg_heap_push(&t->ready, j) != 0) goto bury;
-    if (j->tube_slot == 0) tube_top_update(t);
+    bg_tree_insert(&t->ready, j);
+    if (t->ready.first == j) tube_top_update(t);
     j->state = BG_JOB_READY;
     count_ready(e, j, +1);
-    tube_dispatch(e, t, now);
     return 0;
-bury:
-    job_bury(e, j);
-    return BG_BURIED;
+}
+
+/* Make j ready (delay 0) or delayed; then match waiters. 0 or BG_BURIED
+ * (job_queue). */
+static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
+{
+    if (delay_s) return job_queue(e, j, add_seconds(now, delay_s), now);
+    job_queue(e, j, now, now);
+    tube_dispatch(e, j->tube, now);
+    return 0;
 }
 
 static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
@@ -661,14 +621,18 @@ static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
     j->reserver = c;
     j->reserves++;
     e->stat.total_jobs_reserved++;
-    bg_heap_push(&c->reserved, j);   /* room reserved by callers */
+    bg_heap_push(&c->reserved, j);   /* room reserved by callers (reservation_room) */
     job_timer_push(e, j);            /* room reserved per job at creation */
+    struct bg_tree_node *node = e->free_nodes; /* there is one (reservation_room) */
+    e->free_nodes = node->left;
+    e->free_node_count--;
+    node->job = j;
+    bg_tree_insert(&j->tube->reserved, node);
     j->next = NULL;
     j->prev = c->reserved_tail;
     if (c->reserved_tail) c->reserved_tail->next = j; else c->reserved_head = j;
     c->reserved_tail = j;
     e->reserved_count++;
-    j->tube->reserved_count++;
     client_reschedule(c);
 }
 
@@ -718,6 +682,12 @@ fail:
 
 void bg_engine_destroy(struct bg_engine *e)
 {
+    /* reserved-index records of jobs still reserved (a client left open):
+     * found by their jobs' keys, so before the jobs go */
+    for (uint32_t i = 0; i < e->tube_count; i++) {
+        struct bg_tree *r = &e->tube_list[i]->reserved;
+        while (r->first) bg_free(bg_tree_remove(r, bg_tree_key(r, r->first)));
+    }
     for (size_t i = 0; i <= e->jobs_mask; i++)
         if (e->jobs[i]) job_mem_free(e, e->jobs[i]);
     while (e->tube_count) {
@@ -732,6 +702,11 @@ void bg_engine_destroy(struct bg_engine *e)
     bg_heap_free(&e->tube_timers);
     bg_heap_free(&e->client_timers);
     bg_clients_free(e);
+    while (e->free_nodes) {
+        struct bg_tree_node *n = e->free_nodes;
+        e->free_nodes = n->left;
+        bg_free(n);
+    }
 }
 
 /* ---- clients ----------------------------------------------------------- */
@@ -1101,7 +1076,7 @@ static struct bg_job *client_best_ready(const struct bg_client *c)
             best_id = id;
         }
     }
-    return best ? bg_heap_min(&best->ready) : NULL;
+    return best ? bg_tree_first(&best->ready) : NULL;
 }
 
 int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_job **out)
@@ -1111,7 +1086,7 @@ int bg_reserve(struct bg_client *c, int64_t timeout_s, bg_time now, struct bg_jo
     bg_client_mark_worker(c);
     struct bg_job *j = client_best_ready(c);
     if (j) {
-        if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
+        if (reservation_room(c) != 0) return BG_OUT_OF_MEMORY;
         j->tube->waiting_cursor = 1; /* the reference took us from its waiting set */
         job_unlink(e, j);
         job_reserve(c, j, now);
@@ -1134,7 +1109,7 @@ int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job 
     bg_engine_catch_up(c->engine, now);
     struct bg_job *j = bg_job_find(c->engine, id);
     if (!j || j->state == BG_JOB_RESERVED) return BG_NOT_FOUND;
-    if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
+    if (reservation_room(c) != 0) return BG_OUT_OF_MEMORY;
     job_unlink(c->engine, j);
     bg_client_mark_worker(c);
     job_reserve(c, j, now);
@@ -1223,22 +1198,19 @@ int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now)
     return 0;
 }
 
-/* Move a buried or delayed job to ready, counting a kick. 0, or BG_BURIED
- * when the ready heap could not grow and the job was buried instead. */
-static int job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
+/* Move a buried or delayed job to ready (which cannot fail: the ready
+ * index never allocates), counting and logging a kick. */
+static void job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
 {
     job_unlink(e, j);
     j->kicks++;
-    int r = job_enqueue(e, j, 0, now);
+    job_enqueue(e, j, 0, now);
     journal_saved(e, j, 0);
-    return r;
 }
 
-/* Stops at the first job that could not be made ready, as the reference
- * does: otherwise a re-buried job is kicked again and over-counted. */
 uint64_t bg_kick(struct bg_engine *e, struct bg_tube *t, uint64_t n, bg_time now)
 {
-    return bg_kick_state(e, t, t->buried_count ? BG_JOB_BURIED : BG_JOB_DELAYED, n, now);
+    return bg_kick_state(e, t, t->buried.len ? BG_JOB_BURIED : BG_JOB_DELAYED, n, now);
 }
 
 uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state state,
@@ -1248,8 +1220,7 @@ uint64_t bg_kick_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_state
     if (state != BG_JOB_BURIED && state != BG_JOB_DELAYED) return 0;
     uint64_t i = 0;
     struct bg_job *j;
-    for (; i < max && (j = bg_peek(t, state)); i++)
-        if (job_kick(e, j, now) != 0) break;
+    for (; i < max && (j = bg_peek(t, state)); i++) job_kick(e, j, now);
     return i;
 }
 
@@ -1266,14 +1237,13 @@ uint64_t bg_delete_state(struct bg_engine *e, struct bg_tube *t, enum bg_job_sta
     return i;
 }
 
-/* NOT_FOUND also when the job could not be made ready (the reference's
- * reply when kick_job fails). */
 int bg_kick_job(struct bg_engine *e, uint64_t id, bg_time now)
 {
     bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
     if (!j || (j->state != BG_JOB_BURIED && j->state != BG_JOB_DELAYED)) return BG_NOT_FOUND;
-    return job_kick(e, j, now) == 0 ? 0 : BG_NOT_FOUND;
+    job_kick(e, j, now);
+    return 0;
 }
 
 /* End t's pause (its timer, if any, is already gone) and serve its waiters. */
@@ -1340,25 +1310,7 @@ static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_
         job_bury(e, j);
         return 0;
     }
-    if (r->state == BG_JOB_DELAYED && deadline_mono > now) {
-        j->deadline_at = deadline_mono;
-        if (bg_heap_push(&j->tube->delayed, j) != 0) goto bury;
-        if (job_timer_push(e, j) != 0) {
-            bg_heap_remove(&j->tube->delayed, j->tube_slot);
-            goto bury;
-        }
-        j->state = BG_JOB_DELAYED;
-        e->delayed_count++;
-        return 0;
-    }
-    if (bg_heap_push(&j->tube->ready, j) != 0) goto bury;
-    if (j->tube_slot == 0) tube_top_update(j->tube);
-    j->state = BG_JOB_READY;
-    count_ready(e, j, +1);
-    return 0;
-bury:
-    job_bury(e, j);
-    return BG_BURIED;
+    return job_queue(e, j, r->state == BG_JOB_DELAYED ? deadline_mono : now, now);
 }
 
 /* Copy the logged fields that an update may change. */

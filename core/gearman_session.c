@@ -589,7 +589,7 @@ static int submit_is_foreground(uint32_t t)
 /* Count a tube's jobs that are not done: ready, delayed, reserved, buried. */
 static uint64_t tube_job_total(const struct bg_tube *t)
 {
-    return (uint64_t)t->ready.len + t->delayed.len + t->reserved_count + t->buried_count;
+    return (uint64_t)t->ready.len + t->delayed.len + t->reserved.len + t->buried.len;
 }
 
 /* The ERROR code of a put the engine refused. */
@@ -810,7 +810,7 @@ static void admin_status(struct gm_session *s)
             if (ability_find(w, f->tube) >= 0) workers++;
         admin_function(s, f->tube);
         admin_printf(s, "\t%llu\t%llu\t%llu\n", (unsigned long long)(t ? tube_job_total(t) : 0),
-                     (unsigned long long)(t ? t->reserved_count : 0), (unsigned long long)workers);
+                     (unsigned long long)(t ? t->reserved.len : 0), (unsigned long long)workers);
     }
     admin_text(s, ".\n", 2);
 }

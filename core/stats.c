@@ -32,9 +32,9 @@ void bg_stats_tube(const struct bg_tube *t, bg_time now, struct bg_stats_tube *o
     out->name = t->name;
     out->urgent = t->urgent_count;
     out->ready = t->ready.len;
-    out->reserved = t->reserved_count;
+    out->reserved = t->reserved.len;
     out->delayed = t->delayed.len;
-    out->buried = t->buried_count;
+    out->buried = t->buried.len;
     out->total_jobs = t->stat.total_jobs;
     out->using = t->using_count;
     out->watching = t->watching_count;

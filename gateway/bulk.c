@@ -10,6 +10,7 @@
  * steps reached (gw_bulk.mark), so it leaves only once the log holds all of
  * it (the reply rule, http.c). */
 #include <string.h>
+#include <time.h>
 
 #include "gateway.h"
 #include "../io/eventlog.h"
@@ -28,6 +29,15 @@ static uint64_t engine_call(struct gw_request *r, struct bg_tube *t, uint64_t ma
     return n;
 }
 
+/* The CPU time this thread has used, in ns: a step's own cost, apart from
+ * the time the kernel gave other processes meanwhile (debug log only). */
+static bg_time thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (bg_time)ts.tv_sec * BG_SECOND + (bg_time)ts.tv_nsec;
+}
+
 /* One step: engine calls of b->chunk jobs until GW_BULK_STEP_NS passed or
  * nothing is left. The chunk is halved after a call that took more than a
  * quarter of the step and doubled after one that took less than a sixteenth,
@@ -40,7 +50,7 @@ static void step(struct gw_request *r)
     struct bg_engine *e = gw->engine;
     uint64_t outer_pos = e->reply_pos; /* a request's, when the first step runs in its dispatch */
     e->reply_pos = 0;
-    bg_time start = gw->now(), now = start;
+    bg_time start = gw->now(), now = start, cpu_start = thread_cpu_ns();
     while (b->left > 0) {
         struct bg_tube *t = bg_tube_find(e, r->match.seg[1]);
         uint64_t want = b->left < b->chunk ? b->left : b->chunk;
@@ -57,6 +67,10 @@ static void step(struct gw_request *r)
     }
     if (e->reply_pos > b->mark) b->mark = e->reply_pos;
     if (outer_pos > e->reply_pos) e->reply_pos = outer_pos;
+    b->steps++;
+    if (now - start > b->longest_step) b->longest_step = now - start;
+    bg_time cpu = thread_cpu_ns() - cpu_start;
+    if (cpu > b->longest_step_cpu) b->longest_step_cpu = cpu;
 }
 
 /* Arm the next step for the next loop turn. 0, or -1 (no memory). */
@@ -118,4 +132,10 @@ void gw_bulk_end(struct gw_request *r)
     struct gw_bulk *b = &r->bulk;
     if (b->step_ev) event_free(b->step_ev);
     b->step_ev = NULL;
+    if (b->active && b->steps)
+        log_event(BG_LOG_DEBUG, "http_bulk_steps",
+                  "action=%s done=%llu left=%llu steps=%u longest_step_us=%llu longest_step_cpu_us=%llu",
+                  action_names[b->action], (unsigned long long)b->done, (unsigned long long)b->left, b->steps,
+                  (unsigned long long)(b->longest_step / 1000), (unsigned long long)(b->longest_step_cpu / 1000));
+    b->steps = 0; /* logged once */
 }

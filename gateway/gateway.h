@@ -291,6 +291,9 @@ struct gw_bulk {
     uint64_t left;                /* jobs it may still act on (0: finished) */
     uint64_t done;                /* jobs kicked or deleted so far */
     uint64_t mark;                /* the log position its answer depends on */
+    uint32_t steps;               /* loop turns it took so far */
+    bg_time longest_step;         /* ns its longest step took (the loop's clock) */
+    bg_time longest_step_cpu;     /* ns of CPU its longest step used (less when preempted) */
 };
 
 /* One HTTP request as the gateway follows it across handler calls. */

@@ -810,6 +810,13 @@ void gateway_stop_reading(struct gateway *gw)
             MHD_resume_connection(r->conn);
         }
     }
+    /* and those woken since the loop's last turn (off the list already) */
+    for (struct gw_request *r = gw->woken; r; r = r->next_woken) {
+        if (r->suspended) {
+            r->suspended = 0;
+            MHD_resume_connection(r->conn);
+        }
+    }
     gw->woken = NULL;
 }
 

@@ -770,9 +770,10 @@ static int query_state(struct gw_request *r, unsigned allowed, enum bg_job_state
         }
     char detail[320];
     size_t o = (size_t)snprintf(detail, sizeof detail, "query parameter 'state' %s one of:",
-                                text ? "must be" : "is required here:");
-    for (int s = 0; s < 4; s++)
-        if (allowed & (1u << s)) o += (size_t)snprintf(detail + o, sizeof detail - o, " %s", state_names[s]);
+                                text ? "must be" : "is required,");
+    for (int s = 0, n = 0; s < 4; s++)
+        if (allowed & (1u << s))
+            o += (size_t)snprintf(detail + o, sizeof detail - o, "%s %s", n++ ? "," : "", state_names[s]);
     if (text && strcmp(text, "reserved") == 0)
         snprintf(detail + o, sizeof detail - o,
                  " (a reserved job belongs to the client that reserved it: it may only be "

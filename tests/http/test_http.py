@@ -1370,7 +1370,7 @@ def test_ttr_expiry_ends_the_reservation():
 
 def test_method_not_allowed_405():
     cases = (("PUT", "/jobs/1", "GET, HEAD, DELETE"), ("POST", "/jobs/1", "GET, HEAD, DELETE"),
-             ("GET", "/tubes/x/jobs", "POST"), ("DELETE", "/stats", "GET, HEAD"),
+             ("PATCH", "/tubes/x/jobs", "GET, HEAD, POST, DELETE"), ("DELETE", "/stats", "GET, HEAD"),
              ("POST", "/tubes", "GET, HEAD"), ("GET", "/tubes/x/reservations", "POST"),
              ("GET", "/reservations", "POST"), ("DELETE", "/tubes/x", "GET, HEAD"),
              ("PATCH", "/jobs/1/release", "POST"), ("GET", "/jobs/1/kick", "POST"),
@@ -1380,8 +1380,8 @@ def test_method_not_allowed_405():
         r = request(method, path, via="direct")
         expect_problem(r, 405, "METHOD_NOT_ALLOWED", "%s %s" % (method, path))
         check_eq(r.header("Allow"), allow, "Allow of %s %s" % (method, path))
-    r = request("HEAD", "/tubes/x/jobs", via="direct")  # a 405 without its body
-    check_eq((r.status, r.header("Allow"), r.body), (405, "POST", b""), "HEAD /tubes/x/jobs")
+    r = request("HEAD", "/tubes/x/reservations", via="direct")  # a 405 without its body
+    check_eq((r.status, r.header("Allow"), r.body), (405, "POST", b""), "HEAD /tubes/x/reservations")
 
 
 def concrete_path(pattern, tube, jid):
@@ -1426,6 +1426,8 @@ def test_head_on_every_get_route():
         jids = sorted(states) if "/jobs/" in pattern else [ready]
         for jid in jids:
             path = concrete_path(pattern, tube, jid)
+            if pattern == "/tubes/{x}/jobs":
+                path += "?state=ready"  # required there
             # prism follows the redirect of /ui and reports the 200 it got
             g = get(path, via="direct" if path == "/ui" else "base")
             hd = request("HEAD", path, via="direct")
@@ -1506,6 +1508,359 @@ def test_tube_kick():
              "nothing left to kick")
     expect_problem(post("/tubes/%s/kick?bound=x" % tube, via="direct"), 400, "BAD_FORMAT", "bound=x")
     expect_problem(post("/tubes/%s/kick" % uniq("nosuch")), 404, "NOT_FOUND", "kick no tube")
+
+
+# ---- a tube's jobs and bulk actions (issue 26) -----------------------------------------
+
+PAGE_KEYS = {"tube", "state", "count", "jobs", "next"}
+
+
+def jobs_page(tube, what, **params):
+    """GET /tubes/T/jobs with params: the page, its keys and jobs checked."""
+    doc = expect_json(get("/tubes/%s/jobs%s" % (tube, q(**params))), 200, what)
+    check_eq(set(doc), PAGE_KEYS, "%s: page keys" % what)
+    check_eq((doc["tube"], doc["state"]), (tube, params["state"]), "%s: tube and state" % what)
+    check(doc["next"] is None or isinstance(doc["next"], str), "%s: next %r" % (what, doc["next"]))
+    for j in doc["jobs"]:
+        check_job(j, what, with_body=params.get("body") == 1)
+        check_eq(j["state"], params["state"], "%s: a job's state" % what)
+    return doc
+
+
+def all_pages(tube, state, limit, what):
+    """The ids of every page of a state, following next until null."""
+    ids, cursor, pages = [], None, 0
+    while True:
+        doc = jobs_page(tube, "%s page %d" % (what, pages), state=state, limit=limit, cursor=cursor)
+        check(len(doc["jobs"]) <= limit, "%s: a page longer than its limit" % what)
+        ids += [j["id"] for j in doc["jobs"]]
+        pages += 1
+        if doc["next"] is None:
+            return ids
+        check_eq(len(doc["jobs"]), limit, "%s: a page before the end is full" % what)
+        cursor = doc["next"]
+
+
+def bury_all(b, tube, n):
+    """Reserve and bury, over beanstalk connection b, n jobs of tube (which
+    b watches alone), pipelined; returns their ids in burial order."""
+    ids = []
+    b.sock.sendall(b"reserve-with-timeout 0\r\n" * n)
+    for _ in range(n):
+        jid, _body = b.job(b.line(), b"RESERVED")
+        ids.append(jid)
+    b.sock.sendall(b"".join(b"bury %d 0\r\n" % jid for jid in ids))
+    for _ in range(n):
+        check_eq(b.line(), b"BURIED\r\n", "bury")
+    return ids
+
+
+def fill_buried(port, tube, n, chunk=5000):
+    """n buried jobs in tube over beanstalk (pipelined in chunks); their ids."""
+    ids = []
+    with Beanstalk(port) as b:
+        b.cmd("use %s\r\n" % tube)
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        for start in range(0, n, chunk):
+            k = min(chunk, n - start)
+            b.sock.sendall(b"put 0 0 60 1\r\nx\r\n" * k)
+            for _ in range(k):
+                check(b.line().startswith(b"INSERTED "), "pipelined put")
+            ids += bury_all(b, tube, k)
+    return ids
+
+
+def test_tube_jobs_in_serving_order():
+    """GET /tubes/{tube}/jobs lists one state in the order the engine serves
+    it (ready by priority then id, delayed by due time, buried by burial,
+    reserved by id), with count, pages that follow `next` to the end (null),
+    and each job as GET /jobs/{id} shows it, with its body only on body=1."""
+    tube = uniq("browse")
+    ready = [put(tube, b"r%d" % i, priority=p) for i, p in enumerate((5, 1, 5, 3, 1))]
+    want_ready = [jid for _, jid in sorted(zip((5, 1, 5, 3, 1), ready))]
+    delayed = [put(tube, b"d%d" % i, delay=d) for i, d in enumerate((300, 100, 200))]
+    want_delayed = [delayed[1], delayed[2], delayed[0]]
+    with Beanstalk(T.tcp_port) as b:
+        b.cmd("use %s\r\n" % tube)
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        b.sock.sendall(b"put 0 0 60 2\r\nb0\r\nput 0 0 60 2\r\nb1\r\nput 0 0 60 2\r\nb2\r\n")
+        fresh = [int(b.line().split()[1]) for _ in range(3)]
+        # reserve the three (priority 0 comes first), bury them in reverse
+        for _ in range(3):
+            b.job(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED")
+        for jid in reversed(fresh):
+            check_eq(b.cmd("bury %d 0\r\n" % jid), b"BURIED\r\n", "bury")
+        want_buried = list(reversed(fresh))
+        held = [b.job(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED")[0] for _ in range(2)]
+        for state, want in (("ready", [j for j in want_ready if j not in held]), ("delayed", want_delayed),
+                            ("buried", want_buried), ("reserved", sorted(held))):
+            doc = jobs_page(tube, "state=%s" % state, state=state)
+            check_eq([j["id"] for j in doc["jobs"]], want, "%s jobs in serving order" % state)
+            check_eq((doc["count"], doc["next"]), (len(want), None), "%s: count and next" % state)
+            check_eq(all_pages(tube, state, 1, state), want, "%s: pages of 1" % state)
+        doc = jobs_page(tube, "body=1", state="buried", body=1)
+        check_eq([j["body"] for j in doc["jobs"]], ["b2", "b1", "b0"], "bodies of body=1")
+        check_eq(doc["jobs"][0], dict(job_stats(want_buried[0]), body="b2"), "a listed job is GET /jobs/{id}'s")
+    expect_problem(get("/tubes/%s/jobs?state=ready" % uniq("nosuch")), 404, "NOT_FOUND", "no such tube")
+    expect_json(delete("/tubes/%s/jobs?state=ready" % tube), 200, "clean up ready")
+    expect_json(delete("/tubes/%s/jobs?state=delayed" % tube), 200, "clean up delayed")
+
+
+def test_tube_jobs_cursor_survives_changes():
+    """A cursor stays valid as jobs come and go: a job of the next page that
+    was deleted is simply missing, a job put after the cursor's place shows,
+    one put before it does not."""
+    tube = uniq("cursor")
+    ids = [put(tube, b"c%d" % i, priority=10) for i in range(6)]
+    first = jobs_page(tube, "page 1", state="ready", limit=3)
+    check_eq([j["id"] for j in first["jobs"]], ids[:3], "page 1")
+    expect_status(delete("/jobs/%d" % ids[3]), 204, "delete the next page's first job")
+    later = put(tube, b"later", priority=20)   # after the cursor: shows
+    put(tube, b"earlier", priority=1)           # before it: does not
+    second = jobs_page(tube, "page 2", state="ready", limit=3, cursor=first["next"])
+    check_eq([j["id"] for j in second["jobs"]], ids[4:] + [later], "page 2 after the changes")
+    check_eq(second["next"], None, "page 2 reached the end")
+    more = put(tube, b"more", priority=30)  # the end's cursor still works
+    check_eq([j["id"] for j in jobs_page(tube, "after the end", state="ready", limit=3,
+                                         cursor=first["next"])["jobs"]], ids[4:] + [later], "page 2 again")
+    last = jobs_page(tube, "page 2 of 2", state="ready", limit=2, cursor=first["next"])
+    check_eq([j["id"] for j in jobs_page(tube, "page 3", state="ready", cursor=last["next"])["jobs"]],
+             [later, more], "a job put after the last page's place shows on the next")
+    expect_json(delete("/tubes/%s/jobs?state=ready" % tube), 200, "clean up")
+
+
+def test_tube_jobs_limits_400():
+    """limit 500 is a page, 501 and 0 are refused; state is required and
+    must name a state; a cursor must be one the server gave; body is 0 or
+    1. Each refusal is a 400 whose detail names the parameter."""
+    tube = uniq("limits")
+    for start in range(0, 501, 100):
+        n = min(100, 501 - start)
+        expect_json(post_json("/tubes/%s/jobs/batch" % tube, {"jobs": [{"body": "j"}] * n}), 200, "batch put")
+    doc = jobs_page(tube, "limit=500", state="ready", limit=500)
+    check_eq((len(doc["jobs"]), doc["count"]), (500, 501), "limit=500: a full page of 501 jobs")
+    check(doc["next"], "limit=500 of 501: a next page")
+    rest = jobs_page(tube, "the page after 500", state="ready", limit=500, cursor=doc["next"])
+    check_eq((len(rest["jobs"]), rest["next"]), (1, None), "the 501st job, then the end")
+    check_eq(len(jobs_page(tube, "default limit", state="ready")["jobs"]), 50, "default limit 50")
+    cases = [("state=ready&limit=501", "'limit'"), ("state=ready&limit=0", "'limit'"),
+             ("state=ready&limit=-1", "'limit'"), ("", "'state'"), ("state=bogus", "'state'"),
+             ("state=READY", "'state'"), ("state=ready&body=2", "'body'"),
+             ("state=ready&body=yes", "'body'")]
+    cases += [("state=ready&cursor=%s" % urllib.parse.quote(c), "'cursor'")
+              for c in ("", "1", "x.1", "1.", ".1", "1.2.3", "-1.2", "18446744073709551616.1", "1.2 ")]
+    for query, name in cases:
+        p = expect_problem(get("/tubes/%s/jobs?%s" % (tube, query), via="direct"), 400, "BAD_FORMAT", query)
+        check(name in p["detail"], "%s: detail %r does not name %s" % (query, p["detail"], name))
+    check_eq(expect_json(delete("/tubes/%s/jobs?state=ready&bound=all" % tube), 200, "clean up"),
+             {"deleted": 501, "state": "ready"}, "bulk delete of 501")
+
+
+def test_tube_bulk_delete():
+    """DELETE /tubes/{tube}/jobs?state=S[&bound=N] deletes the tube's jobs in
+    that state (all by default, else the first N in serving order) and
+    nothing else; it counts one cmd-delete per job deleted (server and tube)
+    and in total_jobs_deleted. Reserved jobs are refused (400), and so is a
+    missing state or a bad bound."""
+    tube = uniq("bulkdel")
+    ready = [put(tube, b"r%d" % i, priority=i) for i in range(4)]
+    delayed = [put(tube, b"d%d" % i, delay=100 + i) for i in range(2)]
+    with Beanstalk(T.tcp_port) as b:
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        buried = bury_all(b, tube, 3)  # the three most urgent ready ones
+        held = b.job(b.cmd("reserve-with-timeout 0\r\n"), b"RESERVED")[0]
+        check_eq((buried, held), (ready[:3], ready[3]), "buried and held")
+        for query in ("state=reserved", "", "state=bogus", "state=buried&bound=x", "state=buried&bound=-1",
+                      "state=buried&bound=4294967296", "state=buried&bound=ALL"):
+            expect_problem(delete("/tubes/%s/jobs?%s" % (tube, query), via="direct"), 400, "BAD_FORMAT",
+                           "DELETE ?%s" % query)
+        expect_problem(delete("/tubes/%s/jobs?state=buried" % uniq("nosuch")), 404, "NOT_FOUND", "no tube")
+        keys = ("cmd_delete", "total_jobs_deleted")
+        before = server_stats()
+        tube_before = tube_stats(tube)["cmd_delete"]
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=buried&bound=2" % tube), 200, "bound=2"),
+                 {"deleted": 2, "state": "buried"}, "bound=2")
+        check_eq(jobs_page(tube, "buried left", state="buried")["jobs"][0]["id"], buried[2],
+                 "the first two in burial order went")
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=buried&bound=0" % tube), 200, "bound=0"),
+                 {"deleted": 0, "state": "buried"}, "bound=0")
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=buried&bound=all" % tube), 200, "bound=all"),
+                 {"deleted": 1, "state": "buried"}, "bound=all")
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=delayed" % tube), 200, "all delayed"),
+                 {"deleted": 2, "state": "delayed"}, "delayed")
+        check_eq(expect_json(delete("/tubes/%s/jobs?state=ready&bound=4294967295" % tube), 200, "no ready"),
+                 {"deleted": 0, "state": "ready"}, "no ready job (the largest bound)")
+        after = server_stats()
+        check_eq({k: after[k] - before[k] for k in keys}, {"cmd_delete": 5, "total_jobs_deleted": 5},
+                 "server counters: one per job deleted")
+        check_eq(tube_stats(tube)["cmd_delete"] - tube_before, 5, "the tube's cmd_delete")
+        check_eq(b.cmd("peek-buried\r\n"), b"NOT_FOUND\r\n", "no buried job over beanstalk")
+        check_eq(b.cmd("peek-delayed\r\n"), b"NOT_FOUND\r\n", "no delayed job over beanstalk")
+        check_eq(b.cmd("delete %d\r\n" % held), b"DELETED\r\n", "the reserved job was left alone")
+    for jid in buried + delayed:
+        expect_problem(get("/jobs/%d" % jid), 404, "NOT_FOUND", "deleted job %d" % jid)
+
+
+def test_tube_bulk_kick():
+    """POST /tubes/{tube}/kick?state=buried|delayed&bound=N|all kicks the
+    jobs of that state only; without state beanstalk's rule (buried first)
+    and bound 1 stay; ready or reserved is refused. One request is one
+    cmd-kick, as beanstalk's `kick N`."""
+    tube = uniq("bulkkick")
+    for i in range(3):
+        put(tube, b"k%d" % i)
+    delayed = [put(tube, b"d%d" % i, delay=100) for i in range(2)]
+    with Beanstalk(T.tcp_port) as b:
+        b.cmd("watch %s\r\n" % tube)
+        b.cmd("ignore default\r\n")
+        buried = bury_all(b, tube, 3)
+    for query in ("state=ready", "state=reserved", "state=x", "state=buried&bound=x", "state=buried&bound=1.5"):
+        expect_problem(post("/tubes/%s/kick?%s" % (tube, query), via="direct"), 400, "BAD_FORMAT", query)
+    before = server_stats()["cmd_kick"]
+    check_eq(expect_json(post("/tubes/%s/kick?state=delayed&bound=all" % tube), 200, "delayed all"),
+             {"kicked": 2}, "all delayed, while buried ones wait")
+    check_eq([job_stats(j)["state"] for j in delayed + buried], ["ready"] * 2 + ["buried"] * 3, "states")
+    check_eq(expect_json(post("/tubes/%s/kick" % tube), 200, "no state"), {"kicked": 1}, "default bound 1")
+    check_eq(expect_json(post("/tubes/%s/kick?state=buried&bound=all" % tube), 200, "buried all"),
+             {"kicked": 2}, "the other buried")
+    check_eq(expect_json(post("/tubes/%s/kick?state=buried&bound=all" % tube), 200, "none"), {"kicked": 0},
+             "nothing left")
+    check_eq(server_stats()["cmd_kick"] - before, 4, "cmd_kick: one per request")
+    check_eq(expect_json(delete("/tubes/%s/jobs?state=ready" % tube), 200, "clean up")["deleted"], 5, "clean up")
+
+
+BULK_JOBS = 100000   # jobs of the bulk tests in steps: many loop turns' worth, even unsanitized
+
+
+def test_bulk_delete_in_steps_other_clients_served():
+    """A bulk delete of 100,000 buried jobs runs in steps of about 1 ms, one
+    per loop turn (the server's debug line http_bulk_steps counts them and
+    times the longest), a beanstalk client's round trips are answered
+    while it runs, and the answer counts them all."""
+    with own_server(["-VV"], "bulk delete in steps") as srv:
+        tube = uniq("steps")
+        fill_buried(srv.tcp_port, tube, BULK_JOBS)
+        with Beanstalk(srv.tcp_port) as b:
+            bulk = Later(lambda: delete("/tubes/%s/jobs?state=buried" % tube, timeout=120))
+            bulk.start()
+            trips = 0
+            while bulk.is_alive() or trips == 0:
+                check(b.cmd("list-tube-used\r\n").startswith(b"USING "), "a round trip meanwhile")
+                trips += 1
+        doc = expect_json(bulk.get(120), 200, "bulk delete")
+        check_eq(doc, {"deleted": BULK_JOBS, "state": "buried"}, "the answer")
+        expect_problem(get("/tubes/%s" % tube), 404, "NOT_FOUND", "the emptied tube is gone")
+        line = wait_for(lambda: re.search(r"event=http_bulk_steps action=delete done=(\d+) left=0 steps=(\d+) "
+                                          r"longest_step_us=(\d+)", srv.stderr()), "the http_bulk_steps line")
+        done, steps, longest_us = map(int, line.groups())
+        check_eq(done, BULK_JOBS, "the steps' count")
+        check(steps >= 2, "100,000 deletes in %d step(s): want more than one loop turn" % steps)
+        print("  %d jobs in %d steps, the longest %d us; %d round trips meanwhile" % (done, steps, longest_us, trips))
+
+
+def test_two_bulk_deletes_of_one_tube():
+    """Two bulk deletes of the same 100,000 buried jobs at once: their steps
+    interleave, the one that deletes the last job frees the tube, and the
+    other then finds no tube at its next step and ends (the bulk action
+    names its tube at each step and never holds a freed one; ASan checks).
+    Together they delete every job once; an answer is 200, or 404 for one
+    that arrived after the tube was gone."""
+    with own_server([], "two bulk deletes") as srv:
+        tube = uniq("twice")
+        fill_buried(srv.tcp_port, tube, BULK_JOBS)
+        bulks = [Later(lambda: delete("/tubes/%s/jobs?state=buried" % tube, timeout=120)) for _ in range(2)]
+        for bulk in bulks:
+            bulk.start()
+        deleted = []
+        for bulk in bulks:
+            r = bulk.get(120)
+            if r.status == 404:
+                expect_problem(r, 404, "NOT_FOUND", "a bulk delete after the tube was freed")
+                deleted.append(0)
+            else:
+                deleted.append(expect_json(r, 200, "a bulk delete")["deleted"])
+        check_eq(sum(deleted), BULK_JOBS, "jobs deleted by the two (%r)" % deleted)
+        check_eq(server_stats()["current_jobs_buried"], 0, "no buried job left")
+        expect_problem(get("/tubes/%s" % tube), 404, "NOT_FOUND", "the tube is gone")
+        print("  the two deleted %r" % deleted)
+
+
+def test_bulk_delete_stops_when_its_client_leaves():
+    """A client that closes its connection while its bulk delete runs stops
+    it (docs/http.md): the jobs deleted are gone, the others are all still
+    there, and the server goes on."""
+    with own_server([], "bulk delete abandoned") as srv:
+        tube = uniq("leave")
+        fill_buried(srv.tcp_port, tube, BULK_JOBS)
+        s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+        s.sendall(("DELETE /tubes/%s/jobs?state=buried HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % tube).encode())
+        s.close()
+        with Beanstalk(srv.tcp_port) as b:
+            def settled():
+                a = tube_stats(tube)["current_jobs_buried"]
+                time.sleep(0.05)
+                return a if tube_stats(tube)["current_jobs_buried"] == a else None
+            left = wait_for(settled, "the bulk delete to stop", timeout=30)
+            check(0 < left < BULK_JOBS, "%d of %d buried jobs left: want it stopped partway" % (left, BULK_JOBS))
+            check_eq(server_stats()["total_jobs_deleted"] + left, BULK_JOBS, "deleted + left = all")
+            check_eq(int(b.stats()["current-jobs-buried"]), left, "beanstalk sees the same")
+
+
+def test_bulk_delete_at_shutdown_loses_nothing():
+    """SIGTERM while a bulk delete runs, with a log (-b): the server exits 0
+    and a restart from the log has exactly the jobs the answer did not
+    count. The request is sent on a connection the server has taken (a
+    request before it) while the server is stopped (SIGSTOP), then SIGTERM
+    and SIGCONT: the loop then sees both at once. The answer is 503
+    INTERRUPTED naming how many it deleted, or if the signal came first 503
+    SHUTTING_DOWN (none), or if the steps ended first 200 (all)."""
+    logdir = tempfile.mkdtemp(prefix="beangate-bulk-")
+    try:
+        srv = Server(["-b", logdir]).start()
+        try:
+            tube = uniq("stop")
+            fill_buried(srv.tcp_port, tube, BULK_JOBS)
+            conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+            conn.request("GET", "/tubes/%s" % tube)
+            check_eq(conn.getresponse().read() and 200, 200, "a first request on the connection")
+            os.kill(srv.proc.pid, signal.SIGSTOP)
+            try:
+                conn.request("DELETE", "/tubes/%s/jobs?state=buried" % tube)
+                time.sleep(0.05)  # the bytes are in the server's socket (loopback)
+                os.kill(srv.proc.pid, signal.SIGTERM)
+            finally:
+                os.kill(srv.proc.pid, signal.SIGCONT)
+            resp = conn.getresponse()
+            r = Resp(resp.status, resp.reason, resp.getheaders(), resp.read(), 0, "DELETE bulk")
+            conn.close()
+            status, err = srv.stop()
+        finally:
+            srv.stop()
+        check_stopped(status, err, "SIGTERM during a bulk delete")
+        print("  the bulk delete at SIGTERM: %d %s" % (r.status, r.body[:200]), flush=True)
+        if r.status == 200:
+            done = expect_json(r, 200, "a bulk delete that ended first")["deleted"]
+            check_eq(done, BULK_JOBS, "a 200 means all")
+        elif b"SHUTTING_DOWN" in r.body:
+            expect_problem(r, 503, "SHUTTING_DOWN", "the signal came first")
+            done = 0
+        else:
+            p = expect_problem(r, 503, "INTERRUPTED", "the bulk delete at shutdown")
+            done = int(re.search(r"after (\d+) jobs", p["detail"]).group(1))
+        srv = Server(["-b", logdir]).start()
+        try:
+            with Beanstalk(srv.tcp_port) as b:
+                left = int(b.stats()["current-jobs-buried"])
+            check_eq(left, BULK_JOBS - done, "buried jobs after the restart (%d deleted)" % done)
+            status, err = srv.stop()
+        finally:
+            srv.stop()
+        check_stopped(status, err, "the restarted server")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def test_tube_pause():
@@ -3119,6 +3474,15 @@ TESTS = [
     test_list_tubes,
     test_tube_stats,
     test_tube_kick,
+    test_tube_jobs_in_serving_order,
+    test_tube_jobs_cursor_survives_changes,
+    test_tube_jobs_limits_400,
+    test_tube_bulk_delete,
+    test_tube_bulk_kick,
+    test_bulk_delete_in_steps_other_clients_served,
+    test_two_bulk_deletes_of_one_tube,
+    test_bulk_delete_stops_when_its_client_leaves,
+    test_bulk_delete_at_shutdown_loses_nothing,
     test_tube_pause,
     test_peek_ready_delayed_buried,
     test_stats,

@@ -143,6 +143,15 @@ def test_manage():
         denied(srv, "POST", "/tubes/reports/jobs", MANAGER, "produce:reports", "manager puts")
         denied(srv, "DELETE", "/jobs/%d" % job, READER, "manage:reports", "reader deletes")
         allowed(srv, "DELETE", "/jobs/%d" % job, MANAGER, 204, "manager deletes a ready job")
+        # bulk actions (issue 26): manage on the tube
+        put(srv, "reports")
+        denied(srv, "DELETE", "/tubes/reports/jobs?state=ready", READER, "manage:reports", "reader bulk-deletes")
+        denied(srv, "DELETE", "/tubes/emails/jobs?state=ready", CONSUMER, "manage:emails", "consumer bulk-deletes")
+        denied(srv, "POST", "/tubes/emails/kick?state=buried&bound=all", CONSUMER, "manage:emails",
+               "consumer bulk-kicks")
+        allowed(srv, "POST", "/tubes/reports/kick?state=delayed&bound=all", MANAGER, 200, "manager bulk-kicks")
+        check_eq(allowed(srv, "DELETE", "/tubes/reports/jobs?state=ready", MANAGER, 200, "manager bulk-deletes"),
+                 {"deleted": 1, "state": "ready"}, "the bulk delete's answer")
 
 
 def test_read():
@@ -151,6 +160,9 @@ def test_read():
         for path in ("/tubes/reports", "/tubes/reports/ready", "/jobs/%d" % job, "/jobs/%d/body" % job):
             allowed(srv, "GET", path, READER, 200, "reader GET " + path)
         allowed(srv, "GET", "/tubes/reports/buried", READER, 404, "reader peeks an empty state")
+        page = allowed(srv, "GET", "/tubes/reports/jobs?state=ready", READER, 200, "reader lists a tube's jobs")
+        check_eq([j["id"] for j in page["jobs"]], [job], "the listed job")
+        denied(srv, "GET", "/tubes/reports/jobs?state=ready", PRODUCER, "read:reports", "producer lists jobs")
         denied(srv, "GET", "/tubes/reports/delayed", PRODUCER, "read:reports", "producer peeks")
         denied(srv, "POST", "/jobs/%d/reservations" % job, READER, "consume:reports", "reader reserves a job")
 
