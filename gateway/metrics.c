@@ -298,6 +298,13 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
         rc = gauge(b, "beangate_current_connections",
                    "Open beanstalk and Gearman connections (current-connections).", e->connections);
     if (rc == 0)
+        rc = family(b, "beangate_clients", "gauge",
+                    "Clients GET /clients lists, by protocol: beanstalk and Gearman connections, "
+                    "HTTP long-polls, push subscriptions.");
+    for (int p = 0; rc == 0 && p < BG_CLIENT_PROTOCOLS; p++)
+        rc = sample1(b, "beangate_clients", "protocol", bg_client_protocol_name((enum bg_client_protocol)p),
+                     bg_clients_count(e, (enum bg_client_protocol)p));
+    if (rc == 0)
         rc = counter(b, "beangate_connections_total",
                      "Beanstalk and Gearman connections accepted since the start (total-connections).",
                      e->stat.total_connections);

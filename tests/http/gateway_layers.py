@@ -25,6 +25,7 @@ LAYERS = [
     ["router.c"],                                   # the route table and matching
     ["routes.c", "metrics.c", "ui.c", "guard.c"],   # handlers; the browser guards
     ["bulk.c"],                                     # bulk kicks and deletes in steps
+    ["clients.c"],                                  # GET /clients; lists routes.c's long-polls
     ["request.c"],                                  # what handlers ask of a request
     ["reply.c", "json.c", "idempotency.c", "auth.c",   # responses, rendering, tables,
      "tube_page.c", "framing.c"],                    # pages of tubes, body framing

@@ -83,6 +83,8 @@ static const struct row_case {
     {"GET", "/livez", gw_handle_livez, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/readyz", gw_handle_readyz, GW_BODY_NONE, GW_AUTH_OPEN, -1, NULL, "GET, HEAD"},
     {"GET", "/metrics", gw_handle_metrics, GW_BODY_NONE, GW_AUTH_METRICS, -1, NULL, "GET, HEAD"},
+    {"GET", "/clients", gw_handle_clients, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
+    {"DELETE", "/clients/7", gw_handle_client_delete, GW_BODY_NONE, GW_AUTH_TOKEN, -1, "7", "DELETE"},
     {"GET", "/subscriptions", gw_handle_subscriptions, GW_BODY_NONE, GW_AUTH_TOKEN, -1, NULL, "GET, HEAD"},
     {"GET", "/ui/", gw_handle_ui_file, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
     {"GET", "/ui", gw_handle_ui_redirect, GW_BODY_NONE, GW_AUTH_PUBLIC, -1, NULL, "GET, HEAD"},
