@@ -1274,13 +1274,13 @@ void bg_history_read_engine(const struct bg_engine *e, uint64_t other_connection
                             struct bg_history_reading *out);
 
 /* Sweep the tubes if BG_HISTORY_SWEEP_S seconds began since the last sweep
- * (or none was made): note each tube's put and delete counters (O(tubes),
- * ~3 ns a tube: docs/performance.md). The first sweep notes them as if
- * they had not changed in the BG_HISTORY_SWEEP_S seconds before. Returns 1
- * if it swept, else 0. */
+ * (or none was made): note each tube's put and delete counters. O(tubes):
+ * 2 to 4 ns a tube at 10,000 (docs/performance.md, "The server's
+ * history"). The first sweep notes them as if they had not changed in the
+ * BG_HISTORY_SWEEP_S seconds before. Returns 1 if it swept, else 0. */
 int bg_history_sweep_tubes(struct bg_history *h, struct bg_engine *e, bg_time now);
 /* Tube t's puts and deletes per second since the sweep before the latest:
- * over the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
+ * over about the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
  * only if the loop stalled). A tube made since a sweep had no puts before
  * it. 0 and 0 before the first sweep. */
 void bg_tube_rates(const struct bg_history *h, const struct bg_tube *t, bg_time now,

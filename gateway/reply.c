@@ -182,7 +182,9 @@ int gw_reply_json(struct MHD_Connection *c, unsigned status, json_t *v, const ch
 int gw_reply_json_header(struct MHD_Connection *c, unsigned status, json_t *v,
                          const char *location, const char *name, const char *value)
 {
-    char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    /* 15 significant digits: a rounded real (0.17) prints as written, not
+     * as its nearest double (0.17000000000000001) */
+    char *text = v ? json_dumps(v, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
     json_decref(v);
     if (!text) return GW_NO_REPLY;
     size_t n = strlen(text);

@@ -728,6 +728,12 @@ static struct bg_tube *path_tube(struct gw_request *r, int *reply)
     return t;
 }
 
+/* A rate per second to two decimals: finer says nothing over 10 seconds. */
+static double rate_hundredths(double r)
+{
+    return (double)(uint64_t)(r * 100 + 0.5) / 100;
+}
+
 /* Tube t's object of GET /tubes/{tube} and GET /stats/tubes: its stats
  * and its rates (core/history.c). */
 static json_t *tube_json(struct gateway *gw, const struct bg_tube *t, bg_time now)
@@ -737,7 +743,9 @@ static json_t *tube_json(struct gateway *gw, const struct bg_tube *t, bg_time no
     double put, del;
     bg_tube_rates(&gw->history, t, now, &put, &del);
     json_t *v = gw_json_tube(&st);
-    if (v) json_object_set_new(v, "rates", json_pack("{s:f, s:f}", "put", put, "delete", del));
+    if (v)
+        json_object_set_new(v, "rates", json_pack("{s:f, s:f}", "put", rate_hundredths(put), "delete",
+                                                  rate_hundredths(del)));
     return v;
 }
 

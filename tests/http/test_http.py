@@ -2139,13 +2139,14 @@ def test_tube_rates_on_the_first_poll():
         st = wait_for(lambda: (lambda t: t if t["rates"]["put"] > 0 else None)(tube_stats(busy)),
                       "a put rate in GET /tubes/%s" % busy)
         check_eq(set(st["rates"]), {"put", "delete"}, "rates keys")
-        # 10 puts over at least 5 s (and at most ~10 s, more under a slow build)
-        check(0 < st["rates"]["put"] <= 2.0, "put rate %r for 10 puts" % st["rates"])
+        # 10 puts over about 5 to 10 s: over more than 4 s however the timer's
+        # ticks fall (sweeps are 5 ticks apart), more under a slow build
+        check(0 < st["rates"]["put"] <= 2.5, "put rate %r for 10 puts" % st["rates"])
         check_eq(st["rates"]["delete"], 0, "delete rate before any delete")
         for jid in ids[:4]:
             expect_status(delete("/jobs/%d" % jid), 204, "delete")
         st = tube_stats(busy)
-        check(0 < st["rates"]["delete"] <= 0.8, "delete rate %r for 4 deletes" % st["rates"])
+        check(0 < st["rates"]["delete"] <= 1.0, "delete rate %r for 4 deletes" % st["rates"])
         check_eq(tube_stats(idle)["rates"], {"put": 0, "delete": 0}, "an idle tube's rates")
         page = tube_page(filter=busy)["tubes"]
         check_eq([t["name"] for t in page], [busy], "the busy tube's page")

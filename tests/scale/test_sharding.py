@@ -334,7 +334,7 @@ def test_routes_that_cannot_be_merged():
     NOT_SHARDED from HAProxy; /shard/K/... is instance K's own (its /stats
     says so, its dashboard loads); /shard/9/ is 404; /readyz, /livez and
     /openapi.yaml come from any shard."""
-    for path in ("/stats", "/tubes", "/stats/tubes", "/metrics", "/ui/", "/subscriptions", "/"):
+    for path in ("/stats", "/tubes", "/stats/tubes", "/stats/history", "/metrics", "/ui/", "/subscriptions", "/"):
         problem(proxy_port(), "GET", path, 421, "NOT_SHARDED")
     for k in range(N):
         stats = http_json(proxy_port(), "GET", "/shard/%d/stats" % k, 200)

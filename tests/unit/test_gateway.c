@@ -41,6 +41,7 @@ static const struct row_case {
 } row_cases[] = {
     {"GET", "/stats", gw_handle_stats, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS, NULL, "GET, HEAD"},
     {"GET", "/stats/tubes", gw_handle_stats_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, -1, "tubes", "GET, HEAD"},
+    {"GET", "/stats/history", gw_handle_stats_history, GW_BODY_NONE, GW_AUTH_TOKEN, -1, "history", "GET, HEAD"},
     {"GET", "/tubes", gw_handle_tubes, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_LIST_TUBES, NULL, "GET, HEAD"},
     {"GET", "/tubes/emails", gw_handle_tube, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_STATS_TUBE, "emails",
      "GET, HEAD"},
