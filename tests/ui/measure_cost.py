@@ -9,7 +9,8 @@ Usage:
   python3 tests/ui/measure_cost.py build/beangate [--tubes 10000] [--seconds 60] [--rss-seconds 180]
 
 Starts beangate on free ports with --tubes tubes (one ready job each, plus a
-few jobs in the tube and job views), opens each view in headless Chromium
+few jobs in the tube and job views, 1,000 ready jobs in the tube whose jobs
+are browsed, and 20 beanstalk clients for the Clients view), opens each view in headless Chromium
 through a counting TCP proxy for --seconds at the default poll interval
 (1 s), and counts what crossed the proxy; then opens the tubes view polled
 every 100 ms for --rss-seconds and samples the server's RSS.
@@ -175,7 +176,18 @@ def main():
         conn.close()
         jid = server.put("emails", b'{"to": "a@example.com", "template": "welcome"}')
         server.put("emails", b"later", delay=3600)
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port)
+        for i in range(1000):
+            conn.request("POST", "/tubes/backlog/jobs", body=b'{"n": %d}' % i)
+            conn.getresponse().read()
+        conn.close()
+        clients = [test_ui.Beanstalk(server.tcp_port) for _ in range(20)]
+        for i, c in enumerate(clients):
+            c.cmd("use tube-%05d\r\nwatch emails\r\n" % i)
+            c.line()   # the second answer
         print("(%d tubes made in %.1f s)\n" % (args.tubes, time.monotonic() - t0))
+        _, history = server.request("GET", "/stats/history")
+        print("GET /stats/history (asked once when the overview opens): %d bytes\n" % len(history))
         proxy = CountingProxy(server.http_port)
         via = ProxiedServer(server, proxy)
 
@@ -197,7 +209,9 @@ def main():
         print("| view | requests/s | bytes/s down | bytes/s up | server CPU |")
         print("|---|---:|---:|---:|---:|")
         for name, path, heading in (("overview", "/overview", "Overview"), ("tubes (100 rows)", "/tubes", "Tubes"),
-                                    ("tube", "/tubes/emails", "Tube emails"), ("job", "/jobs/%d" % jid, "Job %d" % jid)):
+                                    ("tube", "/tubes/emails", "Tube emails"), ("job", "/jobs/%d" % jid, "Job %d" % jid),
+                                    ("a tube's jobs (50 rows)", "/tubes/backlog/jobs?state=ready", "Jobs of tube backlog"),
+                                    ("clients (20 rows)", "/clients", "Clients")):
             browser.open(via, path)
             browser.heading(heading)
             browser.wait(lambda: "Connecting" not in browser.css("#live").text, "the first poll")
