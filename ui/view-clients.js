@@ -114,16 +114,29 @@ export function clientsView(main, params, app) {
     empty.hidden = clients.length > 0;
   }
 
+  // GET /clients, or null for a token that may not see clients (said once).
+  async function ask(query) {
+    try {
+      return await api.get("clients", query);
+    } catch (e) {
+      if (e.status !== 403) throw e;
+      setText(empty, "This token may not see the clients: that needs read on every tube (read:*).");
+      empty.hidden = false;
+      return null;
+    }
+  }
+
   return {
     title: wanted === null ? "Clients" : `Client ${wanted}`,
     async refresh() {
       if (wanted !== null) {
         // the page of one client after id wanted - 1 (the cursor is the
         // last id shown: docs/http.md, "Who is connected")
-        const doc = await api.get("clients", {limit: 1, cursor: wanted > 1 ? String(wanted - 1) : undefined});
-        return show(doc.clients.filter((x) => x.id === wanted), doc.count);
+        const doc = await ask({limit: 1, cursor: wanted > 1 ? String(wanted - 1) : undefined});
+        return doc && show(doc.clients.filter((x) => x.id === wanted), doc.count);
       }
-      const doc = await api.get("clients", {limit: PAGE, cursor: pager.cursor(), protocol: protocol || undefined});
+      const doc = await ask({limit: PAGE, cursor: pager.cursor(), protocol: protocol || undefined});
+      if (!doc) return;
       if (!doc.clients.length && pager.page() > 1) {   // this page emptied: back to the first
         pager.reset();
         return this.refresh();

@@ -1149,9 +1149,10 @@ def visible_buttons(b, within):
 
 def test_scoped_token_sees_no_actions():
     """Issue 23: a read-only token (read:*) sees a tube, its next buried job,
-    its jobs table and a job, with no action: no Actions card, no kick or delete buttons;
-    the unscoped token of the same server sees them all. A token that may
-    produce but not manage sees only the put form."""
+    its jobs table, a job and the clients, with no action: no Actions card,
+    no kick, delete or bulk buttons, no Close; the unscoped token of the same
+    server sees them all. A token that may produce but not manage sees only
+    the put form, and is told that it may not see the clients."""
     b = C.browser
     reader, producer, unscoped = "ui-reader-3e0a51c9d2", "ui-producer-a7d4e0b615", "ui-all-62f0c8b3e9"
     with tempfile.NamedTemporaryFile("w", prefix="beangate-ui-tokens-", delete=False) as f:
@@ -1159,7 +1160,9 @@ def test_scoped_token_sees_no_actions():
     os.chmod(f.name, 0o600)
     s = Server(C.binary, args=["--http-token-file", f.name]).start()
     tube = "ui-scoped"
+    watcher = None
     try:
+        watcher = Beanstalk(s.tcp_port)   # a client to list
         bs = Beanstalk(s.tcp_port)
         try:
             bs.put(tube, b"kept")
@@ -1199,7 +1202,18 @@ def test_scoped_token_sees_no_actions():
                    "the bulk actions of %s: %r" % (token, bulk))
             b.wait(lambda: visible_buttons(b, "table.jobs tbody") == sorted(["Body"] + job_buttons),
                    "the row's buttons for %s" % token)
+            # clients: read:* sees them (Close needs manage:*), a token without read:* is told so
+            b.open(s, "/clients?protocol=beanstalk")
+            b.heading("Clients")
+            if token == producer:
+                b.wait(lambda: "may not see the clients" in b.css("main").text, "the producer told it may not see clients")
+            else:
+                b.wait(lambda: len(b.all("table.clients tbody tr")) == 1, "the open connection's row for %s" % token)
+                b.wait(lambda: visible_buttons(b, "table.clients tbody") == (["Close"] if job_buttons else []),
+                       "Close for %s" % token)
     finally:
+        if watcher:
+            watcher.close()
         b.js("sessionStorage.clear()")
         b.open(C.server, "/overview")   # away from the server about to stop
         s.stop()
@@ -1462,13 +1476,14 @@ def test_cors_from_another_origin():
 def test_no_policy_violations_or_script_errors():
     """Over every test above, the browser logged no Content-Security-Policy
     violation and no script error; the only failed loads are the 404s of
-    absent jobs and the 401s of the token test."""
+    absent jobs, the 401s of the token test and the 403s of a token that may
+    not list clients."""
     b = C.browser
     b.collect_logs()
     bad = []
     for e in b.logs:
         msg = e.get("message", "")
-        if re.search(r"Failed to load resource: the server responded with a status of (401|404)", msg):
+        if re.search(r"Failed to load resource: the server responded with a status of (401|403|404)", msg):
             continue
         if e.get("level") in ("SEVERE", "WARNING") or "Content Security Policy" in msg or "Refused" in msg:
             bad.append("%s %s" % (e.get("level"), msg[:300]))
