@@ -7,7 +7,7 @@ docs/performance.md section 10.
 
 Usage:
   python3 tests/ui/measure_cost.py build/beangate [--tubes 10000] [--seconds 60] [--rss-seconds 180]
-                                   [--big 1000000]
+                                   [--big 1000000] [--views tubes,jobs]
 
 Starts beangate on free ports with --tubes tubes (one ready job each, plus a
 few jobs in the tube and job views, 1,000 ready jobs in the tube whose jobs
@@ -151,6 +151,23 @@ class ProxiedServer:
         return "http://127.0.0.1:%d" % self.proxy.port
 
 
+def memory(server, browser, seconds):
+    """The server's RSS every 10 s while the tubes view polls every 100 ms."""
+    print("## server memory, tubes view polled every 100 ms for %.0f s\n" % seconds)
+    browser.open(server, "/tubes", poll=100)
+    browser.heading("Tubes")
+    samples = []
+    t0 = time.monotonic()
+    n0 = server.requests_served()
+    while time.monotonic() - t0 < seconds:
+        samples.append((time.monotonic() - t0, server.rss_kib(), server.requests_served() - n0))
+        time.sleep(10)   # a sample every 10 s
+    samples.append((time.monotonic() - t0, server.rss_kib(), server.requests_served() - n0))
+    print("| seconds | requests | RSS KiB |\n|---:|---:|---:|")
+    for t, rss, n in samples:
+        print("| %.0f | %d | %d |" % (t, n, rss))
+
+
 def load_bench_browse():
     """bench/browse as a module: its filler and its probe."""
     import importlib.machinery
@@ -211,6 +228,7 @@ def main():
     ap.add_argument("--tubes", type=int, default=10000)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--rss-seconds", type=float, default=180)
+    ap.add_argument("--views", default="", help="only these views, comma-separated: overview,tubes,tube,job,jobs,clients")
     ap.add_argument("--big", type=int, default=0, help="buried jobs in one tube for the last stage (0: none)")
     args = ap.parse_args()
     sel, why = test_ui.load_selenium()
@@ -268,10 +286,14 @@ def main():
         print("## one open page, polling every 1 s, for %.0f s per view\n" % args.seconds)
         print("| view | requests/s | bytes/s down | bytes/s up | server CPU |")
         print("|---|---:|---:|---:|---:|")
-        for name, path, heading in (("overview", "/overview", "Overview"), ("tubes (100 rows)", "/tubes", "Tubes"),
-                                    ("tube", "/tubes/emails", "Tube emails"), ("job", "/jobs/%d" % jid, "Job %d" % jid),
-                                    ("a tube's jobs (50 rows)", "/tubes/backlog/jobs?state=ready", "Jobs of tube backlog"),
-                                    ("clients (20 rows)", "/clients", "Clients")):
+        views = (("overview", "overview", "/overview", "Overview"), ("tubes", "tubes (100 rows)", "/tubes", "Tubes"),
+                 ("tube", "tube", "/tubes/emails", "Tube emails"), ("job", "job", "/jobs/%d" % jid, "Job %d" % jid),
+                 ("jobs", "a tube's jobs (50 rows)", "/tubes/backlog/jobs?state=ready", "Jobs of tube backlog"),
+                 ("clients", "clients (20 rows)", "/clients", "Clients"))
+        wanted = set(filter(None, args.views.split(",")))
+        for key, name, path, heading in views:
+            if wanted and key not in wanted:
+                continue
             browser.open(via, path)
             browser.heading(heading)
             browser.wait(lambda: "Connecting" not in browser.css("#live").text, "the first poll")
@@ -285,19 +307,8 @@ def main():
 
         print()
         page_costs(server)
-        print("## server memory, tubes view polled every 100 ms for %.0f s\n" % args.rss_seconds)
-        browser.open(server, "/tubes", poll=100)
-        browser.heading("Tubes")
-        samples = []
-        t0 = time.monotonic()
-        n0 = server.requests_served()
-        while time.monotonic() - t0 < args.rss_seconds:
-            samples.append((time.monotonic() - t0, server.rss_kib(), server.requests_served() - n0))
-            time.sleep(10)   # a sample every 10 s
-        samples.append((time.monotonic() - t0, server.rss_kib(), server.requests_served() - n0))
-        print("| seconds | requests | RSS KiB |\n|---:|---:|---:|")
-        for t, rss, n in samples:
-            print("| %.0f | %d | %d |" % (t, n, rss))
+        if args.rss_seconds > 0:
+            memory(server, browser, args.rss_seconds)
         if args.big:
             big_tube(server, browser, args.big)
     finally:
