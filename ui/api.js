@@ -44,6 +44,16 @@ export function tubeHref(name) {
   return "#/tubes/" + encodeURIComponent(name);
 }
 
+// The address of a tube's jobs of one state in this page.
+export function tubeJobsHref(name, state) {
+  return tubeHref(name) + "/jobs?state=" + state;
+}
+
+// The address of a client in this page: the Clients view, showing it.
+export function clientHref(id) {
+  return "#/clients?client=" + id;
+}
+
 // Call the API: method, a path relative to the root ("stats",
 // "tubes/x/kick"), query parameters (undefined ones left out), a body, and
 // `raw` to get the bytes. Resolves to the JSON (null for 204) or a

@@ -4,8 +4,8 @@
 // One loop asks the server for GET /stats (and, for a scoped token, GET
 // /auth: what it may do; the views hide the actions outside its scope),
 // then lets the view on screen fetch what it shows, once per interval (1 s; never two rounds at once,
-// nothing while the tab is hidden). Rates are differences of counters
-// between two polls, kept here for the last few minutes.
+// nothing while the tab is hidden). Each GET /stats also extends the
+// server's history of rates (history.js) that the overview's charts show.
 
 import {h, fill, setText} from "./dom.js";
 import * as api from "./api.js";
@@ -16,12 +16,16 @@ import {tubesView} from "./view-tubes.js";
 import {tubeView} from "./view-tube.js";
 import {jobView} from "./view-job.js";
 import {subscriptionsView} from "./view-subscriptions.js";
+import {tubeJobsView} from "./view-tube-jobs.js";
+import {clientsView} from "./view-clients.js";
+import * as serverHistory from "./history.js";
 
 // The navigation, in order. A view is one row here, a route below and one
 // module.
 const NAV = [
   {id: "overview", label: "Overview", href: "#/overview"},
   {id: "tubes", label: "Tubes", href: "#/tubes"},
+  {id: "clients", label: "Clients", href: "#/clients"},
   {id: "subscriptions", label: "Subscriptions", href: "#/subscriptions"},
 ];
 
@@ -33,39 +37,22 @@ function route(hash) {
   if (parts[0] === "tubes" && parts.length === 2 && parts[1]) {
     return {nav: "tubes", make: tubeView, params: {name: decodeURIComponent(parts[1])}};
   }
+  if (parts[0] === "tubes" && parts.length === 3 && parts[1] && parts[2] === "jobs") {
+    return {nav: "tubes", make: tubeJobsView, params: {name: decodeURIComponent(parts[1]), query: new URLSearchParams(query || "")}};
+  }
   if (parts[0] === "tubes" && parts.length === 1) {
     return {nav: "tubes", make: tubesView, params: new URLSearchParams(query || "")};
   }
   if (parts[0] === "jobs" && parts.length === 2 && /^[0-9]+$/.test(parts[1])) {
     return {nav: "tubes", make: jobView, params: {id: parts[1]}};
   }
+  if (parts[0] === "clients" && parts.length === 1) {
+    return {nav: "clients", make: clientsView, params: new URLSearchParams(query || "")};
+  }
   if (parts[0] === "subscriptions" && parts.length === 1) {
     return {nav: "subscriptions", make: subscriptionsView, params: {}};
   }
   return {nav: "overview", make: overviewView, params: {}};
-}
-
-// ---- rates --------------------------------------------------------------
-
-const HISTORY_SECONDS = 300;
-const samples = [];   // {t: ms, put, reserve, delete}, oldest first
-
-function record(stats) {
-  const t = performance.now();
-  samples.push({t, put: stats.total_jobs, reserve: stats.total_jobs_reserved, delete: stats.total_jobs_deleted});
-  while (samples.length > 2 && t - samples[0].t > HISTORY_SECONDS * 1000) samples.shift();
-}
-
-// Per-second rates of one counter between consecutive polls, oldest first
-// (0 where the counter went back: the server restarted).
-function rates(key) {
-  const out = [];
-  for (let i = 1; i < samples.length; i++) {
-    const dt = (samples[i].t - samples[i - 1].t) / 1000;
-    const d = samples[i][key] - samples[i - 1][key];
-    out.push(dt > 0 && d >= 0 ? d / dt : 0);
-  }
-  return out;
 }
 
 // ---- the loop -------------------------------------------------------------
@@ -86,9 +73,6 @@ let waitingForToken = false;
 let online = null;
 
 const app = {
-  rates,
-  // Seconds the rates cover: up to HISTORY_SECONDS, less after a fresh load.
-  historySeconds: () => (samples.length > 1 ? (samples[samples.length - 1].t - samples[0].t) / 1000 : 0),
   // Run a round now (after an action), or right after the one under way.
   refreshNow() {
     if (running) { again = true; return; }
@@ -104,7 +88,7 @@ async function round() {
   const started = performance.now();
   try {
     const [stats] = await Promise.all([api.get("stats"), api.loadGrants()]);
-    record(stats);
+    serverHistory.record(stats);
     showLive(stats);
     if (view) await view.refresh(stats);
   } catch (e) {

@@ -5,6 +5,9 @@ const decimal = new Intl.NumberFormat("en-US", {maximumFractionDigits: 1});
 
 export const count = (n) => integer.format(n);
 
+// A number with at most one decimal ("2.5", "1,024").
+export const number = (n) => decimal.format(n);
+
 // A rate per second: one decimal below 100.
 export const rate = (r) => (r >= 100 ? integer.format(Math.round(r)) : decimal.format(r)) + "/s";
 
@@ -89,23 +92,28 @@ export function decodeText(data) {
   }
 }
 
-// A classic dump: offset, 16 bytes in hex, the printable ASCII.
-export function hexDump(data) {
+// A classic dump: offset, perRow bytes in hex (16 unless asked), the
+// printable ASCII.
+export function hexDump(data, perRow = 16) {
   const lines = [];
   const n = Math.min(data.length, HEX_LIMIT);
-  for (let off = 0; off < n; off += 16) {
-    const row = data.subarray(off, Math.min(off + 16, n));
+  for (let off = 0; off < n; off += perRow) {
+    const row = data.subarray(off, Math.min(off + perRow, n));
     const hex = Array.from(row, (b) => b.toString(16).padStart(2, "0")).join(" ");
     const ascii = Array.from(row, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
-    lines.push(off.toString(16).padStart(8, "0") + "  " + hex.padEnd(47) + "  |" + ascii + "|");
+    lines.push(off.toString(16).padStart(8, "0") + "  " + hex.padEnd(3 * perRow - 1) + "  |" + ascii + "|");
   }
   if (data.length > n) lines.push(`… ${count(data.length - n)} more bytes`);
   return lines.join("\n");
 }
 
+// The characters a hex dump line of perRow bytes takes (hexDump's layout).
+export const hexLineChars = (perRow) => 8 + 2 + 3 * perRow - 1 + 2 + perRow + 2;
+
 // The preview of a body in one mode: {text, note}. mode: text, hex, json.
-export function preview(data, mode) {
-  if (mode === "hex") return {text: hexDump(data), note: ""};
+// perRow: the bytes per line of the hex mode.
+export function preview(data, mode, perRow) {
+  if (mode === "hex") return {text: hexDump(data, perRow), note: ""};
   const {text, utf8} = decodeText(data);
   if (mode === "json") {
     try {

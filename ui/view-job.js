@@ -1,4 +1,5 @@
-// view-job.js - one job: every field of stats-job, its body (raw bytes,
+// view-job.js - one job: every field of stats-job, the client that holds
+// it reserved (a link to it), its body (raw bytes,
 // shown as text, hex or JSON), the last failure of its push delivery (when
 // its tube is delivered by push and an attempt failed), and kick and
 // delete (shown only to a token that may manage the tube). The stats are polled; the body is fetched once (a job's body
@@ -7,13 +8,14 @@
 import {h, setText, setCounts, definitionList} from "./dom.js";
 import * as api from "./api.js";
 import {count, duration, deliveryMeaning, when} from "./format.js";
-import {bodyViewer, confirmAction, notify} from "./widgets.js";
+import {bodyViewer, confirmAction, notify, showHolder} from "./widgets.js";
 
 export function jobView(main, {id}, app) {
   const facts = definitionList([
     ["id", "Id"], ["tube", "Tube"], ["state", "State"], ["priority", "Priority"], ["age", "Age"],
     ["delay", "Delay"], ["ttr", "Time to run"], ["time_left", "Time left"], ["reserves", "Reserves"],
     ["timeouts", "Timeouts"], ["releases", "Releases"], ["buries", "Buries"], ["kicks", "Kicks"],
+    ["reserved_by", "Reserved by"],
   ], "facts");
   const tubeLink = h("a", {href: "#/tubes"});
   facts.values.tube.replaceChildren(tubeLink);
@@ -34,7 +36,7 @@ export function jobView(main, {id}, app) {
     h("section", {class: "card", "aria-label": "Statistics"}, h("h2", {}, "Statistics"), facts.dl,
       h("div", {class: "buttons"}, kick, del), why),
     delivery,
-    h("section", {class: "card", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
+    h("section", {class: "card wide", "aria-label": "Body"}, h("h2", {}, "Body"), viewer.node));
   const crumbTube = h("a", {href: "#/tubes"});
   const crumbStep = h("span", {hidden: true}, " › ", crumbTube);   // once the tube is known
   main.append(
@@ -98,6 +100,7 @@ export function jobView(main, {id}, app) {
       setText(v.ttr, duration(job.ttr));
       setText(v.time_left, job.state === "reserved" || job.state === "delayed" ? duration(job.time_left) : "–");
       setCounts(v, job, {reserves: "reserves", timeouts: "timeouts", releases: "releases", buries: "buries", kicks: "kicks"});
+      showHolder(v.reserved_by, job.state === "reserved" ? job.reserved_by : undefined);
       const e = job.last_delivery_error;
       delivery.hidden = !e;
       if (e) {

@@ -1,11 +1,14 @@
 // view-overview.js - the server at a glance: version and uptime,
-// connections by protocol, the write-ahead log, jobs by state, and put,
-// reserve and delete rates over the last minutes. Everything comes from
-// GET /stats, which the app polls anyway: this view asks for nothing more.
+// connections by protocol, the write-ahead log, jobs by state, and charts
+// of the last 15 minutes: put, reserve and delete rates, jobs by state and
+// connections. The facts come from GET /stats, which the app polls anyway;
+// the charts from the server's history (history.js: GET /stats/history once,
+// then extended by each GET /stats).
 
 import {h, setText, setCounts, definitionList} from "./dom.js";
-import {count, duration, bytes, ago} from "./format.js";
-import {sparkline, stateBar} from "./widgets.js";
+import {count, duration, bytes, ago, rate, number} from "./format.js";
+import {chart, stateBar} from "./widgets.js";
+import * as serverHistory from "./history.js";
 
 function card(title, ...children) {
   return h("section", {class: "card", "aria-label": title}, h("h2", {}, title), ...children);
@@ -30,11 +33,17 @@ export function overviewView(main, params, app) {
   const tubesLink = h("a", {href: "#/tubes"}, "…");
   server.values.tubes.replaceChildren(tubesLink);
   const bar = stateBar();
-  const sparks = {
-    put: sparkline("Puts"),
-    reserve: sparkline("Reserves"),
-    delete: sparkline("Deletes"),
-  };
+  const rates = [
+    chart("Puts", "jobs put per second", [{key: "put", label: "Puts"}]),
+    chart("Reserves", "jobs reserved per second", [{key: "reserve", label: "Reserves"}]),
+    chart("Deletes", "jobs deleted per second", [{key: "delete", label: "Deletes"}]),
+  ];
+  const gauges = [
+    chart("Jobs by state", "jobs", [{key: "ready", label: "Ready", cls: "ready"},
+      {key: "reserved", label: "Reserved", cls: "reserved"}, {key: "delayed", label: "Delayed", cls: "delayed"},
+      {key: "buried", label: "Buried", cls: "buried"}]),
+    chart("Connections", "connections", [{key: "connections", label: "Connections"}]),
+  ];
 
   main.append(
     h("h1", {}, "Overview"),
@@ -44,14 +53,17 @@ export function overviewView(main, params, app) {
       card("Write-ahead log", log.dl),
       card("Jobs", bar.node, jobs.dl),
       h("section", {class: "card wide", "aria-label": "Rates"},
-        h("h2", {}, "Rates per second"),
-        h("div", {class: "sparks"}, sparks.put.node, sparks.reserve.node, sparks.delete.node)),
+        h("h2", {}, "Rates per second, last 15 minutes"),
+        h("div", {class: "charts"}, rates.map((c) => c.node))),
+      h("section", {class: "card wide", "aria-label": "History"},
+        h("h2", {}, "Jobs and connections, last 15 minutes"),
+        h("div", {class: "charts"}, gauges.map((c) => c.node))),
     ),
   );
 
   return {
     title: "Overview",
-    refresh(st) {
+    async refresh(st) {
       const v = server.values;
       setText(v.version, st.version);
       setText(v.uptime, duration(st.uptime));
@@ -79,7 +91,10 @@ export function overviewView(main, params, app) {
       });
       bar.update([st.current_jobs_ready, st.current_jobs_reserved, st.current_jobs_delayed, st.current_jobs_buried]);
 
-      for (const [key, spark] of Object.entries(sparks)) spark.update(app.rates(key), app.historySeconds());
+      await serverHistory.ensure();
+      const points = serverHistory.recent(), now = performance.now();
+      for (const c of rates) c.update(points, now, rate);
+      for (const c of gauges) c.update(points, now, number);
     },
   };
 }

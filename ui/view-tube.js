@@ -1,4 +1,5 @@
-// view-tube.js - one tube: its counts, the next ready, delayed and buried
+// view-tube.js - one tube: its counts and rates, links to its jobs by
+// state (view-tube-jobs.js), the next ready, delayed and buried
 // job (peek) with their bodies, its push subscription if it has one (from
 // GET /stats), and the actions: kick N, pause for N seconds, unpause, kick
 // or delete a peeked job, put a job. The tube's
@@ -8,8 +9,8 @@
 
 import {h, setText, setCounts, definitionList} from "./dom.js";
 import * as api from "./api.js";
-import {count, duration, bodyBytes} from "./format.js";
-import {bodyViewer, confirmAction, notify} from "./widgets.js";
+import {count, duration, rate, bodyBytes} from "./format.js";
+import {act, bodyViewer, confirmAction} from "./widgets.js";
 
 const PEEK_EVERY_MS = 5000;
 
@@ -31,17 +32,6 @@ function numberField(id, label, value, min, max) {
       return n;
     },
   };
-}
-
-// Run an action; its message or its error goes to the status line. Then
-// refresh the view at once.
-async function act(app, work) {
-  try {
-    notify(await work(), "ok");
-  } catch (e) {
-    notify(e.message || String(e), "error");
-  }
-  app.refreshNow();
 }
 
 // One peek panel: the job that a state would give next.
@@ -98,8 +88,16 @@ export function tubeView(main, {name}, app) {
   const stats = definitionList([
     ["ready", "Ready"], ["reserved", "Reserved"], ["delayed", "Delayed"], ["buried", "Buried"],
     ["urgent", "Urgent"], ["waiting", "Waiting"], ["watching", "Watching"], ["using", "Using"],
-    ["total", "Put since created"], ["deletes", "Deleted"], ["pause", "Paused"],
+    ["total", "Put since created"], ["deletes", "Deleted"], ["put_rate", "Puts per second"],
+    ["delete_rate", "Deletes per second"], ["pause", "Paused"],
   ], "facts states");
+  // the jobs of each state, a page at a time: links with the counts
+  const browse = {};
+  const browseNav = h("nav", {class: "browse", "aria-label": "Browse the jobs"}, h("span", {class: "muted"}, "Browse the jobs:"),
+    ["ready", "delayed", "buried", "reserved"].map((st) => {
+      browse[st] = h("a", {href: api.tubeJobsHref(name, st), "data-state": st}, st);
+      return browse[st];
+    }));
   const missing = h("p", {class: "notice-inline", hidden: true},
     "There is no such tube now. A tube exists while it has jobs or clients that use or watch it.");
   const pushUrl = h("span", {class: "name"});
@@ -183,6 +181,7 @@ export function tubeView(main, {name}, app) {
     h("div", {class: "cards"},
       h("section", {class: "card", "aria-label": "Counts"}, h("h2", {}, "Counts"), stats.dl),
       actions),
+    browseNav,
     h("h2", {}, "Next jobs"),
     h("div", {class: "cards peeks"}, panels.ready.node, panels.delayed.node, panels.buried.node),
   );
@@ -220,6 +219,9 @@ export function tubeView(main, {name}, app) {
         buried: "current_jobs_buried", urgent: "current_jobs_urgent", waiting: "current_waiting",
         watching: "current_watching", using: "current_using", total: "total_jobs", deletes: "cmd_delete",
       });
+      setText(v.put_rate, rate(t.rates.put));
+      setText(v.delete_rate, rate(t.rates.delete));
+      for (const [st, link] of Object.entries(browse)) setText(link, `${st[0].toUpperCase()}${st.slice(1)} (${count(t["current_jobs_" + st])})`);
       const paused = t.pause_time_left > 0;
       setText(v.pause, paused ? `Yes, ${duration(t.pause_time_left)} left (of ${duration(t.pause)})` : "No");
       v.pause.className = paused ? "warn" : "";

@@ -1,7 +1,8 @@
 // view-tubes.js - every tube, a page at a time: GET /stats/tubes sorts,
 // filters and cuts the page on the server, so the browser holds one page
-// (100 rows) however many tubes there are. Put and delete rates come from
-// the difference of each row's counters between two polls.
+// (100 rows) however many tubes there are. Put and delete rates are the
+// server's, over its last 5 to 10 seconds (each tube's "rates"), so they show on
+// the first poll.
 
 import {h, setText} from "./dom.js";
 import * as api from "./api.js";
@@ -10,7 +11,7 @@ import {count, rate} from "./format.js";
 const PAGE = 100;
 
 // The columns: label, the field shown, and the server's sort key (null:
-// not sortable, as the rates are the browser's own).
+// not sortable).
 const COLUMNS = [
   {label: "Tube", sort: "name"},
   {label: "Ready", field: "current_jobs_ready", sort: "current_jobs_ready"},
@@ -31,7 +32,6 @@ export function tubesView(main, params, app) {
     page: Math.max(0, parseInt(params.get("page") || "0", 10) || 0),
   };
   let total = 0;
-  let previous = new Map();   // name -> {t, puts, deletes}: the last poll's counters of the rows shown
 
   const filter = h("input", {id: "tube-filter", type: "search", value: state.filter, autocomplete: "off",
     spellcheck: "false", maxlength: "200", "aria-describedby": "filter-help"});
@@ -96,7 +96,6 @@ export function tubesView(main, params, app) {
     if (state.page) q.set("page", String(state.page));
     const qs = q.toString();
     history.replaceState(null, "", "#/tubes" + (qs ? "?" + qs : ""));
-    previous = new Map();
     app.refreshNow();
   }
 
@@ -113,30 +112,22 @@ export function tubesView(main, params, app) {
 
   function show(doc) {
     total = doc.total;
-    const now = performance.now();
-    const next = new Map();
     doc.tubes.forEach((t, i) => {
       const tr = row(i);
       const link = tr.cells[0].firstChild;
       const href = api.tubeHref(t.name);
       if (link.getAttribute("href") !== href) link.setAttribute("href", href);
       setText(link, t.name);
-      const was = previous.get(t.name);
-      const dt = was ? (now - was.t) / 1000 : 0;
-      const puts = dt > 0 && t.total_jobs >= was.puts ? (t.total_jobs - was.puts) / dt : null;
-      const dels = dt > 0 && t.cmd_delete >= was.deletes ? (t.cmd_delete - was.deletes) / dt : null;
-      next.set(t.name, {t: now, puts: t.total_jobs, deletes: t.cmd_delete});
       const values = [
         count(t.current_jobs_ready), count(t.current_jobs_reserved), count(t.current_jobs_delayed),
         count(t.current_jobs_buried), count(t.current_waiting),
         t.pause_time_left > 0 || t.pause > 0 ? `${count(t.pause_time_left)} s left` : "–",
-        puts === null ? "…" : rate(puts), dels === null ? "…" : rate(dels),
+        rate(t.rates.put), rate(t.rates.delete),
       ];
       values.forEach((v, k) => setText(tr.cells[k + 1], v));
       tr.className = t.pause_time_left > 0 ? "paused" : "";
     });
     while (tbody.rows.length > doc.tubes.length) tbody.lastChild.remove();
-    previous = next;
 
     const from = doc.tubes.length ? doc.offset + 1 : 0;
     setText(caption, doc.tubes.length

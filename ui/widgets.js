@@ -1,33 +1,47 @@
 // widgets.js - the pieces the views share: a job body viewer, a
-// sparkline, a bar of job states, the confirmation dialog and the status
+// chart with axes, a bar of job states, the confirmation dialog and the status
 // message.
 
 import {h, s, fill, setText} from "./dom.js";
-import {bytes, count, duration, rate, preview, defaultMode} from "./format.js";
+import {clientHref} from "./api.js";
+import {bytes, count, preview, defaultMode, hexLineChars} from "./format.js";
 
 // ---- body viewer ------------------------------------------------------------
 
 const MODES = [["text", "Text"], ["hex", "Hex"], ["json", "JSON"]];
+const HEX_ROWS = [16, 8, 4];   // bytes per hex line, the widest that fits first
 
 // A job body with a choice of text, hex or pretty JSON. show(data, key)
 // renders bytes; the mode the user chose stays while key (the job) is the
-// same.
+// same. The hex dump has as many bytes a line as its box fits (16, 8 or
+// 4), so it wraps to the box rather than running out of it.
 export function bodyViewer(label) {
-  let data = null, key = null, mode = "text";
+  let data = null, key = null, mode = "text", perRow = 16;
   const buttons = MODES.map(([m, text]) =>
     h("button", {type: "button", class: "seg", "aria-pressed": "false", "data-mode": m, onclick: () => choose(m)}, text));
   const size = h("span", {class: "muted body-size"});
   const note = h("p", {class: "note", hidden: true});
   const pre = h("pre", {class: "body", tabindex: "0", "aria-label": label});
+  const ruler = h("span", {class: "body-ruler", "aria-hidden": "true"}, "0123456789");   // ten characters' width
   const node = h("div", {class: "body-viewer"},
     h("div", {class: "body-bar"}, h("div", {class: "segmented", role: "group", "aria-label": "Show the body as"}, buttons), size),
-    note, pre);
+    note, pre, ruler);
 
+  // The bytes a hex line may hold in the box as it is now.
+  function fittingRow() {
+    const charWidth = ruler.getBoundingClientRect().width / 10;
+    const cs = getComputedStyle(pre);
+    const room = pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+    if (!charWidth || room <= 0) return perRow;   // not laid out (hidden): keep what it was
+    return HEX_ROWS.find((n) => hexLineChars(n) * charWidth <= room) || HEX_ROWS[HEX_ROWS.length - 1];
+  }
   function render() {
     for (const b of buttons) b.setAttribute("aria-pressed", String(b.dataset.mode === mode));
     if (!data) return;
-    const p = preview(data, mode);
+    perRow = fittingRow();
+    const p = preview(data, mode, perRow);
     pre.className = mode === "hex" ? "body hex" : "body";
+    pre.dataset.perRow = String(perRow);
     setText(pre, p.text);
     setText(note, p.note);
     note.hidden = !p.note;
@@ -37,6 +51,9 @@ export function bodyViewer(label) {
     mode = m;
     render();
   }
+  new ResizeObserver(() => {
+    if (data && mode === "hex" && fittingRow() !== perRow) render();
+  }).observe(pre);
   return {
     node,
     show(newData, newKey) {
@@ -48,37 +65,119 @@ export function bodyViewer(label) {
   };
 }
 
-// ---- sparkline ----------------------------------------------------------------
+// ---- charts ----------------------------------------------------------------------
 
-const SPARK_W = 300, SPARK_H = 48;
+const CHART_W = 900, CHART_H = 120;
+export const CHART_SECONDS = 900;   // the time a chart spans: the server's history (15 minutes)
+const X_TICKS = [15, 10, 5, 0];     // minutes ago, left to right
 
-// A line of the last values (one per poll), with the current value and
-// the peak in text. update(values, seconds): values oldest first, over
-// that many seconds.
-export function sparkline(title) {
-  const line = s("polyline", {class: "spark-line", points: ""});
-  const area = s("polygon", {class: "spark-area", points: ""});
-  const svg = s("svg", {class: "spark", viewBox: `0 0 ${SPARK_W} ${SPARK_H}`, preserveAspectRatio: "none", "aria-hidden": "true", focusable: "false"},
-    s("line", {class: "spark-base", x1: 0, y1: SPARK_H - 0.5, x2: SPARK_W, y2: SPARK_H - 0.5}), area, line);
-  const now = h("span", {class: "spark-now"}, "…");
-  const peak = h("span", {class: "muted"});
-  const node = h("figure", {class: "spark-box"},
-    h("figcaption", {}, h("span", {class: "spark-title"}, title), " ", now), svg, peak);
+// The smallest of 1, 2, 5 times a power of ten at or above v (the axis' top).
+function niceCeiling(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map((m) => m * p).find((x) => x >= v);
+}
+
+// A chart of the last 15 minutes with its axes: x in minutes ago (15 to
+// now), y from 0 to a round maximum in `unit` ("per second", "jobs"),
+// labelled. lines: [{key, label, cls}], one polyline each (the first with
+// an area under it when it is the only one). update(points, nowMs, fmt):
+// points are {t: ms on performance.now()'s clock, [key]: value}, oldest
+// first; fmt formats a value (the current one and the axis labels).
+export function chart(title, unit, lines) {
+  const grid = X_TICKS.map((m) => {
+    const x = CHART_W - (m * 60 / CHART_SECONDS) * CHART_W;
+    return s("line", {class: "chart-grid", x1: x, y1: 0, x2: x, y2: CHART_H});
+  });
+  const half = s("line", {class: "chart-grid", x1: 0, y1: CHART_H / 2, x2: CHART_W, y2: CHART_H / 2});
+  const area = s("polygon", {class: "chart-area", points: ""});
+  const polys = lines.map((l) => s("polyline", {class: "chart-line " + (l.cls || ""), points: ""}));
+  const svg = s("svg", {class: "chart", viewBox: `0 0 ${CHART_W} ${CHART_H}`, preserveAspectRatio: "none",
+    "aria-hidden": "true", focusable: "false"},
+  grid, half, s("line", {class: "chart-base", x1: 0, y1: CHART_H - 0.5, x2: CHART_W, y2: CHART_H - 0.5}),
+  lines.length === 1 ? area : null, polys);
+  const yMax = h("span", {class: "chart-ymax"}, "…");
+  const yHalf = h("span", {class: "chart-yhalf"});
+  const now = h("span", {class: "chart-now"}, "…");
+  const legend = lines.length > 1
+    ? h("ul", {class: "chart-legend"}, lines.map((l) => h("li", {class: l.cls}, l.label))) : null;
+  const node = h("figure", {class: "chart-box"},
+    h("figcaption", {}, h("span", {class: "chart-title"}, title), " ", now),
+    h("div", {class: "chart-plot"},
+      h("div", {class: "chart-y"}, yMax, yHalf, h("span", {}, "0")),
+      svg),
+    h("div", {class: "chart-x"}, X_TICKS.map((m) => h("span", {}, m === 0 ? "now" : m === 15 ? "15 min ago" : `${m} min`))),
+    h("p", {class: "chart-unit muted"}, `y: ${unit}; x: minutes ago`),
+    legend);
   return {
     node,
-    update(values, seconds) {
-      const last = values.length ? values[values.length - 1] : 0;
-      const max = Math.max(0, ...values);
-      setText(now, rate(last));
-      setText(peak, `peak ${rate(max)} over the last ${duration(seconds)}`);
-      const top = max > 0 ? max : 1;
-      const step = SPARK_W / Math.max(1, values.length - 1);
-      const pts = values.map((v, i) => `${(i * step).toFixed(1)},${(SPARK_H - 2 - (v / top) * (SPARK_H - 6)).toFixed(1)}`);
-      line.setAttribute("points", pts.join(" "));
-      area.setAttribute("points", pts.length ? `0,${SPARK_H} ${pts.join(" ")} ${((values.length - 1) * step).toFixed(1)},${SPARK_H}` : "");
-      node.setAttribute("aria-label", `${title}: ${rate(last)} now, peak ${rate(max)}`);
+    update(points, nowMs, fmt) {
+      const shown = points.filter((p) => nowMs - p.t <= CHART_SECONDS * 1000);
+      let max = 0;
+      for (const p of shown) for (const l of lines) max = Math.max(max, p[l.key] || 0);
+      const top = niceCeiling(max);
+      setText(yMax, fmt(top));
+      setText(yHalf, fmt(top / 2));
+      const xy = (p, key) => {
+        const x = CHART_W - ((nowMs - p.t) / 1000 / CHART_SECONDS) * CHART_W;
+        const y = CHART_H - 1 - ((p[key] || 0) / top) * (CHART_H - 4);
+        return `${x.toFixed(1)},${y.toFixed(1)}`;
+      };
+      lines.forEach((l, i) => polys[i].setAttribute("points", shown.map((p) => xy(p, l.key)).join(" ")));
+      if (lines.length === 1 && shown.length) {
+        const first = xy(shown[0], lines[0].key).split(",")[0], last = xy(shown[shown.length - 1], lines[0].key).split(",")[0];
+        area.setAttribute("points", `${first},${CHART_H} ${polys[0].getAttribute("points")} ${last},${CHART_H}`);
+      } else {
+        area.setAttribute("points", "");
+      }
+      const latest = shown.length ? shown[shown.length - 1] : null;
+      const current = lines.map((l) => (lines.length > 1 ? l.label + " " : "") + fmt(latest ? latest[l.key] || 0 : 0)).join(", ");
+      setText(now, latest ? current : "no data yet");
+      node.setAttribute("aria-label", `${title}: ${latest ? current : "no data yet"} now; axis top ${fmt(top)} (${unit}) over the last 15 minutes`);
+      node.dataset.max = String(max);
     },
   };
+}
+
+// ---- cursor pages ------------------------------------------------------------
+
+// Previous and Next over pages asked for by cursor: the cursors of the
+// pages come through ("" is the first) make Previous. onChange() runs after
+// a move. show(next, text): the page's `next` (null at the end) and what
+// the pager says.
+export function cursorPager(label, onChange) {
+  let cursors = [""], next = null;
+  const info = h("span", {class: "page-info"});
+  const prev = h("button", {type: "button", onclick: () => { cursors.pop(); onChange(); }}, "Previous");
+  const forward = h("button", {type: "button", onclick: () => { cursors.push(next); onChange(); }}, "Next");
+  return {
+    node: h("nav", {class: "pager", "aria-label": label}, prev, info, forward),
+    cursor: () => cursors[cursors.length - 1],
+    page: () => cursors.length,
+    reset() { cursors = [""]; },
+    show(nextCursor, text) {
+      next = nextCursor;
+      setText(info, text);
+      prev.disabled = cursors.length === 1;
+      forward.disabled = !next;
+    },
+  };
+}
+
+// Make tbody's rows these nodes, in order, moving them only when they
+// differ (a focused button keeps its focus across polls).
+export function placeRows(tbody, nodes) {
+  if (nodes.length !== tbody.children.length || nodes.some((n, i) => tbody.children[i] !== n)) tbody.replaceChildren(...nodes);
+}
+
+// Who holds a reserved job, into node: "client 7" linked to it in the
+// Clients view; "an HTTP reservation" for null (a reservation token holds
+// it, no client); "–" for undefined (not reserved).
+export function showHolder(node, client) {
+  if (client === null || client === undefined) return setText(node, client === null ? "an HTTP reservation" : "–");
+  const link = node.firstElementChild;
+  if (link && link.getAttribute("href") === clientHref(client)) return;
+  node.replaceChildren(h("a", {href: clientHref(client)}, `client ${client}`));
 }
 
 // ---- a bar of job states ----------------------------------------------------------
@@ -133,6 +232,17 @@ export function confirmAction(message, okLabel) {
     dialog.showModal();
     cancel.focus();
   });
+}
+
+// Run an action (an async function that returns its message); the message
+// or the error goes to the status line. Then refresh the view at once.
+export async function act(app, work) {
+  try {
+    notify(await work(), "ok");
+  } catch (e) {
+    notify(e.message || String(e), "error");
+  }
+  app.refreshNow();
 }
 
 // A short message in the status line (announced by screen readers; the

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The dashboard's pictures in the documentation (docs/images/dashboard-*.png):
 a server with a little traffic (puts, reserves, deletes over TCP and HTTP
-for a minute, a few buried and delayed jobs, a paused tube, two push
-subscriptions: one to a service that answers 204, one to a service that
-fails now and then), shot in headless Chromium. Not a test; run it again
+for a minute, buried and delayed jobs, a paused tube, a worker holding a
+job and one waiting, two push subscriptions: one to a service that answers
+204, one to a service that fails now and then), shot in headless Chromium. Not a test; run it again
 when the page changes:
 
   python3 tests/ui/doc_images.py build/beangate [docs/images]
@@ -81,14 +81,26 @@ def main():
     b = test_ui.Browser(sel, *paths)
     stop = threading.Event()
     worker = threading.Thread(target=traffic, args=(server, stop))
+    clients = []   # beanstalk connections to close at the end
     try:
         bs = test_ui.Beanstalk(server.tcp_port)
         buried = []
-        for i in range(3):
+        for i in range(12):
             bs.put("webhooks", json.dumps({"url": "https://example.com/hook/%d" % i, "attempt": 3,
                                            "event": "invoice.paid", "last_error": "503 from the receiver"}).encode())
             buried.append(bs.reserve_and_bury("webhooks"))
         bs.close()
+        # a worker that holds a job of sms, and one waiting for video
+        holder, waiter = test_ui.Beanstalk(server.tcp_port), test_ui.Beanstalk(server.tcp_port)
+        clients += [holder, waiter]
+        sms = json.dumps({"to": "+15550100", "text": "Your code is 4711"}).encode()
+        holder.cmd("use sms\r\n")
+        holder.cmd(b"put 0 0 3600 %d\r\n%s\r\n" % (len(sms), sms))   # a TTR that outlasts the shots
+        holder.cmd("watch sms\r\n")
+        if holder.cmd("reserve-with-timeout 0\r\n").startswith(b"RESERVED"):
+            holder.line()   # the body
+        waiter.cmd("watch video\r\n")
+        waiter.s.sendall(b"reserve-with-timeout 600\r\n")
         sample = buried[0]   # the job view shows a buried job: no worker takes it meanwhile
         server.put("emails", b"weekly digest for ada@example.com", delay=3600)
         server.put("reports", b"monthly report", delay=7200)   # the tube must exist to be paused
@@ -97,10 +109,13 @@ def main():
         b.d.set_window_size(1280, 900)
         b.open(server, "/overview")
         b.heading("Overview")
-        time.sleep(75)   # a minute and more of rates for the sparklines
+        time.sleep(75)   # a minute and more of the server's history for the charts
         shots = [("overview", "/overview", "Overview", 1280), ("overview-phone", "/overview", "Overview", 390),
                  ("tubes", "/tubes", "Tubes", 1280), ("tube", "/tubes/emails", "Tube emails", 1280),
                  ("job", "/jobs/%d" % sample, "Job %d" % sample, 1280),
+                 ("tube-jobs", "/tubes/webhooks/jobs?state=buried", "Jobs of tube webhooks", 1280),
+                 ("tube-jobs-phone", "/tubes/webhooks/jobs?state=buried", "Jobs of tube webhooks", 390),
+                 ("clients", "/clients", "Clients", 1280),
                  ("subscriptions", "/subscriptions", "Subscriptions", 1280)]
         # a job of the flaky service waiting for its retry shows its last delivery error
         subs = {x["tube"]: x for x in server.api("GET", "/subscriptions")["subscriptions"]}
@@ -113,6 +128,9 @@ def main():
                 b.open(server, path)
             b.heading(heading)
             b.wait(lambda: "…" not in b.css("main").text, "%s filled in" % name)
+            if name == "tube-jobs":   # the first job's body open under its row
+                b.button("Body", "table.jobs tbody tr[data-id]").click()
+                b.wait(lambda: b.css("tr.body-row pre.body").text, "the body shown")
             file = os.path.join(out, "dashboard-%s.png" % name)
             b.screenshot(file, width)
             print(file, os.path.getsize(file))
@@ -121,6 +139,8 @@ def main():
         if worker.is_alive():
             worker.join()
         b.quit()
+        for c in clients:
+            c.close()
         server.stop()
         service.close()
         shutil.rmtree(logdir, ignore_errors=True)

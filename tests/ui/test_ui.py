@@ -61,8 +61,8 @@ def load_selenium():
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
-    return {"webdriver": webdriver, "Service": Service, "By": By, "Keys": Keys, "WebDriverWait": WebDriverWait,
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+    return {"Select": Select, "webdriver": webdriver, "Service": Service, "By": By, "Keys": Keys, "WebDriverWait": WebDriverWait,
             "ActionChains": ActionChains,
             "TimeoutException": TimeoutException,
             "ignored": (NoSuchElementException, StaleElementReferenceException)}, None
@@ -173,6 +173,13 @@ class Beanstalk(LineSocket):
         reply = self.cmd(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))
         check(reply.startswith(b"INSERTED "), "beanstalk put: %r" % reply)
         return int(reply.split()[1])
+
+    def stats(self, command):
+        """The YAML of a stats command (stats-tube X, stats-job N) as a dict of strings."""
+        reply = self.cmd(command + "\r\n")
+        check(reply.startswith(b"OK "), "beanstalk %s: %r" % (command, reply))
+        data = self.body(int(reply.split()[1])).decode()
+        return dict(line.split(": ", 1) for line in data.splitlines()[1:] if ": " in line)
 
     def reserve_and_bury(self, tube):
         self.cmd("watch %s\r\n" % tube)
@@ -422,13 +429,17 @@ def test_overview_counts_follow_tcp_and_http():
     b.wait(lambda: peak(b, "Reserves") > 0 and peak(b, "Deletes") > 0, "reserve and delete rates above 0")
 
 
+def chart(b, title):
+    """The overview's chart of that title (figure.chart-box)."""
+    for fig in b.all("figure.chart-box"):
+        if fig.find_element(b.sel["By"].CSS_SELECTOR, ".chart-title").text == title:
+            return fig
+    raise AssertionError("no chart %r" % title)
+
+
 def peak(b, title):
-    """The peak rate a sparkline shows ("peak 1.5/s over the last 4m 10s")."""
-    for fig in b.all("figure.spark-box"):
-        if fig.find_element(b.sel["By"].CSS_SELECTOR, ".spark-title").text == title:
-            m = re.search(r"peak ([0-9.,]+)/s", fig.text)
-            return float(m.group(1).replace(",", "")) if m else 0.0
-    raise AssertionError("no sparkline %r" % title)
+    """The largest value a chart draws over its 15 minutes (its data-max)."""
+    return float(chart(b, title).get_attribute("data-max") or 0)
 
 
 def test_tubes_table_pages_sort_filter():
@@ -733,15 +744,15 @@ def test_subscriptions_view():
     b.heading("Job %d" % plain)
     b.wait(lambda: b.fact("state") == "ready", "the plain job's stats")
     check(not b.css(section).is_displayed(), "a last delivery error shown for a job without one")
-    # from the keyboard: the view is the third of the navigation
+    # from the keyboard: the view is the fourth of the navigation
     b.open(s, "/overview")
     b.heading("Overview")
     b.js("document.querySelector('.brand').focus()")
     order = []
-    for _ in range(3):
+    for _ in range(4):
         b.sel["ActionChains"](b.d).send_keys(b.sel["Keys"].TAB).perform()
         order.append(b.d.switch_to.active_element.text.strip())
-    check_eq(order, ["Overview", "Tubes", "Subscriptions"], "the tab stops after the brand")
+    check_eq(order, ["Overview", "Tubes", "Clients", "Subscriptions"], "the tab stops after the brand")
     b.d.switch_to.active_element.send_keys(b.sel["Keys"].ENTER)
     b.heading("Subscriptions")
     check_eq(b.css('.nav a[aria-current="page"]').text, "Subscriptions", "the current view marked")
@@ -764,6 +775,330 @@ def test_subscriptions_view():
     s.api("DELETE", "/jobs/%d" % failed, want=204)
     s.api("DELETE", "/jobs/%d" % retried, want=204)
     s.api("DELETE", "/jobs/%d" % plain, want=204)
+
+
+# ---- issue 26: a tube's jobs, bulk actions, clients, history ----------------------------
+
+def job_rows(b):
+    """The ids of the jobs table's rows, in order."""
+    return [int(tr.get_attribute("data-id")) for tr in b.all("table.jobs tbody tr[data-id]")]
+
+
+def open_jobs(b, s, tube, state, heading=True):
+    b.open(s, "/tubes/%s/jobs?state=%s" % (quote(tube), state))
+    if heading:
+        b.heading("Jobs of tube " + tube)
+    b.wait(lambda: b.css('.tabs button[aria-pressed="true"]').get_attribute("data-state") == state,
+           "the %s tab chosen" % state)
+
+
+def tab_counts(b):
+    """{state: count} as the tabs show them ("Buried 3")."""
+    out = {}
+    for t in b.all(".tabs button"):
+        m = re.fullmatch(r"[A-Z][a-z]+ ([0-9,]+)", t.text.strip())
+        out[t.get_attribute("data-state")] = int(m.group(1).replace(",", "")) if m else None
+    return out
+
+
+def stats_tube(s, tube):
+    """stats-tube over the beanstalk protocol: {field: int}."""
+    bs = Beanstalk(s.tcp_port)
+    try:
+        return {k: int(v) if v.strip().isdigit() else v for k, v in bs.stats("stats-tube %s" % tube).items()}
+    finally:
+        bs.close()
+
+
+def test_tube_jobs_paged_by_state():
+    """A tube's jobs, a state at a time, in the order the server serves
+    them: 110 ready jobs in pages of 50 (Next, Previous: the cursor stack),
+    a page size of 20, the buried tab in burial order, a job put at
+    priority 0 shows first, a body on demand (markup in it stays text),
+    and the go-to-job box."""
+    b, s = C.browser, C.server
+    tube = "ui-browse"
+    ids = [s.put(tube, b"job %d" % i) for i in range(110)]   # 3 pages of 50, the last one short
+    bs = Beanstalk(s.tcp_port)
+    try:
+        buried = []
+        for i in range(2):
+            bs.put(tube, b"to bury %d" % i)   # priority 0 over TCP: reserved before the others
+            buried.append(bs.reserve_and_bury(tube))
+        marked = s.put(tube, XSS_BODIES[1], priority=0)
+        delayed = [s.put(tube, b"later %d" % i, delay=600) for i in range(2)]
+    finally:
+        bs.close()
+    st = stats_tube(s, tube)
+    ready_now = st["current-jobs-ready"]
+    open_jobs(b, s, tube, "ready")
+    b.wait(lambda: tab_counts(b) == {"ready": ready_now, "delayed": 2, "buried": len(buried), "reserved": 0},
+           "the tabs' counts (have %r)" % tab_counts(b))
+    b.wait(lambda: len(job_rows(b)) == 50, "a page of 50")
+    rows = job_rows(b)
+    check_eq(rows[0], marked, "priority 0 first")
+    ready_order = [marked] + [j for j in ids if j not in buried]
+    check_eq(rows, ready_order[:50], "the first page in serving order")
+    check(b.css("table.jobs caption").text.startswith("Ready jobs 1–50 of %d" % ready_now),
+          "caption %r" % b.css("table.jobs caption").text)
+    check(not b.button("Previous", ".pager").is_enabled(), "no Previous on the first page")
+    b.button("Next", ".pager").click()
+    b.wait(lambda: job_rows(b)[:1] == ready_order[50:51], "page 2")
+    check_eq(job_rows(b), ready_order[50:100], "page 2 in serving order")
+    b.button("Next", ".pager").click()
+    b.wait(lambda: job_rows(b) == ready_order[100:], "page 3 (the rest)")
+    check(not b.button("Next", ".pager").is_enabled(), "no Next on the last page")
+    b.button("Previous", ".pager").click()
+    b.wait(lambda: job_rows(b) == ready_order[50:100], "back to page 2")
+    b.button("Previous", ".pager").click()
+    b.wait(lambda: job_rows(b) == ready_order[:50], "back to page 1")
+    # a page size of 20, kept in the address
+    sel = b.css("#jobs-limit")
+    b.sel["Select"](sel).select_by_visible_text("20")
+    b.wait(lambda: len(job_rows(b)) == 20, "a page of 20")
+    check("limit=20" in b.d.current_url, "the page size in the address: %s" % b.d.current_url)
+    # a new job at priority 0 comes first on the next poll
+    urgent = s.put(tube, b"urgent", priority=0)
+    b.wait(lambda: job_rows(b)[:2] == [marked, urgent], "the urgent job near the top (ids %r)" % job_rows(b)[:3])
+    # the body on demand, as text; the markup in it is text
+    row = 'table.jobs tr[data-id="%d"]' % marked
+    b.button("Body", row).click()
+    pre = 'table.jobs tr[data-id="%d"] + tr.body-row pre.body' % marked
+    b.wait(lambda: b.css(pre).text == XSS_BODIES[1].decode(), "the body shown as text")
+    check_eq(b.button("Body", row).get_attribute("aria-expanded"), "true", "aria-expanded")
+    no_markup_ran(b, "jobs table")
+    # the buried tab: burial order, the delayed tab
+    b.css('.tabs button[data-state="buried"]').click()
+    b.wait(lambda: job_rows(b) == buried, "the buried jobs in burial order (have %r)" % job_rows(b))
+    check("state=buried" in b.d.current_url, "the state in the address")
+    b.css('.tabs button[data-state="delayed"]').click()
+    b.wait(lambda: job_rows(b) == delayed, "the delayed jobs, soonest first")
+    # kick one delayed job from its row
+    b.button("Kick", 'table.jobs tr[data-id="%d"]' % delayed[0]).click()
+    b.wait(lambda: s.api("GET", "/jobs/%d" % delayed[0])["state"] == "ready", "the delayed job kicked")
+    b.wait(lambda: job_rows(b) == delayed[1:], "the kicked job left the delayed page")
+    # go to a job by id
+    b.type_into("#jobs-goto", str(buried[1])).send_keys(b.sel["Keys"].ENTER)
+    b.heading("Job %d" % buried[1])
+
+
+def test_bulk_actions_confirm_with_count():
+    """Delete all buried, kick all delayed, delete all ready: each asks with
+    the count ("Delete 4 buried jobs of tube ...?"), Cancel does nothing, and
+    the answer's count is shown; beanstalk's stats-tube shows the result
+    and the other states untouched."""
+    b, s = C.browser, C.server
+    tube = "ui-bulk"
+    for i in range(5):
+        s.put(tube, b"ready %d" % i, priority=10)
+    for i in range(3):
+        s.put(tube, b"delayed %d" % i, delay=600)
+    bs = Beanstalk(s.tcp_port)
+    try:
+        for i in range(4):
+            bs.cmd("use %s\r\n" % tube)
+            reply = bs.cmd(b"put 0 0 60 6\r\nburied\r\n")
+            check(reply.startswith(b"INSERTED"), "put: %r" % reply)
+            bs.reserve_and_bury(tube)
+    finally:
+        bs.close()
+    before = stats_tube(s, tube)
+    check_eq((before["current-jobs-ready"], before["current-jobs-delayed"], before["current-jobs-buried"]), (5, 3, 4),
+             "ready, delayed, buried before")
+    dialog = b.css("#confirm-dialog")
+    open_jobs(b, s, tube, "buried")
+    b.wait(lambda: len(job_rows(b)) == 4, "the 4 buried jobs")
+    b.css('.bulk button[data-bulk="delete"]').click()
+    b.wait(lambda: dialog.get_attribute("open") is not None, "the confirmation")
+    check("Delete 4 buried jobs of tube %s?" % tube in dialog.text, "the question names the count: %r" % dialog.text)
+    b.button("Cancel", "#confirm-dialog").click()
+    b.wait(lambda: dialog.get_attribute("open") is None, "Cancel closes it")
+    check_eq(stats_tube(s, tube)["current-jobs-buried"], 4, "nothing deleted after Cancel")
+    b.css('.bulk button[data-bulk="delete"]').click()
+    b.wait(lambda: dialog.get_attribute("open") is not None, "the confirmation again")
+    b.button("Delete 4 jobs", "#confirm-dialog").click()
+    b.wait(lambda: "Deleted 4 buried jobs of tube %s." % tube in b.notice(), "the count deleted (%r)" % b.notice())
+    after = stats_tube(s, tube)
+    check_eq((after["current-jobs-buried"], after["current-jobs-ready"], after["current-jobs-delayed"]), (0, 5, 3),
+             "buried gone, ready and delayed untouched")
+    check_eq(after["cmd-delete"] - before["cmd-delete"], 4, "the deletes counted in the tube's cmd-delete")
+    b.wait(lambda: job_rows(b) == [] and tab_counts(b)["buried"] == 0, "the table empty")
+    # kick all delayed
+    b.css('.tabs button[data-state="delayed"]').click()
+    b.wait(lambda: len(job_rows(b)) == 3, "the 3 delayed jobs")
+    b.css('.bulk button[data-bulk="kick"]').click()
+    b.wait(lambda: dialog.get_attribute("open") is not None, "the kick's confirmation")
+    check("Kick 3 delayed jobs of tube %s?" % tube in dialog.text, "the kick names the count: %r" % dialog.text)
+    b.button("Kick 3 jobs", "#confirm-dialog").click()
+    b.wait(lambda: "Kicked 3 delayed jobs" in b.notice(), "the count kicked (%r)" % b.notice())
+    after = stats_tube(s, tube)
+    check_eq((after["current-jobs-delayed"], after["current-jobs-ready"]), (0, 8), "delayed kicked to ready")
+    # delete all ready
+    b.css('.tabs button[data-state="ready"]').click()
+    b.wait(lambda: len(job_rows(b)) == 8, "the 8 ready jobs")
+    b.css('.bulk button[data-bulk="delete"]').click()
+    b.wait(lambda: "Delete 8 ready jobs of tube %s?" % tube in dialog.text, "the question for ready")
+    b.button("Delete 8 jobs", "#confirm-dialog").click()
+    b.wait(lambda: "Deleted 8 ready jobs" in b.notice(), "the ready jobs deleted (%r)" % b.notice())
+    check_eq(s.request("GET", "/tubes/" + tube)[0], 404, "the tube, empty, is gone")
+    # the reserved tab offers no bulk action
+    b.css('.tabs button[data-state="reserved"]').click()
+    b.wait(lambda: not b.css(".bulk").is_displayed(), "no bulk action for reserved jobs")
+
+
+def test_clients_view_and_close():
+    """The Clients view lists a beanstalk worker (its peer, tube used, tubes
+    watched, its reserved job linked to the job page) and a waiting one;
+    the job page names the client that holds it (a link back); Close asks
+    first, ends the connection, and the job is ready again over beanstalk.
+    A push subscription's URL (markup here) is text, and it has no Close."""
+    b, s = C.browser, C.server
+    tube, other = "ui-clients", "ui-clients-wait"
+    jid = s.put(tube, b"held by a worker")
+    worker, waiter = Beanstalk(s.tcp_port), Beanstalk(s.tcp_port)
+    try:
+        worker.cmd("use %s\r\n" % tube)
+        worker.cmd("watch %s\r\n" % tube)
+        reply = worker.cmd("reserve-with-timeout 0\r\n")
+        check_eq(reply.split()[:2], [b"RESERVED", str(jid).encode()], "the worker's reserve")
+        worker.line()
+        waiter.cmd("watch %s\r\n" % other)
+        waiter.s.sendall(b"reserve-with-timeout 120\r\n")   # waits: no answer read
+        peer = "127.0.0.1:%d" % worker.s.getsockname()[1]
+        waiter_peer = "127.0.0.1:%d" % waiter.s.getsockname()[1]
+        b.open(s, "/clients?protocol=beanstalk")
+        b.heading("Clients")
+
+        def row_of(p):
+            for tr in b.all("table.clients tbody tr"):
+                cells = [c.text for c in tr.find_elements(b.sel["By"].CSS_SELECTOR, "th, td")]
+                if cells[2] == p:
+                    return cells
+            return None
+        b.wait(lambda: row_of(peer) is not None, "the worker's row (peer %s)" % peer)
+        b.wait(lambda: row_of(waiter_peer) and row_of(waiter_peer)[8].startswith("yes"), "the waiter waiting")
+        cells = row_of(peer)
+        client = int(cells[0])
+        check_eq(cells[1], "beanstalk", "protocol")
+        check_eq(cells[5], tube, "the tube used")
+        check(tube in cells[6], "the tubes watched: %r" % cells[6])
+        check_eq(cells[7], "1: %d" % jid, "the reserved job")
+        check_eq(cells[8], "no", "the worker is not waiting")
+        check(other in row_of(waiter_peer)[6], "the waiter watches %s" % other)
+        no_markup_ran(b, "clients")
+        # the reserved job's link, and back from the job page
+        b.css('table.clients tr[data-id="%d"] a[href="#/jobs/%d"]' % (client, jid)).click()
+        b.heading("Job %d" % jid)
+        b.wait(lambda: b.fact("reserved_by") == "client %d" % client, "the job names its client")
+        b.css('dd[data-key="reserved_by"] a').click()
+        b.heading("Client %d" % client)
+        b.wait(lambda: len(b.all('table.clients tbody tr[data-id="%d"]' % client)) == 1, "the client's row alone")
+        check_eq(len(b.all("table.clients tbody tr")), 1, "one row")
+        # close it, after a question
+        dialog = b.css("#confirm-dialog")
+        b.button("Close", 'table.clients tr[data-id="%d"]' % client).click()
+        b.wait(lambda: dialog.get_attribute("open") is not None, "the confirmation")
+        check("Close client %d (beanstalk, %s)? Its reserved job goes back to ready." % (client, peer) in dialog.text,
+              "the question: %r" % dialog.text)
+        b.button("Close client", "#confirm-dialog").click()
+        b.wait(lambda: "Client %d closed." % client in b.notice(), "the close's message (%r)" % b.notice())
+        worker.s.settimeout(WAIT)
+        check_eq(worker.s.recv(100), b"", "the worker's connection closed by the server")
+        check_eq(stats_job_state(s, jid), "ready", "the job ready again (stats-job)")
+        b.wait(lambda: "There is no client %d now" % client in b.css("main").text, "the client gone from the view")
+    finally:
+        worker.close()
+        waiter.close()
+    s.api("DELETE", "/jobs/%d" % jid, want=204)
+    # push subscriptions: their URL (one of them markup) as text, no Close
+    b.open(s, "/clients?protocol=push")
+    b.heading("Clients")
+    b.wait(lambda: any(MARKUP_PATH in c.text for c in b.all("table.clients tbody td")), "the markup URL as text")
+    no_markup_ran(b, "clients of push")
+    check_eq(visible_buttons(b, "table.clients tbody"), [], "a push subscription cannot be closed")
+
+
+def stats_job_state(s, jid):
+    bs = Beanstalk(s.tcp_port)
+    try:
+        return bs.stats("stats-job %d" % jid)["state"]
+    finally:
+        bs.close()
+
+
+def test_history_charts_and_tube_rates():
+    """A page opened now shows the minutes before it: with one poll only
+    (?poll=60000) the Puts chart already has the puts made before the page
+    was opened (GET /stats/history), with its axes (x: 15 min ago to now;
+    y: 0 to a round maximum per second); the tubes table and the tube view
+    show the tube's put rate on their first poll."""
+    b, s = C.browser, C.server
+    tube = "ui-rates"
+    for i in range(40):
+        s.put(tube, b"r%d" % i)
+    deadline = time.monotonic() + WAIT
+    while max(s.api("GET", "/stats/history")["series"]["put"] or [0]) <= 0:
+        check(time.monotonic() < deadline, "the server's history has no put")
+        time.sleep(0.1)   # the server samples once a second: wait for a sample
+    b.open(s, "/overview", poll=60000)
+    b.heading("Overview")
+    b.wait(lambda: "Connecting" not in b.css("#live").text, "the first poll")
+    b.wait(lambda: peak(b, "Puts") > 0, "the puts before the page in its chart")
+    fig = chart(b, "Puts")
+    ticks = [e.text for e in fig.find_elements(b.sel["By"].CSS_SELECTOR, ".chart-x span")]
+    check_eq(ticks, ["15 min ago", "10 min", "5 min", "now"], "the x axis")
+    top = fig.find_element(b.sel["By"].CSS_SELECTOR, ".chart-ymax").text
+    check(re.fullmatch(r"[0-9.,]+/s", top) and float(top[:-2].replace(",", "")) >= peak(b, "Puts"),
+          "the y axis' top %r above the peak %r" % (top, peak(b, "Puts")))
+    check("per second" in fig.text, "the unit named: %r" % fig.text)
+    check(len(fig.find_element(b.sel["By"].CSS_SELECTOR, "polyline").get_attribute("points").split()) > 1,
+          "a line of more than one point")
+    # per-tube rates at once
+    b.open(s, "/tubes?filter=%s" % tube, poll=60000)
+    b.wait(lambda: b.css("table.tubes tbody tr th a").text == tube, "the tube's row")
+    cells = lambda: [c.text for c in b.all("table.tubes tbody tr td")]
+    b.wait(lambda: cells()[6].endswith("/s") and cells()[6] != "0/s", "a put rate on the first poll (%r)" % cells())
+    b.open(s, "/tubes/" + tube, poll=60000)
+    b.heading("Tube " + tube)
+    b.wait(lambda: str(b.fact("put_rate")).endswith("/s"), "the tube's put rate on the first poll")
+
+
+def test_hex_view_fits_the_screen():
+    """A binary body's hex view has as many bytes a line as its box fits: 16
+    at 1280 px on the job page, fewer at 375 px, and never runs out of its
+    box or the page; in the jobs table too."""
+    b, s = C.browser, C.server
+    tube = "ui-hex"
+    bs = Beanstalk(s.tcp_port)
+    try:
+        jid = bs.put(tube, bytes(range(256)) * 2)
+    finally:
+        bs.close()
+    pre = "main pre.body.hex"
+    fits = "const p = document.querySelector(arguments[0]); return [p.scrollWidth, p.clientWidth, " \
+           "+p.dataset.perRow, document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    try:
+        for width, rows in ((1280, {16}), (375, {4, 8})):
+            b.d.set_window_size(width, 900)
+            b.open(s, "/jobs/%d" % jid)
+            b.heading("Job %d" % jid)
+            b.wait(lambda: b.all(pre), "the hex view (a binary body opens as hex)")
+            got = b.wait(lambda: b.js(fits, pre) if b.js(fits, pre)[2] else None, "the hex laid out")
+            check(got[0] <= got[1], "at %d px the hex runs out of its box: %r" % (width, got))
+            check(got[2] in rows, "at %d px, %d bytes a line" % (width, got[2]))
+            check(got[3] <= got[4], "at %d px the page is wider than the screen: %r" % (width, got))
+        b.d.set_window_size(1280, 900)
+        open_jobs(b, s, tube, "ready")
+        b.wait(lambda: job_rows(b) == [jid], "the job's row")
+        b.button("Body", 'table.jobs tr[data-id="%d"]' % jid).click()
+        inner = "table.jobs tr.body-row pre.body.hex"
+        b.wait(lambda: b.all(inner) and b.js(fits, inner)[2] > 0, "the hex in the jobs table")
+        got = b.js(fits, inner)
+        check(got[0] <= got[1] and got[2] == 16, "the jobs table's hex: %r" % got)
+    finally:
+        b.d.set_window_size(1280, 900)
+    s.api("DELETE", "/jobs/%d" % jid, want=204)
+
 
 def test_token_prompt():
     """With bearer tokens on, the page (which needs none) asks for one: a
@@ -813,10 +1148,11 @@ def visible_buttons(b, within):
 
 
 def test_scoped_token_sees_no_actions():
-    """Issue 23: a read-only token (read:*) sees a tube, its next buried job
-    and a job, with no action: no Actions card, no kick or delete buttons;
-    the unscoped token of the same server sees them all. A token that may
-    produce but not manage sees only the put form."""
+    """Issue 23: a read-only token (read:*) sees a tube, its next buried job,
+    its jobs table, a job and the clients, with no action: no Actions card,
+    no kick, delete or bulk buttons, no Close; the unscoped token of the same
+    server sees them all. A token that may produce but not manage sees only
+    the put form, and is told that it may not see the clients."""
     b = C.browser
     reader, producer, unscoped = "ui-reader-3e0a51c9d2", "ui-producer-a7d4e0b615", "ui-all-62f0c8b3e9"
     with tempfile.NamedTemporaryFile("w", prefix="beangate-ui-tokens-", delete=False) as f:
@@ -824,7 +1160,9 @@ def test_scoped_token_sees_no_actions():
     os.chmod(f.name, 0o600)
     s = Server(C.binary, args=["--http-token-file", f.name]).start()
     tube = "ui-scoped"
+    watcher = None
     try:
+        watcher = Beanstalk(s.tcp_port)   # a client to list
         bs = Beanstalk(s.tcp_port)
         try:
             bs.put(tube, b"kept")
@@ -856,7 +1194,26 @@ def test_scoped_token_sees_no_actions():
             b.wait_fact("state", "buried")
             b.wait(lambda: visible_buttons(b, 'section[aria-label="Statistics"]') == job_buttons,
                    "the job's buttons for %s: %r" % (token, job_buttons))
+            # the jobs table: bulk and row actions only for manage
+            open_jobs(b, s, tube, "buried")
+            b.wait(lambda: job_rows(b) == [job], "the buried job in the table")
+            bulk = ["Delete all buried", "Kick all buried"] if job_buttons else []
+            b.wait(lambda: sorted(e.text for e in b.all(".bulk button") if e.is_displayed()) == bulk,
+                   "the bulk actions of %s: %r" % (token, bulk))
+            b.wait(lambda: visible_buttons(b, "table.jobs tbody") == sorted(["Body"] + job_buttons),
+                   "the row's buttons for %s" % token)
+            # clients: read:* sees them (Close needs manage:*), a token without read:* is told so
+            b.open(s, "/clients?protocol=beanstalk")
+            b.heading("Clients")
+            if token == producer:
+                b.wait(lambda: "may not see the clients" in b.css("main").text, "the producer told it may not see clients")
+            else:
+                b.wait(lambda: len(b.all("table.clients tbody tr")) == 1, "the open connection's row for %s" % token)
+                b.wait(lambda: visible_buttons(b, "table.clients tbody") == (["Close"] if job_buttons else []),
+                       "Close for %s" % token)
     finally:
+        if watcher:
+            watcher.close()
         b.js("sessionStorage.clear()")
         b.open(C.server, "/overview")   # away from the server about to stop
         s.stop()
@@ -876,7 +1233,7 @@ def test_keyboard():
     for _ in range(5):
         b.sel["ActionChains"](b.d).send_keys(keys.TAB).perform()
         order.append(b.d.switch_to.active_element.text.strip())
-    check_eq(order, ["Skip to content", "beangate", "Overview", "Tubes", "Subscriptions"], "tab order of the header")
+    check_eq(order, ["Skip to content", "beangate", "Overview", "Tubes", "Clients"], "tab order of the header")
     b.sel["ActionChains"](b.d).key_down(keys.SHIFT).send_keys(keys.TAB).key_up(keys.SHIFT).perform()
     tubes = b.d.switch_to.active_element
     check_eq(tubes.text.strip(), "Tubes", "Shift+Tab goes back")
@@ -919,9 +1276,11 @@ def relative_luminance_js():
 
 
 # Open in browser b each view a page-wide check walks (overview, tubes, the
-# tube's view, subscriptions, then each job of job_ids), wait for its first poll, and yield its path.
+# tube's view, its jobs, clients, subscriptions, then each job of job_ids),
+# wait for its first poll, and yield its path.
 def opened_views(b, s, tube, job_ids):
     views = [("/overview", "Overview"), ("/tubes", "Tubes"), ("/tubes/" + tube, "Tube " + tube),
+             ("/tubes/%s/jobs?state=ready" % tube, "Jobs of tube " + tube), ("/clients", "Clients"),
              ("/subscriptions", "Subscriptions")] + [("/jobs/%d" % j, "Job %d" % j) for j in job_ids]
     for path, heading in views:
         b.open(s, path)
@@ -984,7 +1343,9 @@ def test_screenshots():
     s.put(tube, b"reminder in an hour", delay=3600)
     os.makedirs(C.artifacts, exist_ok=True)
     views = (("overview", "/overview", "Overview"), ("tubes", "/tubes", "Tubes"),
-             ("tube", "/tubes/" + tube, "Tube " + tube), ("job", "/jobs/%d" % ids[0], "Job %d" % ids[0]))
+             ("tube", "/tubes/" + tube, "Tube " + tube), ("job", "/jobs/%d" % ids[0], "Job %d" % ids[0]),
+             ("tube-jobs", "/tubes/%s/jobs?state=ready" % tube, "Jobs of tube " + tube),
+             ("clients", "/clients", "Clients"))
     for name, path, heading in views:
         for width in WIDTHS:
             b.d.set_window_size(width, 900)
@@ -1115,13 +1476,14 @@ def test_cors_from_another_origin():
 def test_no_policy_violations_or_script_errors():
     """Over every test above, the browser logged no Content-Security-Policy
     violation and no script error; the only failed loads are the 404s of
-    absent jobs and the 401s of the token test."""
+    absent jobs, the 401s of the token test and the 403s of a token that may
+    not list clients."""
     b = C.browser
     b.collect_logs()
     bad = []
     for e in b.logs:
         msg = e.get("message", "")
-        if re.search(r"Failed to load resource: the server responded with a status of (401|404)", msg):
+        if re.search(r"Failed to load resource: the server responded with a status of (401|403|404)", msg):
             continue
         if e.get("level") in ("SEVERE", "WARNING") or "Content Security Policy" in msg or "Refused" in msg:
             bad.append("%s %s" % (e.get("level"), msg[:300]))
@@ -1139,6 +1501,11 @@ TESTS = [
     test_tubes_named_dot_and_dot_dot,
     test_bodies_with_markup_are_text,
     test_subscriptions_view,
+    test_tube_jobs_paged_by_state,
+    test_bulk_actions_confirm_with_count,
+    test_clients_view_and_close,
+    test_history_charts_and_tube_rates,
+    test_hex_view_fits_the_screen,
     test_token_prompt,
     test_scoped_token_sees_no_actions,
     test_keyboard,
