@@ -73,6 +73,7 @@ struct wal_batch {
     int fresh;                 /* (re)create new_index on every attempt: a rewrite */
     struct segment_cut cut[2]; /* before anything else (a rewrite) */
     int sync_dir;              /* a segment was created or deleted: sync the directory */
+    char drop_name[64];        /* a superseded segment to delete first ("": none) */
     int error;                 /* errno of the flusher, 0 if written */
     enum wal_op failed_op;     /* what failed: a write (or create) or a sync */
     int copy_error;            /* -b with --replicate: the local copy failed (errno); the stream went on */
@@ -113,10 +114,9 @@ struct wal {
     struct bg_buf pending;
     uint64_t pending_records;  /* records in pending (the last ones appended) */
     uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
-    int dir_dirty;             /* segments were deleted: sync the directory */
     /* segments below it are superseded by a snapshot on disk: deleted one
-     * a loop turn (drop_step), as unlinking a segment of many MB takes
-     * milliseconds that every client would wait */
+     * a batch, by the flusher (drop_step), as unlinking a segment of many
+     * MB takes milliseconds that every client of the loop would wait */
     uint64_t drop_below;
     uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
@@ -286,26 +286,33 @@ static void segment_cut_back(struct storage *st, struct segment_cut *c)
     c->file = -1;
 }
 
-/* Delete the segments below `index` (their data is in later ones). One
- * that was found damaged at start is kept, as beangate.N.wal.damaged (which
+/* Retire the oldest segment (its data is in later ones): forget it and
+ * put its file name in `name`. 1 if the caller deletes that file; 0 if it
+ * was found damaged at start and is kept, as beangate.N.wal.damaged (which
  * recovery does not read), for whoever wants to look at it. */
+static int segment_retire_first(struct wal *w, char *name, size_t size)
+{
+    char kept[80];
+    segment_name(name, size, w->first_index);
+    int damaged = 0;
+    for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
+    snprintf(kept, sizeof kept, "%s.damaged", name);
+    int keep = damaged && w->storage->ops->rename(w->storage, name, kept) == 0;
+    if (keep) log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
+    w->disk_bytes -= w->segment_sizes[0];
+    memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
+    w->segment_sizes[w->segment_cap - 1] = 0;
+    w->first_index++;
+    return !keep;
+}
+
+/* Delete the segments below `index` here and now (their data is in later
+ * ones). */
 static void segments_drop_below(struct wal *w, uint64_t index)
 {
-    char name[64], kept[80];
-    while (w->first_index < index) {
-        segment_name(name, sizeof name, w->first_index);
-        int damaged = 0;
-        for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
-        snprintf(kept, sizeof kept, "%s.damaged", name);
-        if (damaged && w->storage->ops->rename(w->storage, name, kept) == 0)
-            log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
-        else
-            w->storage->ops->unlink(w->storage, name);
-        w->disk_bytes -= w->segment_sizes[0];
-        memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
-        w->segment_sizes[w->segment_cap - 1] = 0;
-        w->first_index++;
-    }
+    char name[64];
+    while (w->first_index < index)
+        if (segment_retire_first(w, name, sizeof name)) w->storage->ops->unlink(w->storage, name);
 }
 
 /* ---- engine hooks: append records -------------------------------------- */
@@ -472,6 +479,9 @@ static int flush_batch(struct wal_batch *b, struct storage *st, int fsync_never,
 {
     b->failed_op = WAL_OP_NONE;
     b->copy_error = 0;
+    /* best effort: it is superseded by a snapshot on disk either way (a
+     * retry unlinks it again: gone already, harmless) */
+    if (b->drop_name[0]) st->ops->unlink(st, b->drop_name);
     if (b->disk) {
         int e = flush_to_disk(b, st, fsync_never);
         if (e && !repl) return e;
@@ -641,6 +651,7 @@ static int sync_due(const struct wal *w, bg_time now)
 static int batch_due(struct wal *w, bg_time now, int sync)
 {
     if (w->pending.len || w->snap_ids || w->force_snapshot || (w->unsynced && sync) || w->purge_due) return 1;
+    if (w->storage && w->first_index < w->drop_below) return 1; /* drop_step */
     if (w->unsynced && !w->cfg.fsync_never) {
         bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
         timer_in(w->sync_timer, due > now ? due - now : 0);
@@ -752,9 +763,9 @@ static int take_batch(struct wal *w)
     b->new_index = b->disk && (w->rotate_next || w->cur_file < 0) ? w->cur_index + 1 : 0;
     b->new_file = -1;
     b->fresh = 0;
-    b->sync_dir = w->dir_dirty || b->new_index;
+    b->sync_dir = b->new_index != 0;
+    b->drop_name[0] = 0;
     w->rotate_next = 0;
-    w->dir_dirty = 0;
     return 0;
 }
 
@@ -797,20 +808,23 @@ static void copy_restart_step(struct wal *w, bg_time now)
     w->force_snapshot = 1; /* snapshot_begin starts the new segment */
 }
 
-/* The drop step: delete the oldest superseded segment, if any (the next
- * batch syncs the directory); a kick comes for the next one. */
+/* The drop step of a batch just taken: the flusher deletes the oldest
+ * superseded segment, if any, before the batch's data, and the batch syncs
+ * the directory; the next batch takes the next one (batch_due). The order
+ * rule holds: drop_below moves only once the superseding snapshot is on
+ * disk (batch_done); one left by a stop is superseded, and recovery
+ * deletes it. */
 static void drop_step(struct wal *w)
 {
+    struct wal_batch *b = &w->batch;
     if (!w->storage || w->first_index >= w->drop_below) return;
-    segments_drop_below(w, w->first_index + 1);
-    w->dir_dirty = 1;
-    if (w->first_index < w->drop_below) timer_in(w->sync_timer, 0);
+    if (!segment_retire_first(w, b->drop_name, sizeof b->drop_name)) b->drop_name[0] = 0;
+    b->sync_dir = 1;
 }
 
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
-    drop_step(w);
     bg_time now = loop_now();
     int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
@@ -829,6 +843,7 @@ void wal_kick(struct wal *w)
     compaction_step(w); /* a snapshot that cannot go now does not hold up the records */
     rotation_step(w);
     if (take_batch(w) != 0) return;
+    drop_step(w);
     /* the batch that completes a snapshot is synced at once: the older
      * segments can go as soon as it is on disk */
     if (w->compact_seq && b->end_seq >= w->compact_seq) sync = !w->storage || !w->cfg.fsync_never;
