@@ -73,6 +73,7 @@ struct wal_batch {
     int fresh;                 /* (re)create new_index on every attempt: a rewrite */
     struct segment_cut cut[2]; /* before anything else (a rewrite) */
     int sync_dir;              /* a segment was created or deleted: sync the directory */
+    char drop_name[64];        /* a superseded segment to delete first ("": none) */
     int error;                 /* errno of the flusher, 0 if written */
     enum wal_op failed_op;     /* what failed: a write (or create) or a sync */
     int copy_error;            /* -b with --replicate: the local copy failed (errno); the stream went on */
@@ -113,10 +114,9 @@ struct wal {
     struct bg_buf pending;
     uint64_t pending_records;  /* records in pending (the last ones appended) */
     uint64_t appended_seq, synced_seq, written_seq; /* written_seq: binlog-records-written */
-    int dir_dirty;             /* segments were deleted: sync the directory */
     /* segments below it are superseded by a snapshot on disk: deleted one
-     * a loop turn (drop_step), as unlinking a segment of many MB takes
-     * milliseconds that every client would wait */
+     * a batch, by the flusher (drop_step), as unlinking a segment of many
+     * MB takes milliseconds that every client of the loop would wait */
     uint64_t drop_below;
     uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
@@ -139,11 +139,16 @@ struct wal {
     uint64_t records_unbuffered;
     uint64_t snap_heals;       /* records_unbuffered when the snapshot began */
     uint64_t finished_seq;     /* appended_seq when it last returned */
-    /* compaction: a snapshot is written a chunk per batch (snap_ids: the
-     * jobs alive when it began; snap_next: the next one to write) */
+    /* compaction: a snapshot is written a chunk per batch; it looks at the
+     * ids below the next id when it began, [snap_id_next, snap_id_end) (a
+     * bounded step per batch: collecting the ids of 10^6 jobs at once took
+     * 10 ms of the loop), or, when they are sparse, at the ids of the jobs
+     * alive when it began (snap_ids; snap_next: the next one) */
     uint64_t compact_index;    /* segments below it go once compact_seq is safe */
     uint64_t compact_seq;      /* the snapshot's end record, once appended */
-    uint64_t *snap_ids;        /* non-NULL while a snapshot is being written */
+    int snapping;              /* a snapshot is being written */
+    uint64_t snap_id_next, snap_id_end;
+    uint64_t *snap_ids;
     size_t snap_count, snap_next;
     /* flusher thread */
     pthread_t thread;
@@ -203,6 +208,10 @@ struct wal {
 #define WAL_UNSYNCED_MAX ((size_t)4 << 20) /* bytes kept for a rewrite before a sync is forced (-f N) */
 #define WAL_GATHER_MAX (2 * BG_SECOND / 1000) /* longest wait of a batch for the peers a sync answered */
 #define WAL_SNAPSHOT_STEP_BYTES ((size_t)1 << 20) /* records a snapshot writes per batch (about 1 ms) */
+#define WAL_SNAPSHOT_STEP_IDS 32768u /* ids a snapshot looks up per batch (well under 1 ms) */
+/* ids more than this many per live job and shard (plus a step) are sparse:
+ * the snapshot collects the live jobs' ids at once instead of walking them */
+#define WAL_SNAPSHOT_SPARSE 4u
 
 /* Bytes a job's full record takes on disk (for live-data accounting). */
 static uint64_t job_record_size(const struct bg_job *j)
@@ -286,26 +295,33 @@ static void segment_cut_back(struct storage *st, struct segment_cut *c)
     c->file = -1;
 }
 
-/* Delete the segments below `index` (their data is in later ones). One
- * that was found damaged at start is kept, as beangate.N.wal.damaged (which
+/* Retire the oldest segment (its data is in later ones): forget it and
+ * put its file name in `name`. 1 if the caller deletes that file; 0 if it
+ * was found damaged at start and is kept, as beangate.N.wal.damaged (which
  * recovery does not read), for whoever wants to look at it. */
+static int segment_retire_first(struct wal *w, char *name, size_t size)
+{
+    char kept[80];
+    segment_name(name, size, w->first_index);
+    int damaged = 0;
+    for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
+    snprintf(kept, sizeof kept, "%s.damaged", name);
+    int keep = damaged && w->storage->ops->rename(w->storage, name, kept) == 0;
+    if (keep) log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
+    w->disk_bytes -= w->segment_sizes[0];
+    memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
+    w->segment_sizes[w->segment_cap - 1] = 0;
+    w->first_index++;
+    return !keep;
+}
+
+/* Delete the segments below `index` here and now (their data is in later
+ * ones). */
 static void segments_drop_below(struct wal *w, uint64_t index)
 {
-    char name[64], kept[80];
-    while (w->first_index < index) {
-        segment_name(name, sizeof name, w->first_index);
-        int damaged = 0;
-        for (size_t i = 0; i < w->damaged_count; i++) damaged |= w->damaged_indexes[i] == w->first_index;
-        snprintf(kept, sizeof kept, "%s.damaged", name);
-        if (damaged && w->storage->ops->rename(w->storage, name, kept) == 0)
-            log_event(BG_LOG_WARN, "wal_damaged_kept", "file=%s kept_as=%s", name, kept);
-        else
-            w->storage->ops->unlink(w->storage, name);
-        w->disk_bytes -= w->segment_sizes[0];
-        memmove(w->segment_sizes, w->segment_sizes + 1, (w->segment_cap - 1) * sizeof *w->segment_sizes);
-        w->segment_sizes[w->segment_cap - 1] = 0;
-        w->first_index++;
-    }
+    char name[64];
+    while (w->first_index < index)
+        if (segment_retire_first(w, name, sizeof name)) w->storage->ops->unlink(w->storage, name);
 }
 
 /* ---- engine hooks: append records -------------------------------------- */
@@ -472,6 +488,9 @@ static int flush_batch(struct wal_batch *b, struct storage *st, int fsync_never,
 {
     b->failed_op = WAL_OP_NONE;
     b->copy_error = 0;
+    /* best effort: it is superseded by a snapshot on disk either way (a
+     * retry unlinks it again: gone already, harmless) */
+    if (b->drop_name[0]) st->ops->unlink(st, b->drop_name);
     if (b->disk) {
         int e = flush_to_disk(b, st, fsync_never);
         if (e && !repl) return e;
@@ -548,19 +567,38 @@ static void pending_added(struct wal *w)
     w->pending_records++;
 }
 
+/* The snapshot is done, or given up: forget its ids. */
+static void snapshot_stop(struct wal *w)
+{
+    free(w->snap_ids);
+    w->snap_ids = NULL;
+    w->snapping = 0;
+}
+
+/* Nonzero while the snapshot has ids left to look at. */
+static int snapshot_ids_left(const struct wal *w)
+{
+    return w->snap_ids ? w->snap_next < w->snap_count : w->snap_id_next < w->snap_id_end;
+}
+
 /* Append the snapshot's next jobs to pending, about WAL_SNAPSHOT_STEP_BYTES
- * of records (at least one job); after
- * the last, the highest id, the paused tubes and the end record. 0 or
- * BG_OUT_OF_MEMORY (the snapshot then stops; older segments stay). */
+ * of records (at least one job) and at most WAL_SNAPSHOT_STEP_IDS ids looked
+ * at; after the last, the highest id, the paused tubes and the end record.
+ * 0 or BG_OUT_OF_MEMORY (the snapshot then stops; older segments stay). */
 static int snapshot_step(struct wal *w)
 {
     struct bg_engine *e = w->engine;
     uint64_t wall = loop_wall_now();
     bg_time now = loop_now();
     size_t step_end = w->pending.len + WAL_SNAPSHOT_STEP_BYTES;
-    for (; w->snap_next < w->snap_count && w->pending.len < step_end; w->snap_next++) {
-        struct bg_job *j = bg_job_find(e, w->snap_ids[w->snap_next]);
-        if (!j) continue; /* deleted meanwhile: its delete record is in pending */
+    for (unsigned looked = 0; looked < WAL_SNAPSHOT_STEP_IDS && w->pending.len < step_end && snapshot_ids_left(w);
+         looked++) {
+        uint64_t id = w->snap_ids ? w->snap_ids[w->snap_next++] : w->snap_id_next++;
+        /* none (never put, or deleted: its delete record is in pending or
+         * before); a job put after the snapshot began has its id above
+         * the walk, its own record in the segment, and is not in snap_ids */
+        struct bg_job *j = bg_job_find(e, id);
+        if (!j) continue;
         struct bg_journal_job r;
         bg_journal_job_of(j, &r);
         if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (j->deadline_at > now ? j->deadline_at - now : 0);
@@ -569,7 +607,7 @@ static int snapshot_step(struct wal *w)
         pending_added(w);
         w->records_migrated++;
     }
-    if (w->snap_next < w->snap_count) return 0;
+    if (snapshot_ids_left(w)) return 0;
     /* ids are never reused: a delete record of the highest id given out
      * keeps the counter above it even when that job is gone */
     uint64_t last = bg_engine_last_id(e);
@@ -590,27 +628,33 @@ static int snapshot_step(struct wal *w)
      * (they may still be on disk after a crash, with jobs deleted since) */
     if (bg_journal_encode_snapshot_end(&w->pending) != 0) return BG_OUT_OF_MEMORY;
     pending_added(w);
-    free(w->snap_ids);
-    w->snap_ids = NULL;
+    snapshot_stop(w);
     w->compact_seq = w->appended_seq;
     return 0;
 }
 
-/* Begin a snapshot: note the ids of the live jobs; the batch starts a new
- * segment. 0, or BG_OUT_OF_MEMORY after noting the failure. */
+/* Begin a snapshot: the ids it looks at are those below the next id (every
+ * live job's is: core/audit.c), or when they are sparse the live jobs'
+ * ids, noted now; the batch starts a new segment. 0, or BG_OUT_OF_MEMORY
+ * after noting the failure. */
 static int snapshot_begin(struct wal *w)
 {
     struct bg_engine *e = w->engine;
-    uint64_t *ids = malloc((e->job_count ? e->job_count : 1) * sizeof *ids);
-    if (!ids) {
-        note_failure(w, ENOMEM, "snapshot");
-        return BG_OUT_OF_MEMORY;
+    w->snap_ids = NULL;
+    w->snap_id_next = 1;
+    w->snap_id_end = e->next_id;
+    if (w->snap_id_end - 1 > (uint64_t)WAL_SNAPSHOT_SPARSE * e->shard_count * e->job_count + WAL_SNAPSHOT_STEP_IDS) {
+        uint64_t *ids = malloc((e->job_count ? e->job_count : 1) * sizeof *ids);
+        if (!ids) {
+            note_failure(w, ENOMEM, "snapshot");
+            return BG_OUT_OF_MEMORY;
+        }
+        w->snap_count = bg_engine_job_ids(e, ids);
+        w->snap_next = 0;
+        w->snap_ids = ids;
     }
-    size_t n = bg_engine_job_ids(e, ids);
     if (w->storage) w->rotate_next = 1; /* the snapshot begins a segment */
-    w->snap_ids = ids;
-    w->snap_count = n;
-    w->snap_next = 0;
+    w->snapping = 1;
     w->compact_index = w->cur_index + 1;
     w->snap_heals = w->records_unbuffered;
     w->force_snapshot = 0;
@@ -621,7 +665,7 @@ static int snapshot_begin(struct wal *w)
  * the segment must not change under it. */
 static int snapshot_in_progress(const struct wal *w)
 {
-    return w->snap_ids || (w->compact_seq && w->appended_seq - w->pending_records < w->compact_seq);
+    return w->snapping || (w->compact_seq && w->appended_seq - w->pending_records < w->compact_seq);
 }
 
 /* ---- handing batches on: the steps of wal_kick ----------------------- */
@@ -640,7 +684,8 @@ static int sync_due(const struct wal *w, bg_time now)
  * their sync (-f N), the sync timer brings the kick when its time comes. */
 static int batch_due(struct wal *w, bg_time now, int sync)
 {
-    if (w->pending.len || w->snap_ids || w->force_snapshot || (w->unsynced && sync) || w->purge_due) return 1;
+    if (w->pending.len || w->snapping || w->force_snapshot || (w->unsynced && sync) || w->purge_due) return 1;
+    if (w->storage && w->first_index < w->drop_below) return 1; /* drop_step */
     if (w->unsynced && !w->cfg.fsync_never) {
         bg_time due = w->last_sync + (bg_time)w->cfg.fsync_ms * 1000000ull;
         timer_in(w->sync_timer, due > now ? due - now : 0);
@@ -660,7 +705,7 @@ static int gather_done(struct wal *w, bg_time now)
 {
     if (!w->gather.until) return 1;
     int gathered = w->pending_records >= w->gather.records;
-    if (gathered || now >= w->gather.until || w->snap_ids || w->force_snapshot || w->purge_due || w->sync_now) {
+    if (gathered || now >= w->gather.until || w->snapping || w->force_snapshot || w->purge_due || w->sync_now) {
         w->gather.missed = !gathered && now >= w->gather.until;
         w->gather.until = 0;
         return 1;
@@ -690,7 +735,7 @@ static void gather_begin(struct wal *w, uint64_t released)
  * at start, a failed sync, a record that could not be buffered). */
 static int compaction_due(const struct wal *w)
 {
-    if (w->compact_seq || w->snap_ids || w->first_index < w->drop_below) return 0;
+    if (w->compact_seq || w->snapping || w->first_index < w->drop_below) return 0;
     /* each sink by its own bytes: the directory's, the stream's */
     uint64_t limit = 2 * w->live_bytes + w->cfg.segment_size;
     return w->force_snapshot || (w->storage && !w->copy_broken && w->disk_bytes > limit) ||
@@ -705,9 +750,8 @@ static int compaction_step(struct wal *w)
     int begin = compaction_due(w);
     if (begin && snapshot_begin(w) != 0) return BG_OUT_OF_MEMORY;
     w->batch.snapshot_first = begin;
-    if (w->snap_ids && snapshot_step(w) != 0) {
-        free(w->snap_ids); /* a later compaction starts over */
-        w->snap_ids = NULL;
+    if (w->snapping && snapshot_step(w) != 0) {
+        snapshot_stop(w); /* a later compaction starts over */
         note_failure(w, ENOMEM, "snapshot");
         return BG_OUT_OF_MEMORY;
     }
@@ -752,9 +796,9 @@ static int take_batch(struct wal *w)
     b->new_index = b->disk && (w->rotate_next || w->cur_file < 0) ? w->cur_index + 1 : 0;
     b->new_file = -1;
     b->fresh = 0;
-    b->sync_dir = w->dir_dirty || b->new_index;
+    b->sync_dir = b->new_index != 0;
+    b->drop_name[0] = 0;
     w->rotate_next = 0;
-    w->dir_dirty = 0;
     return 0;
 }
 
@@ -789,7 +833,7 @@ static int retry_due(struct wal *w, bg_time now)
 static void copy_restart_step(struct wal *w, bg_time now)
 {
     if (!w->copy_broken) return;
-    if (now < w->copy_retry_at || w->snap_ids || w->compact_seq) {
+    if (now < w->copy_retry_at || w->snapping || w->compact_seq) {
         timer_in(w->retry_timer, now < w->copy_retry_at ? w->copy_retry_at - now : RETRY_SECONDS * BG_SECOND);
         return;
     }
@@ -797,20 +841,23 @@ static void copy_restart_step(struct wal *w, bg_time now)
     w->force_snapshot = 1; /* snapshot_begin starts the new segment */
 }
 
-/* The drop step: delete the oldest superseded segment, if any (the next
- * batch syncs the directory); a kick comes for the next one. */
+/* The drop step of a batch just taken: the flusher deletes the oldest
+ * superseded segment, if any, before the batch's data, and the batch syncs
+ * the directory; the next batch takes the next one (batch_due). The order
+ * rule holds: drop_below moves only once the superseding snapshot is on
+ * disk (batch_done); one left by a stop is superseded, and recovery
+ * deletes it. */
 static void drop_step(struct wal *w)
 {
+    struct wal_batch *b = &w->batch;
     if (!w->storage || w->first_index >= w->drop_below) return;
-    segments_drop_below(w, w->first_index + 1);
-    w->dir_dirty = 1;
-    if (w->first_index < w->drop_below) timer_in(w->sync_timer, 0);
+    if (!segment_retire_first(w, b->drop_name, sizeof b->drop_name)) b->drop_name[0] = 0;
+    b->sync_dir = 1;
 }
 
 void wal_kick(struct wal *w)
 {
     if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
-    drop_step(w);
     bg_time now = loop_now();
     int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
@@ -829,6 +876,7 @@ void wal_kick(struct wal *w)
     compaction_step(w); /* a snapshot that cannot go now does not hold up the records */
     rotation_step(w);
     if (take_batch(w) != 0) return;
+    drop_step(w);
     /* the batch that completes a snapshot is synced at once: the older
      * segments can go as soon as it is on disk */
     if (w->compact_seq && b->end_seq >= w->compact_seq) sync = !w->storage || !w->cfg.fsync_never;
@@ -871,11 +919,10 @@ static long snapshot_ends_replace(struct bg_buf *buf)
  * records already written stay, harmless) and take a new one later. */
 static void compaction_abandon(struct wal *w)
 {
-    if (w->snap_ids || w->compact_seq) {
+    if (w->snapping || w->compact_seq) {
         if (snapshot_ends_replace(&w->batch.data) < 0 || snapshot_ends_replace(&w->pending) < 0)
             note_failure(w, ENOMEM, "snapshot_abandon");
-        free(w->snap_ids);
-        w->snap_ids = NULL;
+        snapshot_stop(w);
         w->compact_seq = 0;
     }
     w->force_snapshot = 1; /* also supersedes the segment the sync failed in */
@@ -2426,7 +2473,7 @@ void wal_close(struct wal *w)
     bg_buf_free(&w->unsynced_data);
     free(w->segment_sizes);
     free(w->damaged_indexes);
-    free(w->snap_ids); /* an unfinished snapshot: the older segments stay */
+    snapshot_stop(w); /* an unfinished snapshot: the older segments stay */
     free(w->resync_ids);
     free(w->resync_seen);
     free(w);
