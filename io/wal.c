@@ -118,6 +118,11 @@ struct wal {
      * a batch, by the flusher (drop_step), as unlinking a segment of many
      * MB takes milliseconds that every client of the loop would wait */
     uint64_t drop_below;
+    /* a segment was created since the last synced batch that synced the
+     * directory: every batch syncs it (when it syncs) until one has, so a
+     * synced record, or a snapshot that lets older segments go, never lies
+     * in a file whose name is not yet durable */
+    int dir_unsynced;
     uint64_t records_migrated;
     uint64_t torn_records;     /* dropped at recovery */
     int force_snapshot;        /* damage was accepted at start: write a snapshot */
@@ -476,7 +481,7 @@ static int flush_to_disk(struct wal_batch *b, struct storage *st, int fsync_neve
         return batch_failed(b, WAL_OP_WRITE, e);
     }
     if (b->sync && (e = st->ops->sync(st, file)) != 0) return batch_failed(b, WAL_OP_SYNC, e);
-    /* a new segment's name is durable with the first synced batch in it */
+    /* a new segment's name is durable with the first synced batch after it was made (w->dir_unsynced) */
     if (b->sync_dir && b->sync && (e = st->ops->sync_dir(st)) != 0) return batch_failed(b, WAL_OP_SYNC, e);
     return 0;
 }
@@ -796,7 +801,8 @@ static int take_batch(struct wal *w)
     b->new_index = b->disk && (w->rotate_next || w->cur_file < 0) ? w->cur_index + 1 : 0;
     b->new_file = -1;
     b->fresh = 0;
-    b->sync_dir = b->new_index != 0;
+    if (b->new_index) w->dir_unsynced = 1;
+    b->sync_dir = w->dir_unsynced;
     b->drop_name[0] = 0;
     w->rotate_next = 0;
     return 0;
@@ -968,6 +974,7 @@ static void rewrite_plan(struct wal *w)
     b->new_file = -1;
     b->new_index = w->cur_index + 1;
     b->fresh = 1;
+    w->dir_unsynced = 1;
     b->sync_dir = 1;
     compaction_abandon(w);
 }
@@ -1081,6 +1088,7 @@ static int batch_done(struct wal *w)
         w->stream_bytes += b->data.len;
     }
     w->written_seq = b->end_seq;
+    if (b->sync && b->sync_dir && b->disk && !b->copy_error) w->dir_unsynced = 0;
     if (b->sync) {
         w->synced_seq = b->end_seq;
         if (b->put_id > w->durable_id) w->durable_id = b->put_id;
