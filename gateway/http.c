@@ -28,20 +28,33 @@ static void epoll_cb(evutil_socket_t fd, short what, void *arg)
     gw_run(arg);
 }
 
+/* Let libmicrohttpd go on with r's connection, if it is suspended. */
+static void resume(struct gw_request *r)
+{
+    if (r->suspended) {
+        r->suspended = 0;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+/* Resume every request woken since the loop's last turn and empty the
+ * woken list. */
+static void resume_woken(struct gateway *gw)
+{
+    struct gw_request *r;
+    while ((r = gw->woken)) {
+        gw->woken = r->next_woken;
+        r->next_woken = NULL;
+        resume(r);
+    }
+}
+
 static void run_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct gateway *gw = arg;
-    struct gw_request *r;
-    while ((r = gw->woken)) {
-        gw->woken = r->next_woken;
-        r->next_woken = NULL;
-        if (r->suspended) {
-            r->suspended = 0;
-            MHD_resume_connection(r->conn);
-        }
-    }
+    resume_woken(gw);
     gw_run(gw);
 }
 
@@ -805,19 +818,10 @@ void gateway_stop_reading(struct gateway *gw)
         r->peer_ev = NULL;
         if (r->waiter_active) bg_client_stop_waiting(&r->waiter);
         r->wait_outcome = BG_TIMED_OUT;
-        if (r->suspended) {
-            r->suspended = 0;
-            MHD_resume_connection(r->conn);
-        }
+        resume(r);
     }
     /* and those woken since the loop's last turn (off the list already) */
-    for (struct gw_request *r = gw->woken; r; r = r->next_woken) {
-        if (r->suspended) {
-            r->suspended = 0;
-            MHD_resume_connection(r->conn);
-        }
-    }
-    gw->woken = NULL;
+    resume_woken(gw);
 }
 
 /* Run the daemon until every long-poll and released response is answered
