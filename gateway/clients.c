@@ -69,11 +69,8 @@ int gw_handle_clients(struct gw_request *r)
 {
     struct gateway *gw = r->gw;
     uint64_t limit = CLIENTS_PAGE_DEFAULT, after = 0;
-    if (gw_query_u64(r, "limit", CLIENTS_PAGE_MAX, &limit) || limit == 0) {
-        char detail[64];
-        snprintf(detail, sizeof detail, "query parameter 'limit' must be 1 to %d", CLIENTS_PAGE_MAX);
-        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
-    }
+    int reply;
+    if (gw_query_limit(r, CLIENTS_PAGE_MAX, &limit, &reply)) return reply;
     const char *cursor = gw_query(r, "cursor");
     if (cursor && bg_parse_u64(cursor, strlen(cursor), UINT64_MAX, &after) != 0)
         return gw_reply_problem(r->conn, 400, "BAD_FORMAT",

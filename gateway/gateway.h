@@ -669,6 +669,9 @@ const char *gw_query(struct gw_request *r, const char *key);
 /* The decimal query parameter key, at most max: 0 (*out set, or left as it
  * is when the parameter is absent) or -1 when it is not such a number. */
 int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *out);
+/* A page's size from ?limit=, 1 to max (*limit left as it is when absent):
+ * 0, or -1 with the 400 that names the range queued (*reply). */
+int gw_query_limit(struct gw_request *r, uint64_t max, uint64_t *limit, int *reply);
 /* The request header name (any case), or NULL. */
 const char *gw_request_header(struct gw_request *r, const char *name);
 /* The request's reservation token into *token: the X-Reservation header or

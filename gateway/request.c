@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -24,6 +25,15 @@ int gw_query_u64(struct gw_request *r, const char *key, uint64_t max, uint64_t *
     const char *s = gw_query(r, key);
     if (!s) return 0;
     return bg_parse_u64(s, strlen(s), max, out) == 0 ? 0 : -1;
+}
+
+int gw_query_limit(struct gw_request *r, uint64_t max, uint64_t *limit, int *reply)
+{
+    if (gw_query_u64(r, "limit", max, limit) == 0 && *limit > 0) return 0;
+    char detail[64];
+    snprintf(detail, sizeof detail, "query parameter 'limit' must be 1 to %llu", (unsigned long long)max);
+    *reply = gw_reply_problem(r->conn, 400, "BAD_FORMAT", detail);
+    return -1;
 }
 
 const char *gw_request_header(struct gw_request *r, const char *name)

@@ -828,8 +828,7 @@ int gw_handle_tube_jobs(struct gw_request *r)
     enum bg_job_state state;
     if (query_state(r, 0xf, &state, &reply) != 0) return reply;
     uint64_t limit = GW_JOB_PAGE_DEFAULT, body = 0;
-    if (gw_query_u64(r, "limit", GW_JOB_PAGE_MAX, &limit) || limit == 0)
-        return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "query parameter 'limit' must be 1 to 500");
+    if (gw_query_limit(r, GW_JOB_PAGE_MAX, &limit, &reply)) return reply;
     if (gw_query_u64(r, "body", 1, &body))
         return gw_reply_problem(r->conn, 400, "BAD_FORMAT", "query parameter 'body' must be 0 or 1");
     struct bg_job_cursor cursor = {0, 0};
@@ -1012,9 +1011,8 @@ static int tube_page_query(struct gw_request *r, struct gw_tube_page_query *q,
         *reply = bad_param(r, "offset");
         return -1;
     }
-    if (gw_query_u64(r, "limit", GW_TUBE_PAGE_MAX, &limit) || limit == 0) {
-        detail = "query parameter 'limit' must be 1 to 500";
-    } else if (sort && (q->sort = gw_tube_sort_key(sort)) < 0) {
+    if (gw_query_limit(r, GW_TUBE_PAGE_MAX, &limit, reply)) return -1;
+    if (sort && (q->sort = gw_tube_sort_key(sort)) < 0) {
         size_t o = (size_t)snprintf(sort_detail, sizeof sort_detail, "query parameter 'sort' must be one of:");
         for (int i = 0; gw_tube_sort_key_name(i) && o < sizeof sort_detail; i++)
             o += (size_t)snprintf(sort_detail + o, sizeof sort_detail - o, "%s %s", i ? "," : "",
