@@ -13,9 +13,12 @@
  *
  * A job keeps its tube, priority, TTR, body and state; a delayed one gets
  * its remaining delay (stats-job time-left, whole seconds). A buried job is
- * put delayed, then taken with `reserve-job` (beanstalkd 1.12+) and buried
- * with its priority. Reserved jobs (held by a consumer of FROM) are never
- * copied: they are counted, stay on FROM, and make the exit status 3. */
+ * put with FROM's stats-job delay while TO's tube is paused (so no consumer
+ * of TO can take it), taken with `reserve-job` (beanstalkd 1.12+), buried
+ * with its priority, and the tube's pause set back to what it was. A
+ * paused tube of FROM is paused on TO for its remaining time. Reserved jobs
+ * (held by a consumer of FROM) are never copied: they are counted, stay on
+ * FROM, and make the exit status 3. */
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -26,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "server.h"
@@ -38,7 +42,10 @@
 #define COPY_BATCH_BYTES (16u << 20) /* ... and puts sent once their bodies reach this */
 #define COPY_TUBE_MAX 200         /* beanstalkd's tube name limit */
 #define COPY_TUBES_MAX 64         /* --tube given at most this often */
-#define COPY_BURIED_DELAY 3600    /* a buried job waits delayed for its reserve-job */
+#define COPY_PROBE_DELAY 3600     /* the probe job waits delayed until its delete */
+#define COPY_GUARD_PAUSE_S (2 * COPY_REPLY_TIMEOUT_S) /* TO's tube is paused at least this long
+                                                       * while a buried job is put and buried */
+#define NS_PER_S 1000000000ull
 #define COPY_DATA_MAX ((size_t)BG_JOB_SIZE_LIMIT) /* the most a reply may announce (a body, a YAML
                                                    * document): -z's own ceiling */
 
@@ -63,7 +70,7 @@ struct job {
     char tube[COPY_TUBE_MAX + 1];
     enum job_state state;
     uint32_t pri;
-    uint64_t ttr, time_left;
+    uint64_t ttr, time_left, delay;
     char *body;
     size_t size;
     int sent_use;        /* a `use` went before its put (its USING comes first) */
@@ -74,6 +81,14 @@ struct job {
 struct tube_count {
     char name[COPY_TUBE_MAX + 1];
     uint64_t n[ST_COUNT];  /* copied per state; [ST_RESERVED]: left on FROM */
+};
+
+/* TO's pause of one tube as this run knows it: learned once (stats-tube
+ * rounds the time left down, so asking again would shorten it) or set by
+ * this run. */
+struct to_pause {
+    char tube[COPY_TUBE_MAX + 1];
+    uint64_t end_ns;       /* CLOCK_MONOTONIC time the pause ends; 0: not paused */
 };
 
 /* The whole run: options, connections, counts, and why it stopped. */
@@ -87,6 +102,9 @@ struct copy {
     struct tube_count *counts;
     size_t count_len, count_cap;
     uint64_t duplicated;   /* --move: taken on FROM after TO had it (on both) */
+    struct to_pause *pauses;
+    size_t pause_len, pause_cap;
+    uint64_t pauses_copied; /* FROM's tube pauses set on TO */
     char why[1024];        /* why it stopped; "" while all is well */
 };
 
@@ -275,6 +293,37 @@ static int expect(struct copy *c, struct peer *p, const char *want, const char *
     return 0;
 }
 
+/* The field `key` of p's stats-tube of tube (a whole number, maybe
+ * negative) into *out: 1, 0 (no such tube or field; *out 0), -1. */
+static int tube_stat(struct copy *c, struct peer *p, const char *tube, const char *key, int64_t *out)
+{
+    *out = 0;
+    if (send_line(c, p, "stats-tube %s\r\n", tube) != 0 || flush(c, p) != 0) return -1;
+    const char *line = read_line(c, p);
+    if (!line) return -1;
+    if (strcmp(line, "NOT_FOUND") == 0) return 0;
+    char what[16 + COPY_TUBE_MAX];
+    snprintf(what, sizeof what, "stats-tube %s", tube);
+    size_t n;
+    const char *yaml = read_ok_data(c, p, line, what, &n);
+    if (!yaml) return -1;
+    char *doc = strndup(yaml, n), pattern[64];
+    if (!doc) return fail(c, "out of memory");
+    snprintf(pattern, sizeof pattern, "\n%s: ", key);
+    const char *at = strstr(doc, pattern);
+    if (at) *out = strtoll(at + strlen(pattern), NULL, 10);
+    free(doc);
+    return at ? 1 : 0;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
 /* ---- reading jobs on FROM ---------------------------------------------------- */
 
 /* The fields of a stats-job YAML document into j; 0 or -1. */
@@ -308,9 +357,11 @@ static int parse_stats_job(struct copy *c, const char *yaml, size_t n, struct jo
             j->ttr = strtoull(v, NULL, 10), seen |= 8;
         } else if (strcmp(line, "time-left") == 0) {
             j->time_left = strtoull(v, NULL, 10), seen |= 16;
+        } else if (strcmp(line, "delay") == 0) {
+            j->delay = strtoull(v, NULL, 10), seen |= 32;
         }
     }
-    if (seen != 31) return fail(c, "FROM %s: stats-job of job %" PRIu64 " lacks a field", c->from.addr, j->id);
+    if (seen != 63) return fail(c, "FROM %s: stats-job of job %" PRIu64 " lacks a field", c->from.addr, j->id);
     return 0;
 }
 
@@ -350,35 +401,54 @@ static int recv_peek(struct copy *c, struct job *j, const char *what)
 
 /* ---- putting jobs on TO ------------------------------------------------------- */
 
-/* Queue j's put on TO (a `use` first if its tube is not TO's), with its
- * remaining delay; a buried job waits delayed for its reserve-job. */
+/* Queue `use tube` on TO unless TO uses it already: 1 queued, 0 not
+ * needed, -1. */
+static int send_use(struct copy *c, const char *tube)
+{
+    struct peer *to = &c->to;
+    if (strcmp(to->tube, tube) == 0) return 0;
+    snprintf(to->tube, sizeof to->tube, "%s", tube);
+    return send_line(c, to, "use %s\r\n", tube) != 0 ? -1 : 1;
+}
+
+/* Read the USING reply of a send_use of tube; 0 or -1. */
+static int recv_use(struct copy *c, const char *tube)
+{
+    char want[COPY_TUBE_MAX + 8];
+    snprintf(want, sizeof want, "USING %s", tube);
+    return expect(c, &c->to, want, "use");
+}
+
+/* The delay j is put with on TO. time-left is whole seconds, rounded down:
+ * +1 makes a delayed job ready on TO less than a second after it would
+ * have been on FROM, never before. A buried job gets FROM's delay field
+ * (the protocol shows it; put is the only way to set it but for release). */
+static uint64_t put_delay(const struct job *j)
+{
+    return j->state == ST_DELAYED ? j->time_left + 1 : j->state == ST_BURIED ? j->delay : 0;
+}
+
+/* Queue j's put on TO (a `use` first if its tube is not TO's). */
 static int send_put(struct copy *c, struct job *j)
 {
     struct peer *to = &c->to;
-    j->sent_use = strcmp(to->tube, j->tube) != 0;
-    if (j->sent_use) {
-        if (send_line(c, to, "use %s\r\n", j->tube) != 0) return -1;
-        snprintf(to->tube, sizeof to->tube, "%s", j->tube);
-    }
-    /* time-left is whole seconds, rounded down: +1 makes the job ready on TO
-     * less than a second after it would have been on FROM, never before */
-    uint64_t delay = j->state == ST_DELAYED ? j->time_left + 1 : j->state == ST_BURIED ? COPY_BURIED_DELAY : 0;
-    if (send_line(c, to, "put %" PRIu32 " %" PRIu64 " %" PRIu64 " %zu\r\n", j->pri, delay, j->ttr, j->size) != 0 ||
+    int used = send_use(c, j->tube);
+    if (used < 0) return -1;
+    j->sent_use = used;
+    if (send_line(c, to, "put %" PRIu32 " %" PRIu64 " %" PRIu64 " %zu\r\n", j->pri, put_delay(j), j->ttr,
+                  j->size) != 0 ||
         send_bytes(c, to, j->body, j->size) != 0 || send_bytes(c, to, "\r\n", 2) != 0)
         return -1;
     return 0;
 }
 
-/* Read the replies to j's send_put: 0 (j->new_id set) or -1 with the reason
- * naming the job (JOB_TOO_BIG: TO's -z is smaller; DRAINING; ...). */
+/* Read the replies to j's send_put: 0 (j->new_id set); 1 TO refused it
+ * (JOB_TOO_BIG: TO's -z is smaller; DRAINING; ...), the reason naming the
+ * job; -1 the connection failed. */
 static int recv_put(struct copy *c, struct job *j)
 {
     struct peer *to = &c->to;
-    if (j->sent_use) {
-        char want[COPY_TUBE_MAX + 8];
-        snprintf(want, sizeof want, "USING %s", j->tube);
-        if (expect(c, to, want, "use") != 0) return -1;
-    }
+    if (j->sent_use && recv_use(c, j->tube) != 0) return -1;
     const char *line = read_line(c, to);
     if (!line) return -1;
     unsigned long long id;
@@ -391,8 +461,9 @@ static int recv_put(struct copy *c, struct job *j)
                        : strcmp(line, "DRAINING") == 0  ? " (it is draining: it refuses new jobs)"
                        : strncmp(line, "BURIED", 6) == 0 ? " (out of memory: it buried the job)"
                                                          : "";
-    return fail(c, "TO %s refused job %" PRIu64 " of FROM (tube %s, %zu bytes): \"%s\"%s; the job stays on FROM",
-                to->addr, j->id, j->tube, j->size, line, hint);
+    fail(c, "TO %s refused job %" PRIu64 " of FROM (tube %s, %zu bytes): \"%s\"%s; the job stays on FROM",
+         to->addr, j->id, j->tube, j->size, line, hint);
+    return 1;
 }
 
 /* Ask whether TO knows reserve-job (beanstalkd 1.12+): `reserve-job 0` is
@@ -422,7 +493,7 @@ static int recv_bury(struct copy *c, const struct job *j)
     char tail;
     if (sscanf(line, "RESERVED %llu %llu%c", &id, &n, &tail) != 2 || id != j->new_id)
         return fail(c, "TO %s: reserve-job %" PRIu64 " (job %" PRIu64 " of FROM, buried there): answered \"%s\"; "
-                       "it is on TO delayed", to->addr, j->new_id, j->id, line);
+                       "it is on TO not buried", to->addr, j->new_id, j->id, line);
     if (!read_data(c, to, (size_t)n)) return -1;
     return expect(c, to, "BURIED", "bury");
 }
@@ -479,6 +550,158 @@ static int check_buried_possible(struct copy *c, const struct job *j)
                 c->to.addr, j->id, j->tube);
 }
 
+/* FROM's tubes (list-tubes) into a NULL-ended array of strings; NULL. */
+static char **list_tubes(struct copy *c)
+{
+    if (send_line(c, &c->from, "list-tubes\r\n") != 0 || flush(c, &c->from) != 0) return NULL;
+    const char *line = read_line(c, &c->from);
+    if (!line) return NULL;
+    size_t n = 0;
+    const char *yaml = read_ok_data(c, &c->from, line, "list-tubes", &n);
+    char *doc = yaml ? strndup(yaml, n) : NULL;
+    char **names = doc ? calloc(n / 3 + 2, sizeof *names) : NULL;
+    if (!names) {
+        free(doc);
+        if (yaml) fail(c, "out of memory");
+        return NULL;
+    }
+    size_t k = 0;
+    int ok = 1;
+    for (char *save, *l = strtok_r(doc, "\n", &save); l && ok; l = strtok_r(NULL, "\n", &save))
+        if (strncmp(l, "- ", 2) == 0) ok = (names[k++] = strdup(l + 2)) != NULL;
+    free(doc);
+    if (!ok) {
+        for (size_t i = 0; names[i]; i++) free(names[i]);
+        free(names);
+        fail(c, "out of memory");
+        return NULL;
+    }
+    return names;
+}
+
+/* ---- tube pauses on TO ---------------------------------------------------------- */
+
+/* When a pause with `left` whole seconds left (stats-tube pause-time-left,
+ * rounded down; 0 or less: none) ends, from now: a second later at most,
+ * never sooner. 0: not paused. */
+static uint64_t pause_end(int64_t left)
+{
+    return left > 0 ? now_ns() + ((uint64_t)left + 1) * NS_PER_S : 0;
+}
+
+/* The whole seconds until tp's pause ends (rounded up), 0 if it has. */
+static uint64_t pause_left_s(const struct to_pause *tp)
+{
+    uint64_t now = now_ns();
+    return tp->end_ns > now ? (tp->end_ns - now + NS_PER_S - 1) / NS_PER_S : 0;
+}
+
+/* TO's pause of tube: the one this run knows, else learned from TO's
+ * stats-tube. NULL (c->why set). */
+static struct to_pause *to_pause_of(struct copy *c, const char *tube)
+{
+    for (size_t i = 0; i < c->pause_len; i++)
+        if (strcmp(c->pauses[i].tube, tube) == 0) return &c->pauses[i];
+    int64_t left;
+    if (tube_stat(c, &c->to, tube, "pause-time-left", &left) < 0) return NULL;
+    if (c->pause_len == c->pause_cap) {
+        size_t cap = c->pause_cap ? 2 * c->pause_cap : 16;
+        struct to_pause *p = realloc(c->pauses, cap * sizeof *p);
+        if (!p) {
+            fail(c, "out of memory");
+            return NULL;
+        }
+        c->pauses = p, c->pause_cap = cap;
+    }
+    struct to_pause *tp = &c->pauses[c->pause_len++];
+    snprintf(tp->tube, sizeof tp->tube, "%s", tube);
+    tp->end_ns = pause_end(left);
+    return tp;
+}
+
+/* Pause every wanted tube on TO that is paused on FROM, for the time it
+ * has left there (rounded up), before any job is copied: TO's consumers
+ * then see the tube as FROM's do. TO's connection watches the tube, so
+ * that TO keeps it (and its pause) while this run lasts. */
+static int copy_pauses(struct copy *c)
+{
+    char **tubes = list_tubes(c);
+    if (!tubes) return -1;
+    int rc = 0;
+    for (size_t i = 0; tubes[i] && rc == 0; i++) {
+        int64_t left;
+        if (!tube_wanted(c, tubes[i])) continue;
+        if ((rc = tube_stat(c, &c->from, tubes[i], "pause-time-left", &left) < 0 ? -1 : 0) != 0 || left <= 0)
+            continue;
+        struct to_pause *tp = to_pause_of(c, tubes[i]);
+        if (!tp) {
+            rc = -1;
+            break;
+        }
+        tp->end_ns = pause_end(left);
+        const char *line;
+        unsigned watching;
+        char tail;
+        if ((rc = send_line(c, &c->to, "watch %s\r\npause-tube %s %" PRIu64 "\r\n", tubes[i], tubes[i],
+                            pause_left_s(tp))) != 0 ||
+            (rc = flush(c, &c->to)) != 0)
+            break;
+        if (!(line = read_line(c, &c->to))) rc = -1;
+        else if (sscanf(line, "WATCHING %u%c", &watching, &tail) != 1)
+            rc = fail(c, "TO %s: watch %s: answered \"%s\"", c->to.addr, tubes[i], line);
+        else if ((rc = expect(c, &c->to, "PAUSED", "pause-tube")) == 0)
+            c->pauses_copied++;
+    }
+    for (size_t i = 0; tubes[i]; i++) free(tubes[i]);
+    free(tubes);
+    return rc;
+}
+
+/* Whether jobs[k] belongs to the run of tube's buried jobs. */
+static int in_buried_run(const struct job *j, const char *tube)
+{
+    return j->state == ST_BURIED && strcmp(j->tube, tube) == 0;
+}
+
+/* Put the buried jobs of tube among jobs[0..n) on TO and bury them there;
+ * marks them in done[]. TO's tube is paused meanwhile, so that no consumer
+ * of TO takes one while it is ready or delayed (a put's delay is FROM's
+ * delay field, often 0); then its pause is set back to what it was. 0 or
+ * -1 (those TO took are buried all the same, unless the connection broke:
+ * then they wait on TO for the pause to end). */
+static int put_buried_run(struct copy *c, struct job *jobs, size_t n, const char *tube, unsigned char *done)
+{
+    struct peer *to = &c->to;
+    struct to_pause *tp = to_pause_of(c, tube);
+    if (!tp) return -1;
+    uint64_t guard = pause_left_s(tp) > COPY_GUARD_PAUSE_S ? pause_left_s(tp) : COPY_GUARD_PAUSE_S;
+    int used = send_use(c, tube);
+    if (used < 0 || send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, guard) != 0) return -1;
+    for (size_t k = 0; k < n; k++) {
+        if (!in_buried_run(&jobs[k], tube)) continue;
+        done[k] = 1;
+        jobs[k].new_id = 0; /* set by its INSERTED */
+        if (send_put(c, &jobs[k]) != 0) return -1;
+    }
+    if (flush(c, to) != 0 || (used && recv_use(c, tube) != 0) || expect(c, to, "PAUSED", "pause-tube") != 0)
+        return -1;
+    int rc = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!in_buried_run(&jobs[k], tube)) continue;
+        int put = recv_put(c, &jobs[k]);
+        if (put < 0 || (put == 0 && send_bury(c, &jobs[k]) != 0)) return -1;
+        if (put > 0) rc = -1; /* refused: it stays on FROM; the others go on */
+    }
+    if (send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, pause_left_s(tp)) != 0 || flush(c, to) != 0)
+        return -1;
+    for (size_t k = 0; k < n; k++) {
+        if (!in_buried_run(&jobs[k], tube) || !jobs[k].new_id) continue;
+        if (recv_bury(c, &jobs[k]) != 0 || copied(c, &jobs[k]) != 0) return -1;
+    }
+    if (expect(c, to, "PAUSED", "pause-tube (its pause set back)") != 0) return -1;
+    return rc;
+}
+
 /* ---- copy: scan FROM's ids ------------------------------------------------------ */
 
 /* FROM's next job id (so every job's id is below it): put one empty job,
@@ -488,7 +711,7 @@ static int next_id(struct copy *c, uint64_t *out)
     struct peer *from = &c->from;
     char tube[64];
     snprintf(tube, sizeof tube, "beangate-copy-probe-%ld", (long)getpid());
-    if (send_line(c, from, "use %s\r\nput 4294967295 %d 1 0\r\n\r\n", tube, COPY_BURIED_DELAY) != 0 ||
+    if (send_line(c, from, "use %s\r\nput 4294967295 %d 1 0\r\n\r\n", tube, COPY_PROBE_DELAY) != 0 ||
         flush(c, from) != 0)
         return -1;
     char want[80];
@@ -508,25 +731,20 @@ static int next_id(struct copy *c, uint64_t *out)
     return 0;
 }
 
-/* Put jobs[0..n) on TO, pipelined (their buries after), and count them. */
+/* Put jobs[0..n) (n <= COPY_BATCH) on TO and count them: the ready and
+ * delayed ones pipelined, then the buried ones a tube at a time. */
 static int put_batch(struct copy *c, struct job *jobs, size_t n)
 {
+    unsigned char done[COPY_BATCH] = {0};
     for (size_t i = 0; i < n; i++)
-        if (check_buried_possible(c, &jobs[i]) != 0 || send_put(c, &jobs[i]) != 0) return -1;
-    if (flush(c, &c->to) != 0) return -1;
-    size_t buried = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (recv_put(c, &jobs[i]) != 0) return -1;
-        if (jobs[i].state == ST_BURIED) {
-            buried++;
-            if (send_bury(c, &jobs[i]) != 0) return -1;
-        } else if (copied(c, &jobs[i]) != 0) {
+        if (check_buried_possible(c, &jobs[i]) != 0 || (jobs[i].state != ST_BURIED && send_put(c, &jobs[i]) != 0))
             return -1;
-        }
-    }
-    if (buried && flush(c, &c->to) != 0) return -1;
+    if (flush(c, &c->to) != 0) return -1;
     for (size_t i = 0; i < n; i++)
-        if (jobs[i].state == ST_BURIED && (recv_bury(c, &jobs[i]) != 0 || copied(c, &jobs[i]) != 0)) return -1;
+        if (jobs[i].state != ST_BURIED && (recv_put(c, &jobs[i]) != 0 || copied(c, &jobs[i]) != 0)) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (jobs[i].state == ST_BURIED && !done[i] && put_buried_run(c, jobs, n, jobs[i].tube, done) != 0)
+            return -1;
     return 0;
 }
 
@@ -572,67 +790,18 @@ static int copy_all(struct copy *c)
 
 /* ---- move: each tube's heads ------------------------------------------------------- */
 
-/* FROM's tubes (list-tubes) into a NULL-ended array of strings; NULL. */
-static char **list_tubes(struct copy *c)
-{
-    if (send_line(c, &c->from, "list-tubes\r\n") != 0 || flush(c, &c->from) != 0) return NULL;
-    const char *line = read_line(c, &c->from);
-    if (!line) return NULL;
-    size_t n = 0;
-    const char *yaml = read_ok_data(c, &c->from, line, "list-tubes", &n);
-    char *doc = yaml ? strndup(yaml, n) : NULL;
-    char **names = doc ? calloc(n / 3 + 2, sizeof *names) : NULL;
-    if (!names) {
-        free(doc);
-        if (yaml) fail(c, "out of memory");
-        return NULL;
-    }
-    size_t k = 0;
-    int ok = 1;
-    for (char *save, *l = strtok_r(doc, "\n", &save); l && ok; l = strtok_r(NULL, "\n", &save))
-        if (strncmp(l, "- ", 2) == 0) ok = (names[k++] = strdup(l + 2)) != NULL;
-    free(doc);
-    if (!ok) {
-        for (size_t i = 0; names[i]; i++) free(names[i]);
-        free(names);
-        fail(c, "out of memory");
-        return NULL;
-    }
-    return names;
-}
-
-/* The jobs reserved in tube on FROM (stats-tube current-jobs-reserved). */
-static int reserved_in_tube(struct copy *c, const char *tube, uint64_t *out)
-{
-    if (send_line(c, &c->from, "stats-tube %s\r\n", tube) != 0 || flush(c, &c->from) != 0) return -1;
-    const char *line = read_line(c, &c->from);
-    if (!line) return -1;
-    *out = 0;
-    if (strcmp(line, "NOT_FOUND") == 0) return 0;
-    char what[16 + COPY_TUBE_MAX];
-    snprintf(what, sizeof what, "stats-tube %s", tube);
-    size_t n;
-    const char *yaml = read_ok_data(c, &c->from, line, what, &n);
-    if (!yaml) return -1;
-    char *doc = strndup(yaml, n);
-    if (!doc) return fail(c, "out of memory");
-    const char *key = strstr(doc, "\ncurrent-jobs-reserved: ");
-    if (key) *out = strtoull(key + 24, NULL, 10);
-    free(doc);
-    return 0;
-}
-
 /* Move one job j (peeked, its stats read) to TO, then delete it on FROM;
  * the command `next` (the next peek) goes with the delete, its reply left
  * unread. */
 static int move_one(struct copy *c, struct job *j, const char *next)
 {
-    if (check_buried_possible(c, j) != 0 || send_put(c, j) != 0 || flush(c, &c->to) != 0 || recv_put(c, j) != 0)
+    unsigned char done = 0;
+    if (check_buried_possible(c, j) != 0) return -1;
+    if (j->state == ST_BURIED) {
+        if (put_buried_run(c, j, 1, j->tube, &done) != 0) return -1;
+    } else if (send_put(c, j) != 0 || flush(c, &c->to) != 0 || recv_put(c, j) != 0 || copied(c, j) != 0) {
         return -1;
-    if (j->state == ST_BURIED &&
-        (send_bury(c, j) != 0 || flush(c, &c->to) != 0 || recv_bury(c, j) != 0))
-        return -1;
-    if (copied(c, j) != 0) return -1;
+    }
     /* only now, with TO's acknowledgement, does FROM lose it */
     if (send_line(c, &c->from, "delete %" PRIu64 "\r\n%s\r\n", j->id, next) != 0 || flush(c, &c->from) != 0)
         return -1;
@@ -702,9 +871,11 @@ static int move_all(struct copy *c)
     int rc = 0;
     for (size_t i = 0; tubes[i] && rc == 0; i++) {
         if (!tube_wanted(c, tubes[i])) continue;
-        uint64_t reserved = 0;
-        if ((rc = move_tube(c, tubes[i])) == 0 && (rc = reserved_in_tube(c, tubes[i], &reserved)) == 0 && reserved)
-            rc = count(c, tubes[i], ST_RESERVED, reserved);
+        int64_t reserved = 0;
+        if ((rc = move_tube(c, tubes[i])) == 0 &&
+            (rc = tube_stat(c, &c->from, tubes[i], "current-jobs-reserved", &reserved) < 0 ? -1 : 0) == 0 &&
+            reserved > 0)
+            rc = count(c, tubes[i], ST_RESERVED, (uint64_t)reserved);
     }
     for (size_t i = 0; tubes[i]; i++) free(tubes[i]);
     free(tubes);
@@ -747,7 +918,7 @@ static void report(const struct copy *c)
         json_string(stdout, c->to.addr);
         printf(",\"jobs\":%" PRIu64, jobs);
         for (int s = 0; s < ST_COUNT; s++) printf(",\"%s\":%" PRIu64, state_names[s], n[s]);
-        printf(",\"duplicated\":%" PRIu64 ",\"tubes\":{", c->duplicated);
+        printf(",\"duplicated\":%" PRIu64 ",\"pauses\":%" PRIu64 ",\"tubes\":{", c->duplicated, c->pauses_copied);
         for (size_t i = 0; i < c->count_len; i++) {
             printf("%s\"%s\":{", i ? "," : "", c->counts[i].name);
             for (int s = 0; s < ST_COUNT; s++) printf("%s\"%s\":%" PRIu64, s ? "," : "", state_names[s], c->counts[i].n[s]);
@@ -768,6 +939,7 @@ static void report(const struct copy *c)
         printf("  tube %s: ready %" PRIu64 ", delayed %" PRIu64 ", buried %" PRIu64 ", reserved %" PRIu64 "\n",
                c->counts[i].name, c->counts[i].n[ST_READY], c->counts[i].n[ST_DELAYED], c->counts[i].n[ST_BURIED],
                c->counts[i].n[ST_RESERVED]);
+    if (c->pauses_copied) printf("  tube pauses copied: %" PRIu64 "\n", c->pauses_copied);
 }
 
 /* ---- the command --------------------------------------------------------------------- */
@@ -835,7 +1007,7 @@ int copy_jobs_main(int argc, char **argv)
         return COPY_EXIT_ERROR;
     }
     int ok = peer_connect(&c, &c.from) == 0 && peer_connect(&c, &c.to) == 0 && probe_reserve_job(&c) == 0 &&
-             (c.move ? move_all(&c) : copy_all(&c)) == 0;
+             copy_pauses(&c) == 0 && (c.move ? move_all(&c) : copy_all(&c)) == 0;
     if (c.map && fclose(c.map) != 0 && ok) ok = fail(&c, "--map %s: %s", map_path, strerror(errno)) == 0;
     report(&c);
     fflush(stdout);
@@ -851,5 +1023,6 @@ int copy_jobs_main(int argc, char **argv)
         free(p->out);
     }
     free(c.counts);
+    free(c.pauses);
     return !ok ? COPY_EXIT_ERROR : n[ST_RESERVED] ? COPY_EXIT_RESERVED_LEFT : COPY_EXIT_OK;
 }

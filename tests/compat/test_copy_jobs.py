@@ -75,6 +75,11 @@ class Conn(LineSocket):
             fields[k] = v.strip('"')
         return fields
 
+    def stats_tube(self, tube):
+        line = self.ask(b"stats-tube " + tube.encode())
+        check(line.startswith(b"OK "), "stats-tube %s: %r" % (tube, line))
+        return dict(row.split(": ", 1) for row in self.body(int(line.split()[1])).decode().splitlines()[1:])
+
     def peek(self, job_id):
         line = self.ask(b"peek %d" % job_id)
         check(line.startswith(b"FOUND "), "peek %d: %r" % (job_id, line))
@@ -461,6 +466,147 @@ def test_reply_announcing_too_much():
     check_eq(jobs_on(dst_port), {}, "jobs on TO")
 
 
+# stats-job fields a copy cannot carry (docs/migrating.md, "What a copied job
+# keeps"): the id is TO's next; age starts at the put; file is TO's own log
+# file; the counters count what happened on one server (TO's reserves and
+# buries are 1 for a buried job: the copy's own reserve-job and bury).
+NOT_CARRIED = {"id", "age", "file", "reserves", "timeouts", "releases", "buries", "kicks"}
+
+
+def put_job(c, tube, pri, delay, ttr, body):
+    check_eq(c.ask(b"use " + tube.encode()), b"USING " + tube.encode(), "use")
+    line = c.ask(b"put %d %d %d %d" % (pri, delay, ttr, len(body)), body)
+    check(line.startswith(b"INSERTED "), "put: %r" % line)
+    return int(line.split()[1])
+
+
+def reserve_job(c, job_id):
+    line = c.ask(b"reserve-job %d" % job_id)
+    check(line.startswith(b"RESERVED %d " % job_id), "reserve-job %d: %r" % (job_id, line))
+    c.body(int(line.split()[2]))
+
+
+def stats_job_fields(source, target):
+    """Fill the source with buried jobs of several delays (0; put with 5;
+    released with 7, then buried) beside a ready and a delayed one, copy
+    them while a consumer of the target waits on their tube, and compare
+    every stats-job field of each job with its copy (by --map)."""
+    src_port, _ = source()
+    dst_port, _ = target()
+    c = Conn(src_port)
+    buried = []
+    for pri, delay, ttr, body in [(0, 0, 60, b"b-0"), (PRI_MAX, 5, 70, b"b-5\r\n"), (30, 0, 80, b"")]:
+        job_id = put_job(c, "tb", pri, delay, ttr, body)
+        reserve_job(c, job_id)
+        if body == b"":  # released with a delay of 7 (its delay field), reserved again, buried with pri 31
+            check_eq(c.ask(b"release %d 30 7" % job_id), b"RELEASED", "release")
+            reserve_job(c, job_id)
+            pri = 31
+        check_eq(c.ask(b"bury %d %d" % (job_id, pri)), b"BURIED", "bury")
+        buried.append(job_id)
+    put_job(c, "t-other", 1, 0, 60, b"ready")  # (in tb the consumer would take it, rightly)
+    put_job(c, "t-other", 2, 300, 60, b"delayed")
+    consumer = Conn(dst_port)  # waits on tb: it must not get a buried job while it is copied
+    check_eq(consumer.ask(b"watch tb"), b"WATCHING 2", "watch")
+    check_eq(consumer.ask(b"ignore default"), b"WATCHING 1", "ignore")
+    consumer.s.sendall(b"reserve-with-timeout 20\r\n")
+    source_fields = {job_id: c.stats_job(job_id) for job_id in range(1, 6)}
+    t0 = time.monotonic()
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port,
+                                  "--map", os.path.join(WORKDIR, "map")])
+    elapsed = time.monotonic() - t0
+    check_eq(status, 0, "exit status; stdout %r, stderr %r" % (out, err))
+    with open(os.path.join(WORKDIR, "map")) as f:
+        pairs = dict(tuple(map(int, line.split())) for line in f)
+    check_eq(sorted(pairs), [1, 2, 3, 4, 5], "the jobs in --map")
+    t = Conn(dst_port)
+    for src_id, dst_id in sorted(pairs.items()):
+        want, got = source_fields[src_id], t.stats_job(dst_id)
+        check_eq(set(got), set(want), "stats-job fields of job %d (the target's %d)" % (src_id, dst_id))
+        check_eq(t.peek(dst_id), c.peek(src_id), "body of job %d" % src_id)
+        carried = ["tube", "state", "pri", "ttr"]
+        if want["state"] == "delayed":  # its delay is what was left of it (put is the only way to set both)
+            left = int(want["time-left"])
+            check(left <= int(got["delay"]) <= left + 1 + elapsed + 1,
+                  "delay of delayed job %d on the target: %s (%d s left on the source)" % (src_id, got["delay"], left))
+            check(abs(int(got["time-left"]) - left) <= 1 + elapsed, "time-left of job %d: %s, source %d" %
+                  (src_id, got["time-left"], left))
+        else:
+            carried += ["delay", "time-left"]
+        for field in carried:
+            check_eq(got[field], want[field], "stats-job %s of job %d (%s) on the target" % (field, src_id, want["state"]))
+        check_eq(set(got) - set(carried) - {"delay", "time-left"}, NOT_CARRIED, "the fields not carried")
+        if want["state"] == "buried":
+            check_eq((got["reserves"], got["buries"], got["releases"]), ("1", "1", "0"),
+                     "the target's counters of buried job %d: the copy's reserve-job and bury" % src_id)
+    check_eq([source_fields[i]["delay"] for i in buried], ["0", "5", "7"], "the source's delays of the buried jobs")
+    # the consumer got none of the copied jobs, and tb is not left paused: it gets a new job at once
+    check_eq(t.stats_tube("tb")["pause-time-left"], "0", "tb's pause-time-left on the target")
+    check(t.ask(b"use tb") == b"USING tb" and t.ask(b"put 0 0 60 5", b"fresh").startswith(b"INSERTED "), "put")
+    line = consumer.line()
+    check(line.startswith(b"RESERVED ") and consumer.body(int(line.split()[2])) == b"fresh",
+          "the waiting consumer of the target got the fresh job: %r" % line)
+    for conn in (c, t, consumer):
+        conn.close()
+
+
+def test_stats_job_fields_beanstalkd_to_beangate():
+    stats_job_fields(start_beanstalkd, start_beangate)
+
+
+def test_stats_job_fields_beangate_to_beanstalkd():
+    stats_job_fields(start_beangate, start_beanstalkd)
+
+
+def tube_pauses(source, target, move):
+    """A tube paused on the source is paused on the target for the time it
+    has left (within a second, never shorter); a tube the target had paused
+    itself keeps its pause through the copy of its buried job; an unpaused
+    one stays unpaused."""
+    src_port, _ = source()
+    dst_port, _ = target()
+    c = Conn(src_port)
+    for tube in ("tp", "tq", "tr"):
+        put_job(c, tube, 5, 0, 60, b"ready " + tube.encode())
+        job_id = put_job(c, tube, 6, 0, 60, b"buried " + tube.encode())
+        reserve_job(c, job_id)
+        check_eq(c.ask(b"bury %d 6" % job_id), b"BURIED", "bury")
+    check_eq(c.ask(b"pause-tube tp 300"), b"PAUSED", "pause-tube on the source")
+    t = Conn(dst_port)
+    check_eq(t.ask(b"watch tq"), b"WATCHING 2", "watch (keeps tq on the target)")
+    check_eq(t.ask(b"pause-tube tq 200"), b"PAUSED", "the target's own pause of tq")
+    t0 = time.monotonic()
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % dst_port, "--json"] +
+                                 (["--move"] if move else []))
+    elapsed = time.monotonic() - t0
+    check_eq(status, 0, "exit status; stdout %r, stderr %r" % (out, err))
+    report = json.loads(out)
+    check_eq((report["jobs"], report["buried"], report["pauses"]), (6, 3, 1), "the JSON report's jobs, buried, pauses")
+    for tube, want in (("tp", 300), ("tq", 200)):
+        left = int(t.stats_tube(tube)["pause-time-left"])
+        check(want - 1 - elapsed <= left <= want + 1, "%s's pause-time-left on the target: %d, want %d" % (tube, left, want))
+    check_eq(t.stats_tube("tr")["pause-time-left"], "0", "tr's pause-time-left on the target")
+    check_eq(sorted(v[:2] for v in jobs_on(dst_port).values()),
+             sorted((tube, state) for tube in ("tp", "tq", "tr") for state in ("ready", "buried")), "the jobs on the target")
+    # a paused tube's ready job is not served on the target; tr's is
+    reader = Conn(dst_port)
+    for tube, want in (("tp", b"TIMED_OUT"), ("tr", b"RESERVED ")):
+        check_eq(reader.ask(b"watch " + tube.encode()), b"WATCHING 2", "watch")
+        check_eq(reader.ask(b"ignore default" if tube == "tp" else b"ignore tp"), b"WATCHING 1", "ignore")
+        line = reader.ask(b"reserve-with-timeout 0")
+        check(line.startswith(want), "reserve from %s on the target: %r" % (tube, line))
+    for conn in (c, t, reader):
+        conn.close()
+
+
+def test_tube_pauses_copy_beanstalkd_to_beangate():
+    tube_pauses(start_beanstalkd, start_beangate, move=False)
+
+
+def test_tube_pauses_move_beangate_to_beanstalkd():
+    tube_pauses(start_beangate, start_beanstalkd, move=True)
+
+
 def test_usage_errors():
     for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
                        (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
@@ -482,6 +628,8 @@ TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, tes
          test_move_beanstalkd_to_beangate, test_json_report_and_tube_filter, test_target_max_job_size_smaller,
          test_target_without_reserve_job, test_target_draining, test_draining_source, test_unix_socket_source,
          test_source_killed_mid_move, test_target_killed_mid_move, test_reply_announcing_too_much,
+         test_stats_job_fields_beanstalkd_to_beangate, test_stats_job_fields_beangate_to_beanstalkd,
+         test_tube_pauses_copy_beanstalkd_to_beangate, test_tube_pauses_move_beangate_to_beanstalkd,
          test_usage_errors]
 
 
