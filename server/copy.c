@@ -18,7 +18,11 @@
  * with its priority, and the tube's pause set back to what it was. A
  * paused tube of FROM is paused on TO for its remaining time. Reserved jobs
  * (held by a consumer of FROM) are never copied: they are counted, stay on
- * FROM, and make the exit status 3. */
+ * FROM, and make the exit status 3.
+ *
+ * FROM and TO are HOST:PORT, tls://HOST:PORT (GnuTLS; the certificate must
+ * verify against --tls-ca or the system's CAs and name HOST) or a unix
+ * socket path. */
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -29,8 +33,11 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <gnutls/gnutls.h>
 
 #include "server.h"
 
@@ -46,6 +53,7 @@
 #define COPY_GUARD_PAUSE_S (2 * COPY_REPLY_TIMEOUT_S) /* TO's tube is paused at least this long
                                                        * while a buried job is put and buried */
 #define NS_PER_S 1000000000ull
+#define TLS_SCHEME "tls://"
 #define COPY_DATA_MAX ((size_t)BG_JOB_SIZE_LIMIT) /* the most a reply may announce (a body, a YAML
                                                    * document): -z's own ceiling */
 
@@ -57,6 +65,7 @@ struct peer {
     const char *role;    /* "FROM" or "TO" */
     const char *addr;
     int fd;
+    gnutls_session_t tls; /* NULL: plain TCP or a unix socket */
     char *in;            /* read bytes in[start, len) not yet consumed */
     size_t start, len, cap;
     char *out;           /* bytes to send at the next flush */
@@ -98,6 +107,8 @@ struct copy {
     const char *tubes[COPY_TUBES_MAX];
     size_t tube_count;
     FILE *map;
+    const char *tls_ca, *tls_cert, *tls_key; /* --tls-ca, --tls-cert, --tls-key */
+    gnutls_certificate_credentials_t tls_cred; /* made by the first tls:// peer */
     int to_has_reserve_job;
     struct tube_count *counts;
     size_t count_len, count_cap;
@@ -122,13 +133,81 @@ static int fail(struct copy *c, const char *fmt, ...)
 
 /* ---- the connection -------------------------------------------------------- */
 
+/* Whether addr is tls://HOST:PORT. */
+static int is_tls_addr(const char *addr)
+{
+    return strncmp(addr, TLS_SCHEME, strlen(TLS_SCHEME)) == 0;
+}
+
+/* The credentials every TLS peer shares: --tls-ca's CAs (else the
+ * system's) and --tls-cert/--tls-key's client certificate, if given. 0 or -1. */
+static int tls_credentials(struct copy *c)
+{
+    if (c->tls_cred) return 0;
+    if (gnutls_certificate_allocate_credentials(&c->tls_cred) < 0) {
+        c->tls_cred = NULL;
+        return fail(c, "out of memory");
+    }
+    int n = c->tls_ca ? gnutls_certificate_set_x509_trust_file(c->tls_cred, c->tls_ca, GNUTLS_X509_FMT_PEM)
+                      : gnutls_certificate_set_x509_system_trust(c->tls_cred);
+    if (n < 0)
+        return fail(c, "%s%s: %s", c->tls_ca ? "--tls-ca " : "", c->tls_ca ? c->tls_ca : "the system's CA certificates",
+                    gnutls_strerror(n));
+    if (n == 0)
+        return fail(c, "%s%s: no CA certificate in it", c->tls_ca ? "--tls-ca " : "",
+                    c->tls_ca ? c->tls_ca : "the system's CA store (--tls-ca FILE)");
+    if (c->tls_cert) {
+        int r = gnutls_certificate_set_x509_key_file(c->tls_cred, c->tls_cert, c->tls_key, GNUTLS_X509_FMT_PEM);
+        if (r < 0) return fail(c, "--tls-cert %s, --tls-key %s: %s", c->tls_cert, c->tls_key, gnutls_strerror(r));
+    }
+    return 0;
+}
+
+/* Open a TLS session on p's connected socket to host, verifying that the
+ * server's certificate chains to a trusted CA and names host. 0 or -1. */
+static int tls_start(struct copy *c, struct peer *p, const char *host)
+{
+    if (tls_credentials(c) != 0) return -1;
+    if (gnutls_init(&p->tls, GNUTLS_CLIENT | GNUTLS_NO_SIGNAL) < 0) {
+        p->tls = NULL;
+        return fail(c, "out of memory");
+    }
+    unsigned char ip[16];
+    int is_ip = inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1;
+    if (gnutls_set_default_priority(p->tls) < 0 ||
+        gnutls_credentials_set(p->tls, GNUTLS_CRD_CERTIFICATE, c->tls_cred) < 0 ||
+        (!is_ip && gnutls_server_name_set(p->tls, GNUTLS_NAME_DNS, host, strlen(host)) < 0))
+        return fail(c, "%s %s: cannot set up TLS", p->role, p->addr);
+    gnutls_session_set_verify_cert(p->tls, host, 0);
+    gnutls_transport_set_int(p->tls, p->fd);
+    int r;
+    do r = gnutls_handshake(p->tls); /* the socket's timeouts bound it */
+    while (r < 0 && r != GNUTLS_E_AGAIN && !gnutls_error_is_fatal(r));
+    if (r == 0) return 0;
+    if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR) {
+        gnutls_datum_t why = {0};
+        unsigned status = gnutls_session_get_verify_cert_status(p->tls);
+        gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &why, 0);
+        size_t len = why.data ? strlen((char *)why.data) : 0;
+        while (len && why.data[len - 1] == ' ') why.data[--len] = '\0';
+        fail(c, "%s %s: TLS: the server's certificate is not trusted: %s%s", p->role, p->addr,
+             why.data ? (const char *)why.data : "", c->tls_ca ? "" : " (--tls-ca FILE names its CA)");
+        gnutls_free(why.data);
+        return -1;
+    }
+    return fail(c, "%s %s: TLS handshake: %s", p->role, p->addr,
+                r == GNUTLS_E_AGAIN ? "no answer in time" : gnutls_strerror(r));
+}
+
 /* Connect p to addr: a path (with a '/') is a unix socket, else HOST:PORT
- * ([v6]:PORT too). 0, or -1 with c->why set. */
+ * ([v6]:PORT too), tls://HOST:PORT over TLS. 0, or -1 with c->why set. */
 static int peer_connect(struct copy *c, struct peer *p)
 {
-    const char *addr = p->addr;
+    int tls = is_tls_addr(p->addr);
+    const char *addr = tls ? p->addr + strlen(TLS_SCHEME) : p->addr;
+    char host[256] = "";
     p->fd = -1;
-    if (strchr(addr, '/')) {
+    if (!tls && strchr(addr, '/')) {
         struct sockaddr_un sun = {.sun_family = AF_UNIX};
         if (strlen(addr) >= sizeof sun.sun_path) return fail(c, "%s %s: socket path too long", p->role, addr);
         strcpy(sun.sun_path, addr);
@@ -137,7 +216,6 @@ static int peer_connect(struct copy *c, struct peer *p)
             return fail(c, "%s %s: cannot connect: %s", p->role, addr, strerror(errno));
     } else {
         const char *colon = strrchr(addr, ':');
-        char host[256];
         if (!colon || colon == addr || !colon[1] || (size_t)(colon - addr) >= sizeof host)
             return fail(c, "%s %s: not HOST:PORT nor a unix socket path", p->role, addr);
         size_t n = (size_t)(colon - addr);
@@ -160,7 +238,22 @@ static int peer_connect(struct copy *c, struct peer *p)
     struct timeval tv = {.tv_sec = COPY_REPLY_TIMEOUT_S};
     setsockopt(p->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(p->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    return 0;
+    return tls ? tls_start(c, p, host) : 0;
+}
+
+/* The reason a failed send or recv on p gives (r: its result; errno for a
+ * plain one), into c->why; -1. */
+static int io_failed(struct copy *c, struct peer *p, ssize_t r, const char *what)
+{
+    int timed_out = p->tls ? r == GNUTLS_E_AGAIN : errno == EAGAIN;
+    if (timed_out) return fail(c, "%s %s: no answer within %d s", p->role, p->addr, COPY_REPLY_TIMEOUT_S);
+    if (r == 0 || (p->tls && r == GNUTLS_E_PREMATURE_TERMINATION))
+        return fail(c, "%s %s: the server closed the connection", p->role, p->addr);
+    if (!p->tls) return fail(c, "%s %s: %s failed: %s", p->role, p->addr, what, strerror(errno));
+    int sys = r == GNUTLS_E_PULL_ERROR || r == GNUTLS_E_PUSH_ERROR;
+    return fail(c, "%s %s: %s failed: %s%s%s%s%s", p->role, p->addr, what, gnutls_strerror((int)r), sys ? " (" : "",
+                sys ? strerror(errno) : "", sys ? ")" : "",
+                c->tls_cert ? "" : " (a server that wants a client certificate closes so: --tls-cert, --tls-key)");
 }
 
 /* Room for n more bytes in *buf (of *cap, *len used); 0 or -1 (no memory). */
@@ -199,9 +292,10 @@ static int flush(struct copy *c, struct peer *p)
 {
     size_t done = 0;
     while (done < p->out_len) {
-        ssize_t w = send(p->fd, p->out + done, p->out_len - done, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return fail(c, "%s %s: write failed: %s", p->role, p->addr, strerror(errno));
+        ssize_t w = p->tls ? gnutls_record_send(p->tls, p->out + done, p->out_len - done)
+                           : send(p->fd, p->out + done, p->out_len - done, MSG_NOSIGNAL);
+        if (p->tls ? w == GNUTLS_E_INTERRUPTED : w < 0 && errno == EINTR) continue;
+        if (w <= 0) return io_failed(c, p, w, "write");
         done += (size_t)w;
     }
     p->out_len = 0;
@@ -217,12 +311,10 @@ static int fill(struct copy *c, struct peer *p, size_t n)
             p->len -= p->start, p->start = 0;
         }
         if (reserve_bytes(&p->in, &p->cap, p->len, n > 65536 ? n : 65536) != 0) return fail(c, "out of memory");
-        ssize_t r = recv(p->fd, p->in + p->len, p->cap - p->len, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) return fail(c, "%s %s: the server closed the connection", p->role, p->addr);
-        if (r < 0 && errno == EAGAIN)
-            return fail(c, "%s %s: no answer within %d s", p->role, p->addr, COPY_REPLY_TIMEOUT_S);
-        if (r < 0) return fail(c, "%s %s: %s", p->role, p->addr, strerror(errno));
+        ssize_t r = p->tls ? gnutls_record_recv(p->tls, p->in + p->len, p->cap - p->len)
+                           : recv(p->fd, p->in + p->len, p->cap - p->len, 0);
+        if (p->tls ? r == GNUTLS_E_INTERRUPTED : r < 0 && errno == EINTR) continue;
+        if (r <= 0) return io_failed(c, p, r, "read");
         p->len += (size_t)r;
     }
     return 0;
@@ -946,11 +1038,16 @@ static void report(const struct copy *c)
 
 static const char copy_usage[] =
     "Use: beangate --copy-jobs FROM TO [--move] [--tube NAME]... [--map FILE] [--json]\n"
-    "  FROM, TO     HOST:PORT or a unix socket path of a running beanstalk server\n"
+    "                          [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
+    "  FROM, TO     HOST:PORT, tls://HOST:PORT or a unix socket path of a running\n"
+    "               beanstalk server\n"
     "  --move       delete each job on FROM once TO acknowledged it\n"
     "  --tube NAME  only this tube (may be repeated)\n"
     "  --map FILE   write one line \"FROM-id TO-id\" per job copied\n"
     "  --json       print the report as one JSON object\n"
+    "  --tls-ca FILE    PEM CAs that a tls:// server's certificate must chain to\n"
+    "                   (default: the system's)\n"
+    "  --tls-cert FILE, --tls-key FILE  a client certificate for tls:// servers\n"
     "Exit status: 0 every job copied, 3 reserved jobs left on FROM, 1 stopped by\n"
     "an error (the reason on stderr), 5 bad usage.\n";
 
@@ -972,11 +1069,18 @@ static int parse_copy_args(struct copy *c, int argc, char **argv, const char **m
             c->move = 1;
         } else if (strcmp(a, "--json") == 0) {
             c->json = 1;
-        } else if (strcmp(a, "--tube") == 0 || strcmp(a, "--map") == 0) {
+        } else if (strcmp(a, "--tube") == 0 || strcmp(a, "--map") == 0 || strcmp(a, "--tls-ca") == 0 ||
+                   strcmp(a, "--tls-cert") == 0 || strcmp(a, "--tls-key") == 0) {
             if (i + 1 >= argc || !argv[i + 1][0]) return copy_usage_error("needs a value", a);
             const char *v = argv[++i];
-            if (a[2] == 'm') {
+            if (strcmp(a, "--map") == 0) {
                 *map_path = v;
+            } else if (strcmp(a, "--tls-ca") == 0) {
+                c->tls_ca = v;
+            } else if (strcmp(a, "--tls-cert") == 0) {
+                c->tls_cert = v;
+            } else if (strcmp(a, "--tls-key") == 0) {
+                c->tls_key = v;
             } else {
                 if (c->tube_count == COPY_TUBES_MAX) return copy_usage_error("--tube given too often", v);
                 if (strlen(v) > COPY_TUBE_MAX) return copy_usage_error("tube name too long", v);
@@ -991,6 +1095,9 @@ static int parse_copy_args(struct copy *c, int argc, char **argv, const char **m
     }
     if (npos < 2) return copy_usage_error("FROM and TO are required", NULL);
     if (strcmp(pos[0], pos[1]) == 0) return copy_usage_error("FROM and TO are the same", pos[0]);
+    if (!c->tls_cert != !c->tls_key) return copy_usage_error("--tls-cert and --tls-key go together", NULL);
+    if ((c->tls_ca || c->tls_cert) && !is_tls_addr(pos[0]) && !is_tls_addr(pos[1]))
+        return copy_usage_error("--tls-ca, --tls-cert and --tls-key need a tls:// FROM or TO", NULL);
     c->from = (struct peer){.role = "FROM", .addr = pos[0], .fd = -1};
     c->to = (struct peer){.role = "TO", .addr = pos[1], .fd = -1, .tube = "default"};
     return 0;
@@ -1018,11 +1125,13 @@ int copy_jobs_main(int argc, char **argv)
         fprintf(stderr, "beangate --copy-jobs: %" PRIu64 " reserved job(s) left on FROM (held by a consumer): "
                         "not copied\n", n[ST_RESERVED]);
     for (struct peer *p = &c.from; p; p = p == &c.from ? &c.to : NULL) {
+        if (p->tls) gnutls_deinit(p->tls);
         if (p->fd >= 0) close(p->fd);
         free(p->in);
         free(p->out);
     }
     free(c.counts);
     free(c.pauses);
+    if (c.tls_cred) gnutls_certificate_free_credentials(c.tls_cred);
     return !ok ? COPY_EXIT_ERROR : n[ST_RESERVED] ? COPY_EXIT_RESERVED_LEFT : COPY_EXIT_OK;
 }

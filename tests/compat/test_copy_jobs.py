@@ -98,13 +98,14 @@ def start_beanstalkd(z=ZMAX):
     return port, proc
 
 
-def start_beangate(z=ZMAX, logdir=None, port=None, unix=None):
-    """beangate on a free port (or on the unix socket path unix)."""
+def start_beangate(z=ZMAX, logdir=None, port=None, unix=None, extra=()):
+    """beangate on a free port (or on the unix socket path unix); extra: more flags."""
     port = port or free_port()
     proc = ServerProcess()
     argv = [BINARY, "-l", "unix:" + unix if unix else "127.0.0.1", "-p", str(port), "-z", str(z), "--no-http"]
     if logdir:
         argv += ["-b", logdir, "-f", "0"]
+    argv += list(extra)
     proc.spawn(argv)
     SERVERS.append(proc)
     up = (lambda: os.path.exists(unix)) if unix else (lambda: port_open(port))
@@ -607,11 +608,86 @@ def test_tube_pauses_move_beangate_to_beanstalkd():
     tube_pauses(start_beangate, start_beanstalkd, move=True)
 
 
+def tls_beangate(ca, verify_client=False):
+    """beangate with a TLS port beside its plain one, its certificate (from
+    ca) naming localhost only, not 127.0.0.1; with verify_client it wants
+    a client certificate from ca. (plain port, TLS port)."""
+    cert, key = ca.issue("server", dns=["localhost"])
+    tls_port = free_port()
+    extra = ["--tls-cert", cert, "--tls-key", key, "--tls-port", str(tls_port)]
+    if verify_client:
+        extra += ["--tls-ca", ca.cert, "--tls-verify-client"]
+    port, _ = start_beangate(extra=extra)
+    wait_until(lambda: port_open(tls_port), "beangate's TLS port %d" % tls_port, TIMEOUT)
+    return port, tls_port
+
+
+def tls_ca(name="beangate test CA"):
+    try:
+        from tlsfiles import TestCA
+    except ImportError:
+        raise Skip("python3-cryptography is not installed (tests/lib/tlsfiles.py needs it)")
+    return TestCA(os.path.join(WORKDIR, "tls"), name)
+
+
+def test_tls_both_ways():
+    """tls://HOST:PORT against beangate's own TLS listener: beanstalkd ->
+    beangate and beangate -> beanstalkd, every job as over plain TCP."""
+    ca = tls_ca()
+    plain, tls_port = tls_beangate(ca)
+    src_port, _ = start_beanstalkd()
+    consumer, t0 = fill(src_port)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "tls://localhost:%d" % tls_port, "--tls-ca", ca.cert])
+    check_eq(status, 3, "exit status of the copy to TLS (a reserved job stays); stderr %r" % err)
+    check_summary(out, "copied", JOBS)
+    check(" to tls://localhost:%d: " % tls_port in out, "the report names the TLS address: %r" % out)
+    check_target(plain, t0, JOBS)
+    consumer.close()
+    dst_port, _ = start_beanstalkd()
+    status, out, err = copy_jobs(["tls://localhost:%d" % tls_port, "127.0.0.1:%d" % dst_port, "--tls-ca", ca.cert,
+                                  "--move"])
+    check_eq(status, 0, "exit status of the move from TLS; stderr %r" % err)
+    check_target(dst_port, t0, [j for j in JOBS if j[1] != "reserved"])
+    check_eq(jobs_on(plain), {}, "beangate after the move from it")
+
+
+def test_tls_refusals():
+    """A certificate from a CA not given (--tls-ca another CA, or the
+    system's), one that does not name the host (127.0.0.1), a server that
+    wants a client certificate, a missing --tls-ca file: each
+    stops the copy before any job, exit 1, the reason on stderr; with the
+    client certificate it goes."""
+    ca = tls_ca()
+    other = tls_ca("other CA")
+    plain, tls_port = tls_beangate(ca, verify_client=True)
+    src_port, _ = start_beanstalkd()
+    consumer, t0 = fill(src_port)
+    client_cert, client_key = ca.issue("client", cn="copier", client=True)
+    with_cert = ["--tls-cert", client_cert, "--tls-key", client_key]
+    for args, why in [(["tls://localhost:%d" % tls_port, "--tls-ca", other.cert] + with_cert, "issuer is unknown"),
+                      (["tls://localhost:%d" % tls_port] + with_cert, "issuer is unknown. (--tls-ca FILE"),
+                      (["tls://127.0.0.1:%d" % tls_port, "--tls-ca", ca.cert] + with_cert, "does not match"),
+                      (["tls://localhost:%d" % tls_port, "--tls-ca", ca.cert], "wants a client certificate"),
+                      (["tls://localhost:%d" % tls_port, "--tls-ca", os.path.join(WORKDIR, "none.pem")],
+                       "--tls-ca %s: " % os.path.join(WORKDIR, "none.pem"))]:
+        status, out, err = copy_jobs(["127.0.0.1:%d" % src_port] + args)
+        check_eq(status, 1, "exit status of %r; stdout %r, stderr %r" % (args, out, err))
+        check(why in err, "the reason for %r: %r" % (args, err))
+    check_eq(jobs_on(plain), {}, "jobs on the target after the refusals")
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "tls://localhost:%d" % tls_port, "--tls-ca", ca.cert]
+                                 + with_cert)
+    check_eq(status, 3, "exit status with the client certificate; stderr %r" % err)
+    check_target(plain, t0, JOBS)
+    consumer.close()
+
+
 def test_usage_errors():
     for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
                        (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
                        (["a:1", "b:2", "--tube"], "needs a value"), (["a:1", "b:2", "c:3"], "one FROM"),
-                       (["a:1", "b:2"] + [a for i in range(65) for a in ("--tube", "t%d" % i)], "--tube given too often")]:
+                       (["a:1", "b:2"] + [a for i in range(65) for a in ("--tube", "t%d" % i)], "--tube given too often"),
+                       (["a:1", "tls://b:2", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+                       (["a:1", "b:2", "--tls-ca", "ca.pem"], "need a tls:// FROM or TO")]:
         status, _, err = copy_jobs(args, timeout=20)
         check_eq(status, 5, "exit status of --copy-jobs %s" % " ".join(args))
         check(what in err and "Use: beangate --copy-jobs" in err, "stderr of %r: %r" % (args, err))
@@ -630,7 +706,7 @@ TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, tes
          test_source_killed_mid_move, test_target_killed_mid_move, test_reply_announcing_too_much,
          test_stats_job_fields_beanstalkd_to_beangate, test_stats_job_fields_beangate_to_beanstalkd,
          test_tube_pauses_copy_beanstalkd_to_beangate, test_tube_pauses_move_beangate_to_beanstalkd,
-         test_usage_errors]
+         test_tls_both_ways, test_tls_refusals, test_usage_errors]
 
 
 def after(_error):
