@@ -256,8 +256,9 @@ def test_no_token_server_unchanged():
         check_eq(allowed(srv, "GET", "/tubes", None, 200, "tubes")["tubes"], ["default", "emails"], "tubes")
         allowed(srv, "POST", "/tubes/emails/kick", None, 200, "kick")
         allowed(srv, "DELETE", "/jobs/%d" % job, None, 204, "delete")
+        everything = [{"kinds": ALL_KINDS, "tubes": ["*"]}]
         check_eq(allowed(srv, "GET", "/auth", None, 200, "GET /auth"),
-                 {"authenticated": False, "scoped": False, "grants": [{"kinds": ALL_KINDS, "tubes": ["*"]}]},
+                 {"authenticated": False, "scoped": False, "grants": everything, "patterns": everything},
                  "GET /auth without tokens")
 
 
@@ -272,10 +273,42 @@ def test_auth_endpoint():
             PREFIX: [{"kinds": ["produce", "read"], "tubes": ["mail-eu"]}],
             READER: [{"kinds": ["read"], "tubes": ["default", "emails", "reports", "mail-eu"]}],
         }
+        # the access file's grants as written, prefixes included
+        patterns = {
+            UNSCOPED: [{"kinds": ALL_KINDS, "tubes": ["*"]}],
+            CONSUMER: [{"kinds": ["consume"], "tubes": ["emails"]}, {"kinds": ["read"], "tubes": ["emails"]}],
+            MANAGER: [{"kinds": ["manage"], "tubes": ["emails", "reports"]},
+                      {"kinds": ["read"], "tubes": ["emails", "reports"]}],
+            PREFIX: [{"kinds": ["produce", "read"], "tubes": ["mail-*"]}],
+            READER: [{"kinds": ["read"], "tubes": ["*"]}],
+        }
         for token, grants in want.items():
             got = allowed(srv, "GET", "/auth", token, 200, "GET /auth")
-            check_eq(got, {"authenticated": True, "scoped": token != UNSCOPED, "grants": grants},
-                     "GET /auth of %s" % token)
+            check_eq(got, {"authenticated": True, "scoped": token != UNSCOPED, "grants": grants,
+                           "patterns": patterns[token]}, "GET /auth of %s" % token)
+
+
+def refusals(srv):
+    """(permission_denied of GET /stats, beangate_permission_denied_total of /metrics)."""
+    stats = allowed(srv, "GET", "/stats", UNSCOPED, 200, "GET /stats")
+    metrics = test_ops.parse_metrics(srv.metrics())[0]
+    return stats["permission_denied"], metrics[("beangate_permission_denied_total", frozenset())]
+
+
+def test_permission_denied_counted():
+    """Each 403 and each job hidden as 404 counts once in GET /stats and
+    /metrics; what a token may do, and 401s, do not count."""
+    with scoped_server() as srv:
+        check_eq(refusals(srv), (0, 0.0), "no refusal yet")
+        job = put(srv, "reports")
+        allowed(srv, "POST", "/tubes/emails/jobs", PRODUCER, 201, "an allowed put")
+        check_eq(srv.get("/tubes", token=WRONG)[0], 401, "a wrong token")
+        check_eq(refusals(srv), (0, 0.0), "allowed requests and a 401 counted nothing")
+        denied(srv, "POST", "/tubes/reports/jobs", PRODUCER, "produce:reports", "producer puts into reports")
+        denied(srv, "GET", "/tubes/emails", PRODUCER, "read:emails", "producer reads the tube")
+        check_eq(refusals(srv), (2, 2.0), "two 403s")
+        check_eq(srv.get("/jobs/%d" % job, token=CONSUMER)[0], 404, "a job of an unseen tube")
+        check_eq(refusals(srv), (3, 3.0), "two 403s and a hidden job")
 
 
 TESTS = [
@@ -290,6 +323,7 @@ TESTS = [
     test_unscoped_token_unchanged,
     test_no_token_server_unchanged,
     test_auth_endpoint,
+    test_permission_denied_counted,
 ]
 
 

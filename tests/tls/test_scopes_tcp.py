@@ -13,6 +13,7 @@ Usage: test_scopes_tcp.py BINARY [-k NAME]
 """
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -367,6 +368,45 @@ def use_reply(port, cert, tube):
         c.close()
 
 
+def permission_denied(srv):
+    """permission_denied of GET /stats (the gateway token may read)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=TIMEOUT)
+    try:
+        conn.request("GET", "/stats", headers={"Authorization": "Bearer " + GATEWAY_TOKEN})
+        resp = conn.getresponse()
+        check_eq(resp.status, 200, "GET /stats")
+        return json.loads(resp.read())["permission_denied"]
+    finally:
+        conn.close()
+
+
+def test_refusals_counted():
+    """Each beanstalk and Gearman refusal, and each job hidden as
+    NOT_FOUND, counts once in permission_denied; plain TCP counts none."""
+    with Server() as srv:
+        plain = Line(srv.port)
+        check_eq(plain.ask(b"use sms\r\n"), b"USING sms", "plain TCP: use sms")
+        check_eq(plain.ask(b"put 0 0 60 2\r\nhi\r\n"), b"INSERTED 1", "plain TCP: put")
+        check_eq(plain.ask(b"peek 99\r\n"), b"NOT_FOUND", "plain TCP: a missing job")
+        plain.close()
+        check_eq(permission_denied(srv), 0, "nothing refused yet")
+        alice = Line(srv.tls_port, "alice")
+        check_eq(alice.ask(b"use emails\r\n"), b"USING emails", "alice: use emails (allowed)")
+        check_eq(alice.ask(b"use sms\r\n"), b"PERMISSION_DENIED produce:sms", "alice: use sms")
+        check_eq(alice.ask(b"stats\r\n"), b"PERMISSION_DENIED read:*", "alice: stats")
+        alice.close()
+        check_eq(permission_denied(srv), 2, "two beanstalk refusals")
+        worker = Line(srv.tls_port, "worker")
+        check_eq(worker.ask(b"peek 1\r\n"), b"NOT_FOUND", "worker: a job of a tube it cannot see")
+        worker.close()
+        check_eq(permission_denied(srv), 3, "and a hidden job")
+        gm = Gearman(srv.gm_tls_port, "alice")
+        gm.request(SUBMIT_JOB_BG, b"sms", b"", b"x")
+        denied(gm, b"produce:sms")
+        gm.close()
+        check_eq(permission_denied(srv), 4, "and a Gearman refusal")
+
+
 def test_access_reloaded_on_sighup():
     """SIGHUP reads the access file again (docs/security.md, "Reloading the
     access file"): a new token works and a removed one gets 401 on the
@@ -440,7 +480,8 @@ def test_access_reloaded_on_sighup():
 
 TESTS = [test_beanstalk_certificates_get_their_scopes, test_beanstalk_strangers_get_nothing,
          test_gearman_certificates_get_their_scopes, test_without_identity_lines_certificates_are_unscoped,
-         test_access_file_refused_at_start, test_documented_access_file, test_access_reloaded_on_sighup]
+         test_access_file_refused_at_start, test_documented_access_file, test_refusals_counted,
+         test_access_reloaded_on_sighup]
 
 
 def main(argv):
