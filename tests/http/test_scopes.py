@@ -5,8 +5,9 @@ and refused over HTTP with the exact 403 PERMISSION_DENIED body and its
 required_scope, prefix grants, listings (GET /tubes, /stats/tubes, the
 subscriptions of /stats and /subscriptions, /metrics' per-tube and push
 series) that show only the tubes a token sees, a job of an unseen tube
-answered 404 as a missing one, GET /auth, and an unscoped token and a
-server without tokens unchanged.
+answered 404 as a missing one, GET /auth (grants and patterns), an
+unscoped token and a server without tokens unchanged, refusals counted in
+GET /stats and /metrics, and a SIGHUP reload while a long-poll waits.
 
 Usage:
   python3 tests/http/test_scopes.py build/beangate
@@ -19,7 +20,9 @@ last line is `scopes: N passed, M failed, K skipped`; exits 1 on failure.
 
 import json
 import os
+import signal
 import sys
+import threading
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -311,6 +314,36 @@ def test_permission_denied_counted():
         check_eq(refusals(srv), (3, 3.0), "two 403s and a hidden job")
 
 
+def test_reload_keeps_requests_under_way():
+    """SIGHUP with a new access file (docs/security.md, "Reloading the
+    access file"): a long-poll reserve that began under a token the new
+    file removes still gets its job; the token is refused (401) from the
+    next request on; the new file's token works."""
+    path = test_ops.token_file(*ACCESS_FILE)
+    added = "scope-added-after-reload-5d"
+    with test_ops.Server(["--http-token-file", path]) as srv:
+        answer = []
+        waiter = threading.Thread(target=lambda: answer.append(srv.request(
+            "POST", "/tubes/emails/reservations?timeout=20", headers={"Authorization": "Bearer " + CONSUMER},
+            timeout=30)), daemon=True)
+        waiter.start()
+        testlib.wait_until(lambda: allowed(srv, "GET", "/stats", UNSCOPED, 200, "GET /stats")["current_waiting"]
+                           == 1, "the long-poll waiting", 10)
+        with open(path + ".new", "w") as f:   # CONSUMER removed, a token added
+            f.write("\n".join([x for x in ACCESS_FILE if not x.startswith(CONSUMER)] + [added + " read:*"]) + "\n")
+        os.chmod(path + ".new", 0o600)
+        os.rename(path + ".new", path)
+        srv.proc.send_signal(signal.SIGHUP)
+        testlib.wait_until(lambda: srv.get("/tubes", token=added)[0] == 200, "the added token accepted", 10)
+        check_eq(srv.get("/tubes", token=CONSUMER)[0], 401, "the removed token, on a new request")
+        job = put(srv, "emails", token=PRODUCER)
+        waiter.join(30)
+        check(answer, "the long-poll did not answer")
+        status, _, raw = answer[0]
+        check_eq((status, json.loads(raw)["id"]), (200, job), "the long-poll begun before the reload: its job")
+    os.unlink(path)
+
+
 TESTS = [
     test_produce,
     test_consume,
@@ -324,6 +357,7 @@ TESTS = [
     test_no_token_server_unchanged,
     test_auth_endpoint,
     test_permission_denied_counted,
+    test_reload_keeps_requests_under_way,
 ]
 
 

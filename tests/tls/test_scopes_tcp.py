@@ -7,7 +7,9 @@ be refused what its scope does not allow, over beanstalk and Gearman, with
 PERMISSION_DENIED <kind>:<tube>; a certificate no line matches and a TLS
 client without one may do nothing; plain TCP keeps beanstalkd's behaviour.
 Also the access file's refusals at start (exit 5, "line N: why", no token
-in the message).
+in the message), refusals counted in permission_denied, and SIGHUP reading
+the access file again (new and removed tokens and identity lines; a bad or
+missing file keeps the grants in force).
 
 Usage: test_scopes_tcp.py BINARY [-k NAME]
 """
