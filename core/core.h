@@ -423,8 +423,10 @@ struct bg_server_counters {
     uint64_t total_jobs_reserved, total_jobs_deleted;
     /* beanstalk and Gearman connections closed on a line of HTTP (bg_line_is_http) */
     uint64_t cross_protocol_closed;
-    /* beanstalk and Gearman requests refused by the session's scope
-     * (PERMISSION_DENIED, or NOT_FOUND for a job it cannot see) */
+    /* requests refused by the session's or the token's scope, on every
+     * protocol (PERMISSION_DENIED, 403, or NOT_FOUND/404 for a job it
+     * cannot see); GET /stats and /metrics show it, beanstalk's stats do
+     * not (its keys are beanstalkd's) */
     uint64_t permission_denied;
 };
 
@@ -847,6 +849,12 @@ int bg_scope_allows_all(const struct bg_scope *s, enum bg_scope_kind kind);
 const struct bg_scope *bg_scope_nothing(void);
 /* 1 if s may do anything on the tube (listings show only such tubes). */
 int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len);
+/* s's grants as the access file wrote them, one rule per (grant, tube
+ * pattern), in the file's order: how many (0 for NULL, unscoped), and
+ * rule i's kinds (bit 1 << enum bg_scope_kind each), with its pattern into
+ * *pattern (NUL-terminated): a tube name, a prefix ending in '*', or "*". */
+size_t bg_scope_rule_count(const struct bg_scope *s);
+unsigned bg_scope_rule(const struct bg_scope *s, size_t i, char pattern[BG_TUBE_NAME_MAX + 2]);
 /* "produce", "consume", "manage", "read". */
 const char *bg_scope_kind_name(enum bg_scope_kind kind);
 /* What a refusal names: "consume:emails" into out (BG_SCOPE_REQUIRED_MAX). */

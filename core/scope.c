@@ -108,6 +108,20 @@ int bg_scope_sees(const struct bg_scope *s, const char *name, size_t len)
     return 0;
 }
 
+size_t bg_scope_rule_count(const struct bg_scope *s)
+{
+    return s ? s->count : 0;
+}
+
+unsigned bg_scope_rule(const struct bg_scope *s, size_t i, char pattern[BG_TUBE_NAME_MAX + 2])
+{
+    const struct scope_rule *r = &s->rules[i];
+    memcpy(pattern, r->name, r->len);
+    if (r->prefix) pattern[r->len] = '*';
+    pattern[r->len + (size_t)r->prefix] = '\0';
+    return r->kinds;
+}
+
 /* ---- the parser -------------------------------------------------------- */
 
 struct parse_state {

@@ -3,8 +3,13 @@
  * itself, on two connections of one engine while time moves forward, so
  * blocking reserves, TTRs, delays and pauses all get exercised. Some chunks
  * come after time moved with no tick (as when the loop reads before its
- * timer fires), so the commands must catch up themselves. ASan and
- * LeakSanitizer catch memory errors; the asserts catch broken accounting. */
+ * timer fires), so the commands must catch up themselves. The first
+ * connection may run under a scope (the top three bits of the first byte
+ * pick one of fuzz_scopes.h's, or the scope of nothing; 0: unscoped), as a
+ * TLS client certificate's identity line gives it (docs/security.md,
+ * Scopes); the second is unscoped. ASan and LeakSanitizer catch memory
+ * errors; the asserts catch broken accounting and a scope that let
+ * through a put it does not allow. */
 /* the checks are the point: keep assert() in release builds (NDEBUG) */
 #undef NDEBUG
 #include <assert.h>
@@ -13,6 +18,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "fuzz_scopes.h"
 
 /* Commands the engine has executed so far. */
 static uint64_t commands_run(const struct bg_engine *e)
@@ -54,8 +60,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bg_time now = 1000 * BG_SECOND;
     if (bg_engine_init(&e, size && (data[0] & 1) ? 16 : BG_JOB_SIZE_DEFAULT, NULL) != 0) return 0;
     if (bg_session_init(&e, &a, NULL, NULL) != 0 || bg_session_init(&e, &b, NULL, NULL) != 0) abort();
+    a.scope = fuzz_pick_scope(size ? data[0] >> 5 : 0);
     struct bg_buf pa = {0}, pb = {0};
     feed_chunks(&e, &a, &pa, data, size, &now);
+    /* the first connection put only where its scope lets it (tubes are
+     * freed when empty and unused, so a put may have left no tube behind) */
+    for (uint32_t i = 0; i < e.tube_count; i++) {
+        const struct bg_tube *t = e.tube_list[i];
+        if (t->stat.total_jobs) assert(bg_scope_allows(a.scope, BG_SCOPE_PRODUCE, t->name, strlen(t->name)));
+    }
+    if (!bg_scope_allows_some(a.scope, BG_SCOPE_PRODUCE)) assert(e.stat.total_jobs == 0);
+    /* an unscoped connection is never refused */
+    if (!a.scope) assert(e.stat.permission_denied == 0);
     feed_chunks(&e, &b, &pb, data, size, &now);
     bg_session_close(&a, now);
     assert(e.reserved_count == b.client.reserved.len);

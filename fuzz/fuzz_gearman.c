@@ -14,8 +14,10 @@
  * function names and handles so that workers and clients meet), raw bytes,
  * or an admin line; or moves time (with or without a tick), sweeps, drops a
  * session's output as a socket would take it, or closes and reopens a
- * session. After every step the engine's invariant audit must pass and
- * waiting must equal the sleeping workers. ASan/UBSan catch memory errors;
+ * session. The last session runs under a scope the input's last byte
+ * picks (fuzz_scopes.h; 0: unscoped), as a client certificate's identity
+ * line gives it. After every step the engine's invariant audit must pass
+ * and waiting must equal the sleeping workers. ASan/UBSan catch memory errors;
  * the asserts catch broken contracts. */
 /* the checks are the point: keep assert() in release builds (NDEBUG) */
 #undef NDEBUG
@@ -26,6 +28,7 @@
 #include <string.h>
 
 #include "gearman.h"
+#include "fuzz_scopes.h"
 
 #define FUZZ_MAX_SIZE 256 /* small, so that GM_FAULT_TOO_BIG is reached often */
 
@@ -231,11 +234,13 @@ static void run_sessions(const uint8_t *data, size_t size)
     assert(bg_engine_init(&e, 64, NULL) == 0);
     struct gm_hooks hooks = {&wall_s, 1, "fuzz", fuzz_verbosity, fuzz_wall_s, fuzz_stop, NULL};
     assert(gm_server_init(&g, &e, &hooks, 64 + 4096, 1, key) == 0);
+    const struct bg_scope *scoped = fuzz_pick_scope(size ? data[size - 1] % 8 : 0);
     for (int i = 0; i < SESSIONS; i++) {
         assert(gm_session_init(&g, &s[i], i, "fuzz") == 0);
         s[i].stream.out_limit = 4096;
         s[i].stream.out_max = 1 << 16;
     }
+    s[SESSIONS - 1].scope = scoped;
     struct script sc = {data, size};
     while (sc.left) {
         uint8_t op = next_byte(&sc);
@@ -272,6 +277,7 @@ static void run_sessions(const uint8_t *data, size_t size)
             assert(gm_session_init(&g, t, k, "fuzz") == 0);
             t->stream.out_limit = 4096;
             t->stream.out_max = 1 << 16;
+            if (k == SESSIONS - 1) t->scope = scoped;
             break;
         }
         const char *broken;

@@ -47,6 +47,18 @@ struct gw_auth *gw_auth_new(const struct bg_scopes *sc)
     return a;
 }
 
+int gateway_set_scopes(struct gateway *gw, const struct bg_scopes *sc)
+{
+    if (!gw) return 0;
+    struct gw_auth *a = sc && bg_scopes_token_count(sc) ? gw_auth_new(sc) : NULL;
+    if (sc && bg_scopes_token_count(sc) && !a) return BG_OUT_OF_MEMORY;
+    /* the table is read only inside gw_auth_check: nothing holds the old one */
+    gw_auth_free(gw->auth);
+    gw->auth = a;
+    gw->cfg.scopes = sc;
+    return 0;
+}
+
 void gw_auth_free(struct gw_auth *a)
 {
     if (!a) return;

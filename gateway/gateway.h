@@ -205,6 +205,11 @@ void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg);
 int gateway_listen_fd(const struct gateway *gw);
 /* Install push delivery's hooks (copied). NULL gw does nothing. */
 void gateway_set_push(struct gateway *gw, const struct gw_push_hooks *hooks);
+/* SIGHUP reloaded the access file: from the next request on, tokens are
+ * matched against sc's (which must outlive the gateway, as cfg->scopes);
+ * a request under way keeps the scope it began with. 0, or
+ * BG_OUT_OF_MEMORY with the old tokens kept (auth.c). NULL gw: 0. */
+int gateway_set_scopes(struct gateway *gw, const struct bg_scopes *sc);
 
 /* ---- internal: shared by the gateway's files ----------------------------- */
 

@@ -163,6 +163,8 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "total_jobs_deleted", json_integer((json_int_t)e->stat.total_jobs_deleted));
     /* beanstalk and Gearman connections closed on a line of HTTP (docs/security.md) */
     json_object_set_new(v, "cross_protocol_closed", json_integer((json_int_t)e->stat.cross_protocol_closed));
+    /* requests of every protocol refused by their scope (docs/security.md, Refusals) */
+    json_object_set_new(v, "permission_denied", json_integer((json_int_t)e->stat.permission_denied));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
     /* what the log did with each sink (docs/durability.md, "Stats") */

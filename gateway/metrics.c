@@ -314,6 +314,12 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
                      "request (cross_protocol_closed of GET /stats; docs/security.md).",
                      e->stat.cross_protocol_closed);
     if (rc == 0)
+        rc = counter(b, "beangate_permission_denied_total",
+                     "Requests of every protocol refused by their scope, and jobs hidden as not found "
+                     "from a scope that cannot see them (permission_denied of GET /stats; "
+                     "docs/security.md).",
+                     e->stat.permission_denied);
+    if (rc == 0)
         rc = gauge(b, "beangate_current_producers",
                    "Connections that have put a job (current-producers).", e->producers);
     if (rc == 0)

@@ -1145,17 +1145,50 @@ static json_t *kind_names(unsigned mask)
     return kinds;
 }
 
+/* An unscoped token's one grant: every kind on every tube ("*"). */
+static json_t *grant_of_everything(void)
+{
+    return json_pack("{s:o, s:[s]}", "kinds", kind_names((1u << BG_SCOPE_KINDS) - 1), "tubes", "*");
+}
+
+/* The scope's grants as the access file wrote them: [{kinds, tubes}] with
+ * tube patterns (names, prefixes ending in *, * for all), one entry per run
+ * of rules with the same kinds (a grant's tubes are such a run). Unscoped:
+ * every kind on "*". */
+static json_t *scope_patterns(const struct bg_scope *scope)
+{
+    json_t *out = json_array();
+    if (!scope) {
+        json_array_append_new(out, grant_of_everything());
+        return out;
+    }
+    json_t *tubes = NULL;
+    unsigned last = 0;
+    for (size_t i = 0; i < bg_scope_rule_count(scope); i++) {
+        char pattern[BG_TUBE_NAME_MAX + 2];
+        unsigned kinds = bg_scope_rule(scope, i, pattern);
+        if (!tubes || kinds != last) {
+            tubes = json_array();
+            json_array_append_new(out, json_pack("{s:o, s:o}", "kinds", kind_names(kinds), "tubes", tubes));
+            last = kinds;
+        }
+        json_array_append_new(tubes, json_string(pattern));
+    }
+    return out;
+}
+
 /* GET /auth: what the presented token may do, for the dashboard to hide
- * what it may not. An unscoped token (or none, with no token configured)
- * has one grant of every kind on every tube ("*"); a scoped one, a grant
- * for each set of kinds it has on the tubes that exist now, with those
- * tubes (the access file's patterns stay on the server). */
+ * what it may not. `grants`: an unscoped token (or none, with no token
+ * configured) has one grant of every kind on every tube ("*"); a scoped
+ * one, a grant for each set of kinds it has on the tubes that exist now,
+ * with those tubes. `patterns`: its grants as the access file wrote them,
+ * prefixes included, which also cover the tubes made later. */
 int gw_handle_auth(struct gw_request *r)
 {
     const unsigned all = (1u << BG_SCOPE_KINDS) - 1;
     json_t *grants = json_array();
     if (!r->scope) {
-        json_array_append_new(grants, json_pack("{s:o, s:[s]}", "kinds", kind_names(all), "tubes", "*"));
+        json_array_append_new(grants, grant_of_everything());
     } else {
         struct bg_engine *e = r->gw->engine;
         json_t *by_mask[1u << BG_SCOPE_KINDS] = {0};
@@ -1174,7 +1207,7 @@ int gw_handle_auth(struct gw_request *r)
                                                         by_mask[mask]));
     }
     return gw_reply_json(r->conn, 200,
-                         json_pack("{s:b, s:b, s:o}", "authenticated", r->authenticated, "scoped",
-                                   r->scope != NULL, "grants", grants),
+                         json_pack("{s:b, s:b, s:o, s:o}", "authenticated", r->authenticated, "scoped",
+                                   r->scope != NULL, "grants", grants, "patterns", scope_patterns(r->scope)),
                          NULL);
 }

@@ -15,7 +15,9 @@
 #              UndefinedBehaviorSanitizer build;
 #   fuzz       the libFuzzer harnesses: the codec for FUZZ_SECONDS (default
 #              60), the log reader for FUZZ_LOG_SECONDS (default 30) and the
-#              Gearman codec for FUZZ_GEARMAN_SECONDS (default 30);
+#              Gearman codec for FUZZ_GEARMAN_SECONDS (default 30); the codec's
+#              and the Gearman harness run one session under a scope
+#              (fuzz/fuzz_scopes.h);
 #   container  the container image: build, run, put over HTTP, reserve over
 #              TCP, restart on the same volume (docker/smoke-test), where
 #              docker or podman works; elsewhere a SKIP line says why.

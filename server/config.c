@@ -728,10 +728,23 @@ static int parse_command(struct server_config *cfg, int argc, char **argv)
  * comments are not. */
 #define ACCESS_FILE_MAX (16u << 20)
 
-/* Kept for the life of the process (the gateway copies the tokens; the
- * sessions keep pointers to the scopes). */
+/* The access file as now in force (the gateway copies its tokens; the
+ * sessions keep pointers to its scopes), and the text it was parsed from
+ * (a SIGHUP that finds the same text keeps it). A reload puts a new one
+ * here and keeps the one it replaces on `retired` until the process ends:
+ * a beanstalk or Gearman connection keeps the scope it was given at
+ * connect, and an HTTP request the one its token had when it began, for
+ * their whole lives, so there is no moment at which an old generation is
+ * known to be unused. Each change costs the parsed file's size once. */
 static struct bg_scopes *scopes;
+static char *scopes_text;
+static size_t scopes_text_len;
 static const char *tokens[BG_SCOPE_TOKENS_MAX];
+struct retired_scopes {
+    struct bg_scopes *scopes;
+    struct retired_scopes *next;
+};
+static struct retired_scopes *retired;
 
 /* The gateway takes the same tokens (gateway/auth.c). */
 _Static_assert(GW_AUTH_TOKENS_MAX >= BG_SCOPE_TOKENS_MAX && GW_AUTH_TOKEN_MAX >= BG_SCOPE_TOKEN_MAX,
@@ -778,47 +791,35 @@ static int read_whole(FILE *f, char **text, size_t *len)
     return 0;
 }
 
-/* Read and parse the access file into `scopes`: 0, or SERVER_USAGE_EXIT
- * after a message (the line and why; never a token). */
-static int load_token_file(const char *path)
+/* Read the access file at path into *text (malloc'd): 0, or nonzero with
+ * why in why[0..whylen). Warns when every user may read it. */
+static int read_access_file(const char *path, char **text, size_t *len, char *why, size_t whylen)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        log_event(BG_LOG_ERROR, "token_file_error", "path=%s error=%s", log_str(path),
-                  log_str(strerror(errno)));
-        return SERVER_USAGE_EXIT;
+        snprintf(why, whylen, "%s", strerror(errno));
+        return -1;
     }
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && (st.st_mode & S_IROTH))
         log_event(BG_LOG_WARN, "token_file_readable", "path=%s msg=\"readable by every user\"",
                   log_str(path));
-    char *text = NULL;
-    size_t len = 0;
-    int e = read_whole(f, &text, &len);
+    int e = read_whole(f, text, len);
     fclose(f);
-    if (e) {
-        log_event(BG_LOG_ERROR, "token_file_error", "path=%s error=%s", log_str(path),
-                  log_str(e == EFBIG ? "larger than 16 MiB" : strerror(e)));
-        return SERVER_USAGE_EXIT;
-    }
-    char why[256];
-    int rc = bg_scopes_parse(&scopes, text, len, why, sizeof why);
-    free(text);
-    if (rc != 0) {
-        log_event(BG_LOG_ERROR, "token_file_error", "path=%s msg=%s", log_str(path),
-                  log_str(rc == BG_OUT_OF_MEMORY ? "out of memory" : why));
-        return SERVER_USAGE_EXIT;
-    }
-    return 0;
+    if (e) snprintf(why, whylen, "%s", e == EFBIG ? "larger than 16 MiB" : strerror(e));
+    return e ? -1 : 0;
 }
 
-/* BEANGATE_HTTP_TOKENS (var): comma-separated, each an unscoped token added
- * to `scopes`. 0, or SERVER_USAGE_EXIT. */
-static int load_token_env(const char *var, const char *value)
+/* BEANGATE_HTTP_TOKENS's value: comma-separated, each an unscoped token
+ * added to sc. 0, or nonzero with why in why[0..whylen). */
+static int add_env_tokens(struct bg_scopes *sc, const char *value, char *why, size_t whylen)
 {
     char *copy = strdup(value);
-    if (!copy) return SERVER_USAGE_EXIT;
-    size_t before = bg_scopes_token_count(scopes);
+    if (!copy) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    size_t before = bg_scopes_token_count(sc);
     unsigned item = 0;
     int rc = 0;
     for (char *p = copy, *comma; p; p = comma ? comma + 1 : NULL) {
@@ -827,45 +828,74 @@ static int load_token_env(const char *var, const char *value)
         char *t = trim(p, &n);
         item++;
         if (n == 0) continue;
-        char why[128];
-        if (bg_scopes_add_token(scopes, t, n, why, sizeof why) != 0) {
-            log_event(BG_LOG_ERROR, "bad_env", "var=%s item=%u msg=%s", var, item, log_str(why));
-            rc = SERVER_USAGE_EXIT;
+        char reason[128];
+        if (bg_scopes_add_token(sc, t, n, reason, sizeof reason) != 0) {
+            snprintf(why, whylen, "item %u: %s", item, reason);
+            rc = -1;
             break;
         }
     }
     free(copy);
-    if (rc == 0 && bg_scopes_token_count(scopes) == before) {
-        log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=\"no token in the value\"", var);
-        rc = SERVER_USAGE_EXIT;
+    if (rc == 0 && bg_scopes_token_count(sc) == before) {
+        snprintf(why, whylen, "no token in the value");
+        rc = -1;
     }
     return rc;
 }
 
-/* The access file, then the variable of the K_TOKENS row; the weak-token
- * warnings. 0, or SERVER_USAGE_EXIT. */
-static int load_tokens(struct server_config *cfg)
+/* Build the access in force from the file's text (NULL: no file) and the
+ * variables of the K_TOKENS rows, by the rules a start applies: 0 with the
+ * result in *out (NULL when there is neither), or nonzero with why (never a
+ * token) in why[0..whylen), nothing kept; *bad_var names the variable
+ * when it, not the file, was at fault (else NULL). */
+static int build_access(const struct server_config *cfg, const char *text, size_t len, struct bg_scopes **out,
+                        const char **bad_var, char *why, size_t whylen)
 {
-    int rc;
-    if (cfg->http_token_file) {
-        if ((rc = load_token_file(cfg->http_token_file)) != 0) return rc;
+    struct bg_scopes *sc = NULL;
+    *out = NULL;
+    *bad_var = NULL;
+    if (text) {
+        int rc = bg_scopes_parse(&sc, text, len, why, whylen);
+        if (rc == BG_OUT_OF_MEMORY) snprintf(why, whylen, "out of memory");
+        if (rc != 0) return -1;
         /* Without a token the gateway would be open to all: refused, unless
          * there is no gateway and the file is for certificates only. */
-        if (bg_scopes_token_count(scopes) == 0 && (cfg->http_enabled || !bg_scopes_has_identities(scopes))) {
-            log_event(BG_LOG_ERROR, "token_file_error",
-                      "path=%s msg=\"no token in the file: refusing to start an open gateway\"",
-                      log_str(cfg->http_token_file));
-            return SERVER_USAGE_EXIT;
+        if (bg_scopes_token_count(sc) == 0 && (cfg->http_enabled || !bg_scopes_has_identities(sc))) {
+            snprintf(why, whylen, "no token in the file: refusing an open gateway");
+            bg_scopes_free(sc);
+            return -1;
         }
     }
     for (size_t i = 0; i < SETTING_COUNT; i++) {
         const char *v = settings[i].kind == K_TOKENS ? env_value(&settings[i]) : NULL;
         if (!v) continue;
-        char why[128];
-        if (!scopes && bg_scopes_parse(&scopes, "", 0, why, sizeof why) != 0) return SERVER_USAGE_EXIT;
-        if ((rc = load_token_env(settings[i].env, v)) != 0) return rc;
+        if (!sc && bg_scopes_parse(&sc, "", 0, why, whylen) != 0) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
+        if (add_env_tokens(sc, v, why, whylen) != 0) {
+            bg_scopes_free(sc);
+            *bad_var = settings[i].env;
+            return -1;
+        }
         sources[i] = FROM_ENV;
     }
+    *out = sc;
+    return 0;
+}
+
+/* Make sc (and its text, taken) the access in force: cfg's view of it, the
+ * weak-token and missing-CA warnings. The one it replaces is retired. */
+static void install_access(struct server_config *cfg, struct bg_scopes *sc, char *text, size_t len)
+{
+    if (scopes) {
+        struct retired_scopes *r = malloc(sizeof *r);
+        if (r) *r = (struct retired_scopes){scopes, retired}, retired = r;
+        /* without memory to note it, the old one is kept unnoted: a leak
+         * once, never a dangling scope */
+    }
+    free(scopes_text);
+    scopes = sc, scopes_text = text, scopes_text_len = len;
     /* identity lines scope the TLS ports' certificates: without a CA no
      * certificate is asked for, and every TLS connection may do nothing */
     if (bg_scopes_has_identities(scopes) && !cfg->tls_ca)
@@ -881,6 +911,59 @@ static int load_tokens(struct server_config *cfg)
     cfg->scopes = scopes;
     cfg->http_tokens = tokens;
     cfg->http_token_count = count;
+}
+
+/* The access file, then the variable of the K_TOKENS row, at start. 0, or
+ * SERVER_USAGE_EXIT after one line saying why. */
+static int load_tokens(struct server_config *cfg)
+{
+    char why[256] = "";
+    char *text = NULL;
+    size_t len = 0;
+    if (cfg->http_token_file && read_access_file(cfg->http_token_file, &text, &len, why, sizeof why) != 0) {
+        log_event(BG_LOG_ERROR, "token_file_error", "path=%s error=%s", log_str(cfg->http_token_file),
+                  log_str(why));
+        return SERVER_USAGE_EXIT;
+    }
+    struct bg_scopes *sc;
+    const char *bad_var;
+    if (build_access(cfg, text, len, &sc, &bad_var, why, sizeof why) != 0) {
+        if (bad_var) log_event(BG_LOG_ERROR, "bad_env", "var=%s msg=%s", bad_var, log_str(why));
+        else log_event(BG_LOG_ERROR, "token_file_error", "path=%s msg=%s", log_str(cfg->http_token_file),
+                       log_str(why));
+        free(text);
+        return SERVER_USAGE_EXIT;
+    }
+    if (sc) install_access(cfg, sc, text, len);
+    else free(text);
+    return 0;
+}
+
+int server_reload_access(struct server_config *cfg)
+{
+    const char *path = cfg->http_token_file;
+    if (!path) return 1;
+    char why[256] = "";
+    char *text = NULL;
+    size_t len = 0;
+    struct bg_scopes *sc = NULL;
+    const char *bad_var;
+    if (read_access_file(path, &text, &len, why, sizeof why) != 0 ||
+        build_access(cfg, text, len, &sc, &bad_var, why, sizeof why) != 0) {
+        log_event(BG_LOG_ERROR, "access_reload_failed", "path=%s msg=%s kept=previous", log_str(path),
+                  log_str(why));
+        free(text);
+        return -1;
+    }
+    if (len == scopes_text_len && scopes_text && memcmp(text, scopes_text, len) == 0) {
+        bg_scopes_free(sc);
+        free(text);
+        log_event(BG_LOG_INFO, "access_unchanged", "path=%s", log_str(path));
+        return 1;
+    }
+    install_access(cfg, sc, text, len);
+    log_event(BG_LOG_INFO, "access_reloaded", "path=%s tokens=%zu identities=%s", log_str(path),
+              bg_scopes_token_count(sc), bg_scopes_has_identities(sc) ? "yes" : "no");
     return 0;
 }
 

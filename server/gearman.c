@@ -19,7 +19,7 @@ struct gearman {
     struct conn_protocol proto;
     struct conn_server *conns;
     struct conn_server *conns_tls; /* --gearman-tls-port, or NULL */
-    const struct bg_scopes *scopes; /* the access file (server_peer_scope) */
+    const struct server_config *cfg; /* its scopes: the access file in force (server_peer_scope) */
     struct event *sweep_ev;
 };
 
@@ -75,7 +75,7 @@ static int gearman_open(void *ctx, struct bg_stream *s, const struct conn_peer *
     struct gearman *g = ctx;
     struct gm_session *session = (struct gm_session *)s;
     int rc = gm_session_init(&g->server, session, peer->fd, peer->addr);
-    session->scope = server_peer_scope(g->scopes, peer);
+    session->scope = server_peer_scope(g->cfg->scopes, peer);
     if (rc == 0) conn_list_client(&session->client, BG_CLIENT_GEARMAN, peer, gearman_close_now, now);
     return rc;
 }
@@ -132,7 +132,7 @@ struct gearman *gearman_start(struct server *srv, const struct server_config *cf
 {
     struct gearman *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    g->scopes = cfg->scopes;
+    g->cfg = cfg;
     struct gm_hooks hooks = {
         .ctx = g,
         .pid = (long)getpid(),

@@ -131,11 +131,17 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* SIGHUP: read every TLS listener's files again (each logs how it went;
- * a listener whose new files are bad keeps its old ones). */
+ * a listener whose new files are bad keeps its old ones), and the access
+ * file (a bad one keeps the old grants). */
 static void reload_cb(evutil_socket_t fd, short what, void *arg)
 {
-    (void)fd, (void)what, (void)arg;
+    (void)fd, (void)what;
+    struct server *srv = arg;
     tls_reload_all();
+    if (server_reload_access(srv->cfg) == 0 && gateway_set_scopes(srv->gateway, srv->cfg->scopes) != 0)
+        log_event(BG_LOG_ERROR, "access_reload_failed",
+                  "path=%s msg=\"out of memory: the gateway keeps the old tokens\"",
+                  log_str(srv->cfg->http_token_file));
 }
 
 /* Push deliveries in flight at SIGTERM have finished, or the grace ran out. */

@@ -58,12 +58,13 @@ struct server_config {
     uint64_t http_max_response_buffer; /* --http-max-response-buffer */
     const char *http_token_file; /* --http-token-file, or NULL */
     /* bearer tokens of the token file and BEANGATE_HTTP_TOKENS; none: the
-     * gateway is open. They live as long as the process. */
+     * gateway is open. They live as long as the process (a SIGHUP that
+     * reloads the file points these at the new ones). */
     const char *const *http_tokens;
     size_t http_token_count;
     /* The access file's entries (core/scope.c) and BEANGATE_HTTP_TOKENS's
      * tokens (unscoped); NULL when there is neither. Lives as long as the
-     * process. */
+     * process, as does each one a reload replaces (server_reload_access). */
     const struct bg_scopes *scopes;
     int metrics_auth;            /* --metrics-auth: /metrics needs a token too */
     const char *http_cors_origins; /* --http-cors-origins, or NULL: no CORS */
@@ -119,6 +120,15 @@ struct server_config {
  * (log.h) and, with -V, logs the effective configuration (never a token's
  * value). */
 int server_config_parse(struct server_config *cfg, int argc, char **argv);
+
+/* SIGHUP: read the access file (--http-token-file) again, with
+ * BEANGATE_HTTP_TOKENS's tokens, by the rules of a start. 0: cfg->scopes
+ * and cfg->http_tokens are the new ones (logged access_reloaded); 1: no
+ * file, or the same text as before, nothing changed; -1: the file could
+ * not be read or would be refused at start, the old access stays (logged
+ * in one access_reload_failed line). Connections keep the scope they have
+ * (docs/security.md, "Reloading the access file"). */
+int server_reload_access(struct server_config *cfg);
 
 /* The connection limits cfg gives a byte-stream protocol (beanstalk.c,
  * gearman.c); per_request_max: the most one request may need buffered
@@ -197,7 +207,7 @@ struct server {
     int serving;                 /* the listeners are open (a standby: once primary) */
     int lost;                    /* replication: leadership lost, stopping */
     int exit_status;             /* main's status once the loop has stopped */
-    const struct server_config *cfg; /* the settings (for a standby's takeover) */
+    struct server_config *cfg;   /* the settings (a standby's takeover; SIGHUP's access reload) */
 };
 
 /* The scope of a beanstalk or Gearman connection (core/scope.c; docs/security.md,

@@ -5,8 +5,9 @@ and refused over HTTP with the exact 403 PERMISSION_DENIED body and its
 required_scope, prefix grants, listings (GET /tubes, /stats/tubes, the
 subscriptions of /stats and /subscriptions, /metrics' per-tube and push
 series) that show only the tubes a token sees, a job of an unseen tube
-answered 404 as a missing one, GET /auth, and an unscoped token and a
-server without tokens unchanged.
+answered 404 as a missing one, GET /auth (grants and patterns), an
+unscoped token and a server without tokens unchanged, refusals counted in
+GET /stats and /metrics, and a SIGHUP reload while a long-poll waits.
 
 Usage:
   python3 tests/http/test_scopes.py build/beangate
@@ -19,7 +20,9 @@ last line is `scopes: N passed, M failed, K skipped`; exits 1 on failure.
 
 import json
 import os
+import signal
 import sys
+import threading
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -256,8 +259,9 @@ def test_no_token_server_unchanged():
         check_eq(allowed(srv, "GET", "/tubes", None, 200, "tubes")["tubes"], ["default", "emails"], "tubes")
         allowed(srv, "POST", "/tubes/emails/kick", None, 200, "kick")
         allowed(srv, "DELETE", "/jobs/%d" % job, None, 204, "delete")
+        everything = [{"kinds": ALL_KINDS, "tubes": ["*"]}]
         check_eq(allowed(srv, "GET", "/auth", None, 200, "GET /auth"),
-                 {"authenticated": False, "scoped": False, "grants": [{"kinds": ALL_KINDS, "tubes": ["*"]}]},
+                 {"authenticated": False, "scoped": False, "grants": everything, "patterns": everything},
                  "GET /auth without tokens")
 
 
@@ -272,10 +276,72 @@ def test_auth_endpoint():
             PREFIX: [{"kinds": ["produce", "read"], "tubes": ["mail-eu"]}],
             READER: [{"kinds": ["read"], "tubes": ["default", "emails", "reports", "mail-eu"]}],
         }
+        # the access file's grants as written, prefixes included
+        patterns = {
+            UNSCOPED: [{"kinds": ALL_KINDS, "tubes": ["*"]}],
+            CONSUMER: [{"kinds": ["consume"], "tubes": ["emails"]}, {"kinds": ["read"], "tubes": ["emails"]}],
+            MANAGER: [{"kinds": ["manage"], "tubes": ["emails", "reports"]},
+                      {"kinds": ["read"], "tubes": ["emails", "reports"]}],
+            PREFIX: [{"kinds": ["produce", "read"], "tubes": ["mail-*"]}],
+            READER: [{"kinds": ["read"], "tubes": ["*"]}],
+        }
         for token, grants in want.items():
             got = allowed(srv, "GET", "/auth", token, 200, "GET /auth")
-            check_eq(got, {"authenticated": True, "scoped": token != UNSCOPED, "grants": grants},
-                     "GET /auth of %s" % token)
+            check_eq(got, {"authenticated": True, "scoped": token != UNSCOPED, "grants": grants,
+                           "patterns": patterns[token]}, "GET /auth of %s" % token)
+
+
+def refusals(srv):
+    """(permission_denied of GET /stats, beangate_permission_denied_total of /metrics)."""
+    stats = allowed(srv, "GET", "/stats", UNSCOPED, 200, "GET /stats")
+    metrics = test_ops.parse_metrics(srv.metrics())[0]
+    return stats["permission_denied"], metrics[("beangate_permission_denied_total", frozenset())]
+
+
+def test_permission_denied_counted():
+    """Each 403 and each job hidden as 404 counts once in GET /stats and
+    /metrics; what a token may do, and 401s, do not count."""
+    with scoped_server() as srv:
+        check_eq(refusals(srv), (0, 0.0), "no refusal yet")
+        job = put(srv, "reports")
+        allowed(srv, "POST", "/tubes/emails/jobs", PRODUCER, 201, "an allowed put")
+        check_eq(srv.get("/tubes", token=WRONG)[0], 401, "a wrong token")
+        check_eq(refusals(srv), (0, 0.0), "allowed requests and a 401 counted nothing")
+        denied(srv, "POST", "/tubes/reports/jobs", PRODUCER, "produce:reports", "producer puts into reports")
+        denied(srv, "GET", "/tubes/emails", PRODUCER, "read:emails", "producer reads the tube")
+        check_eq(refusals(srv), (2, 2.0), "two 403s")
+        check_eq(srv.get("/jobs/%d" % job, token=CONSUMER)[0], 404, "a job of an unseen tube")
+        check_eq(refusals(srv), (3, 3.0), "two 403s and a hidden job")
+
+
+def test_reload_keeps_requests_under_way():
+    """SIGHUP with a new access file (docs/security.md, "Reloading the
+    access file"): a long-poll reserve that began under a token the new
+    file removes still gets its job; the token is refused (401) from the
+    next request on; the new file's token works."""
+    path = test_ops.token_file(*ACCESS_FILE)
+    added = "scope-added-after-reload-5d"
+    with test_ops.Server(["--http-token-file", path]) as srv:
+        answer = []
+        waiter = threading.Thread(target=lambda: answer.append(srv.request(
+            "POST", "/tubes/emails/reservations?timeout=20", headers={"Authorization": "Bearer " + CONSUMER},
+            timeout=30)), daemon=True)
+        waiter.start()
+        testlib.wait_until(lambda: allowed(srv, "GET", "/stats", UNSCOPED, 200, "GET /stats")["current_waiting"]
+                           == 1, "the long-poll waiting", 10)
+        with open(path + ".new", "w") as f:   # CONSUMER removed, a token added
+            f.write("\n".join([x for x in ACCESS_FILE if not x.startswith(CONSUMER)] + [added + " read:*"]) + "\n")
+        os.chmod(path + ".new", 0o600)
+        os.rename(path + ".new", path)
+        srv.proc.send_signal(signal.SIGHUP)
+        testlib.wait_until(lambda: srv.get("/tubes", token=added)[0] == 200, "the added token accepted", 10)
+        check_eq(srv.get("/tubes", token=CONSUMER)[0], 401, "the removed token, on a new request")
+        job = put(srv, "emails", token=PRODUCER)
+        waiter.join(30)
+        check(answer, "the long-poll did not answer")
+        status, _, raw = answer[0]
+        check_eq((status, json.loads(raw)["id"]), (200, job), "the long-poll begun before the reload: its job")
+    os.unlink(path)
 
 
 TESTS = [
@@ -290,6 +356,8 @@ TESTS = [
     test_unscoped_token_unchanged,
     test_no_token_server_unchanged,
     test_auth_endpoint,
+    test_permission_denied_counted,
+    test_reload_keeps_requests_under_way,
 ]
 
 

@@ -7,12 +7,17 @@ be refused what its scope does not allow, over beanstalk and Gearman, with
 PERMISSION_DENIED <kind>:<tube>; a certificate no line matches and a TLS
 client without one may do nothing; plain TCP keeps beanstalkd's behaviour.
 Also the access file's refusals at start (exit 5, "line N: why", no token
-in the message).
+in the message), refusals counted in permission_denied, and SIGHUP reading
+the access file again (new and removed tokens and identity lines; a bad or
+missing file keeps the grants in force).
 
 Usage: test_scopes_tcp.py BINARY [-k NAME]
 """
 
+import http.client
+import json
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -336,9 +341,149 @@ def test_documented_access_file():
         c.close()
 
 
+def http_status(port, token):
+    """The status of GET /tubes on the plain gateway with a bearer token."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+    try:
+        conn.request("GET", "/tubes", headers={"Authorization": "Bearer " + token})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def replace_file(path, text):
+    """Write text to path as an operator would: a new file renamed over it."""
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.chmod(path + ".new", 0o600)
+    os.rename(path + ".new", path)
+
+
+def use_reply(port, cert, tube):
+    """The reply to `use tube` on a new TLS beanstalk connection as cert."""
+    c = Line(port, cert)
+    try:
+        return c.ask(b"use %s\r\n" % tube)
+    finally:
+        c.close()
+
+
+def permission_denied(srv):
+    """permission_denied of GET /stats (the gateway token may read)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=TIMEOUT)
+    try:
+        conn.request("GET", "/stats", headers={"Authorization": "Bearer " + GATEWAY_TOKEN})
+        resp = conn.getresponse()
+        check_eq(resp.status, 200, "GET /stats")
+        return json.loads(resp.read())["permission_denied"]
+    finally:
+        conn.close()
+
+
+def test_refusals_counted():
+    """Each beanstalk and Gearman refusal, and each job hidden as
+    NOT_FOUND, counts once in permission_denied; plain TCP counts none."""
+    with Server() as srv:
+        plain = Line(srv.port)
+        check_eq(plain.ask(b"use sms\r\n"), b"USING sms", "plain TCP: use sms")
+        check_eq(plain.ask(b"put 0 0 60 2\r\nhi\r\n"), b"INSERTED 1", "plain TCP: put")
+        check_eq(plain.ask(b"peek 99\r\n"), b"NOT_FOUND", "plain TCP: a missing job")
+        plain.close()
+        check_eq(permission_denied(srv), 0, "nothing refused yet")
+        alice = Line(srv.tls_port, "alice")
+        check_eq(alice.ask(b"use emails\r\n"), b"USING emails", "alice: use emails (allowed)")
+        check_eq(alice.ask(b"use sms\r\n"), b"PERMISSION_DENIED produce:sms", "alice: use sms")
+        check_eq(alice.ask(b"stats\r\n"), b"PERMISSION_DENIED read:*", "alice: stats")
+        alice.close()
+        check_eq(permission_denied(srv), 2, "two beanstalk refusals")
+        worker = Line(srv.tls_port, "worker")
+        check_eq(worker.ask(b"peek 1\r\n"), b"NOT_FOUND", "worker: a job of a tube it cannot see")
+        worker.close()
+        check_eq(permission_denied(srv), 3, "and a hidden job")
+        gm = Gearman(srv.gm_tls_port, "alice")
+        gm.request(SUBMIT_JOB_BG, b"sms", b"", b"x")
+        denied(gm, b"produce:sms")
+        gm.close()
+        check_eq(permission_denied(srv), 4, "and a Gearman refusal")
+
+
+def test_access_reloaded_on_sighup():
+    """SIGHUP reads the access file again (docs/security.md, "Reloading the
+    access file"): a new token works and a removed one gets 401 on the
+    gateway, new TLS connections get the new identity lines on beanstalk and
+    Gearman, a connection open before keeps its scope; a broken or missing
+    file keeps the grants in force and logs one line; the same text changes
+    nothing."""
+    new_token = "reloaded-token-fedcba9876543210"
+    with Server(extra=["-V"]) as srv:   # -V: the info lines too
+        hup = lambda: srv.proc.proc.send_signal(signal.SIGHUP)  # noqa: E731
+        check_eq(http_status(srv.http_port, GATEWAY_TOKEN), 200, "the first token, before")
+        check_eq(http_status(srv.http_port, new_token), 401, "the new token, before")
+        kept = Line(srv.tls_port, "alice")
+        check_eq(kept.ask(b"use emails\r\n"), b"USING emails", "alice before the reload")
+        check_eq(use_reply(srv.tls_port, "stranger", b"emails"), b"PERMISSION_DENIED produce:emails",
+                 "a stranger before the reload")
+
+        replace_file(srv.access_path, "%s read:*\nidentity cn:alice produce:sms\n"
+                     "identity cn:stranger produce:emails\n" % new_token)
+        hup()
+        wait_until(lambda: http_status(srv.http_port, new_token) == 200, "the new token accepted", TIMEOUT)
+        check_eq(http_status(srv.http_port, GATEWAY_TOKEN), 401, "the removed token")
+        check_eq(use_reply(srv.tls_port, "alice", b"emails"), b"PERMISSION_DENIED produce:emails",
+                 "alice's new line: emails")
+        check_eq(use_reply(srv.tls_port, "alice", b"sms"), b"USING sms", "alice's new line: sms")
+        check_eq(use_reply(srv.tls_port, "stranger", b"emails"), b"USING emails", "the stranger's new line")
+        check_eq(use_reply(srv.tls_port, "admin", b"sms"), b"PERMISSION_DENIED produce:sms",
+                 "admin, whose line was removed: nothing")
+        gm = Gearman(srv.gm_tls_port, "stranger")
+        gm.request(SUBMIT_JOB_BG, b"emails", b"", b"hi")
+        check_eq(gm.packet()[0], JOB_CREATED, "Gearman: the stranger's new line")
+        gm.request(SUBMIT_JOB_BG, b"sms", b"", b"hi")
+        denied(gm, b"produce:sms")
+        gm.close()
+        check_eq(kept.ask(b"use reports\r\n"), b"PERMISSION_DENIED produce:reports",
+                 "the connection open before: its scope")
+        check_eq(kept.ask(b"use emails\r\n"), b"USING emails", "the connection open before: still emails")
+        kept.close()
+        check_eq(srv.proc.stderr().count("event=access_reloaded"), 1, "one access_reloaded line")
+
+        secret = "half-of-a-new-secret"
+        for text, why in (("%s other-half\n" % secret, "line 1: grant 1 is not KINDS:TUBES"),
+                          ("identity cn:alice produce:sms\n", "no token in the file"),
+                          (None, "No such file or directory")):
+            before = srv.proc.stderr().count("event=access_reload_failed")
+            if text is None:
+                os.rename(srv.access_path, srv.access_path + ".moved")
+            else:
+                replace_file(srv.access_path, text)
+            hup()
+            wait_until(lambda: srv.proc.stderr().count("event=access_reload_failed") > before,
+                       "the refusal logged (%s)" % why, TIMEOUT)
+            lines = [x for x in srv.proc.stderr().splitlines() if "event=access_reload_failed" in x]
+            check_eq(len(lines), before + 1, "one line for one refusal")
+            check(why in lines[-1] and "kept=previous" in lines[-1] and "level=error" in lines[-1],
+                  "the line says why: %s" % lines[-1])
+            check(secret not in lines[-1] and "other-half" not in lines[-1], "a token reached the log")
+            check_eq(http_status(srv.http_port, new_token), 200, "the grants in force kept (%s)" % why)
+            check_eq(http_status(srv.http_port, GATEWAY_TOKEN), 401, "the removed token stays out (%s)" % why)
+            check_eq(use_reply(srv.tls_port, "stranger", b"emails"), b"USING emails",
+                     "the identity lines kept (%s)" % why)
+            if text is None:
+                os.rename(srv.access_path + ".moved", srv.access_path)
+
+        replace_file(srv.access_path, "%s read:*\nidentity cn:alice produce:sms\n"
+                     "identity cn:stranger produce:emails\n" % new_token)
+        hup()
+        wait_until(lambda: "event=access_unchanged" in srv.proc.stderr(), "the same text noticed", TIMEOUT)
+        check_eq(srv.proc.stderr().count("event=access_reloaded"), 1, "nothing reloaded for the same text")
+
+
 TESTS = [test_beanstalk_certificates_get_their_scopes, test_beanstalk_strangers_get_nothing,
          test_gearman_certificates_get_their_scopes, test_without_identity_lines_certificates_are_unscoped,
-         test_access_file_refused_at_start, test_documented_access_file]
+         test_access_file_refused_at_start, test_documented_access_file, test_refusals_counted,
+         test_access_reloaded_on_sighup]
 
 
 def main(argv):

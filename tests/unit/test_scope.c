@@ -192,6 +192,36 @@ static const struct identity_case identity_cases[] = {
     {{NULL}, 0, BG_NOT_FOUND, BG_SCOPE_READ, "public", 0, 0},  /* no certificate: no line */
 };
 
+/* bg_scope_rule: a line's grants back as written, one rule per (grant,
+ * pattern), prefixes with their '*'. */
+static void test_rules(void **state)
+{
+    (void)state;
+    static const char text[] = "t produce,read:emails,mail-* manage:* consume:x\nall\n";
+    struct bg_scopes *sc;
+    char err[256];
+    assert_int_equal(bg_scopes_parse(&sc, text, strlen(text), err, sizeof err), 0);
+    const struct bg_scope *s = bg_scopes_token_scope(sc, 0);
+    static const struct {
+        unsigned kinds;
+        const char *pattern;
+    } want[] = {
+        {1u << BG_SCOPE_PRODUCE | 1u << BG_SCOPE_READ, "emails"},
+        {1u << BG_SCOPE_PRODUCE | 1u << BG_SCOPE_READ, "mail-*"},
+        {1u << BG_SCOPE_MANAGE, "*"},
+        {1u << BG_SCOPE_CONSUME, "x"},
+    };
+    assert_int_equal(bg_scope_rule_count(s), 4);
+    for (size_t i = 0; i < 4; i++) {
+        char pattern[BG_TUBE_NAME_MAX + 2];
+        assert_int_equal(bg_scope_rule(s, i, pattern), want[i].kinds);
+        assert_string_equal(pattern, want[i].pattern);
+    }
+    assert_int_equal(bg_scope_rule_count(bg_scopes_token_scope(sc, 1)), 0); /* unscoped */
+    assert_int_equal(bg_scope_rule_count(bg_scope_nothing()), 0);
+    bg_scopes_free(sc);
+}
+
 static void test_identities(void **state)
 {
     (void)state;
@@ -412,6 +442,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_cases),
         cmocka_unit_test(test_allows),
+        cmocka_unit_test(test_rules),
         cmocka_unit_test(test_identities),
         cmocka_unit_test(test_required),
         cmocka_unit_test(test_limits),
