@@ -347,12 +347,14 @@ struct bg_tube_counters {
     uint64_t total_jobs, cmd_delete, cmd_pause;
 };
 
-/* A tube's counters at the history's last two tube sweeps (history.c), for
- * its rates; zero in a tube no sweep has seen yet. 20 bytes. */
+/* A tube's counters as the history's last two tube sweeps noted them
+ * (history.c), for its rates; zero in a tube no sweep has noted yet. 28 bytes. */
 struct bg_tube_rate_marks {
-    uint32_t sweep;             /* the sweep that wrote put[]/del[]; 0: none */
-    uint32_t put[2], del[2];    /* total_jobs, cmd_delete (low 32 bits) at the
-                                 * sweep before it [0] and at it [1] */
+    uint32_t sweep;             /* the sweep that wrote [1]; 0: none */
+    uint32_t put[2], del[2];    /* total_jobs, cmd_delete (low 32 bits) as the
+                                 * sweep before it [0] and it [1] noted them */
+    uint32_t at_us[2];          /* when: microseconds after the start of that
+                                 * sweep ([0]: of the sweep before `sweep`) */
 };
 
 struct bg_tube {
@@ -1231,10 +1233,12 @@ void bg_stats_tube(const struct bg_tube *t, bg_time now, struct bg_stats_tube *o
 
 /* ---- history.c: the server's last minutes, and each tube's rates -------
  * Pure: the front-end that serves it (the gateway) calls bg_history_sample
- * and bg_history_sweep_tubes from a timer about once a second, with `now`. */
+ * and bg_history_sweep_tubes from a timer about once a second, with `now`,
+ * and on the next loop turn again while bg_history_sweeping. */
 
 #define BG_HISTORY_SAMPLES 900  /* one a second: 15 minutes */
-#define BG_HISTORY_SWEEP_S 5    /* seconds between two sweeps of the tubes */
+#define BG_HISTORY_SWEEP_S 5    /* seconds between the starts of two sweeps of the tubes */
+#define BG_HISTORY_SWEEP_STEP 4096 /* tubes noted in one step of a sweep (one loop turn) */
 
 /* The series, in the order GET /stats/history lists them. The first
  * BG_HISTORY_COUNTERS are counters, kept as how much each grew in the
@@ -1256,15 +1260,19 @@ struct bg_history_reading {
 };
 
 /* A ring of the last BG_HISTORY_SAMPLES seconds (fixed memory, ~58 KB: make
- * it once), and the times of the last two tube sweeps. Sample s stands for
- * the monotonic second s (now / BG_SECOND) and holds what changed since
+ * it once), and the tube sweeps' start times. Sample s stands for the
+ * monotonic second s (now / BG_SECOND) and holds what changed since
  * second s - 1. */
 struct bg_history {
     uint64_t second;            /* the newest sample's second (at start: the start's) */
     uint64_t totals[BG_HISTORY_COUNTERS]; /* the counters read at `second` */
     uint32_t newest, count;     /* ring slot of the newest sample; samples held */
     uint32_t sweep;             /* number of the latest tube sweep; 0: none yet */
-    bg_time sweep_at[2];        /* [sweep & 1]: its time; [(sweep - 1) & 1]: the one before */
+    uint32_t sweep_left;        /* the tubes of tube_list[0, sweep_left) it has
+                                 * still to visit (last first); 0: it is done */
+    bg_time sweep_at[4];        /* [s & 3]: when sweep s started, for s = sweep
+                                 * and the 3 before (sweep 0: BG_HISTORY_SWEEP_S
+                                 * before sweep 1) */
     uint64_t ring[BG_HISTORY_SAMPLES][BG_HISTORY_SERIES];
 };
 
@@ -1286,16 +1294,26 @@ uint32_t bg_history_series(const struct bg_history *h, enum bg_history_series s,
 void bg_history_read_engine(const struct bg_engine *e, uint64_t other_connections,
                             struct bg_history_reading *out);
 
-/* Sweep the tubes if BG_HISTORY_SWEEP_S seconds began since the last sweep
- * (or none was made): note each tube's put and delete counters. O(tubes):
- * 2 to 4 ns a tube at 10,000 (docs/performance.md, "The server's
- * history"). The first sweep notes them as if they had not changed in the
- * BG_HISTORY_SWEEP_S seconds before. Returns 1 if it swept, else 0. */
+/* One step of a sweep of the tubes, which notes each tube's put and
+ * delete counters and the time: start a sweep if none is under way and
+ * BG_HISTORY_SWEEP_S seconds began since the last one started (or none
+ * was made), then note the next BG_HISTORY_SWEEP_STEP tubes of it at most
+ * (the list's last first). Tubes made or freed between steps are handled:
+ * every tube alive at a sweep's start is noted once by it. About 30 ns a
+ * tube at 10^6 tubes, 0.2 ms a step (docs/performance.md, "The server's
+ * history").
+ * The first sweep notes a tube as if it had not changed in the
+ * BG_HISTORY_SWEEP_S seconds before. Returns 1 if it took a step, else 0. */
 int bg_history_sweep_tubes(struct bg_history *h, struct bg_engine *e, bg_time now);
-/* Tube t's puts and deletes per second since the sweep before the latest:
- * over about the last 5 to 10 seconds (BG_HISTORY_SWEEP_S to twice it; longer
- * only if the loop stalled). A tube made since a sweep had no puts before
- * it. 0 and 0 before the first sweep. */
+/* Nonzero while a sweep is under way: call bg_history_sweep_tubes again. */
+int bg_history_sweeping(const struct bg_history *h);
+/* Tube t's puts and deletes per second from the moment the sweep before
+ * the latest that noted it did (to the microsecond) to now: exact over that
+ * window, which is about 5 to 10 seconds (a tube is noted once a sweep, and
+ * sweeps start BG_HISTORY_SWEEP_S apart; longer if the loop stalled). A
+ * tube no sweep has noted yet was made after the sweep before the latest
+ * started, and counts from there from 0. 0 and 0 before the first sweep,
+ * and for a tube the first sweep has not noted yet. */
 void bg_tube_rates(const struct bg_history *h, const struct bg_tube *t, bg_time now,
                    double *put, double *del);
 

@@ -76,10 +76,11 @@ void gw_run(struct gateway *gw)
 
 #define HISTORY_MARGIN_NS 10000000 /* the timer fires this long after a second began */
 
-/* Arm the history timer for just after the next second of gw->now begins. */
+/* Arm the history timer for just after the next second of gw->now begins,
+ * or for the next loop turn while a tube sweep is under way (its next step). */
 static void history_arm(struct gateway *gw, bg_time now)
 {
-    bg_time wait = BG_SECOND - now % BG_SECOND + HISTORY_MARGIN_NS;
+    bg_time wait = bg_history_sweeping(&gw->history) ? 0 : BG_SECOND - now % BG_SECOND + HISTORY_MARGIN_NS;
     struct timeval tv = {(time_t)(wait / BG_SECOND), (suseconds_t)(wait % BG_SECOND / 1000)};
     evtimer_add(gw->history_ev, &tv);
 }

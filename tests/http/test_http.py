@@ -2245,6 +2245,31 @@ def test_tube_rates_on_the_first_poll():
               "GET /stats/tubes rates %r" % page[0]["rates"])
 
 
+def test_tube_rates_settle_with_many_tubes():
+    """With 100,000 tubes a sweep of the tubes takes 25 steps of 4096, one a
+    loop turn (core/history.c): a tube's rates are back to 0 two sweeps
+    after its puts stopped, about 10 s later, as with few tubes (with a step
+    a second, as the history's timer alone would take them, it takes 50 s)."""
+    tubes, pipeline = 100000, 20000
+    with own_server([], "a server of 100,000 tubes") as srv:
+        with Beanstalk(srv.tcp_port) as b:
+            busy = uniq("settle")
+            for start in range(0, tubes, pipeline):
+                b.sock.sendall(b"".join(b"use many-%06d\r\nput 0 0 60 1\r\nx\r\n" % i
+                                        for i in range(start, start + pipeline)))
+                for i in range(2 * pipeline):
+                    line = b.line(timeout=60)
+                    check(line.startswith(b"USING") or line.startswith(b"INSERTED"), "reply %r" % line)
+            for i in range(10):
+                put(busy, b"s%d" % i)
+            wait_for(lambda: tube_stats(busy)["rates"]["put"] > 0, "a put rate in GET /tubes/%s" % busy)
+            t0 = time.monotonic()
+            wait_for(lambda: tube_stats(busy)["rates"] == {"put": 0, "delete": 0},
+                     "the rates of %s back to 0 two sweeps after its puts" % busy, timeout=20)
+            took = time.monotonic() - t0
+            check(took < 20, "rates at 0 after %.1f s" % took)
+
+
 def test_tube_stats_pages_filter_with_slash_and_plus():
     """%2F and %2B in the filter are '/' and '+' of tube names."""
     tube = uniq("a/b+c")
@@ -3586,6 +3611,7 @@ TESTS = [
     test_tube_stats_pages_filter_with_slash_and_plus,
     test_stats_history_shows_puts_and_deletes,
     test_tube_rates_on_the_first_poll,
+    test_tube_rates_settle_with_many_tubes,
     test_tube_stats_pages_bad_parameters_400,
     test_ui_files_served,
     test_ui_etag_304,

@@ -343,12 +343,270 @@ static void test_no_rates_before_the_first_sweep(void **state)
     free_rig(g);
 }
 
+/* ---- a sweep in steps ---------------------------------------------------- */
+
+#define MS(n) ((bg_time)(n) * 1000000)
+
+/* Tubes "<prefix><i>" for i in [0, n), each made by a put at now. */
+static void make_tubes(struct rig *g, const char *prefix, uint32_t n, bg_time now)
+{
+    char name[32];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "%s%u", prefix, i);
+        put_n(g, name, 1, now);
+    }
+}
+
+/* The number i of tube "<prefix><i>", or -1 for another tube. */
+static long tube_number(const struct bg_tube *t, const char *prefix)
+{
+    size_t len = strlen(prefix);
+    return strncmp(t->name, prefix, len) == 0 ? strtol(t->name + len, NULL, 10) : -1;
+}
+
+/* For each tube "<prefix><i>" that sweep `sweep` has noted and noted_at[i]
+ * does not have yet, noted_at[i] = at. Returns how many tubes (of any
+ * name) the sweep has noted. */
+static uint32_t record_noted(const struct rig *g, const char *prefix, uint32_t sweep, bg_time at,
+                             bg_time *noted_at)
+{
+    uint32_t noted = 0;
+    for (uint32_t k = 0; k < g->engine.tube_count; k++) {
+        const struct bg_tube *t = g->engine.tube_list[k];
+        if (t->rate_marks.sweep != sweep) continue;
+        noted++;
+        long i = tube_number(t, prefix);
+        if (i >= 0 && noted_at[i] == 0) noted_at[i] = at;
+    }
+    return noted;
+}
+
+/* `puts` over the seconds from `since` to `now`, as a rate must be (to the
+ * microsecond the marks keep: these tests' times are whole microseconds). */
+static void check_rate(double rate, uint32_t puts, bg_time since, bg_time now)
+{
+    double want = puts / ((double)(now - since) / (double)BG_SECOND);
+    assert_float_equal(rate, want, 1e-12 * (want > 1 ? want : 1));
+}
+
+enum { STEPPED_TUBES = 10 * BG_HISTORY_SWEEP_STEP + 123 };
+
+/* 10 steps and a bit: each step notes BG_HISTORY_SWEEP_STEP tubes; each
+ * tube's two marks are taken by the same step of two sweeps that start 5 s
+ * apart (so 5 s apart but for the steps' different pace); every rate is
+ * exact over its tube's own window, in the middle of a sweep as after it. */
+static void test_a_sweep_goes_in_steps_and_its_rates_are_exact(void **state)
+{
+    (void)state;
+    struct rig *g = new_rig();
+    const uint32_t n = STEPPED_TUBES, all = n + 1; /* and "default" */
+    const uint32_t steps = (all + BG_HISTORY_SWEEP_STEP - 1) / BG_HISTORY_SWEEP_STEP;
+    bg_time *noted1 = calloc(n, sizeof *noted1), *noted2 = calloc(n, sizeof *noted2);
+    assert_true(noted1 && noted2);
+    make_tubes(g, "t", n, T0 - SEC(1));
+    /* sweep 1 at T0, a step a millisecond */
+    struct bg_history_reading r;
+    bg_history_read_engine(&g->engine, 0, &r);
+    bg_history_init(&g->history, &r, T0);
+    for (uint32_t k = 0; k < steps; k++) {
+        assert_true(k == 0 || bg_history_sweeping(&g->history));
+        assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, T0 + MS(k)), 1);
+        uint32_t noted = record_noted(g, "t", 1, T0 + MS(k), noted1);
+        assert_int_equal(noted, (k + 1) * BG_HISTORY_SWEEP_STEP < all ? (k + 1) * BG_HISTORY_SWEEP_STEP : all);
+        if (k == 0) { /* a tube the first sweep has not come to has no rates yet */
+            double put = -1, del = -1;
+            rates_of(g, "t0", T0 + MS(k), &put, &del);
+            assert_true(put == 0 && del == 0);
+        }
+    }
+    assert_false(bg_history_sweeping(&g->history));
+    for (uint32_t i = 0; i < n; i++) assert_true(noted1[i] != 0);
+    /* i % 7 puts into tube i between the sweeps */
+    char name[32];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "t%u", i);
+        put_n(g, name, (int)(i % 7), T0 + SEC(2));
+    }
+    /* sweep 2 at T0 + 5 s, a step every 3 ms; rates checked in its middle */
+    assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, T0 + SEC(4)), 0);
+    const bg_time s2 = T0 + SEC(5);
+    for (uint32_t k = 0; k < steps; k++) {
+        bg_time now = s2 + MS(3 * k);
+        assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, now), 1);
+        record_noted(g, "t", 2, now, noted2);
+        if (k != steps / 2) continue;
+        for (uint32_t i = 0; i < n; i++) {
+            snprintf(name, sizeof name, "t%u", i);
+            double put, del;
+            rates_of(g, name, now + MS(1), &put, &del);
+            /* noted by sweep 2: since its sweep-1 mark; not yet: since 5 s before it */
+            check_rate(put, i % 7, noted2[i] ? noted1[i] : noted1[i] - SEC(5), now + MS(1));
+            assert_true(del == 0);
+        }
+    }
+    assert_false(bg_history_sweeping(&g->history));
+    for (uint32_t i = 0; i < n; i++) {
+        bg_time step = (noted1[i] - T0) / MS(1);
+        assert_true(noted2[i] - noted1[i] == SEC(5) + step * MS(2)); /* same step, 5 s apart */
+        snprintf(name, sizeof name, "t%u", i);
+        double put, del;
+        rates_of(g, name, T0 + SEC(6), &put, &del);
+        check_rate(put, i % 7, noted1[i], T0 + SEC(6));
+    }
+    /* a tube made after the sweeps counts from the start of the one before the latest */
+    put_n(g, "late", 3, T0 + SEC(6));
+    double put, del;
+    rates_of(g, "late", T0 + SEC(7), &put, &del);
+    check_rate(put, 3, T0, T0 + SEC(7));
+    free(noted1);
+    free(noted2);
+    free_rig(g);
+}
+
+/* Tube "<prefix><i>", which must exist. */
+static struct bg_tube *tube_named(struct rig *g, const char *prefix, uint32_t i)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%s%u", prefix, i);
+    struct bg_tube *t = bg_tube_find(&g->engine, name);
+    assert_non_null(t);
+    return t;
+}
+
+/* Free the tube in tube_list[slot] (it has ready jobs and nothing else);
+ * its number if it was "<prefix><i>", else -1. */
+static long free_tube_at(struct rig *g, uint32_t slot, const char *prefix, bg_time now)
+{
+    struct bg_tube *t = g->engine.tube_list[slot];
+    long i = tube_number(t, prefix);
+    char name[sizeof t->name];
+    memcpy(name, t->name, sizeof name);
+    for (uint64_t jobs = bg_tube_count(t, BG_JOB_READY); jobs > 0; jobs--)
+        assert_int_equal(bg_delete(&g->client, bg_peek(t, BG_JOB_READY)->id, now), 0);
+    assert_null(bg_tube_find(&g->engine, name));
+    return i;
+}
+
+/* Tubes freed in the middle of a sweep move the list's last tube into their
+ * slot, above the walk or below it; tubes made in the middle of it go to the
+ * end. Every tube alive at the sweep's start is still noted, once (a tube
+ * noted and then moved below the walk keeps its mark), and every rate,
+ * of old and new tubes, is exact. */
+static void test_tubes_freed_and_made_during_a_sweep(void **state)
+{
+    (void)state;
+    struct rig *g = new_rig();
+    const uint32_t n = 6 * BG_HISTORY_SWEEP_STEP + 50, made = 500;
+    bg_time *noted2 = calloc(n, sizeof *noted2), *noted2_new = calloc(made, sizeof *noted2_new);
+    char *freed = calloc(n, 1);
+    assert_true(noted2 && noted2_new && freed);
+    make_tubes(g, "t", n, T0 - SEC(1));
+    start_history(g, T0);
+    while (bg_history_sweeping(&g->history)) bg_history_sweep_tubes(&g->history, &g->engine, T0);
+    char name[32];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "t%u", i);
+        put_n(g, name, (int)(i % 5), T0 + SEC(2));
+    }
+    /* sweep 2: two steps, a millisecond apart */
+    const bg_time s2 = T0 + SEC(5);
+    uint32_t k = 0;
+    for (; k < 2; k++) {
+        assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, s2 + MS(k)), 1);
+        record_noted(g, "t", 2, s2 + MS(k), noted2);
+    }
+    uint32_t left = g->history.sweep_left;
+    assert_true(left > 0 && g->engine.tube_count - left == 2 * BG_HISTORY_SWEEP_STEP);
+    /* between the turns: 100 noted tubes freed (above the walk); 200 tubes
+     * the walk has not come to freed, the walk's next one first (the list's
+     * last tubes, noted ones, move below the walk); 500 tubes made (at the
+     * end); 100 more below the walk freed (new tubes move below it) */
+    const bg_time mid = s2 + MS(1) + MS(1) / 2;
+    for (uint32_t j = 0; j < 100; j++) {
+        long i = free_tube_at(g, left + 7 * j, "t", mid);
+        assert_true(i >= 0 && noted2[i] != 0);
+        freed[i] = 1;
+    }
+    for (uint32_t j = 0; j < 300; j++) {
+        if (j == 200) {
+            make_tubes(g, "n", made, mid);
+            put_n(g, "n0", 1, mid); /* n0 has 2 puts, the others 1 */
+        }
+        long i = free_tube_at(g, j == 0 ? left - 1 : 13 * j, "t", mid);
+        assert_true(i >= 0 && noted2[i] == 0 && !freed[i]);
+        freed[i] = 1;
+    }
+    const char *broken = NULL;
+    assert_int_equal(bg_engine_audit(&g->engine, &broken), 0);
+    /* the rest of the sweep, a step a millisecond */
+    for (; bg_history_sweeping(&g->history); k++) {
+        assert_true(k < 10);
+        assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, s2 + MS(k)), 1);
+        record_noted(g, "t", 2, s2 + MS(k), noted2);
+        record_noted(g, "n", 2, s2 + MS(k), noted2_new);
+    }
+    uint32_t new_noted = 0;
+    for (uint32_t i = 0; i < made; i++) new_noted += noted2_new[i] != 0;
+    assert_true(new_noted > 0 && new_noted < made); /* some moved below the walk, some not */
+    const bg_time now = T0 + SEC(7);
+    for (uint32_t i = 0; i < n; i++) {
+        if (freed[i]) continue;
+        struct bg_tube *t = tube_named(g, "t", i);
+        assert_int_equal(t->rate_marks.sweep, 2);
+        assert_true(noted2[i] != 0);
+        assert_int_equal(t->rate_marks.at_us[1], (noted2[i] - s2) / 1000); /* noted once */
+        double put, del;
+        bg_tube_rates(&g->history, t, now, &put, &del);
+        check_rate(put, i % 5, T0, now); /* since its sweep-1 mark, at T0 */
+        assert_true(del == 0);
+    }
+    /* a new tube counts from 0 at sweep 1's start, noted by sweep 2 or not */
+    for (uint32_t i = 0; i < made; i++) {
+        double put, del;
+        bg_tube_rates(&g->history, tube_named(g, "n", i), now, &put, &del);
+        check_rate(put, i == 0 ? 2 : 1, T0, now);
+    }
+    /* sweep 3 notes the new tubes sweep 2 did not: from 0 at sweep 2's start */
+    const bg_time s3 = T0 + SEC(10);
+    while (bg_history_sweep_tubes(&g->history, &g->engine, s3) && bg_history_sweeping(&g->history)) {}
+    for (uint32_t i = 0; i < made; i++) {
+        double put, del;
+        bg_tube_rates(&g->history, tube_named(g, "n", i), s3 + SEC(1), &put, &del);
+        if (noted2_new[i]) check_rate(put, 0, noted2_new[i], s3 + SEC(1));
+        else check_rate(put, i == 0 ? 2 : 1, s2, s3 + SEC(1));
+    }
+    /* sweep 4: after its first step, the list's last tubes freed, more of
+     * them than the walk has left above it: the walk goes on below */
+    const bg_time s4 = T0 + SEC(15);
+    assert_int_equal(bg_history_sweep_tubes(&g->history, &g->engine, s4), 1);
+    const uint32_t before = g->engine.tube_count;
+    left = g->history.sweep_left;
+    for (uint32_t j = 0; j < before - left + 10; j++) {
+        long i = free_tube_at(g, g->engine.tube_count - 1, "t", s4);
+        if (i >= 0) freed[i] = 1;
+    }
+    assert_true(g->engine.tube_count < g->history.sweep_left);
+    while (bg_history_sweeping(&g->history)) bg_history_sweep_tubes(&g->history, &g->engine, s4 + MS(1));
+    for (uint32_t k4 = 0; k4 < g->engine.tube_count; k4++) {
+        const struct bg_tube_rate_marks *m = &g->engine.tube_list[k4]->rate_marks;
+        assert_int_equal(m->sweep, 4);
+        assert_int_equal(m->at_us[1], 1000); /* the step after the frees */
+    }
+    assert_int_equal(bg_engine_audit(&g->engine, &broken), 0);
+    free(noted2);
+    free(noted2_new);
+    free(freed);
+    free_rig(g);
+}
+
 /* ---- --bench ----------------------------------------------------------------- */
 
+/* This thread's CPU time in ns: what a step costs, apart from the time the
+ * shared machine gives to others in the middle of it. */
 static double clock_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
@@ -358,8 +616,9 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* TUBES tubes with a job each; the median of 21 sweeps and of 21 rate
- * readings of every tube, in ns a tube, and one history sample. */
+/* TUBES tubes with a job each; the medians of 21 sweeps (all their steps,
+ * and the longest step of each) and of 21 rate readings of every tube, and
+ * one history sample. */
 static int bench(uint32_t tubes)
 {
     struct rig *g = new_rig();
@@ -370,14 +629,24 @@ static int bench(uint32_t tubes)
         if (bg_put_copy(&g->client, name, 0, 0, 60, "x", 1, T0, &id) != 0) return 1;
     }
     start_history(g, T0);
+    while (bg_history_sweeping(&g->history)) bg_history_sweep_tubes(&g->history, &g->engine, T0);
     enum { RUNS = 21 };
-    double sweep[RUNS], rates[RUNS], sample[RUNS];
+    double sweep[RUNS], step[RUNS], rates[RUNS], sample[RUNS];
+    uint32_t steps = 0;
     bg_time now = T0;
     volatile double sink = 0;
     for (int run = 0; run < RUNS; run++) {
         now += SEC(BG_HISTORY_SWEEP_S);
-        double t0 = clock_ns();
-        if (bg_history_sweep_tubes(&g->history, &g->engine, now) != 1) return 1;
+        sweep[run] = step[run] = 0;
+        steps = 0;
+        do {
+            double t0 = clock_ns();
+            if (bg_history_sweep_tubes(&g->history, &g->engine, now) != 1) return 1;
+            double took = clock_ns() - t0;
+            sweep[run] += took;
+            if (took > step[run]) step[run] = took;
+            steps++;
+        } while (bg_history_sweeping(&g->history));
         double t1 = clock_ns();
         for (uint32_t i = 0; i < g->engine.tube_count; i++) {
             double p, d;
@@ -389,18 +658,19 @@ static int bench(uint32_t tubes)
         bg_history_read_engine(&g->engine, 0, &r);
         bg_history_sample(&g->history, &r, now);
         double t3 = clock_ns();
-        sweep[run] = t1 - t0;
         rates[run] = t2 - t1;
         sample[run] = t3 - t2;
     }
     qsort(sweep, RUNS, sizeof *sweep, cmp_double);
+    qsort(step, RUNS, sizeof *step, cmp_double);
     qsort(rates, RUNS, sizeof *rates, cmp_double);
     qsort(sample, RUNS, sizeof *sample, cmp_double);
     uint32_t n = g->engine.tube_count;
-    printf("tubes %u: sweep of every tube %.0f us (%.1f ns a tube, every %d s), rates of every tube "
-           "%.0f us, one history sample %.0f ns (medians of %d)\n",
-           n, sweep[RUNS / 2] / 1e3, sweep[RUNS / 2] / n, BG_HISTORY_SWEEP_S, rates[RUNS / 2] / 1e3,
-           sample[RUNS / 2], RUNS);
+    printf("tubes %u: sweep of every tube %.0f us (%.1f ns a tube, every %d s) in %u steps of %d tubes, "
+           "longest step %.0f us (worst of %d: %.0f us); rates of every tube %.0f us, one history "
+           "sample %.0f ns (medians of %d)\n",
+           n, sweep[RUNS / 2] / 1e3, sweep[RUNS / 2] / n, BG_HISTORY_SWEEP_S, steps, BG_HISTORY_SWEEP_STEP,
+           step[RUNS / 2] / 1e3, RUNS, step[RUNS - 1] / 1e3, rates[RUNS / 2] / 1e3, sample[RUNS / 2], RUNS);
     printf("memory: history %zu bytes once; a tube's rate marks %zu bytes (struct bg_tube %zu bytes)\n",
            sizeof(struct bg_history), sizeof(struct bg_tube_rate_marks), sizeof(struct bg_tube));
     free_rig(g);
@@ -422,6 +692,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_a_late_sweep_divides_by_the_real_time),
         cmocka_unit_test(test_tube_counters_across_2_to_the_32),
         cmocka_unit_test(test_no_rates_before_the_first_sweep),
+        cmocka_unit_test(test_a_sweep_goes_in_steps_and_its_rates_are_exact),
+        cmocka_unit_test(test_tubes_freed_and_made_during_a_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
