@@ -275,7 +275,7 @@ struct gw_match {
     const struct gw_route *route; /* status 0: the row; 405: the path's first row; 404: NULL */
     int path;                     /* index of the path's first row (the metrics label); -1: 404 */
     enum gw_method method;
-    char allow[48];               /* the path's methods, as the Allow header lists them */
+    const char *allow;            /* the path's methods, as the Allow header lists them ("": 404) */
     char buf[1024];
     char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf, %2F decoded */
     int nseg;
