@@ -196,7 +196,7 @@ int gw_handle_put(struct gw_request *r)
     struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
                                  bg_buf_head(&r->body), r->body.len};
     struct put_outcome out;
-    put_with_key(gw, &req, key, gw->now(), &out);
+    put_with_key(gw, &req, key, r->dispatched, &out);
     switch (out.match) {
     case GW_IDEM_SAME: return reply_put(r, out.id, tube, out.state, 1);
     case GW_IDEM_OTHER_TUBE:
