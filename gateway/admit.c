@@ -882,11 +882,11 @@ void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *mhd, const
     else c->consumed += f->length;
 }
 
-/* A request ended and the connection stays open: it waits for the next
+/* A request ended at now and the connection stays open: it waits for the next
  * head, which the sweep looks for. After a chunked body, whose bytes on
  * the wire are not known, the count is taken from the kernel: all it has
  * received less what is still unread (a next head may wait there). */
-void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
+void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd, bg_time now)
 {
     struct gw_conn *c = conn_of(mhd);
     if (!c || !c->counted) return;
@@ -897,7 +897,7 @@ void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *mhd)
         c->consumed = (uint64_t)unread < got ? got - (uint64_t)unread : 0;
         c->consumed_unknown = 0;
     }
-    c->idle_since = gw->now();
+    c->idle_since = now;
     wait_enter(c);
     struct gw_admit *a = &gw->admit;
     if (a->sweep_ev && !a->sweep_armed && event_add(a->sweep_ev, a->sweep_tv) == 0)

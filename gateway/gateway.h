@@ -280,7 +280,7 @@ struct gw_match {
     const struct gw_route *route; /* status 0: the row; 405: the path's first row; 404: NULL */
     int path;                     /* index of the path's first row (the metrics label); -1: 404 */
     enum gw_method method;
-    char allow[48];               /* the path's methods, as the Allow header lists them */
+    const char *allow;            /* the path's methods, as the Allow header lists them ("": 404) */
     char buf[1024];
     char *seg[GW_MAX_SEGMENTS];   /* path segments, pointing into buf, %2F decoded */
     int nseg;
@@ -335,6 +335,7 @@ struct gw_request {
     uint32_t got;
     /* metrics: from the first access-handler call to the completion */
     bg_time started;
+    bg_time dispatched;           /* the clock when its handler was called (the engine caught up to it) */
     int method;                   /* gw_metrics_method_index */
     unsigned status;              /* status queued; 0: none yet */
     int counted;                  /* in the cmd-* counters already */
@@ -491,9 +492,9 @@ struct gw_framing;
  * as f says: the connection is busy, neither waiting nor under a header
  * deadline. */
 void gw_conn_request_began(struct gateway *gw, struct MHD_Connection *c, const struct gw_framing *f);
-/* A request is over and the connection stays open: it waits for the next
- * head (idle time, then the header deadline from its first byte). */
-void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c);
+/* A request is over (at now) and the connection stays open: it waits for
+ * the next head (idle time, then the header deadline from its first byte). */
+void gw_conn_request_ended(struct gateway *gw, struct MHD_Connection *c, bg_time now);
 /* Count a connection event (libmicrohttpd's notices of clients too). */
 void gw_conn_count(struct gateway *gw, enum gw_conn_event e);
 /* Run libmicrohttpd now, then re-arm its timer (http.c). */

@@ -332,7 +332,8 @@ static int dispatch(struct gw_request *r)
     if (!r->counted) r->commands = 1;
     /* the handler reads job states (reservation checks, GET): bring the
      * engine up to now first, whether or not the loop's timer ran */
-    bg_engine_catch_up(r->gw->engine, r->gw->now());
+    r->dispatched = r->gw->now();
+    bg_engine_catch_up(r->gw->engine, r->dispatched);
     /* a read changed nothing: its response may be refused for the budget */
     r->gw->responses.refusable = m->method == GW_GET || m->method == GW_HEAD;
     int rc = m->route->handler(r);
@@ -471,14 +472,14 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct gw_request *r = *con_cls;
     if (!r) return;
     if (r->releasing) gw->releasing--;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, gw->now());
-    else gw_conn_request_ended(gw, conn);
+    bg_time now = gw->now(); /* one clock reading for all below */
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gw_give_back(r, now);
+    else gw_conn_request_ended(gw, conn, now);
     if (toe == MHD_REQUEST_TERMINATED_WITH_ERROR || toe == MHD_REQUEST_TERMINATED_READ_ERROR ||
         toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT || toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
         gw_conn_count(gw, GW_CLOSED_CLIENT); /* the client left or stalled mid-request */
     release_body(gw, r);
-    if (r->waiter_active) bg_client_close(&r->waiter, gw->now());
-    bg_time now = gw->now();
+    if (r->waiter_active) bg_client_close(&r->waiter, now);
     double seconds = now > r->started ? (double)(now - r->started) / 1e9 : 0.0;
     gw_metrics_observe(gw->metrics, r->match.path, r->method, r->status, seconds);
     gw->in_flight--;

@@ -127,17 +127,50 @@ static int split_path(const char *url, char *buf, size_t size, char *seg[GW_MAX_
     return n;
 }
 
-/* Nonzero if the segments of a path (slash_end: it ends with '/') match
- * the pattern. */
-static int pattern_matches(const char *pattern, char *seg[], int n, int slash_end)
-{
+/* The table's patterns split once (split_path), at the first match: their
+ * segments ("*" matches any), and for each path's first row the Allow list
+ * of its rows, so that a request's match splits and formats nothing but
+ * its own path. */
+static struct compiled_route {
     char buf[64];
-    char *pseg[GW_MAX_SEGMENTS];
-    int pattern_slash_end;
-    int pn = split_path(pattern, buf, sizeof buf, pseg, &pattern_slash_end);
-    if (pn != n || (pattern_slash_end && !slash_end)) return 0;
+    char *seg[GW_MAX_SEGMENTS];
+    int nseg;
+    int slash_end;
+    int first;      /* the index of its path's first row */
+    char allow[48]; /* a path's first row: its methods, as Allow lists them */
+} compiled[ROUTES];
+static int routes_compiled;
+
+/* Append a method to an Allow list. */
+static void allow_add(char *allow, size_t size, enum gw_method m)
+{
+    size_t o = strlen(allow);
+    snprintf(allow + o, size - o, "%s%s", o ? ", " : "", method_names[m]);
+}
+
+/* Fill compiled[] from the table (once). */
+static void compile_routes(void)
+{
+    for (int i = 0; i < ROUTES; i++) {
+        struct compiled_route *c = &compiled[i];
+        c->nseg = split_path(routes[i].pattern, c->buf, sizeof c->buf, c->seg, &c->slash_end);
+        c->first = i > 0 && strcmp(routes[i - 1].pattern, routes[i].pattern) == 0 ? compiled[i - 1].first : i;
+        if (c->first != i) continue;
+        for (int k = i; k < ROUTES && strcmp(routes[k].pattern, routes[i].pattern) == 0; k++) {
+            allow_add(c->allow, sizeof c->allow, routes[k].method);
+            if (routes[k].method == GW_GET) allow_add(c->allow, sizeof c->allow, GW_HEAD);
+        }
+    }
+    routes_compiled = 1;
+}
+
+/* Nonzero if the segments of a path (slash_end: it ends with '/') match
+ * the compiled pattern c. */
+static int pattern_matches(const struct compiled_route *c, char *seg[], int n, int slash_end)
+{
+    if (c->nseg != n || (c->slash_end && !slash_end)) return 0;
     for (int i = 0; i < n; i++)
-        if (strcmp(pseg[i], "*") != 0 && strcmp(pseg[i], seg[i]) != 0) return 0;
+        if (!(c->seg[i][0] == '*' && !c->seg[i][1]) && strcmp(c->seg[i], seg[i]) != 0) return 0;
     return 1;
 }
 
@@ -148,18 +181,14 @@ enum gw_method gw_method_of(const char *method)
     return GW_OTHER;
 }
 
-/* Append a method to an Allow list. */
-static void allow_add(char *allow, size_t size, enum gw_method m)
-{
-    size_t o = strlen(allow);
-    snprintf(allow + o, size - o, "%s%s", o ? ", " : "", method_names[m]);
-}
-
 int gw_match_route(const char *method, const char *url, struct gw_match *m)
 {
+    if (!routes_compiled) compile_routes();
     match_count++;
-    memset(m, 0, sizeof *m);
+    m->route = NULL;
     m->path = -1;
+    m->allow = "";
+    m->nseg = 0;
     m->method = gw_method_of(method);
     m->status = 404;
     int slash_end;
@@ -169,19 +198,18 @@ int gw_match_route(const char *method, const char *url, struct gw_match *m)
     /* HEAD is served by the GET row */
     enum gw_method wanted = m->method == GW_HEAD ? GW_GET : m->method;
     for (int i = 0; i < ROUTES; i++) {
-        if (!pattern_matches(routes[i].pattern, m->seg, n, slash_end)) continue;
+        if (!pattern_matches(&compiled[i], m->seg, n, slash_end)) continue;
         /* the rows of this path: the first, the one of the method, Allow */
         m->path = i;
         m->route = &routes[i];
+        m->allow = compiled[i].allow;
         m->status = 405;
-        for (int k = i; k < ROUTES && strcmp(routes[k].pattern, routes[i].pattern) == 0; k++) {
-            allow_add(m->allow, sizeof m->allow, routes[k].method);
-            if (routes[k].method == GW_GET) allow_add(m->allow, sizeof m->allow, GW_HEAD);
+        for (int k = i; k < ROUTES && compiled[k].first == i; k++)
             if (routes[k].method == wanted) {
                 m->route = &routes[k];
                 m->status = 0;
+                break;
             }
-        }
         return m->status;
     }
     return m->status;

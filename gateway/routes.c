@@ -76,12 +76,6 @@ static const char *put_state(struct gateway *gw, uint64_t id)
     return j ? state_names[j->state] : "reserved";
 }
 
-/* {id, tube, state} of a put job. */
-static json_t *put_result(struct gateway *gw, uint64_t id, const char *tube)
-{
-    return json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", put_state(gw, id));
-}
-
 /* A tube name that is JSON string text as it is: printable ASCII without
  * a quote or a backslash (every name the beanstalk rules allow). */
 static int json_plain(const char *s)
@@ -91,23 +85,48 @@ static int json_plain(const char *s)
     return 1;
 }
 
-/* 201 with Location for a put; replayed_state is the first answer's state
- * when this is an idempotent replay, else NULL. The usual answer is
- * written directly (the text jansson would make: put_result), the hot
- * path of HTTP put. */
-static int reply_put(struct gw_request *r, uint64_t id, const char *tube,
-                     const char *replayed_state)
+/* Copy the n bytes of s to p; returns the end. */
+static char *put_text(char *p, const char *s, size_t n)
 {
-    char location[48];
-    snprintf(location, sizeof location, "/jobs/%llu", (unsigned long long)id);
-    char text[320]; /* a tube name is at most 200 bytes */
-    int n = !replayed_state && json_plain(tube)
-          ? snprintf(text, sizeof text, "{\"id\":%llu,\"tube\":\"%s\",\"state\":\"%s\"}\n",
-                     (unsigned long long)id, tube, put_state(r->gw, id))
-          : 0;
-    if (n > 0 && (size_t)n < sizeof text) return gw_reply_json_text(r->conn, 201, text, (size_t)n, location, NULL, NULL);
-    if (!replayed_state) return gw_reply_json(r->conn, 201, put_result(r->gw, id, tube), location);
-    json_t *v = json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", replayed_state);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* Write v in decimal at p (at most 20 bytes); returns the end. */
+static char *put_decimal_u64(char *p, uint64_t v)
+{
+    char digits[20];
+    int n = 0;
+    do digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n) *p++ = digits[--n];
+    return p;
+}
+
+#define PUT_TEXT(p, literal) put_text(p, literal, sizeof literal - 1)
+
+/* 201 with Location for a put in state; replayed: an idempotent replay
+ * (state is the first answer's). The usual answer is written directly,
+ * without snprintf: the bytes, key order included, that jansson makes
+ * for the object below (the hot path of HTTP put). */
+static int reply_put(struct gw_request *r, uint64_t id, const char *tube, const char *state,
+                     int replayed)
+{
+    char location[32], *l = PUT_TEXT(location, "/jobs/");
+    *put_decimal_u64(l, id) = '\0';
+    size_t tube_len = strlen(tube);
+    if (!replayed && json_plain(tube) && tube_len <= BG_TUBE_NAME_MAX) {
+        char text[64 + BG_TUBE_NAME_MAX], *p = PUT_TEXT(text, "{\"id\":");
+        p = put_decimal_u64(p, id);
+        p = PUT_TEXT(p, ",\"tube\":\"");
+        p = put_text(p, tube, tube_len);
+        p = PUT_TEXT(p, "\",\"state\":\"");
+        p = put_text(p, state, strlen(state)); /* a state name: under 10 bytes */
+        p = PUT_TEXT(p, "\"}\n");
+        return gw_reply_json_text(r->conn, 201, text, (size_t)(p - text), location, NULL, NULL);
+    }
+    json_t *v = json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "tube", tube, "state", state);
+    if (!replayed) return gw_reply_json(r->conn, 201, v, location);
     return gw_reply_json_header(r->conn, 201, v, location, "Idempotent-Replayed", "true");
 }
 
@@ -177,9 +196,9 @@ int gw_handle_put(struct gw_request *r)
     struct gw_put_request req = {tube, (uint32_t)pri, (uint32_t)delay, (uint32_t)ttr,
                                  bg_buf_head(&r->body), r->body.len};
     struct put_outcome out;
-    put_with_key(gw, &req, key, gw->now(), &out);
+    put_with_key(gw, &req, key, r->dispatched, &out);
     switch (out.match) {
-    case GW_IDEM_SAME: return reply_put(r, out.id, tube, out.state);
+    case GW_IDEM_SAME: return reply_put(r, out.id, tube, out.state, 1);
     case GW_IDEM_OTHER_TUBE:
     case GW_IDEM_OTHER_REQUEST:
         return gw_reply_problem(r->conn, 422, IDEMPOTENCY_KEY_MISMATCH, key_mismatch_detail(out.match));
@@ -187,7 +206,7 @@ int gw_handle_put(struct gw_request *r)
         break;
     }
     if (out.rc != 0) return out.rc;
-    return reply_put(r, out.id, tube, NULL);
+    return reply_put(r, out.id, tube, out.state, 0);
 }
 
 /* The result object of a batch entry that failed with an engine outcome. */
