@@ -180,6 +180,7 @@ static void turn_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     unsigned count = bt->running;
+    bg_time turn_cpu = thread_cpu_ns();
     for (unsigned i = 0; i < count && bt->running > 0 && turn_budget_left(gw); i++) {
         struct gw_request *r = bt->next_up;
         bt->next_up = r->bulk.next_running;
@@ -193,6 +194,10 @@ static void turn_cb(evutil_socket_t fd, short what, void *arg)
         gw_unlist(r);
         gw_wake(r);
     }
+    turn_cpu = thread_cpu_ns() - turn_cpu; /* what the turn held the loop, every action's steps */
+    struct gw_request *r = bt->next_up;
+    for (unsigned i = 0; i < bt->running; i++, r = r->bulk.next_running)
+        if (turn_cpu > r->bulk.longest_turn_cpu) r->bulk.longest_turn_cpu = turn_cpu;
     bt->spent = 0; /* the next turn's budget */
     bt->jobs = 0;
     if (bt->running > 0) schedule(gw, 0);
@@ -252,9 +257,9 @@ void gw_bulk_end(struct gw_request *r)
     if (b->active && b->steps)
         log_event(BG_LOG_DEBUG, "http_bulk_steps",
                   "action=%s done=%llu left=%llu steps=%u longest_step_us=%llu longest_step_cpu_us=%llu "
-                  "log_wait_us=%llu",
+                  "longest_turn_cpu_us=%llu log_wait_us=%llu",
                   action_names[b->action], (unsigned long long)b->done, (unsigned long long)b->left, b->steps,
                   (unsigned long long)(b->longest_step / 1000), (unsigned long long)(b->longest_step_cpu / 1000),
-                  (unsigned long long)(b->log_waited / 1000));
+                  (unsigned long long)(b->longest_turn_cpu / 1000), (unsigned long long)(b->log_waited / 1000));
     b->steps = 0; /* logged once */
 }

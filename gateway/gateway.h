@@ -308,6 +308,7 @@ struct gw_bulk {
     uint32_t steps;               /* loop turns it took so far */
     bg_time longest_step;         /* ns its longest step took (the loop's clock) */
     bg_time longest_step_cpu;     /* ns of CPU its longest step used (less when preempted) */
+    bg_time longest_turn_cpu;     /* ns of CPU the longest turn it was in used, all actions' steps */
     bg_time log_waited;           /* ns its steps waited for the log in all */
 };
 

@@ -56,10 +56,6 @@ struct segment_cut {
 enum wal_op { WAL_OP_NONE, WAL_OP_WRITE, WAL_OP_SYNC };
 
 #define WAL_DROP_QUEUE 64u /* superseded segments queued for the dropper at most (the rest: later) */
-/* the dropper's pause after each unlink: an unlink of a 10 MB segment is
- * journal work that a concurrent sync of the log (ext4) waits for, so the
- * unlinks go one at a time, not a compaction's ten or twenty at once */
-#define WAL_DROP_GAP_NS (20 * BG_SECOND / 1000)
 
 struct wal_batch {
     struct bg_buf data;
@@ -746,12 +742,23 @@ static void gather_begin(struct wal *w, uint64_t released)
     w->gather.until = now + (took < WAL_GATHER_MAX ? took : WAL_GATHER_MAX);
 }
 
+/* Nonzero while the dropper has segments left to delete. */
+static int drops_pending(struct wal *w)
+{
+    if (!w->dropper.started) return 0;
+    pthread_mutex_lock(&w->lock);
+    int pending = w->dropper.count != 0;
+    pthread_mutex_unlock(&w->lock);
+    return pending;
+}
+
 /* Nonzero when a sink (the directory, the stream) holds more than twice
  * the live data plus a segment, or a snapshot is forced (damage accepted
  * at start, a failed sync, a record that could not be buffered). */
-static int compaction_due(const struct wal *w)
+static int compaction_due(struct wal *w)
 {
-    if (w->compact_seq || w->snapping || w->first_index < w->drop_below) return 0;
+    /* not before the superseded segments are gone: the disk-use bound */
+    if (w->compact_seq || w->snapping || w->first_index < w->drop_below || drops_pending(w)) return 0;
     /* each sink by its own bytes: the directory's, the stream's */
     uint64_t limit = 2 * w->live_bytes + w->cfg.segment_size;
     return w->force_snapshot || (w->storage && !w->copy_broken && w->disk_bytes > limit) ||
@@ -857,11 +864,10 @@ static void copy_restart_step(struct wal *w, bg_time now)
     w->force_snapshot = 1; /* snapshot_begin starts the new segment */
 }
 
-/* The dropper thread: delete the queued segment files, oldest first,
- * WAL_DROP_GAP_NS apart (none once told to stop), until told to stop with
- * none left. Best effort: each is superseded by a snapshot on disk either
- * way (one left by a crash or a stop, recovery deletes), so neither the
- * unlink nor the directory needs a sync. */
+/* The dropper thread: delete the queued segment files, oldest first, until
+ * told to stop with none left. Best effort: each is superseded by a
+ * snapshot on disk either way (one left by a crash or a stop, recovery
+ * deletes), so neither the unlink nor the directory needs a sync. */
 static void *dropper_main(void *arg)
 {
     struct wal *w = arg;
@@ -873,19 +879,14 @@ static void *dropper_main(void *arg)
         memcpy(name, w->dropper.names[w->dropper.head], sizeof name);
         pthread_mutex_unlock(&w->lock);
         w->storage->ops->unlink(w->storage, name);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until); /* the condition's clock */
-        until.tv_nsec += WAL_DROP_GAP_NS;
-        if (until.tv_nsec >= (long)BG_SECOND) until.tv_sec++, until.tv_nsec -= BG_SECOND;
         pthread_mutex_lock(&w->lock);
         w->dropper.head = (w->dropper.head + 1) % WAL_DROP_QUEUE;
-        w->dropper.count--;
-        while (w->dropper.count && !w->dropper.stop &&
-               pthread_cond_timedwait(&w->dropper.cond, &w->lock, &until) != ETIMEDOUT) {}
+        w->dropper.count--; /* only now: compaction_due waits for it */
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
 }
+
 
 /* Retire the superseded segments (below drop_below) and have them deleted:
  * queued for the dropper thread, as many as its queue holds (the rest at a

@@ -1799,11 +1799,12 @@ def test_bulk_deletes_at_once_share_one_budget():
     robin; issue 27): another client's round trips (beanstalk `stats`,
     until no buried job is left) wait about one budget, as beside a single
     bulk delete. With a budget each they waited about 8 ms (8 steps a
-    turn): the median round trip must stay under 2 budgets and the 90th
-    percentile under 4 (the worst is printed: the machine's own stalls show
-    there). Each answer counts its tube's jobs, every tube is gone, and the
-    server deleted each job once. Prints each action's steps and longest
-    step (its http_bulk_steps line)."""
+    turn): the median round trip must stay under 4 budgets (the 90th
+    percentile and the worst are printed: a loaded machine's own stalls
+    show there), and the longest turn's CPU time on the bulk steps (the
+    server's http_bulk_steps lines: longest_turn_cpu_us) under 3. Each answer counts its tube's jobs, every tube is gone, and the
+    server deleted each job once. Prints each action's steps, longest step
+    and longest turn (its http_bulk_steps line)."""
     with own_server(["-VV"], "bulk deletes at once") as srv:
         tubes = [uniq("atonce%d" % i) for i in range(BULK_AT_ONCE)]
         for tube in tubes:
@@ -1830,16 +1831,19 @@ def test_bulk_deletes_at_once_share_one_budget():
         check_eq(server_stats()["total_jobs_deleted"] - before, BULK_AT_ONCE * BULK_AT_ONCE_JOBS,
                  "jobs deleted by the server: each once")
         steps = wait_for(lambda: (lambda found: found if len(found) == BULK_AT_ONCE else None)(
-            re.findall(r"event=http_bulk_steps action=delete done=\d+ left=0 steps=(\d+) longest_step_us=(\d+)",
-                       srv.stderr())), "the http_bulk_steps lines")
-        print("  steps and longest step (us) of each: %s" % ", ".join("%s/%s" % pair for pair in steps))
+            re.findall(r"event=http_bulk_steps action=delete done=\d+ left=0 steps=(\d+) longest_step_us=(\d+) "
+                       r"longest_step_cpu_us=\d+ longest_turn_cpu_us=(\d+)", srv.stderr())),
+            "the http_bulk_steps lines")
+        print("  steps, longest step and longest turn's CPU (us) of each: %s" % ", ".join("/".join(t) for t in steps))
+        longest_turn_ms = max(int(t[2]) for t in steps) / 1000.0
+        check(longest_turn_ms < 3 * BULK_STEP_MS, "a loop turn used %.2f ms of CPU on the bulk steps: want under %.1f ms"
+              % (longest_turn_ms, 3 * BULK_STEP_MS))
         check(len(trips) >= 3, "only %d round trips while the bulk deletes ran" % len(trips))
         trips.sort()
         median, p90, worst = trips[len(trips) // 2], trips[len(trips) * 9 // 10], trips[-1]
         print("  %d bulk deletes of %d jobs at once: %d round trips meanwhile, median %.2f ms, p90 %.2f ms, "
               "worst %.2f ms" % (BULK_AT_ONCE, BULK_AT_ONCE_JOBS, len(trips), median, p90, worst))
-        check(median < 2 * BULK_STEP_MS, "median round trip %.2f ms: want under %.1f ms" % (median, 2 * BULK_STEP_MS))
-        check(p90 < 4 * BULK_STEP_MS, "90th percentile %.2f ms: want under %.1f ms" % (p90, 4 * BULK_STEP_MS))
+        check(median < 4 * BULK_STEP_MS, "median round trip %.2f ms: want under %.1f ms" % (median, 4 * BULK_STEP_MS))
 
 
 def test_bulk_delete_stops_when_its_client_leaves():
