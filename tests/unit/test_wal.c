@@ -353,14 +353,21 @@ static void sync_close(struct sync_world *w)
     bg_engine_destroy(&w->engine);
 }
 
-static void sync_world_make(struct sync_world *w, uint64_t segment_size)
+/* A world's directory (named after `name`), control file and event base,
+ * before sync_open (a test sets fsync_ms or rec in between). */
+static void sync_world_begin(struct sync_world *w, const char *name)
 {
     memset(w, 0, sizeof *w);
-    tempdir_make(w->dir, sizeof w->dir, "walsync");
+    tempdir_make(w->dir, sizeof w->dir, name);
     snprintf(w->faults, sizeof w->faults, "%s.faults", w->dir);
     write_faults(w, "");
     w->base = event_base_new();
     assert_non_null(w->base);
+}
+
+static void sync_world_make(struct sync_world *w, uint64_t segment_size)
+{
+    sync_world_begin(w, "walsync");
     sync_open(w, segment_size);
 }
 
@@ -547,11 +554,7 @@ static void test_rotation_creates_segment_after_old_is_synced(void **state)
 {
     (void)state;
     struct sync_world w;
-    memset(&w, 0, sizeof w);
-    tempdir_make(w.dir, sizeof w.dir, "walrot");
-    snprintf(w.faults, sizeof w.faults, "%s.faults", w.dir);
-    write_faults(&w, "");
-    w.base = event_base_new();
+    sync_world_begin(&w, "walrot");
     w.fsync_ms = 1000; /* -f 1000: batches are written, synced later */
     sync_open(&w, 4096);
     static char body[3000];
@@ -715,12 +718,7 @@ static void test_superseded_go_after_the_snapshot_name_is_synced(void **state)
 {
     (void)state;
     struct sync_world w;
-    memset(&w, 0, sizeof w);
-    tempdir_make(w.dir, sizeof w.dir, "walorder");
-    snprintf(w.faults, sizeof w.faults, "%s.faults", w.dir);
-    write_faults(&w, "");
-    w.base = event_base_new();
-    assert_non_null(w.base);
+    sync_world_begin(&w, "walorder");
     w.fsync_ms = 60000; /* no batch syncs by time: only the snapshot's last one, at once */
     static struct recording rec;
     memset(&rec, 0, sizeof rec);
