@@ -902,7 +902,6 @@ static void *dropper_main(void *arg)
     return NULL;
 }
 
-
 /* Retire the superseded segments (below drop_below) and have them deleted:
  * queued for the dropper thread, as many as its queue holds (the rest at a
  * later kick), or, in the synchronous mode, here and now. The order rule
