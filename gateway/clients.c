@@ -1,34 +1,21 @@
 /* clients.c - who is connected (issue 26): GET /clients and DELETE
  * /clients/{id} over core/clients.c's listing, and the gateway's own
  * listed clients, its long-polls (gw_list_client). */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "gateway.h"
+#include "../io/conn.h"
 
 #define CLIENTS_PAGE_DEFAULT 100
 #define CLIENTS_PAGE_MAX 500
 
 void gw_list_client(struct gw_request *r, struct bg_client *c, void (*close_now)(struct bg_client *, bg_time))
 {
-    struct bg_client_entry *x = bg_client_list(c, BG_CLIENT_HTTP, r->gw->now());
-    if (!x) return;
-    x->tls = r->gw->cfg.tls != NULL;
-    x->close_now = close_now;
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const struct sockaddr *sa = info ? info->client_addr : NULL;
-    char addr[INET6_ADDRSTRLEN];
-    if (sa && sa->sa_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
-        if (inet_ntop(AF_INET, &in->sin_addr, addr, sizeof addr))
-            snprintf(x->peer, sizeof x->peer, "%s:%u", addr, (unsigned)ntohs(in->sin_port));
-    } else if (sa && sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
-        if (inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof addr))
-            snprintf(x->peer, sizeof x->peer, "[%s]:%u", addr, (unsigned)ntohs(in6->sin6_port));
-    }
+    struct conn_peer peer = {.fd = -1, .tls = r->gw->cfg.tls != NULL};
+    conn_peer_address(&peer, info ? info->client_addr : NULL);
+    conn_list_client(c, BG_CLIENT_HTTP, &peer, close_now, r->gw->now()); /* the peer's text as io/conn.c's */
 }
 
 /* Whole seconds from `from` to now (0 if from is later). */

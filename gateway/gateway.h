@@ -87,19 +87,26 @@ uint64_t gw_batch_body_limit(uint64_t max_job_size);
 #define GW_TUBE_PAGE_DEFAULT 100
 #define GW_JOB_PAGE_MAX 500           /* jobs in one page of GET /tubes/{tube}/jobs */
 #define GW_JOB_PAGE_DEFAULT 50
-/* A bulk kick or delete (bulk.c) runs in steps, one per loop turn: a step
- * calls the engine with GW_BULK_CHUNK_* jobs at a time until it has spent
- * GW_BULK_STEP_NS, the chunk halved or doubled to keep one call well under it. */
-#define GW_BULK_STEP_NS 1000000       /* 1 ms of engine work a loop turn */
+/* The bulk kicks and deletes that run (bulk.c) share one step budget a
+ * loop turn: GW_BULK_STEP_NS of engine work in all, served round robin, so
+ * that N actions at once hold the loop no longer than one does. An
+ * action's step calls the engine with GW_BULK_CHUNK_* jobs at a time, the
+ * chunk halved or doubled to keep one call well under the budget. */
+#define GW_BULK_STEP_NS 1000000       /* 1 ms of engine work a loop turn, all actions together */
 #define GW_BULK_CHUNK_FIRST 256
 #define GW_BULK_CHUNK_MIN 16
 #define GW_BULK_CHUNK_MAX 8192
-/* With a log, a step acts on at most GW_BULK_LOG_STEP_JOBS jobs (a record
- * each: about 70 KB of deletes, whatever the CPU's speed), and the next step
- * waits until the log has written them (bulk.c), looking again this often
- * (the loop's timers have ms precision; a finished batch wakes the loop). */
+/* With a log, the steps of one turn act on at most GW_BULK_LOG_STEP_JOBS
+ * jobs in all (a record each: about 70 KB of deletes, whatever the CPU's
+ * speed), and the next turn's steps wait until the log has written them
+ * (bulk.c), looking again this often (the loop's timers have ms precision;
+ * a finished batch wakes the loop). */
 #define GW_BULK_LOG_STEP_JOBS 4096
 #define GW_BULK_LOG_POLL_NS 200000
+/* A running action's client is watched (request.c's peer watch); where the
+ * watch stopped (pipelined bytes without edge-triggered polling) the steps
+ * ask the socket themselves, once every this many steps. */
+#define GW_BULK_PEER_CHECK_STEPS 32
 #define GW_CORS_ORIGINS_MAX 64        /* origins in --http-cors-origins at most */
 #define GW_CORS_ORIGIN_MAX 256        /* bytes in one origin */
 #define GW_ALLOWED_HOSTS_MAX 64       /* names in --http-allowed-hosts at most */
@@ -294,7 +301,8 @@ enum gw_bulk_action { GW_BULK_KICK, GW_BULK_DELETE };
  * request's path and looked up at each step, never held: it may be freed
  * (emptied and unused) meanwhile, and then there is nothing left to do. */
 struct gw_bulk {
-    struct event *step_ev;        /* the next step, on the next loop turn; NULL: none */
+    struct gw_request *next_running, *prev_running; /* the ring of running actions (gw->bulk) */
+    uint8_t running;              /* in that ring: steps still to come */
     uint8_t active;               /* this request runs (or ran) a bulk action */
     uint8_t action;               /* enum gw_bulk_action */
     uint8_t state;                /* enum bg_job_state of the jobs it acts on */
@@ -305,9 +313,20 @@ struct gw_bulk {
     uint32_t steps;               /* loop turns it took so far */
     bg_time longest_step;         /* ns its longest step took (the loop's clock) */
     bg_time longest_step_cpu;     /* ns of CPU its longest step used (less when preempted) */
+    bg_time longest_turn_cpu;     /* ns of CPU the longest turn it was in used, all actions' steps */
+    bg_time log_waited;           /* ns its steps waited for the log in all */
+};
+
+/* The bulk actions running, and the step budget of this loop turn that
+ * they share (bulk.c). */
+struct gw_bulk_turns {
+    struct event *ev;             /* runs the next turn's steps; NULL while no action runs */
+    struct gw_request *next_up;   /* the action the next turn steps first; NULL: none runs */
+    unsigned running;             /* actions in the ring */
+    bg_time spent;                /* ns of steps in this turn (0 again once the timer ran) */
+    uint64_t jobs;                /* jobs acted on in this turn (likewise) */
     uint64_t log_pos;             /* the log's newest record after the last step (wal_progress) */
-    bg_time waiting_since;        /* when the next step began to wait for the log (0: not waiting) */
-    bg_time log_waited;           /* ns the steps waited for the log in all */
+    bg_time waiting_since;        /* when the steps began to wait for the log (0: not waiting) */
 };
 
 /* One HTTP request as the gateway follows it across handler calls. */
@@ -451,6 +470,7 @@ struct gateway {
     struct gw_request *spare_requests; /* freed requests kept for the next (GW_SPARE_REQUESTS) */
     unsigned spare_count;
     struct gw_request *waiting;   /* every suspended long-poll */
+    struct gw_bulk_turns bulk;    /* the bulk actions running (bulk.c) */
     struct gw_idempotency *idempotency;
     struct gw_request *held;      /* responses waiting for the log */
     uint64_t releasing;           /* held requests resumed at the stop, not completed yet */
@@ -643,12 +663,13 @@ int gw_handle_tube_jobs_delete(struct gw_request *r);
 /* ---- bulk.c: a bulk kick or delete in steps (below routes.c) ------------- */
 
 /* Start kicking or deleting (action) up to `bound` jobs in `state` of the
- * tube r's path names, in serving order: the first step runs now. 1: it
- * finished (r->bulk says what it did; answer now); 0: r is suspended and
- * the steps go on, one per loop turn, until it finishes, its client leaves
- * or the server stops; then r is resumed and its handler is called again
- * (r->bulk.active set; gw_bulk_end first). Delete counts one cmd-delete
- * per job deleted. */
+ * tube r's path names, in serving order: when no other bulk action runs,
+ * the first step runs now, in this loop turn's budget. 1: it finished
+ * (r->bulk says what it did; answer now); 0: r is suspended and its steps
+ * go on, taking turns with the other running actions, until it finishes,
+ * its client leaves or the server stops; then r is resumed and its handler
+ * is called again (r->bulk.active set; gw_bulk_end first). Delete counts
+ * one cmd-delete per job deleted. */
 int gw_bulk_start(struct gw_request *r, enum gw_bulk_action action, enum bg_job_state state,
                   uint64_t bound);
 /* No more steps for r (its answer goes now, or it ended). Any time, any

@@ -34,7 +34,8 @@ static const struct gw_route routes[] = {
      BG_SCOPE_READ, GW_TUBE_PATH},
     {"/tubes/*/jobs", GW_POST, gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT,
      BG_SCOPE_PRODUCE, GW_TUBE_PATH},
-    {"/tubes/*/jobs", GW_DELETE, gw_handle_tube_jobs_delete, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_DELETE,
+    /* a bulk delete counts no command itself: bulk.c counts one cmd-delete per job deleted */
+    {"/tubes/*/jobs", GW_DELETE, gw_handle_tube_jobs_delete, GW_BODY_NONE, GW_AUTH_TOKEN, -1,
      BG_SCOPE_MANAGE, GW_TUBE_PATH},
     {"/tubes/*/jobs/batch", GW_POST, gw_handle_batch_put, GW_BODY_BATCH, GW_AUTH_TOKEN, BG_CMD_PUT,
      BG_SCOPE_PRODUCE, GW_TUBE_PATH},

@@ -942,11 +942,10 @@ int gw_handle_tube_kick(struct gw_request *r)
 
 /* DELETE /tubes/{tube}/jobs?state=ready|delayed|buried&bound=N|all (all by
  * default). It counts one cmd-delete per job deleted (bulk.c), none for
- * the request itself. */
+ * the request itself (its route counts in no counter). */
 int gw_handle_tube_jobs_delete(struct gw_request *r)
 {
     if (r->bulk.active) return reply_bulk(r); /* resumed */
-    r->commands = 0;
     int reply;
     struct bg_tube *t = path_tube(r, &reply);
     if (!t) return reply;

@@ -709,21 +709,16 @@ static void stream_output_ready(struct bg_stream *s)
     loop_defer(&c->woken);
 }
 
-/* The peer's port (0 when it has none: a UNIX socket). */
-static uint16_t peer_port(const struct sockaddr_storage *sa)
+void conn_peer_address(struct conn_peer *peer, const struct sockaddr *sa)
 {
-    if (sa->ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)sa)->sin_port);
-    if (sa->ss_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
-    return 0;
-}
-
-/* The peer's address as text ("-" when it has none: a UNIX socket). */
-static void peer_address(const struct sockaddr_storage *sa, char out[INET6_ADDRSTRLEN])
-{
-    const void *addr = sa->ss_family == AF_INET ? (const void *)&((const struct sockaddr_in *)sa)->sin_addr
-                     : sa->ss_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+    int family = sa ? sa->sa_family : AF_UNSPEC;
+    const void *addr = family == AF_INET ? (const void *)&((const struct sockaddr_in *)sa)->sin_addr
+                     : family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
                      : NULL;
-    if (!addr || !inet_ntop(sa->ss_family, addr, out, INET6_ADDRSTRLEN)) strcpy(out, "-");
+    if (!addr || !inet_ntop(family, addr, peer->addr, sizeof peer->addr)) strcpy(peer->addr, "-");
+    peer->port = family == AF_INET ? ntohs(((const struct sockaddr_in *)sa)->sin_port)
+               : family == AF_INET6 ? ntohs(((const struct sockaddr_in6 *)sa)->sin6_port)
+               : 0;
 }
 
 /* The session is open: the stream takes the layer's limits and hooks. */
@@ -863,8 +858,7 @@ static void conn_open(struct conn_server *cs, int fd, const struct sockaddr_stor
     }
     c->cs = cs;
     c->peer.fd = fd;
-    peer_address(sa, c->peer.addr);
-    c->peer.port = peer_port(sa);
+    conn_peer_address(&c->peer, (const struct sockaddr *)sa);
     struct bg_stream *s = stream_of(c);
     if (cs->tls) {
         c->handshaking = 1;
@@ -923,9 +917,9 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         if (!admit(&sa, &addr, &why)) {
             /* closed at once: beanstalk has no word for it, and beanstalkd
              * too just closes at its fixed limits */
-            char peer[INET6_ADDRSTRLEN];
-            peer_address(&sa, peer);
-            note_limit(cs->proto, why, fd, peer);
+            struct conn_peer peer;
+            conn_peer_address(&peer, (const struct sockaddr *)&sa);
+            note_limit(cs->proto, why, fd, peer.addr);
             close(fd);
             continue;
         }

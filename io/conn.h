@@ -143,6 +143,9 @@ int conn_server_start_tls(struct conn_server **out, const struct conn_protocol *
  * stream and calls conn_close_stream). Out of memory it is not listed. */
 void conn_list_client(struct bg_client *c, enum bg_client_protocol p, const struct conn_peer *peer,
                       void (*close_now)(struct bg_client *c, bg_time now), bg_time now);
+/* Set peer's addr and port from sa (AF_INET or AF_INET6; NULL or another
+ * family, a UNIX socket's: "-" and port 0). */
+void conn_peer_address(struct conn_peer *peer, const struct sockaddr *sa);
 /* Close s's connection now, as its peer's hang-up would (DELETE
  * /clients/{id}): the session is closed (reservations go back to ready)
  * and nothing more is written. Not from inside s's own callbacks. */

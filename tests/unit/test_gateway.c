@@ -49,7 +49,7 @@ static const struct row_case {
      "GET, HEAD, POST, DELETE"},
     {"POST", "/tubes/emails/jobs", gw_handle_put, GW_BODY_JOB, GW_AUTH_TOKEN, BG_CMD_PUT, "emails",
      "GET, HEAD, POST, DELETE"},
-    {"DELETE", "/tubes/emails/jobs", gw_handle_tube_jobs_delete, GW_BODY_NONE, GW_AUTH_TOKEN, BG_CMD_DELETE,
+    {"DELETE", "/tubes/emails/jobs", gw_handle_tube_jobs_delete, GW_BODY_NONE, GW_AUTH_TOKEN, -1,
      "emails", "GET, HEAD, POST, DELETE"},
     {"POST", "/tubes/emails/jobs/batch", gw_handle_batch_put, GW_BODY_BATCH, GW_AUTH_TOKEN, BG_CMD_PUT,
      "emails", "POST"},
