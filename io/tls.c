@@ -147,10 +147,16 @@ static int generation_load(const struct tls_listener *l, struct tls_generation *
     if (read_pem(l->cert, &cert, err, errlen) != 0)
         goto done;
     g->chain_len = TLS_CHAIN_MAX;
-    r = gnutls_pcert_list_import_x509_raw(g->chain, &g->chain_len, &cert, GNUTLS_X509_FMT_PEM, 0);
+    /* a longer chain is refused, not cut (GnuTLS's default): the
+     * HTTPS gateway serves this list, the other listeners the file */
+    r = gnutls_pcert_list_import_x509_raw(g->chain, &g->chain_len, &cert, GNUTLS_X509_FMT_PEM,
+                                          GNUTLS_X509_CRT_LIST_IMPORT_FAIL_IF_EXCEED);
     if (r < 0) {
         g->chain_len = 0;
-        snprintf(err, errlen, "no certificate: %s", gnutls_strerror(r));
+        if (r == GNUTLS_E_SHORT_MEMORY_BUFFER)
+            snprintf(err, errlen, "more than %d certificates in the chain", TLS_CHAIN_MAX);
+        else
+            snprintf(err, errlen, "no certificate: %s", gnutls_strerror(r));
         goto done;
     }
     *bad_path = l->key;
