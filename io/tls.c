@@ -360,18 +360,24 @@ const char *tls_listener_ca_pem(const struct tls_listener *l)
     return l->current ? l->current->ca_pem : NULL;
 }
 
+int tls_listener_session_adopt(struct tls_listener *l, gnutls_session_t s)
+{
+    if (gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, l->current->cred) < 0)
+        return -1;
+    if (l->ca)
+        gnutls_certificate_server_set_request(s, l->verify_client ? GNUTLS_CERT_REQUIRE : GNUTLS_CERT_REQUEST);
+    return 0;
+}
+
 int tls_listener_session_new(struct tls_listener *l, gnutls_session_t *out)
 {
     gnutls_session_t s;
     if (gnutls_init(&s, GNUTLS_SERVER | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL) < 0)
         return -1;
-    if (gnutls_priority_set(s, l->priority) < 0 ||
-        gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, l->current->cred) < 0) {
+    if (gnutls_priority_set(s, l->priority) < 0 || tls_listener_session_adopt(l, s) != 0) {
         gnutls_deinit(s);
         return -1;
     }
-    if (l->ca)
-        gnutls_certificate_server_set_request(s, l->verify_client ? GNUTLS_CERT_REQUIRE : GNUTLS_CERT_REQUEST);
     *out = s;
     return 0;
 }

@@ -451,14 +451,28 @@ def test_sighup_reload():
     check(s.proc.poll() is None, "the server stopped on a bad reload")
 
 
+def requested_ca_names(port):
+    """The CA names the server's certificate request lists (openssl
+    s_client's "Acceptable client certificate CA names")."""
+    out = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-servername", "localhost",
+                          "-CAfile", T.ca.cert], input=b"", capture_output=True, timeout=IO_TIMEOUT + 5)
+    text = out.stdout.decode("latin-1")
+    _, found, rest = text.partition("Acceptable client certificate CA names")
+    check(found, "no certificate request seen by s_client: %s" % text[-800:])
+    return [line.strip() for line in rest.split("\n")[1:] if line.startswith(("CN", "/CN", "C =", "O ="))]
+
+
 def test_sighup_reloads_client_ca():
     """The client CA file is read again at SIGHUP too: after it names another
-    CA, that CA's certificates are accepted and the old CA's refused."""
+    CA, that CA's certificates are accepted and the old CA's refused, and
+    the certificate request names the new CA (so a client with several
+    certificates picks the right one)."""
     ca_dir = tempfile.mkdtemp(dir=T.dir)
     ca_file = os.path.join(ca_dir, "clients.crt")
     shutil.copy(T.ca.cert, ca_file)
     s = Server(["--http-tls-ca", ca_file, "--http-tls-verify-client"]).start()
     check(not handshake_refused(s.port, T.alice), "a certificate of the CA in the file was refused")
+    check_eq(requested_ca_names(s.port), ["CN = beangate test CA"], "the CA names requested at start")
     new_ca = tlsfiles.TestCA(ca_dir, "new client CA")
     bob = new_ca.issue("bob", cn="bob", client=True)
     check(handshake_refused(s.port, bob), "a certificate of a CA not yet in the file was accepted")
@@ -468,6 +482,7 @@ def test_sighup_reloads_client_ca():
     wait_until(lambda: not handshake_refused(s.port, bob), "the new CA's certificate to be accepted",
                timeout=IO_TIMEOUT)
     check(handshake_refused(s.port, T.alice), "a certificate of the CA no longer in the file was accepted")
+    check_eq(requested_ca_names(s.port), ["CN = new client CA"], "the CA names requested after the reload")
 
 
 def test_sighup_reload_under_load():
