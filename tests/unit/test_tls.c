@@ -510,6 +510,35 @@ static void test_verify_client_for_foreign_sessions(void **state)
     tls_listener_free(l);
 }
 
+/* A session made on other credentials (libmicrohttpd's) takes a
+ * listener's when adopted: its certificate, and its client certificate
+ * request (required here: a client without one is refused). */
+static void test_session_adopt(void **state)
+{
+    (void)state;
+    struct tls_listener *first = listener("server.crt", "server.key", NULL, 0);
+    struct tls_listener *second = listener("server2.crt", "server2.key", "ca.crt", 1);
+    struct pair p;
+    char cn[64];
+    pair_open(&p, first, "ca.crt", "alice", 0);
+    assert_int_equal(tls_listener_session_adopt(second, p.server), 0);
+    pair_handshake(&p);
+    assert_int_equal(p.server_rc, 0);
+    server_cn(p.client, cn, sizeof cn);
+    assert_string_equal(cn, "server two");
+    struct tls_identity id;
+    tls_session_identity(p.server, &id);
+    assert_int_equal(id.count, 1);
+    pair_close(&p);
+    pair_open(&p, first, "ca.crt", NULL, 0);
+    assert_int_equal(tls_listener_session_adopt(second, p.server), 0);
+    pair_handshake(&p);
+    assert_true(p.server_rc < 0 && p.server_rc != GNUTLS_E_AGAIN);
+    pair_close(&p);
+    tls_listener_free(second);
+    tls_listener_free(first);
+}
+
 /* ---- records -------------------------------------------------------------- */
 
 /* The server's transport gives one byte per call and EAGAIN every other
@@ -789,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_client_certificate_asked),
         cmocka_unit_test(test_client_certificate_required),
         cmocka_unit_test(test_verify_client_for_foreign_sessions),
+        cmocka_unit_test(test_session_adopt),
         cmocka_unit_test(test_short_reads_and_writes),
         cmocka_unit_test(test_record_larger_than_read_buffer),
         cmocka_unit_test(test_close_notify),
