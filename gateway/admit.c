@@ -38,9 +38,13 @@
  *
  * Over HTTPS (cfg.tls) the head is encrypted, so this file cannot read it:
  * - the connection limits and eviction are the same; a refusal at a limit
- *   (503) or a deadline before the first byte (408) closes the socket
- *   without an answer (a client that waits for a handshake cannot read a
- *   plain one);
+ *   (503) is answered inside TLS: this file does the handshake itself (a
+ *   session of the gateway's tls_listener, no client certificate asked
+ *   for), sends the 503, a close_notify, shuts and lingers, all within the
+ *   same GW_LINGER_MS and among the same GW_LINGERING_MAX lingering
+ *   connections; a handshake that fails or does not end in time is closed
+ *   unanswered. A deadline before the first byte (408) closes the socket
+ *   without an answer (the client has sent no handshake to answer);
  * - the first byte is looked at: a TLS handshake record (0x16) is handed
  *   to libmicrohttpd at once; anything else (plain HTTP sent to the HTTPS
  *   port) gets a plain 400 PLAIN_HTTP_TO_HTTPS_PORT and is closed;
@@ -81,6 +85,7 @@
 
 #include "gateway.h"
 #include "../io/eventlog.h"
+#include "../io/tls.h"
 
 /* What every response carries (reply.c, send_response), in the answers
  * written here without libmicrohttpd. */
@@ -278,10 +283,26 @@ static void linger_leave(struct gw_conn *c)
     if (c->next) c->next->prev = c->prev;
 }
 
+/* A refused HTTPS connection's handshake, and the answer it is for. */
+struct gw_tls_refusal {
+    gnutls_session_t session;
+    size_t len;
+    char answer[]; /* the whole response, head and body */
+};
+
+static void tls_refusal_free(struct gw_conn *c)
+{
+    if (!c->tls_refusal) return;
+    gnutls_deinit(c->tls_refusal->session);
+    free(c->tls_refusal);
+    c->tls_refusal = NULL;
+}
+
 /* Free c; close its socket unless libmicrohttpd owns it (or closed it). */
 static void conn_free(struct gw_conn *c)
 {
     struct gw_admit *a = &c->gw->admit;
+    tls_refusal_free(c);
     if (c->parked) a->parked--;
     uncount(c);
     linger_leave(c);
@@ -336,42 +357,41 @@ static void linger_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* Answer a connection libmicrohttpd does not own with a problem, shut it
- * for writing and let it linger; its slot is free at once. */
-static void refuse(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+/* The whole answer of a refusal (head and problem+json body) into *len
+ * bytes; free() it. NULL: out of memory. */
+static char *refusal_answer(unsigned status, const char *code, const char *detail, size_t *len)
 {
-    struct gateway *gw = c->gw;
-    struct gw_admit *a = &gw->admit;
-    if (gw->cfg.tls && !c->plain_text) { /* it waits for a handshake: no plain answer */
-        conn_free(c);
-        return;
-    }
-    char sink[4096];
-    for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
     char *text = gw_problem_text(status, code, detail);
+    size_t text_len = text ? strlen(text) : 0;
     char head[320];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %u %s\r\nContent-Type: application/problem+json\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n" GW_RAW_HEADERS "%s\r\n",
-                     status, gw_status_title(status), text ? strlen(text) : 0,
-                     status == 503 ? "Retry-After: 5\r\n" : "");
-    struct iovec iov[2] = {{head, (size_t)n}, {text, text ? strlen(text) : 0}};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-    ssize_t sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)sent; /* a kernel buffer takes a few hundred bytes; else the client is gone */
+                     status, gw_status_title(status), text_len, status == 503 ? "Retry-After: 5\r\n" : "");
+    char *answer = malloc((size_t)n + text_len);
+    if (answer) {
+        memcpy(answer, head, (size_t)n);
+        if (text_len) memcpy(answer + n, text, text_len);
+        *len = (size_t)n + text_len;
+    }
     free(text);
-    shutdown(c->fd, SHUT_WR);
+    return answer;
+}
+
+/* c (answered, or about to be) leaves the counts and lingers for
+ * GW_LINGER_MS, its socket's readiness going to on_ready; its slot is free
+ * at once. 0, or -1 when it cannot linger (GW_LINGERING_MAX reached): the
+ * caller closes it. */
+static int linger_begin(struct gw_conn *c, event_callback_fn on_ready)
+{
+    struct gateway *gw = c->gw;
+    struct gw_admit *a = &gw->admit;
     uncount(c);
     if (c->read_ev) event_del(c->read_ev);
     c->read_ev = NULL;
-    if (a->lingering >= GW_LINGERING_MAX || !c->deadline_ev) {
-        conn_free(c);
-        return;
-    }
-    if (event_assign(conn_event(c, 1), gw->base, c->fd, EV_READ | EV_PERSIST, linger_cb, c) != 0) {
-        conn_free(c);
-        return;
-    }
+    if (a->lingering >= GW_LINGERING_MAX || !c->deadline_ev ||
+        event_assign(conn_event(c, 1), gw->base, c->fd, EV_READ | EV_PERSIST, on_ready, c) != 0)
+        return -1;
     c->read_ev = conn_event(c, 1);
     event_del(c->deadline_ev);
     event_assign(c->deadline_ev, gw->base, -1, 0, linger_cb, c);
@@ -384,6 +404,95 @@ static void refuse(struct gw_conn *c, unsigned status, const char *code, const c
     c->next = a->linger_head;
     if (a->linger_head) a->linger_head->prev = c;
     a->linger_head = c;
+    return 0;
+}
+
+/* A refused HTTPS connection's socket is ready: the handshake goes on;
+ * once it is done the answer goes out in one record, then a close_notify
+ * and the shut, and the connection lingers as a plain refusal does (on
+ * linger_cb, for the rest of the same GW_LINGER_MS). A failed handshake
+ * closes it. */
+static void tls_refusal_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_conn *c = arg;
+    struct gw_tls_refusal *r = c->tls_refusal;
+    int rc;
+    do rc = gnutls_handshake(r->session);
+    while (rc < 0 && rc != GNUTLS_E_AGAIN && !gnutls_error_is_fatal(rc));
+    if (rc == GNUTLS_E_AGAIN) {
+        short want = (gnutls_record_get_direction(r->session) ? EV_WRITE : EV_READ) | EV_PERSIST;
+        if (event_get_events(c->read_ev) != want) {
+            event_del(c->read_ev);
+            event_assign(c->read_ev, c->gw->base, fd, want, tls_refusal_cb, c);
+            event_add(c->read_ev, NULL);
+        }
+        return;
+    }
+    if (rc < 0) {
+        log_event(BG_LOG_DEBUG, "http_connection_closed", "reason=refusal_handshake_failed fd=%d error=%s",
+                  c->fd, log_str(gnutls_strerror(rc)));
+        conn_free(c);
+        return;
+    }
+    /* a fresh socket's buffer takes a few hundred bytes at once; if not,
+     * the record is finished at most once more, never waited for */
+    ssize_t sent = gnutls_record_send(r->session, r->answer, r->len);
+    if (sent == GNUTLS_E_AGAIN || sent == GNUTLS_E_INTERRUPTED) sent = gnutls_record_send(r->session, NULL, 0);
+    if (sent == (ssize_t)r->len) gnutls_bye(r->session, GNUTLS_SHUT_WR); /* one try */
+    shutdown(fd, SHUT_WR);
+    tls_refusal_free(c);
+    event_del(c->read_ev);
+    event_assign(c->read_ev, c->gw->base, fd, EV_READ | EV_PERSIST, linger_cb, c);
+    event_add(c->read_ev, NULL);
+}
+
+/* Over HTTPS: answer c inside a TLS session of our own (tls_refusal_cb),
+ * lingering meanwhile. 0, or -1: the caller closes c unanswered. */
+static int tls_refusal_begin(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+{
+    size_t len;
+    char *answer = refusal_answer(status, code, detail, &len);
+    struct gw_tls_refusal *r = answer ? malloc(sizeof *r + len) : NULL;
+    if (r && tls_listener_session_new(c->gw->cfg.tls, &r->session) != 0) {
+        free(r);
+        r = NULL;
+    }
+    if (!r) {
+        free(answer);
+        return -1;
+    }
+    memcpy(r->answer, answer, len);
+    r->len = len;
+    free(answer);
+    /* a refused client is not asked for a certificate: the answer is the
+     * same for everyone, and verifying would only cost more */
+    gnutls_certificate_server_set_request(r->session, GNUTLS_CERT_IGNORE);
+    gnutls_transport_set_int(r->session, c->fd);
+    c->tls_refusal = r;
+    return linger_begin(c, tls_refusal_cb);
+}
+
+/* Answer a connection libmicrohttpd does not own with a problem, shut it
+ * for writing and let it linger; its slot is free at once. Over HTTPS a
+ * client that waits for a handshake gets a 503 inside TLS
+ * (tls_refusal_begin), other answers not at all (closed). */
+static void refuse(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+{
+    struct gateway *gw = c->gw;
+    if (gw->cfg.tls && !c->plain_text) {
+        if (status != 503 || tls_refusal_begin(c, status, code, detail) != 0) conn_free(c);
+        return;
+    }
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    size_t len = 0;
+    char *answer = refusal_answer(status, code, detail, &len);
+    ssize_t sent = answer ? send(c->fd, answer, len, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    (void)sent; /* a kernel buffer takes a few hundred bytes; else the client is gone */
+    free(answer);
+    shutdown(c->fd, SHUT_WR);
+    if (linger_begin(c, linger_cb) != 0) conn_free(c);
 }
 
 /* Shut a connection libmicrohttpd owns: it sees the end and closes it. */

@@ -405,6 +405,7 @@ struct gw_conn {
     uint8_t plain_text;           /* HTTPS: its first byte is not a TLS handshake's (answered in plain text) */
     uint8_t parking;              /* libmicrohttpd is asked to let it go; spare_fd keeps the socket */
     uint8_t parked;               /* idle, taken back from libmicrohttpd: admit.c's until its next head */
+    struct gw_tls_refusal *tls_refusal; /* HTTPS: refused, its answer waiting for our own handshake */
     int spare_fd;                 /* while parking: a second descriptor of the socket */
     bg_time idle_since;           /* when its last request ended */
     struct gw_conn *park_next;    /* the sweep batch's list of connections being parked */

@@ -581,12 +581,18 @@ void gateway_set_role(struct gateway *gw, gw_role_fn state, void *arg)
     gw->role_arg = arg;
 }
 
+static void https_adopt(struct MHD_Connection *conn);
+
 /* libmicrohttpd's notices of connections (admit.c follows them). */
 static void connection_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) gw_conn_started(cls, conn, socket_context);
-    else gw_conn_closed(cls, *socket_context);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        https_adopt(conn);
+        gw_conn_started(cls, conn, socket_context);
+    } else {
+        gw_conn_closed(cls, *socket_context);
+    }
 }
 
 void gateway_set_ready(struct gateway *gw, int ready)
@@ -617,6 +623,7 @@ static int https_verify_cb(gnutls_session_t session)
 }
 
 /* libmicrohttpd's certificate callback (gnutls_certificate_retrieve_function2),
+ * for a session https_adopt could not give the listener's credentials;
  * called in each handshake as the client's hello is read: the listener's
  * chain and key as they are now, so a reload (SIGHUP) reaches every new
  * connection. With a client CA, a presented client certificate is verified
@@ -638,6 +645,21 @@ static int https_cert_cb(gnutls_session_t session, const gnutls_datum_t *req_ca_
         gnutls_session_set_verify_function(session, https_verify_cb);
     }
     return tls_listener_current_cert(https_listener, pcert, pcert_length, key);
+}
+
+/* A new HTTPS connection, before its handshake (libmicrohttpd made its
+ * session on the daemon's credentials, then tells of the connection): the
+ * session takes the listener's current credentials instead, so that
+ * everything a reload changes reaches it, the CA names its certificate
+ * request lists included (GnuTLS takes them from the session's
+ * credentials; libmicrohttpd's hold the CA read at start, and no option of
+ * 0.9.75 changes them). If that fails, the daemon's credentials stay, with
+ * https_cert_cb. */
+static void https_adopt(struct MHD_Connection *conn)
+{
+    if (!https_listener) return;
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (info && info->tls_session) tls_listener_session_adopt(https_listener, info->tls_session);
 }
 
 /* The daemon's HTTPS options into opts (MHD_OPTION_END-terminated). */

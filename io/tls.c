@@ -147,10 +147,16 @@ static int generation_load(const struct tls_listener *l, struct tls_generation *
     if (read_pem(l->cert, &cert, err, errlen) != 0)
         goto done;
     g->chain_len = TLS_CHAIN_MAX;
-    r = gnutls_pcert_list_import_x509_raw(g->chain, &g->chain_len, &cert, GNUTLS_X509_FMT_PEM, 0);
+    /* a longer chain is refused, not cut (GnuTLS's default): the
+     * HTTPS gateway serves this list, the other listeners the file */
+    r = gnutls_pcert_list_import_x509_raw(g->chain, &g->chain_len, &cert, GNUTLS_X509_FMT_PEM,
+                                          GNUTLS_X509_CRT_LIST_IMPORT_FAIL_IF_EXCEED);
     if (r < 0) {
         g->chain_len = 0;
-        snprintf(err, errlen, "no certificate: %s", gnutls_strerror(r));
+        if (r == GNUTLS_E_SHORT_MEMORY_BUFFER)
+            snprintf(err, errlen, "more than %d certificates in the chain", TLS_CHAIN_MAX);
+        else
+            snprintf(err, errlen, "no certificate: %s", gnutls_strerror(r));
         goto done;
     }
     *bad_path = l->key;
@@ -354,18 +360,24 @@ const char *tls_listener_ca_pem(const struct tls_listener *l)
     return l->current ? l->current->ca_pem : NULL;
 }
 
+int tls_listener_session_adopt(struct tls_listener *l, gnutls_session_t s)
+{
+    if (gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, l->current->cred) < 0)
+        return -1;
+    if (l->ca)
+        gnutls_certificate_server_set_request(s, l->verify_client ? GNUTLS_CERT_REQUIRE : GNUTLS_CERT_REQUEST);
+    return 0;
+}
+
 int tls_listener_session_new(struct tls_listener *l, gnutls_session_t *out)
 {
     gnutls_session_t s;
     if (gnutls_init(&s, GNUTLS_SERVER | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL) < 0)
         return -1;
-    if (gnutls_priority_set(s, l->priority) < 0 ||
-        gnutls_credentials_set(s, GNUTLS_CRD_CERTIFICATE, l->current->cred) < 0) {
+    if (gnutls_priority_set(s, l->priority) < 0 || tls_listener_session_adopt(l, s) != 0) {
         gnutls_deinit(s);
         return -1;
     }
-    if (l->ca)
-        gnutls_certificate_server_set_request(s, l->verify_client ? GNUTLS_CERT_REQUIRE : GNUTLS_CERT_REQUEST);
     *out = s;
     return 0;
 }

@@ -59,6 +59,12 @@ int tls_reload_all(void);
  * priority, asking for (with a CA) or requiring (verify_client) a client
  * certificate: 0, or -1. The caller gnutls_deinit()s it. */
 int tls_listener_session_new(struct tls_listener *l, gnutls_session_t *out);
+/* Give a server session made elsewhere (libmicrohttpd's, before its
+ * handshake) l's current credentials and certificate request, as
+ * tls_listener_session_new does: its chain, key, client CA, and so the CA
+ * names its certificate request lists, are those of the last reload.
+ * 0, or -1. */
+int tls_listener_session_adopt(struct tls_listener *l, gnutls_session_t s);
 
 /* A verified client certificate's names: "cn:NAME" for the subject's
  * common name, then "dns:", "email:", "uri:" for each subjectAltName, at

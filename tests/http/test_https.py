@@ -377,6 +377,51 @@ def test_plain_http_to_https_port():
     check_eq(code, 200, "HTTPS after a plain request")
 
 
+def test_refused_at_connection_limit():
+    """Every slot busy in a long-poll: a new client gets 503
+    TOO_MANY_CONNECTIONS inside TLS (curl reads it, without the client
+    certificate the port requires: a refusal asks for none); a client that
+    never starts its handshake is closed after the one second a refusal
+    lingers."""
+    s = Server(["--http-max-connections", "2", "--http-tls-ca", T.ca.cert, "--http-tls-verify-client"]).start()
+    polls = []
+    for _ in range(2):
+        t = tls_socket(s.port, T.alice)
+        t.sendall(b"POST /tubes/full/reservations?timeout=3 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        polls.append(t)
+    wait_until(lambda: tube_waiting(s, "full") == 2, "the long-polls to wait", 10)
+    code, body = curl(s.port, "https://localhost:%d/livez" % s.port)
+    check_eq((code, json.loads(body).get("code")), (503, "TOO_MANY_CONNECTIONS"), "curl over the limit")
+    silent = {"silent": (socket.create_connection(("127.0.0.1", s.port), timeout=IO_TIMEOUT), time.monotonic())}
+    took = close_times(silent, 10)["silent"]
+    check(took is not None and 0.9 <= took <= 5, "a refused client that sends nothing: closed after %r s, "
+          "want the 1 s linger" % took)
+    for t in polls:
+        check_eq(read_response(t)[0], 204, "a long-poll's answer after the refusals")
+        t.close()
+
+
+def tube_waiting(s, tube):
+    """How many clients wait on tube (stats-tube over the beanstalk port)."""
+    c = socket.create_connection(("127.0.0.1", s.tcp_port), timeout=IO_TIMEOUT)
+    try:
+        c.sendall(b"stats-tube %s\r\n" % tube.encode())
+        data = b""
+        while b"\r\n" not in data:
+            data += c.recv(65536)
+        if not data.startswith(b"OK "):
+            return 0
+        size = int(data.split(b"\r\n", 1)[0][3:])
+        while len(data.split(b"\r\n", 1)[1]) < size + 2:
+            data += c.recv(65536)
+    finally:
+        c.close()
+    for line in data.decode().split("\n"):
+        if line.startswith("current-waiting:"):
+            return int(line.split(":")[1])
+    return 0
+
+
 def test_sighup_reload():
     cert_dir = tempfile.mkdtemp(dir=T.dir)
     cert, key = os.path.join(cert_dir, "live.crt"), os.path.join(cert_dir, "live.key")
@@ -406,14 +451,28 @@ def test_sighup_reload():
     check(s.proc.poll() is None, "the server stopped on a bad reload")
 
 
+def requested_ca_names(port):
+    """The CA names the server's certificate request lists (openssl
+    s_client's "Acceptable client certificate CA names")."""
+    out = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-servername", "localhost",
+                          "-CAfile", T.ca.cert], input=b"", capture_output=True, timeout=IO_TIMEOUT + 5)
+    text = out.stdout.decode("latin-1")
+    _, found, rest = text.partition("Acceptable client certificate CA names")
+    check(found, "no certificate request seen by s_client: %s" % text[-800:])
+    return [line.strip() for line in rest.split("\n")[1:] if line.startswith(("CN", "/CN", "C =", "O ="))]
+
+
 def test_sighup_reloads_client_ca():
     """The client CA file is read again at SIGHUP too: after it names another
-    CA, that CA's certificates are accepted and the old CA's refused."""
+    CA, that CA's certificates are accepted and the old CA's refused, and
+    the certificate request names the new CA (so a client with several
+    certificates picks the right one)."""
     ca_dir = tempfile.mkdtemp(dir=T.dir)
     ca_file = os.path.join(ca_dir, "clients.crt")
     shutil.copy(T.ca.cert, ca_file)
     s = Server(["--http-tls-ca", ca_file, "--http-tls-verify-client"]).start()
     check(not handshake_refused(s.port, T.alice), "a certificate of the CA in the file was refused")
+    check_eq(requested_ca_names(s.port), ["CN = beangate test CA"], "the CA names requested at start")
     new_ca = tlsfiles.TestCA(ca_dir, "new client CA")
     bob = new_ca.issue("bob", cn="bob", client=True)
     check(handshake_refused(s.port, bob), "a certificate of a CA not yet in the file was accepted")
@@ -423,6 +482,7 @@ def test_sighup_reloads_client_ca():
     wait_until(lambda: not handshake_refused(s.port, bob), "the new CA's certificate to be accepted",
                timeout=IO_TIMEOUT)
     check(handshake_refused(s.port, T.alice), "a certificate of the CA no longer in the file was accepted")
+    check_eq(requested_ca_names(s.port), ["CN = new client CA"], "the CA names requested after the reload")
 
 
 def test_sighup_reload_under_load():
@@ -536,6 +596,7 @@ TESTS = [
     test_mtls_optional,
     test_stalled_handshake_closed_at_header_deadline,
     test_plain_http_to_https_port,
+    test_refused_at_connection_limit,
     test_sighup_reload,
     test_sighup_reloads_client_ca,
     test_sighup_reload_under_load,
