@@ -409,7 +409,7 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     bg_journal_job_of(j, &r);
     if (r.state == BG_JOB_DELAYED) {
         bg_time now = loop_now();
-        r.deadline_wall = loop_wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
+        r.deadline_wall = loop_wall_now() + (bg_job_deadline(j) > now ? bg_job_deadline(j) - now : 0);
     }
     r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
@@ -606,7 +606,7 @@ static int snapshot_step(struct wal *w)
         if (!j) continue;
         struct bg_journal_job r;
         bg_journal_job_of(j, &r);
-        if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (j->deadline_at > now ? j->deadline_at - now : 0);
+        if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (bg_job_deadline(j) > now ? bg_job_deadline(j) - now : 0);
         r.created_wall = wall - (now - j->created_at);
         if (bg_journal_encode_job(&w->pending, &r, 1) != 0) return BG_OUT_OF_MEMORY;
         pending_added(w);
