@@ -74,7 +74,8 @@ enum bg_outcome {
     BG_UNKNOWN_COMMAND = -10,
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
-    BG_BURIED = -13,      /* a delayed job could not be timed, so it was buried */
+    BG_BURIED = -13,      /* the bury command's reply word (no put or release is ever buried
+                           * for lack of memory: the timer heap keeps room for every job) */
     BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
@@ -386,7 +387,7 @@ struct bg_tube {
     uint32_t timer_slot;        /* paused-tube timer heap */
     uint32_t refs;              /* users, watchers, jobs */
     /* its jobs of each state in serving order, `len` their count (tree.c;
-     * bg_tube_jobs lists them, bg_tube_count counts them) */
+     * bg_tube_jobs lists them) */
     struct bg_tree ready;       /* by (pri, id) */
     struct bg_tree delayed;     /* by (deadline, id) */
     struct bg_tree buried;      /* by burial number */
@@ -552,8 +553,6 @@ size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
                     struct bg_job_cursor *cursor, struct bg_job **out, size_t max);
 /* Tube t's index of its jobs in `state` (tree.c). */
 const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state state);
-/* How many jobs tube t holds in `state`. */
-uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state);
 /* The cursor just after job j, in j's current state. */
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j);
 /* Kick up to max jobs of tube t that are in `state` (BG_JOB_BURIED or
@@ -638,8 +637,7 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new on e that never entered the engine. */
 void bg_job_discard(struct bg_engine *e, struct bg_job *j);
-/* Enter a new job into tube `t`: 0 (BG_BURIED if its delay could not be timed),
- * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
+/* Enter a new job into tube `t`: 0, else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
  * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
 
@@ -700,7 +698,7 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 /* Put j into the tube named `tube` (created if need be): as bg_put. */
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
 /* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
- * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
+ * put it into the tube named `tube`: 0 with *id set, else
  * BG_DRAINING, BG_LOG_UNAVAILABLE, BG_MEMORY_CEILING or BG_OUT_OF_MEMORY. For front-ends that have the body in
  * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,

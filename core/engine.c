@@ -372,11 +372,6 @@ const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state s
     }
 }
 
-uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state)
-{
-    return bg_tube_index(t, state)->len;
-}
-
 /* ---- browsing a tube's jobs (bg_tube_jobs) ------------------------------ */
 
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j)
@@ -602,39 +597,35 @@ static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
 }
 
 /* Make j ready (now) or delayed until `ready_at` (then j has a side
- * record: put, release and restore see to it): 0, or BG_BURIED when the
- * timer heap could not grow and the job was buried instead, as the
- * reference buries a job it cannot queue. No waiter is served here. */
-static int job_queue(struct bg_engine *e, struct bg_job *j, bg_time ready_at, bg_time now)
+ * record: put, release and restore see to it). Never fails: the timer heap
+ * keeps room for every job (bg_put, bg_engine_restore_job), and the
+ * indexes never allocate. No waiter is served here. */
+static void job_queue(struct bg_engine *e, struct bg_job *j, bg_time ready_at, bg_time now)
 {
     struct bg_tube *t = j->tube;
     if (ready_at > now) {
         j->more->deadline_at = ready_at;
         bg_tree_insert(&t->delayed, j);
-        if (job_timer_push(e, j->more) != 0) {
-            bg_tree_remove(&t->delayed, bg_tree_key(&t->delayed, j));
-            job_bury(e, j);
-            return BG_BURIED;
-        }
+        job_timer_push(e, j->more); /* room kept per job */
         j->state = BG_JOB_DELAYED;
         e->delayed_count++;
-        return 0;
+        return;
     }
     bg_tree_insert(&t->ready, j);
     if (t->ready.first == j) tube_top_update(t);
     j->state = BG_JOB_READY;
     count_ready(e, j, +1);
-    return 0;
 }
 
-/* Make j ready (delay 0) or delayed; then match waiters. 0 or BG_BURIED
- * (job_queue). */
-static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
+/* Make j ready (delay 0) or delayed; then match waiters. */
+static void job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
 {
-    if (delay_s) return job_queue(e, j, add_seconds(now, delay_s), now);
+    if (delay_s) {
+        job_queue(e, j, add_seconds(now, delay_s), now);
+        return;
+    }
     job_queue(e, j, now, now);
     tube_dispatch(e, j->tube, now);
-    return 0;
 }
 
 /* Reserve j for c: never fails or allocates (reservation_room was asked:
@@ -1029,9 +1020,9 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     job_table_insert(e, j, t);
     e->stat.total_jobs++;
     t->stat.total_jobs++;
-    int r = job_enqueue(e, j, bg_job_delay(j), now);
+    job_enqueue(e, j, bg_job_delay(j), now);
     journal_saved(e, j, 1);
-    return r;
+    return 0;
 }
 
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now)
@@ -1177,9 +1168,9 @@ int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s,
     j->pri = pri;
     j->more->delay_s = delay_s; /* reserved: it has a side record */
     j->more->releases++;
-    int r = job_enqueue(c->engine, j, delay_s, now);
+    job_enqueue(c->engine, j, delay_s, now);
     journal_saved(c->engine, j, 0);
-    return r;
+    return 0;
 }
 
 int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now)
@@ -1327,14 +1318,11 @@ void bg_journal_job_of(const struct bg_job *j, struct bg_journal_job *out)
 }
 
 /* Place a restored job in the structure of state r->state. */
-static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_journal_job *r,
-                         bg_time deadline_mono, bg_time now)
+static void restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_journal_job *r,
+                          bg_time deadline_mono, bg_time now)
 {
-    if (r->state == BG_JOB_BURIED) {
-        job_bury(e, j);
-        return 0;
-    }
-    return job_queue(e, j, r->state == BG_JOB_DELAYED ? deadline_mono : now, now);
+    if (r->state == BG_JOB_BURIED) job_bury(e, j);
+    else job_queue(e, j, r->state == BG_JOB_DELAYED ? deadline_mono : now, now);
 }
 
 /* Nonzero if a job restored as r needs a side record: it is not ready,

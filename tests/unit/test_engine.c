@@ -286,7 +286,7 @@ static void audit_listing(const struct bg_tube *t, enum bg_job_state state,
             prev = page[i];
         }
     }
-    AUDIT(n == bg_tube_count(t, state));
+    AUDIT(n == bg_tube_index(t, state)->len);
 }
 
 static int id_before(const struct bg_job *a, const struct bg_job *b) { return a->id < b->id; }
