@@ -1171,7 +1171,9 @@ static inline uint64_t bg_engine_job_position(struct bg_engine *e, const struct 
  * ready, delayed (ready at deadline_mono) or buried. 0 or BG_OUT_OF_MEMORY. */
 int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
                           bg_time deadline_mono, bg_time created_mono, bg_time now);
-/* Apply an update record to an existing job; BG_NOT_FOUND if there is none. */
+/* Apply an update record to an existing job: 0, BG_NOT_FOUND if there is
+ * none, or BG_OUT_OF_MEMORY if the update needs the job's side record and
+ * there is no memory for it (the job is left as it was). */
 int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r,
                              bg_time deadline_mono, bg_time now);
 /* Forget a job (a delete record). */

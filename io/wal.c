@@ -1403,12 +1403,19 @@ static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s
         w->live_bytes += bg_journal_job_record_size(strlen(rec->job.tube), rec->job.body_len);
         break;
     }
-    case BG_REC_UPDATE:
-        if (bg_engine_restore_update(e, &rec->job, deadline, now) != 0 && rc->past_damage) {
+    case BG_REC_UPDATE: {
+        int r = bg_engine_restore_update(e, &rec->job, deadline, now);
+        if (r == BG_OUT_OF_MEMORY) { /* its side record: the update cannot be applied */
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=restore error=%s", log_str(w->cfg.dir),
+                      log_str("out of memory"));
+            return BG_OUT_OF_MEMORY;
+        }
+        if (r != 0 && rc->past_damage) {
             ids_add(&rc->orphans, rec->job.id); /* alive, and its put is lost */
             if (rec->job.id > rc->max_unread_id) rc->max_unread_id = rec->job.id;
         }
         break;
+    }
     case BG_REC_DELETE: {
         struct bg_job *j = bg_job_find(e, rec->job.id);
         if (j) w->live_bytes -= job_record_size(j);
