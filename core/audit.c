@@ -37,7 +37,7 @@ static int in_state_of_tube(const struct bg_job *j, void *arg)
 {
     const struct index_visit *v = arg;
     if (j->tube != v->tube || j->state != v->state) return BG_INTERNAL_ERROR;
-    if (j->state == BG_JOB_BURIED && (j->deadline_at < 1 || j->deadline_at > v->tube->burials))
+    if (j->state == BG_JOB_BURIED && (j->more->deadline_at < 1 || j->more->deadline_at > v->tube->burials))
         return BG_INTERNAL_ERROR;
     return 0;
 }
@@ -58,14 +58,18 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
         if (!j) continue;
         jobs++;
         CHECK(bg_job_find(e, j->id) == j, "a job the id table cannot find (probe order broken)");
-        memory += BG_JOB_MEMORY(j->body_size);
+        memory += BG_JOB_MEMORY(j->body_size) + (j->more ? BG_JOB_MORE_MEMORY : 0);
         CHECK(j->id < e->next_id, "a job id was never given out");
         CHECK(bg_shard_of_id(j->id, e->shard_count) == e->shard_index,
               "a job id of another shard's class");
         CHECK(j->state <= BG_JOB_BURIED, "a job in no state");
         CHECK(j->tube->list_index < e->tube_count && e->tube_list[j->tube->list_index] == j->tube,
               "a job's tube is not in the tube list");
-        CHECK((j->state == BG_JOB_RESERVED) == (j->reserver != NULL), "a job's reserver does not fit its state");
+        /* a job that was reserved, delayed or buried has a side record,
+         * which points back at it */
+        CHECK(j->state == BG_JOB_READY || j->more, "a job that is not ready has no side record");
+        CHECK(!j->more || j->more->job == j, "a side record points at another job");
+        CHECK((j->state == BG_JOB_RESERVED) == (bg_job_reserver(j) != NULL), "a job's reserver does not fit its state");
         total.by_state[j->state]++;
         if (j->state == BG_JOB_READY && j->pri < BG_URGENT_PRIORITY) total.urgent++;
     }
@@ -109,7 +113,10 @@ int bg_engine_audit(const struct bg_engine *e, const char **broken)
     CHECK(reserved == e->reserved_count && buried == e->buried_count, "tube counts disagree with the engine's");
     CHECK(e->job_timers.len == delayed + reserved, "a delayed or reserved job is not on the timer heap");
     CHECK(e->tube_timers.len == paused, "a paused tube is not on the timer heap");
-    if (heap_sound(&e->job_timers, offsetof(struct bg_job, timer_slot), broken) ||
+    uint32_t spares = 0;
+    for (const struct bg_job_more *m = e->free_more; m && spares <= e->free_more_count; m = m->left) spares++;
+    CHECK(spares == e->free_more_count, "free_more_count is not the number of spare side records");
+    if (heap_sound(&e->job_timers, offsetof(struct bg_job_more, timer_slot), broken) ||
         heap_sound(&e->tube_timers, offsetof(struct bg_tube, timer_slot), broken) ||
         heap_sound(&e->client_timers, offsetof(struct bg_client, timer_slot), broken))
         return BG_INTERNAL_ERROR;

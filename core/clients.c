@@ -144,7 +144,8 @@ void bg_client_unlist(struct bg_client *c)
 
 uint64_t bg_job_reserved_by(const struct bg_job *j)
 {
-    return j->state == BG_JOB_RESERVED && j->reserver && j->reserver->listed ? j->reserver->listed->id : 0;
+    const struct bg_client *c = bg_job_reserver(j);
+    return j->state == BG_JOB_RESERVED && c && c->listed ? c->listed->id : 0;
 }
 
 struct bg_client_entry *bg_client_entry_find(const struct bg_engine *e, uint64_t id)

@@ -389,7 +389,7 @@ static int check_scope(const struct bg_session *s, const struct command *c, cons
         tube = j->tube->name;
         if (!bg_scope_sees(scope, tube, strlen(tube))) return BG_NOT_FOUND;
         if (c->target == ON_JOB_DELETE)
-            kind = j->reserver == &s->client ? BG_SCOPE_CONSUME : BG_SCOPE_MANAGE;
+            kind = bg_job_reserver(j) == &s->client ? BG_SCOPE_CONSUME : BG_SCOPE_MANAGE;
         break;
     }
     case ON_WATCHED:

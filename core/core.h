@@ -74,7 +74,8 @@ enum bg_outcome {
     BG_UNKNOWN_COMMAND = -10,
     BG_NOT_IGNORED = -11,
     BG_WOULD_BLOCK = -12, /* reserve registered a waiter; answer comes later */
-    BG_BURIED = -13,      /* a delayed job could not be timed, so it was buried */
+    BG_BURIED = -13,      /* the bury command's reply word (no put or release is ever buried
+                           * for lack of memory: the timer heap keeps room for every job) */
     BG_LOG_UNAVAILABLE = -14, /* the write-ahead log cannot write (HTTP: 503 LOG_UNAVAILABLE) */
     BG_TORN = -15,        /* log data ends inside a record */
     BG_CORRUPT = -16,     /* a log record's checksum or structure is wrong */
@@ -258,15 +259,13 @@ struct bg_job_cursor { uint64_t key; uint64_t id; };
  * Each tube keeps its ready, delayed, buried and reserved jobs in four of
  * these, each in its state's serving order, (key, id) as bg_job_cursor
  * says. An AVL tree threaded through the jobs (nodes == 0: a job's prev and
- * next are its left and right links, its tube_slot its two subtrees'
+ * next are its left and right links, its heights its two subtrees'
  * heights; fields a ready, delayed or buried job does not use otherwise) or
- * through
- * bg_tree_node records (nodes == 1: reserved jobs, whose links belong to
- * their reserver's list; the engine keeps a spare record so that taking a
- * reservation never allocates). Inserting and removing never allocate, cost
- * O(log n) and never fail; listing after a cursor costs O(log n + listed);
- * the first and last jobs are cached. A job's key must not change while it
- * is in. */
+ * through the jobs' side records (nodes == 1: reserved jobs, whose links
+ * belong to their reserver's list; struct bg_job_more). Inserting and
+ * removing never allocate, cost O(log n) and never fail; listing after a
+ * cursor costs O(log n + listed); the first and last jobs are cached. A
+ * job's key must not change while it is in. */
 enum bg_tree_order {
     BG_ORDER_PRIORITY,  /* (pri, id): ready */
     BG_ORDER_DEADLINE,  /* (deadline_at, id): delayed, and buried (deadline_at
@@ -280,17 +279,11 @@ struct bg_tree {
     void **finger;              /* a slot on the right spine where appends start (tree.c) */
     uint64_t len;               /* jobs in it */
     uint8_t order;              /* enum bg_tree_order */
-    uint8_t nodes;              /* 1: bg_tree_node records, 0: the jobs themselves */
-};
-
-struct bg_tree_node {
-    struct bg_tree_node *left, *right;
-    uint32_t height;            /* its subtrees' heights (tree.c) */
-    struct bg_job *job;
+    uint8_t nodes;              /* 1: the jobs' side records, 0: the jobs themselves */
 };
 
 void bg_tree_init(struct bg_tree *t, enum bg_tree_order order, int nodes);
-/* Insert node n (a job, or a record whose job is set); its key is not in t. */
+/* Insert node n (a job, or a side record whose job is set); its key is not in t. */
 void bg_tree_insert(struct bg_tree *t, void *n);
 /* Remove the node of key k and return it; NULL if there is none. */
 void *bg_tree_remove(struct bg_tree *t, struct bg_job_cursor k);
@@ -312,28 +305,55 @@ size_t bg_tree_after(const struct bg_tree *t, struct bg_job_cursor after, struct
 int bg_tree_audit(const struct bg_tree *t, int (*visit)(const struct bg_job *j, void *arg), void *arg,
                   const char **broken);
 
+/* A job: the core record every job has (64 bytes before its body, which
+ * follows in the same slab slot), and a side record (struct bg_job_more)
+ * made the first time the job is reserved, delayed or buried, or restored
+ * with a delay or a nonzero counter; it then stays until the job is
+ * deleted. docs/performance.md "Memory per job" has the layout. */
 struct bg_job {
     uint64_t id;
     struct bg_tube *tube;
-    struct bg_client *reserver;
-    /* the reserver's list; ready, delayed, buried: the links of the
-     * tube's index of that state (tree.c) */
+    /* reserved: the reserver's list; ready, delayed, buried: the links of
+     * the tube's index of that state (tree.c) */
     struct bg_job *prev, *next;
+    struct bg_job_more *more;   /* NULL until needed (above) */
     bg_time created_at;
-    bg_time deadline_at;        /* delayed: ready time; reserved: TTR end;
-                                 * buried: its burial number in its tube
-                                 * (bg_tube.burials), the buried order's key */
-    uint32_t delay_s, ttr_s;
-    uint32_t tube_slot;         /* reserved: slot in the reserver's heap; ready,
-                                 * delayed, buried: its subtrees' heights in the
-                                 * tube's index */
-    uint32_t timer_slot;        /* engine's job timer heap */
-    uint32_t pri;
+    uint32_t pri, ttr_s;
     uint32_t body_size;         /* bytes stored in body[], including CRLF */
-    uint32_t reserves, timeouts, releases, buries, kicks;
+    uint16_t heights;           /* ready, delayed, buried: its subtrees' heights
+                                 * in the tube's index (tree.c) */
     uint8_t state;              /* enum bg_job_state */
     char body[];                /* body_size bytes, ends in "\r\n" */
 };
+
+/* A job's side record. The first four fields are the reserved index's
+ * node (tree.c, nodes == 1) while the job is reserved. The engine keeps a
+ * spare (bg_engine.free_more) so that taking a reservation never
+ * allocates; read its fields through the bg_job_* accessors below, which
+ * give 0 (NULL) for a job without one. */
+struct bg_job_more {
+    struct bg_job_more *left, *right;
+    uint16_t heights;           /* its subtrees' heights in the reserved index */
+    uint32_t timer_slot;        /* engine's job timer heap (delayed, reserved) */
+    struct bg_job *job;         /* the job it belongs to */
+    struct bg_client *reserver; /* NULL unless reserved */
+    bg_time deadline_at;        /* delayed: ready time; reserved: TTR end;
+                                 * buried: its burial number in its tube
+                                 * (bg_tube.burials), the buried order's key */
+    uint32_t delay_s;
+    uint32_t reserver_slot;     /* reserved: slot in the reserver's heap */
+    uint32_t reserves, timeouts, releases, buries, kicks;
+};
+
+static inline struct bg_client *bg_job_reserver(const struct bg_job *j) { return j->more ? j->more->reserver : NULL; }
+/* delayed: ready time; reserved: TTR end (ns); else 0 or a burial number */
+static inline bg_time bg_job_deadline(const struct bg_job *j) { return j->more ? j->more->deadline_at : 0; }
+static inline uint32_t bg_job_delay(const struct bg_job *j) { return j->more ? j->more->delay_s : 0; }
+static inline uint32_t bg_job_reserves(const struct bg_job *j) { return j->more ? j->more->reserves : 0; }
+static inline uint32_t bg_job_timeouts(const struct bg_job *j) { return j->more ? j->more->timeouts : 0; }
+static inline uint32_t bg_job_releases(const struct bg_job *j) { return j->more ? j->more->releases : 0; }
+static inline uint32_t bg_job_buries(const struct bg_job *j) { return j->more ? j->more->buries : 0; }
+static inline uint32_t bg_job_kicks(const struct bg_job *j) { return j->more ? j->more->kicks : 0; }
 
 /* A watch entry: one client watching one tube. It is also the client's slot
  * in the tube's waiting set while the client waits. */
@@ -369,11 +389,11 @@ struct bg_tube {
     uint32_t timer_slot;        /* paused-tube timer heap */
     uint32_t refs;              /* users, watchers, jobs */
     /* its jobs of each state in serving order, `len` their count (tree.c;
-     * bg_tube_jobs lists them, bg_tube_count counts them) */
+     * bg_tube_jobs lists them) */
     struct bg_tree ready;       /* by (pri, id) */
     struct bg_tree delayed;     /* by (deadline, id) */
     struct bg_tree buried;      /* by burial number */
-    struct bg_tree reserved;    /* by id, bg_tree_node records */
+    struct bg_tree reserved;    /* by id, through the jobs' side records */
     uint64_t burials;           /* burial numbers given out (the next is burials + 1) */
     struct bg_watch **waiting;  /* waiting clients, reference set order */
     uint32_t waiting_len, waiting_cap, waiting_cursor;
@@ -447,16 +467,17 @@ struct bg_engine {
     struct bg_heap job_timers;  /* delayed and reserved jobs by deadline */
     struct bg_heap tube_timers; /* paused tubes by unpause_at */
     struct bg_heap client_timers; /* waiting clients by wake_at */
-    /* spare records of the tubes' reserved indexes (tree.c): a reservation
-     * takes one, made beforehand, so that it never allocates */
-    struct bg_tree_node *free_nodes; /* linked by left */
-    uint32_t free_node_count;
+    /* spare side records (struct bg_job_more): a reservation of a job that
+     * has none takes one, made beforehand, so that it never allocates */
+    struct bg_job_more *free_more; /* linked by left */
+    uint32_t free_more_count;
     bg_time due_at;             /* no deadline in the three heaps is earlier:
                                  * lowered by every push, made exact by each
                                  * tick; catching up is one compare with it */
     uint32_t max_job_size;
-    /* bytes held by jobs, BG_JOB_MEMORY each (jobs whose body is still
-     * arriving and jobs restored from the log included), and the ceiling
+    /* bytes held by jobs, BG_JOB_MEMORY each and BG_JOB_MORE_MEMORY more
+     * for each side record (jobs whose body is still arriving and jobs
+     * restored from the log included), and the ceiling
      * on it (0: none; bg_engine_job_fits) */
     uint64_t job_memory, max_job_memory;
     uint8_t draining;
@@ -536,8 +557,6 @@ size_t bg_tube_jobs(const struct bg_tube *t, enum bg_job_state state,
                     struct bg_job_cursor *cursor, struct bg_job **out, size_t max);
 /* Tube t's index of its jobs in `state` (tree.c). */
 const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state state);
-/* How many jobs tube t holds in `state`. */
-uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state);
 /* The cursor just after job j, in j's current state. */
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j);
 /* Kick up to max jobs of tube t that are in `state` (BG_JOB_BURIED or
@@ -602,8 +621,11 @@ int bg_client_ignore(struct bg_client *c, const char *name, uint32_t *count);
 int bg_client_unwatch(struct bg_client *c, const char *name);
 
 /* What a job of body_size bytes (CRLF included) counts against the
- * job-memory ceiling: its 104-byte header and its body. */
+ * job-memory ceiling: its 64-byte core record and its body; and a job with
+ * a side record (ever reserved, delayed or buried) 80 bytes more, counted
+ * when it is made but never refused for the ceiling. */
 #define BG_JOB_MEMORY(body_size) (sizeof(struct bg_job) + (uint64_t)(body_size))
+#define BG_JOB_MORE_MEMORY ((uint64_t)sizeof(struct bg_job_more))
 /* 1 if a new job of body_size bytes (CRLF included) fits under the
  * job-memory ceiling (always, without one), else 0. */
 int bg_engine_job_fits(const struct bg_engine *e, uint32_t body_size);
@@ -619,8 +641,7 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
                           uint32_t ttr_s, uint32_t body_size, bg_time now);
 /* Discard a job made by bg_job_new on e that never entered the engine. */
 void bg_job_discard(struct bg_engine *e, struct bg_job *j);
-/* Enter a new job into tube `t`: 0 (BG_BURIED if its delay could not be timed),
- * else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
+/* Enter a new job into tube `t`: 0, else the job is freed and BG_DRAINING, BG_LOG_UNAVAILABLE (the log cannot
  * write: journal_broken) or BG_OUT_OF_MEMORY. */
 int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now);
 
@@ -681,7 +702,7 @@ void bg_reservation_transfer(struct bg_job *j, struct bg_client *to);
 /* Put j into the tube named `tube` (created if need be): as bg_put. */
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now);
 /* Make a job of a copy of body[0..len) (the stored CRLF is added here) and
- * put it into the tube named `tube`: 0 or BG_BURIED with *id set, else
+ * put it into the tube named `tube`: 0 with *id set, else
  * BG_DRAINING, BG_LOG_UNAVAILABLE, BG_MEMORY_CEILING or BG_OUT_OF_MEMORY. For front-ends that have the body in
  * hand (HTTP, Gearman); the beanstalk codec reads straight into the job. */
 int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t delay_s, uint32_t ttr_s,
@@ -1160,7 +1181,9 @@ static inline uint64_t bg_engine_job_position(struct bg_engine *e, const struct 
  * ready, delayed (ready at deadline_mono) or buried. 0 or BG_OUT_OF_MEMORY. */
 int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
                           bg_time deadline_mono, bg_time created_mono, bg_time now);
-/* Apply an update record to an existing job; BG_NOT_FOUND if there is none. */
+/* Apply an update record to an existing job: 0, BG_NOT_FOUND if there is
+ * none, or BG_OUT_OF_MEMORY if the update needs the job's side record and
+ * there is no memory for it (the job is left as it was). */
 int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r,
                              bg_time deadline_mono, bg_time now);
 /* Forget a job (a delete record). */

@@ -17,11 +17,12 @@
 
 /* ---- ordering functions for the heaps ---------------------------------- */
 
+/* Side records (delayed and reserved jobs) by (deadline, id). */
 static int job_deadline_less(const void *a, const void *b)
 {
-    const struct bg_job *x = a, *y = b;
+    const struct bg_job_more *x = a, *y = b;
     if (x->deadline_at != y->deadline_at) return x->deadline_at < y->deadline_at;
-    return x->id < y->id;
+    return x->job->id < y->job->id;
 }
 
 static int tube_unpause_less(const void *a, const void *b)
@@ -35,7 +36,8 @@ static int client_wake_less(const void *a, const void *b)
 }
 
 /* docs/operations.md gives what a job counts against --max-job-memory */
-_Static_assert(sizeof(struct bg_job) == 104, "a job's header is 104 bytes (docs/operations.md)");
+_Static_assert(sizeof(struct bg_job) == 64, "a job's core record is 64 bytes (docs/operations.md)");
+_Static_assert(sizeof(struct bg_job_more) == 80, "a job's side record is 80 bytes (docs/operations.md)");
 
 /* A job's memory from bg_job_alloc, counted in e->job_memory; NULL: none. */
 static struct bg_job *job_mem_alloc(struct bg_engine *e, uint32_t body_size)
@@ -45,9 +47,63 @@ static struct bg_job *job_mem_alloc(struct bg_engine *e, uint32_t body_size)
     return j;
 }
 
-/* Give a job's memory back (it came from job_mem_alloc). */
+/* ---- side records (struct bg_job_more) ---------------------------------- */
+
+/* Side records kept for reuse at most (the spare and the ones of deleted
+ * jobs). */
+#define FREE_MORE_MAX 1024
+
+/* Make sure a spare side record is at hand: 0 or BG_OUT_OF_MEMORY. Side
+ * records come from the job allocator (a slab slot of 80 bytes, no
+ * header). */
+static int more_spare(struct bg_engine *e)
+{
+    if (e->free_more) return 0;
+    struct bg_job_more *m = bg_job_alloc(sizeof *m);
+    if (!m) return BG_OUT_OF_MEMORY;
+    m->left = NULL;
+    e->free_more = m;
+    e->free_more_count++;
+    return 0;
+}
+
+/* Give j (without one) the spare side record, counted in job_memory but
+ * never refused for the ceiling. A spare exists (more_spare). */
+static struct bg_job_more *more_attach(struct bg_engine *e, struct bg_job *j)
+{
+    struct bg_job_more *m = e->free_more;
+    e->free_more = m->left;
+    e->free_more_count--;
+    memset(m, 0, sizeof *m);
+    m->job = j;
+    m->timer_slot = m->reserver_slot = NO_SLOT;
+    j->more = m;
+    e->job_memory += BG_JOB_MORE_MEMORY;
+    return m;
+}
+
+/* j's side record, made now if it has none: NULL if out of memory. */
+static struct bg_job_more *more_of(struct bg_engine *e, struct bg_job *j)
+{
+    if (j->more) return j->more;
+    return more_spare(e) == 0 ? more_attach(e, j) : NULL;
+}
+
+/* Give a job's memory back, its side record's too (it came from
+ * job_mem_alloc). */
 static inline void job_mem_free(struct bg_engine *e, struct bg_job *j)
 {
+    struct bg_job_more *m = j->more;
+    if (m) {
+        e->job_memory -= BG_JOB_MORE_MEMORY;
+        if (e->free_more_count >= FREE_MORE_MAX) {
+            bg_job_free_sized(m, sizeof *m);
+        } else {
+            m->left = e->free_more;
+            e->free_more = m;
+            e->free_more_count++;
+        }
+    }
     e->job_memory -= BG_JOB_MEMORY(j->body_size);
     bg_job_free_sized(j, BG_JOB_MEMORY(j->body_size));
 }
@@ -70,9 +126,9 @@ static int timer_push(struct bg_engine *e, struct bg_heap *h, void *item, bg_tim
     return 0;
 }
 
-static inline int job_timer_push(struct bg_engine *e, struct bg_job *j)
+static inline int job_timer_push(struct bg_engine *e, struct bg_job_more *m)
 {
-    return timer_push(e, &e->job_timers, j, j->deadline_at);
+    return timer_push(e, &e->job_timers, m, m->deadline_at);
 }
 
 /* ---- job table --------------------------------------------------------- */
@@ -316,11 +372,6 @@ const struct bg_tree *bg_tube_index(const struct bg_tube *t, enum bg_job_state s
     }
 }
 
-uint64_t bg_tube_count(const struct bg_tube *t, enum bg_job_state state)
-{
-    return bg_tube_index(t, state)->len;
-}
-
 /* ---- browsing a tube's jobs (bg_tube_jobs) ------------------------------ */
 
 struct bg_job_cursor bg_job_cursor_of(const struct bg_job *j)
@@ -382,7 +433,7 @@ static struct bg_watch *tube_wait_take(struct bg_tube *t)
 static bg_time client_wake_time(const struct bg_client *c)
 {
     bg_time wake = c->wait_deadline;
-    const struct bg_job *soonest = bg_heap_min(&c->reserved);
+    const struct bg_job_more *soonest = bg_heap_min(&c->reserved);
     if (soonest) {
         bg_time soon = soonest->deadline_at > BG_DEADLINE_MARGIN
                            ? soonest->deadline_at - BG_DEADLINE_MARGIN : 0;
@@ -435,8 +486,8 @@ static int client_start_waiting(struct bg_client *c, bg_time deadline, bg_time n
 /* Nonzero if c's soonest reservation is within the safety margin. */
 static int client_deadline_soon(const struct bg_client *c, bg_time now)
 {
-    const struct bg_job *j = bg_heap_min(&c->reserved);
-    return j && now + BG_DEADLINE_MARGIN >= j->deadline_at;
+    const struct bg_job_more *m = bg_heap_min(&c->reserved);
+    return m && now + BG_DEADLINE_MARGIN >= m->deadline_at;
 }
 
 /* ---- moving jobs between states ---------------------------------------- */
@@ -450,34 +501,13 @@ static void count_ready(struct bg_engine *e, struct bg_job *j, int delta)
     }
 }
 
-/* Reserved-index records (bg_tree_node) kept for reuse at most. */
-#define FREE_NODES_MAX 1024
-
 /* Make sure c can take one more reservation without allocating: room in
- * its heap and a spare reserved-index record. 0 or BG_OUT_OF_MEMORY. */
+ * its heap and a spare side record (for a job that has none yet). 0 or
+ * BG_OUT_OF_MEMORY. */
 static int reservation_room(struct bg_client *c)
 {
-    struct bg_engine *e = c->engine;
     if (bg_heap_reserve(&c->reserved, c->reserved.len + 1) != 0) return BG_OUT_OF_MEMORY;
-    if (e->free_nodes) return 0;
-    struct bg_tree_node *n = bg_malloc(sizeof *n);
-    if (!n) return BG_OUT_OF_MEMORY;
-    n->left = NULL;
-    e->free_nodes = n;
-    e->free_node_count++;
-    return 0;
-}
-
-/* A reserved-index record no longer used: kept for the next reservation. */
-static void node_release(struct bg_engine *e, struct bg_tree_node *n)
-{
-    if (e->free_node_count >= FREE_NODES_MAX) {
-        bg_free(n);
-        return;
-    }
-    n->left = e->free_nodes;
-    e->free_nodes = n;
-    e->free_node_count++;
+    return more_spare(c->engine);
 }
 
 /* Take j out of whatever structure its state puts it in. */
@@ -494,18 +524,19 @@ static void job_unlink(struct bg_engine *e, struct bg_job *j)
     }
     case BG_JOB_DELAYED:
         bg_tree_remove(&t->delayed, bg_tree_key(&t->delayed, j));
-        bg_heap_remove(&e->job_timers, j->timer_slot);
+        bg_heap_remove(&e->job_timers, j->more->timer_slot);
         e->delayed_count--;
         break;
     case BG_JOB_RESERVED: {
-        struct bg_client *c = j->reserver;
-        bg_heap_remove(&c->reserved, j->tube_slot);
-        bg_heap_remove(&e->job_timers, j->timer_slot);
+        struct bg_job_more *m = j->more;
+        struct bg_client *c = m->reserver;
+        bg_heap_remove(&c->reserved, m->reserver_slot);
+        bg_heap_remove(&e->job_timers, m->timer_slot);
         if (j->prev) j->prev->next = j->next; else c->reserved_head = j->next;
         if (j->next) j->next->prev = j->prev; else c->reserved_tail = j->prev;
-        j->reserver = NULL;
+        m->reserver = NULL;
         e->reserved_count--;
-        node_release(e, bg_tree_remove(&t->reserved, (struct bg_job_cursor){0, j->id}));
+        bg_tree_remove(&t->reserved, (struct bg_job_cursor){0, j->id});
         client_reschedule(c);
         break;
     }
@@ -517,11 +548,12 @@ static void job_unlink(struct bg_engine *e, struct bg_job *j)
     j->prev = j->next = NULL;
 }
 
+/* Bury j, which has a side record (it was reserved, or restored buried). */
 static void job_bury(struct bg_engine *e, struct bg_job *j)
 {
     struct bg_tube *t = j->tube;
     j->state = BG_JOB_BURIED;
-    j->deadline_at = ++t->burials; /* the buried order's key (bg_job_cursor) */
+    j->more->deadline_at = ++t->burials; /* the buried order's key (bg_job_cursor) */
     bg_tree_insert(&t->buried, j);
     e->buried_count++;
 }
@@ -564,57 +596,52 @@ static void tube_dispatch(struct bg_engine *e, struct bg_tube *t, bg_time now)
     if (e->job_ready && t->ready.len && !tube_paused(t)) e->job_ready(e->job_ready_ctx, t);
 }
 
-/* Make j ready (now) or delayed until `ready_at`: 0, or BG_BURIED when the
- * timer heap could not grow and the job was buried instead, as the
- * reference buries a job it cannot queue. No waiter is served here. */
-static int job_queue(struct bg_engine *e, struct bg_job *j, bg_time ready_at, bg_time now)
+/* Make j ready (now) or delayed until `ready_at` (then j has a side
+ * record: put, release and restore see to it). Never fails: the timer heap
+ * keeps room for every job (bg_put, bg_engine_restore_job), and the
+ * indexes never allocate. No waiter is served here. */
+static void job_queue(struct bg_engine *e, struct bg_job *j, bg_time ready_at, bg_time now)
 {
     struct bg_tube *t = j->tube;
-    j->reserver = NULL;
     if (ready_at > now) {
-        j->deadline_at = ready_at;
+        j->more->deadline_at = ready_at;
         bg_tree_insert(&t->delayed, j);
-        if (job_timer_push(e, j) != 0) {
-            bg_tree_remove(&t->delayed, bg_tree_key(&t->delayed, j));
-            job_bury(e, j);
-            return BG_BURIED;
-        }
+        job_timer_push(e, j->more); /* room kept per job */
         j->state = BG_JOB_DELAYED;
         e->delayed_count++;
-        return 0;
+        return;
     }
     bg_tree_insert(&t->ready, j);
     if (t->ready.first == j) tube_top_update(t);
     j->state = BG_JOB_READY;
     count_ready(e, j, +1);
-    return 0;
 }
 
-/* Make j ready (delay 0) or delayed; then match waiters. 0 or BG_BURIED
- * (job_queue). */
-static int job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
+/* Make j ready (delay 0) or delayed; then match waiters. */
+static void job_enqueue(struct bg_engine *e, struct bg_job *j, uint32_t delay_s, bg_time now)
 {
-    if (delay_s) return job_queue(e, j, add_seconds(now, delay_s), now);
+    if (delay_s) {
+        job_queue(e, j, add_seconds(now, delay_s), now);
+        return;
+    }
     job_queue(e, j, now, now);
     tube_dispatch(e, j->tube, now);
-    return 0;
 }
 
+/* Reserve j for c: never fails or allocates (reservation_room was asked:
+ * a job without a side record takes the spare). */
 static void job_reserve(struct bg_client *c, struct bg_job *j, bg_time now)
 {
     struct bg_engine *e = c->engine;
-    j->deadline_at = add_seconds(now, j->ttr_s);
+    struct bg_job_more *m = j->more ? j->more : more_attach(e, j);
+    m->deadline_at = add_seconds(now, j->ttr_s);
     j->state = BG_JOB_RESERVED;
-    j->reserver = c;
-    j->reserves++;
+    m->reserver = c;
+    m->reserves++;
     e->stat.total_jobs_reserved++;
-    bg_heap_push(&c->reserved, j);   /* room reserved by callers (reservation_room) */
-    job_timer_push(e, j);            /* room reserved per job at creation */
-    struct bg_tree_node *node = e->free_nodes; /* there is one (reservation_room) */
-    e->free_nodes = node->left;
-    e->free_node_count--;
-    node->job = j;
-    bg_tree_insert(&j->tube->reserved, node);
+    bg_heap_push(&c->reserved, m);   /* room reserved by callers (reservation_room) */
+    job_timer_push(e, m);            /* room reserved per job at creation */
+    bg_tree_insert(&j->tube->reserved, m);
     j->next = NULL;
     j->prev = c->reserved_tail;
     if (c->reserved_tail) c->reserved_tail->next = j; else c->reserved_head = j;
@@ -653,7 +680,7 @@ int bg_engine_init(struct bg_engine *e, uint32_t max_job_size, const uint64_t ha
     e->tubes = bg_malloc((e->tubes_mask + 1) * sizeof *e->tubes);
     if (!e->jobs || !e->tubes) goto fail;
     memset(e->tubes, 0, (e->tubes_mask + 1) * sizeof *e->tubes);
-    bg_heap_init(&e->job_timers, job_deadline_less, offsetof(struct bg_job, timer_slot));
+    bg_heap_init(&e->job_timers, job_deadline_less, offsetof(struct bg_job_more, timer_slot));
     bg_heap_init(&e->tube_timers, tube_unpause_less, offsetof(struct bg_tube, timer_slot));
     bg_heap_init(&e->client_timers, client_wake_less, offsetof(struct bg_client, timer_slot));
     e->default_tube = tube_get(e, "default");
@@ -669,12 +696,6 @@ fail:
 
 void bg_engine_destroy(struct bg_engine *e)
 {
-    /* reserved-index records of jobs still reserved (a client left open):
-     * found by their jobs' keys, so before the jobs go */
-    for (uint32_t i = 0; i < e->tube_count; i++) {
-        struct bg_tree *r = &e->tube_list[i]->reserved;
-        while (r->first) bg_free(bg_tree_remove(r, bg_tree_key(r, r->first)));
-    }
     for (size_t i = 0; i <= e->jobs_mask; i++)
         if (e->jobs[i]) job_mem_free(e, e->jobs[i]);
     while (e->tube_count) {
@@ -689,10 +710,10 @@ void bg_engine_destroy(struct bg_engine *e)
     bg_heap_free(&e->tube_timers);
     bg_heap_free(&e->client_timers);
     bg_clients_free(e);
-    while (e->free_nodes) {
-        struct bg_tree_node *n = e->free_nodes;
-        e->free_nodes = n->left;
-        bg_free(n);
+    while (e->free_more) {
+        struct bg_job_more *m = e->free_more;
+        e->free_more = m->left;
+        bg_job_free_sized(m, sizeof *m);
     }
 }
 
@@ -762,7 +783,7 @@ int bg_client_init_bare(struct bg_engine *e, struct bg_client *c,
     c->owner = owner;
     c->timer_slot = NO_SLOT;
     c->wait_deadline = NEVER;
-    bg_heap_init(&c->reserved, job_deadline_less, offsetof(struct bg_job, tube_slot));
+    bg_heap_init(&c->reserved, job_deadline_less, offsetof(struct bg_job_more, reserver_slot));
     if (bg_heap_reserve(&e->client_timers, (uint32_t)e->clients + 1) != 0) return BG_OUT_OF_MEMORY;
     e->clients++;
     return 0;
@@ -954,14 +975,19 @@ struct bg_job *bg_job_new(struct bg_engine *e, uint32_t pri, uint32_t delay_s,
     struct bg_job *j = job_mem_alloc(e, body_size);
     if (!j) return NULL;
     memset(j, 0, sizeof *j);
+    j->body_size = body_size;
+    if (delay_s) { /* it will be delayed: its side record now, before any reply */
+        if (!more_of(e, j)) {
+            job_mem_free(e, j);
+            return NULL;
+        }
+        j->more->delay_s = delay_s;
+    }
     j->id = e->next_id;
     e->next_id += e->shard_count; /* the next id of this shard's class */
     j->pri = pri;
-    j->delay_s = delay_s;
     j->ttr_s = ttr_s ? ttr_s : 1;
-    j->body_size = body_size;
     j->created_at = now;
-    j->tube_slot = j->timer_slot = NO_SLOT;
     return j;
 }
 
@@ -994,9 +1020,9 @@ int bg_put(struct bg_client *c, struct bg_tube *t, struct bg_job *j, bg_time now
     job_table_insert(e, j, t);
     e->stat.total_jobs++;
     t->stat.total_jobs++;
-    int r = job_enqueue(e, j, j->delay_s, now);
+    job_enqueue(e, j, bg_job_delay(j), now);
     journal_saved(e, j, 1);
-    return r;
+    return 0;
 }
 
 int bg_put_named(struct bg_client *c, const char *tube, struct bg_job *j, bg_time now)
@@ -1026,17 +1052,18 @@ int bg_put_copy(struct bg_client *c, const char *tube, uint32_t pri, uint32_t de
 
 void bg_reservation_transfer(struct bg_job *j, struct bg_client *to)
 {
-    struct bg_client *from = j->reserver;
+    struct bg_job_more *m = j->more;
+    struct bg_client *from = m->reserver;
     if (from == to) return;
-    bg_heap_remove(&from->reserved, j->tube_slot);
+    bg_heap_remove(&from->reserved, m->reserver_slot);
     if (j->prev) j->prev->next = j->next; else from->reserved_head = j->next;
     if (j->next) j->next->prev = j->prev; else from->reserved_tail = j->prev;
     client_reschedule(from);
-    if (bg_heap_push(&to->reserved, j) != 0) {
-        bg_heap_push(&from->reserved, j); /* slot just freed: cannot fail */
+    if (bg_heap_push(&to->reserved, m) != 0) {
+        bg_heap_push(&from->reserved, m); /* slot just freed: cannot fail */
         to = from;
     }
-    j->reserver = to;
+    m->reserver = to;
     j->next = NULL;
     j->prev = to->reserved_tail;
     if (to->reserved_tail) to->reserved_tail->next = j; else to->reserved_head = j;
@@ -1108,7 +1135,7 @@ int bg_reserve_job(struct bg_client *c, uint64_t id, bg_time now, struct bg_job 
 static struct bg_job *reserved_by(struct bg_client *c, uint64_t id)
 {
     struct bg_job *j = bg_job_find(c->engine, id);
-    return j && j->state == BG_JOB_RESERVED && j->reserver == c ? j : NULL;
+    return j && j->state == BG_JOB_RESERVED && j->more->reserver == c ? j : NULL;
 }
 
 /* Delete j: counted, logged, freed (and its tube with it if that was the
@@ -1127,7 +1154,7 @@ int bg_delete(struct bg_client *c, uint64_t id, bg_time now)
     struct bg_engine *e = c->engine;
     bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, id);
-    if (!j || (j->state == BG_JOB_RESERVED && j->reserver != c)) return BG_NOT_FOUND;
+    if (!j || (j->state == BG_JOB_RESERVED && j->more->reserver != c)) return BG_NOT_FOUND;
     job_delete(e, j);
     return 0;
 }
@@ -1139,11 +1166,11 @@ int bg_release(struct bg_client *c, uint64_t id, uint32_t pri, uint32_t delay_s,
     if (!j) return BG_NOT_FOUND;
     job_unlink(c->engine, j);
     j->pri = pri;
-    j->delay_s = delay_s;
-    j->releases++;
-    int r = job_enqueue(c->engine, j, delay_s, now);
+    j->more->delay_s = delay_s; /* reserved: it has a side record */
+    j->more->releases++;
+    job_enqueue(c->engine, j, delay_s, now);
     journal_saved(c->engine, j, 0);
-    return r;
+    return 0;
 }
 
 int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now)
@@ -1153,7 +1180,7 @@ int bg_bury(struct bg_client *c, uint64_t id, uint32_t pri, bg_time now)
     if (!j) return BG_NOT_FOUND;
     job_unlink(c->engine, j);
     j->pri = pri;
-    j->buries++;
+    j->more->buries++;
     job_bury(c->engine, j);
     journal_saved(c->engine, j, 0);
     return 0;
@@ -1165,11 +1192,12 @@ int bg_touch(struct bg_client *c, uint64_t id, bg_time now)
     bg_engine_catch_up(e, now); /* a job whose TTR ended is no longer c's to touch */
     struct bg_job *j = reserved_by(c, id);
     if (!j) return BG_NOT_FOUND;
-    bg_heap_remove(&c->reserved, j->tube_slot);
-    bg_heap_remove(&e->job_timers, j->timer_slot);
-    j->deadline_at = add_seconds(now, j->ttr_s);
-    bg_heap_push(&c->reserved, j);   /* slots just freed */
-    job_timer_push(e, j);
+    struct bg_job_more *m = j->more;
+    bg_heap_remove(&c->reserved, m->reserver_slot);
+    bg_heap_remove(&e->job_timers, m->timer_slot);
+    m->deadline_at = add_seconds(now, j->ttr_s);
+    bg_heap_push(&c->reserved, m);   /* slots just freed */
+    job_timer_push(e, m);
     client_reschedule(c);
     return 0;
 }
@@ -1190,7 +1218,7 @@ int bg_set_ttr(struct bg_client *c, uint64_t id, uint32_t ttr_s, bg_time now)
 static void job_kick(struct bg_engine *e, struct bg_job *j, bg_time now)
 {
     job_unlink(e, j);
-    j->kicks++;
+    j->more->kicks++; /* buried or delayed: it has a side record */
     job_enqueue(e, j, 0, now);
     journal_saved(e, j, 0);
 }
@@ -1278,39 +1306,47 @@ void bg_journal_job_of(const struct bg_job *j, struct bg_journal_job *out)
     out->tube = j->tube->name;
     out->pri = j->pri;
     out->state = j->state == BG_JOB_RESERVED ? BG_JOB_READY : j->state;
-    out->delay_s = j->delay_s;
+    out->delay_s = bg_job_delay(j);
     out->ttr_s = j->ttr_s;
-    out->reserves = j->reserves;
-    out->timeouts = j->timeouts;
-    out->releases = j->releases;
-    out->buries = j->buries;
-    out->kicks = j->kicks;
+    out->reserves = bg_job_reserves(j);
+    out->timeouts = bg_job_timeouts(j);
+    out->releases = bg_job_releases(j);
+    out->buries = bg_job_buries(j);
+    out->kicks = bg_job_kicks(j);
     out->body_len = j->body_size;
     out->body = j->body;
 }
 
 /* Place a restored job in the structure of state r->state. */
-static int restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_journal_job *r,
-                         bg_time deadline_mono, bg_time now)
+static void restore_place(struct bg_engine *e, struct bg_job *j, const struct bg_journal_job *r,
+                          bg_time deadline_mono, bg_time now)
 {
-    if (r->state == BG_JOB_BURIED) {
-        job_bury(e, j);
-        return 0;
-    }
-    return job_queue(e, j, r->state == BG_JOB_DELAYED ? deadline_mono : now, now);
+    if (r->state == BG_JOB_BURIED) job_bury(e, j);
+    else job_queue(e, j, r->state == BG_JOB_DELAYED ? deadline_mono : now, now);
 }
 
-/* Copy the logged fields that an update may change. */
+/* Nonzero if a job restored as r needs a side record: it is not ready,
+ * or it has a delay or a counter that is not 0. */
+static int restore_needs_more(const struct bg_journal_job *r)
+{
+    return r->state != BG_JOB_READY || r->delay_s || r->reserves || r->timeouts || r->releases || r->buries ||
+           r->kicks;
+}
+
+/* Copy the logged fields that an update may change (j has a side record
+ * if restore_needs_more(r)). */
 static void restore_fields(struct bg_job *j, const struct bg_journal_job *r)
 {
     j->pri = r->pri;
-    j->delay_s = r->delay_s;
     j->ttr_s = r->ttr_s ? r->ttr_s : 1;
-    j->reserves = r->reserves;
-    j->timeouts = r->timeouts;
-    j->releases = r->releases;
-    j->buries = r->buries;
-    j->kicks = r->kicks;
+    struct bg_job_more *m = j->more;
+    if (!m) return;
+    m->delay_s = r->delay_s;
+    m->reserves = r->reserves;
+    m->timeouts = r->timeouts;
+    m->releases = r->releases;
+    m->buries = r->buries;
+    m->kicks = r->kicks;
 }
 
 int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
@@ -1328,11 +1364,16 @@ int bg_engine_restore_job(struct bg_engine *e, const struct bg_journal_job *r,
         return BG_OUT_OF_MEMORY;
     }
     memset(j, 0, sizeof *j);
-    j->id = r->id;
     j->body_size = r->body_len;
+    if (restore_needs_more(r) && !more_of(e, j)) {
+        job_mem_free(e, j);
+        tube_ref(t);
+        tube_unref(e, t);
+        return BG_OUT_OF_MEMORY;
+    }
+    j->id = r->id;
     memcpy(j->body, r->body, r->body_len);
     j->created_at = created_mono;
-    j->tube_slot = j->timer_slot = NO_SLOT;
     restore_fields(j, r);
     job_table_insert(e, j, t);
     bg_engine_id_seen(e, j->id);
@@ -1345,6 +1386,7 @@ int bg_engine_restore_update(struct bg_engine *e, const struct bg_journal_job *r
 {
     struct bg_job *j = bg_job_find(e, r->id);
     if (!j) return BG_NOT_FOUND;
+    if (restore_needs_more(r) && !more_of(e, j)) return BG_OUT_OF_MEMORY; /* j is as it was */
     job_unlink(e, j);
     restore_fields(j, r);
     restore_place(e, j, r, deadline_mono, now);
@@ -1397,10 +1439,10 @@ void bg_engine_restore_finish(struct bg_engine *e)
 bg_time bg_engine_next_deadline(const struct bg_engine *e)
 {
     bg_time next = NEVER;
-    const struct bg_job *j = bg_heap_min(&e->job_timers);
+    const struct bg_job_more *m = bg_heap_min(&e->job_timers);
     const struct bg_tube *t = bg_heap_min(&e->tube_timers);
     const struct bg_client *c = bg_heap_min(&e->client_timers);
-    if (j && j->deadline_at < next) next = j->deadline_at;
+    if (m && m->deadline_at < next) next = m->deadline_at;
     if (t && t->unpause_at < next) next = t->unpause_at;
     if (c && c->wake_at < next) next = c->wake_at;
     return next;
@@ -1408,11 +1450,12 @@ bg_time bg_engine_next_deadline(const struct bg_engine *e)
 
 bg_time bg_engine_tick(struct bg_engine *e, bg_time now)
 {
-    struct bg_job *j;
-    while ((j = bg_heap_min(&e->job_timers)) && j->deadline_at <= now) {
+    struct bg_job_more *m;
+    while ((m = bg_heap_min(&e->job_timers)) && m->deadline_at <= now) {
+        struct bg_job *j = m->job;
         if (j->state == BG_JOB_RESERVED) {
             e->stat.job_timeouts++;
-            j->timeouts++;
+            m->timeouts++;
         }
         job_unlink(e, j);
         job_enqueue(e, j, 0, now);

@@ -535,7 +535,7 @@ static void work_result(struct gm_session *s, const struct gm_packet *p, bg_time
     struct gm_server *g = s->g;
     uint64_t id = handle_id(p->arg[0], p->arg_len[0]);
     struct bg_job *j = id ? bg_job_find(g->engine, id) : NULL;
-    if (!j || j->reserver != &s->client) {
+    if (!j || bg_job_reserver(j) != &s->client) {
         reply_error(s, "JOB_NOT_FOUND", "Job given in work result not found");
         return;
     }

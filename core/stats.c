@@ -15,16 +15,17 @@ void bg_stats_job(const struct bg_engine *e, const struct bg_job *j, bg_time now
     out->state = job_state_names[j->state];
     out->pri = j->pri;
     out->age_s = now > j->created_at ? (now - j->created_at) / BG_SECOND : 0;
-    out->delay_s = j->delay_s;
+    out->delay_s = bg_job_delay(j);
     out->ttr_s = j->ttr_s;
     out->time_left_s = 0;
-    if ((j->state == BG_JOB_RESERVED || j->state == BG_JOB_DELAYED) && j->deadline_at > now)
-        out->time_left_s = (j->deadline_at - now) / BG_SECOND;
-    out->reserves = j->reserves;
-    out->timeouts = j->timeouts;
-    out->releases = j->releases;
-    out->buries = j->buries;
-    out->kicks = j->kicks;
+    bg_time deadline = bg_job_deadline(j);
+    if ((j->state == BG_JOB_RESERVED || j->state == BG_JOB_DELAYED) && deadline > now)
+        out->time_left_s = (deadline - now) / BG_SECOND;
+    out->reserves = bg_job_reserves(j);
+    out->timeouts = bg_job_timeouts(j);
+    out->releases = bg_job_releases(j);
+    out->buries = bg_job_buries(j);
+    out->kicks = bg_job_kicks(j);
 }
 
 void bg_stats_tube(const struct bg_tube *t, bg_time now, struct bg_stats_tube *out)

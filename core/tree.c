@@ -1,9 +1,9 @@
 /* tree.c - the ordered index of one tube's jobs in one state (issue 26): an
  * AVL tree keyed by (key, id) (struct bg_job_cursor), threaded through the
  * jobs themselves (ready, delayed, buried: left and right are the job's
- * prev and next, its subtrees' heights are in tube_slot) or through
- * bg_tree_node records (reserved: the job's links belong to its reserver's
- * list).
+ * prev and next, its subtrees' heights are in heights) or through the
+ * jobs' side records (reserved: the job's links belong to its reserver's
+ * list; a reserved job always has a side record).
  *
  * Why not a heap or a B+tree: a heap cannot list in order after a cursor
  * at a bounded cost; a B+tree of job pointers can, and reads less memory
@@ -24,29 +24,29 @@
 /* The link and height fields of node n, for the tree's kind of node. */
 static inline void **left_of(const struct bg_tree *t, void *n)
 {
-    return t->nodes ? (void **)&((struct bg_tree_node *)n)->left : (void **)&((struct bg_job *)n)->prev;
+    return t->nodes ? (void **)&((struct bg_job_more *)n)->left : (void **)&((struct bg_job *)n)->prev;
 }
 static inline void **right_of(const struct bg_tree *t, void *n)
 {
-    return t->nodes ? (void **)&((struct bg_tree_node *)n)->right : (void **)&((struct bg_job *)n)->next;
+    return t->nodes ? (void **)&((struct bg_job_more *)n)->right : (void **)&((struct bg_job *)n)->next;
 }
-static inline uint32_t *height_of(const struct bg_tree *t, void *n)
+static inline uint16_t *height_of(const struct bg_tree *t, void *n)
 {
-    return t->nodes ? &((struct bg_tree_node *)n)->height : &((struct bg_job *)n)->tube_slot;
+    return t->nodes ? &((struct bg_job_more *)n)->heights : &((struct bg_job *)n)->heights;
 }
 #define L(n) (*left_of(t, (n)))
 #define R(n) (*right_of(t, (n)))
 
 struct bg_job *bg_tree_job(const struct bg_tree *t, const void *n)
 {
-    return t->nodes ? ((const struct bg_tree_node *)n)->job : (struct bg_job *)n;
+    return t->nodes ? ((const struct bg_job_more *)n)->job : (struct bg_job *)n;
 }
 
 struct bg_job_cursor bg_job_key(const struct bg_job *j, enum bg_tree_order order)
 {
     struct bg_job_cursor k = {0, j->id};
     if (order == BG_ORDER_PRIORITY) k.key = j->pri;
-    else if (order == BG_ORDER_DEADLINE) k.key = j->deadline_at;
+    else if (order == BG_ORDER_DEADLINE) k.key = j->more->deadline_at; /* delayed and buried jobs have one */
     return k;
 }
 
@@ -68,7 +68,7 @@ static inline uint32_t left_height(const struct bg_tree *t, void *n) { return *h
 static inline uint32_t right_height(const struct bg_tree *t, void *n) { return *height_of(t, n) >> 8 & 0xff; }
 static inline void set_heights(const struct bg_tree *t, void *n, uint32_t l, uint32_t r)
 {
-    *height_of(t, n) = l | r << 8;
+    *height_of(t, n) = (uint16_t)(l | r << 8);
 }
 
 /* The height of the subtree at n (0: none). */

@@ -13,6 +13,7 @@
 /* the checks are the point: keep assert() in release builds (NDEBUG) */
 #undef NDEBUG
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +27,16 @@ static uint64_t commands_run(const struct bg_engine *e)
     uint64_t n = 0;
     for (size_t i = 0; i < sizeof e->stat.cmd / sizeof e->stat.cmd[0]; i++) n += e->stat.cmd[i];
     return n;
+}
+
+/* The engine's structural audit must pass. */
+static void audit(const struct bg_engine *e)
+{
+    const char *broken;
+    if (bg_engine_audit(e, &broken) != 0) {
+        fprintf(stderr, "engine audit: %s\n", broken);
+        abort();
+    }
 }
 
 /* Feed data to s in chunks while time moves; between chunks the engine is
@@ -50,7 +61,11 @@ static void feed_chunks(struct bg_engine *e, struct bg_session *s, struct bg_buf
         bg_buf_clear(&s->stream.out); /* the "socket" took everything */
         *now += (bg_time)(data[at - 1] % 8) * 250000000ull;
         if (!(data[at - 1] & 0x10)) bg_engine_tick(e, *now);
+        /* the whole structure, side records included: after the early
+         * chunks (the audit is O(jobs + table), so not after every one) */
+        if (at < 1024) audit(e);
     }
+    audit(e);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -5,6 +5,7 @@
 #undef NDEBUG
 #include <assert.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core.h"
@@ -27,6 +28,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case BG_REC_UPDATE: bg_engine_restore_update(&e, &rec.job, deadline, now); break;
         case BG_REC_DELETE: bg_engine_restore_delete(&e, rec.job.id); break;
         case BG_REC_PAUSE: bg_engine_restore_pause(&e, rec.tube, rec.pause_s, deadline, now); break;
+        }
+        /* restores keep the structure whole (side records included); no
+         * waiter exists, so the matching invariant holds too */
+        const char *broken;
+        if (bg_engine_audit(&e, &broken) != 0) {
+            fprintf(stderr, "engine audit: %s\n", broken);
+            abort();
         }
     }
     bg_engine_tick(&e, now + 2000 * BG_SECOND);

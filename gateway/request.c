@@ -230,8 +230,8 @@ void gw_give_back(struct gw_request *r, bg_time now)
     struct gateway *gw = r->gw;
     for (uint32_t i = 0; i < r->got; i++) {
         struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
-        if (j && j->state == BG_JOB_RESERVED && j->reserver == &gw->holder &&
-            j->reserves == r->job_reserves[i]) {
+        if (j && j->state == BG_JOB_RESERVED && bg_job_reserver(j) == &gw->holder &&
+            bg_job_reserves(j) == r->job_reserves[i]) {
             bg_release(&gw->holder, j->id, j->pri, 0, now);
         }
     }

@@ -342,7 +342,7 @@ static void take_job(struct gw_request *r, struct bg_job *j)
     if (bg_heap_reserve(&gw->holder.reserved, gw->holder.reserved.len + 1) != 0) return;
     bg_reservation_transfer(j, &gw->holder);
     r->job_ids[r->got] = j->id;
-    r->job_reserves[r->got] = j->reserves;
+    r->job_reserves[r->got] = bg_job_reserves(j);
     r->got++;
 }
 
@@ -394,14 +394,14 @@ static int reply_reserved(struct gw_request *r)
     if (r->want == 0) {
         struct bg_job *j = bg_job_find(gw->engine, r->job_ids[0]);
         if (!j) return gw_reply_empty(r->conn, 204);
-        bg_token_make(&gw->key, j->id, j->reserves, token);
+        bg_token_make(&gw->key, j->id, bg_job_reserves(j), token);
         return reply_job_with_body(r, j, token);
     }
     json_t *jobs = json_array();
     for (uint32_t i = 0; i < r->got; i++) {
         struct bg_job *j = bg_job_find(gw->engine, r->job_ids[i]);
         if (!j) continue;
-        bg_token_make(&gw->key, j->id, j->reserves, token);
+        bg_token_make(&gw->key, j->id, bg_job_reserves(j), token);
         json_array_append_new(jobs, gw_json_job(gw->engine, j, now, token, 1));
     }
     return gw_reply_json(r->conn, 200, json_pack("{s:o}", "jobs", jobs), NULL);
@@ -504,9 +504,9 @@ static int conflict(struct gw_request *r, const struct bg_job *j, int outcome, c
     char detail[320];
     unsigned long long id = (unsigned long long)j->id;
     const char *state = state_names[j->state];
-    int by_push = j->state == BG_JOB_RESERVED && gw->push.owns && gw->push.owns(gw->push.arg, j->reserver);
+    int by_push = j->state == BG_JOB_RESERVED && gw->push.owns && gw->push.owns(gw->push.arg, bg_job_reserver(j));
     const char *holder = j->state != BG_JOB_RESERVED ? NULL
-                       : j->reserver == &gw->holder ? "over HTTP"
+                       : bg_job_reserver(j) == &gw->holder ? "over HTTP"
                        : by_push ? "by push delivery (an attempt is in flight)"
                                  : "by a beanstalk or Gearman client";
     switch (outcome) {
@@ -575,13 +575,13 @@ static int check_reservation(struct gw_request *r, struct bg_job *j, int need_re
         return -1;
     }
     int outcome = 0;
-    if (j->state == BG_JOB_RESERVED && j->reserver != &gw->holder)
+    if (j->state == BG_JOB_RESERVED && bg_job_reserver(j) != &gw->holder)
         outcome = GW_RESERVED_ELSEWHERE;
     else if (!token && j->state == BG_JOB_RESERVED)
         outcome = GW_RESERVATION_REQUIRED;
     else if (!token)
         outcome = need_reserved ? GW_NOT_RESERVED : 0;
-    else if (j->state != BG_JOB_RESERVED || bg_token_check(&gw->key, token, j->id, j->reserves) != 0)
+    else if (j->state != BG_JOB_RESERVED || bg_token_check(&gw->key, token, j->id, bg_job_reserves(j)) != 0)
         outcome = GW_RESERVATION_MISMATCH;
     if (outcome) *reply = conflict(r, j, outcome, action);
     return outcome ? -1 : 0;
@@ -680,7 +680,7 @@ int gw_handle_job_reserve(struct gw_request *r)
     int rc = bg_reserve_job(&gw->holder, j->id, gw->now(), &j);
     if (rc != 0) return rc;
     char token[BG_TOKEN_MAX];
-    bg_token_make(&gw->key, j->id, j->reserves, token);
+    bg_token_make(&gw->key, j->id, bg_job_reserves(j), token);
     return reply_job_with_body(r, j, token);
 }
 

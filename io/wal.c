@@ -427,7 +427,7 @@ static void hook_job_saved(void *ctx, const struct bg_job *j, int with_body)
     bg_journal_job_of(j, &r);
     if (r.state == BG_JOB_DELAYED) {
         bg_time now = loop_now();
-        r.deadline_wall = loop_wall_now() + (j->deadline_at > now ? j->deadline_at - now : 0);
+        r.deadline_wall = loop_wall_now() + (bg_job_deadline(j) > now ? bg_job_deadline(j) - now : 0);
     }
     r.created_wall = loop_wall_now() - (loop_now() - j->created_at);
     if (bg_journal_encode_job(&w->pending, &r, with_body) != 0) return append_failed(w);
@@ -621,7 +621,7 @@ static int snapshot_step(struct wal *w)
         if (!j) continue;
         struct bg_journal_job r;
         bg_journal_job_of(j, &r);
-        if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (j->deadline_at > now ? j->deadline_at - now : 0);
+        if (r.state == BG_JOB_DELAYED) r.deadline_wall = wall + (bg_job_deadline(j) > now ? bg_job_deadline(j) - now : 0);
         r.created_wall = wall - (now - j->created_at);
         if (bg_journal_encode_job(&w->pending, &r, 1) != 0) return BG_OUT_OF_MEMORY;
         pending_added(w);
@@ -1473,12 +1473,19 @@ static int apply_record(struct wal *w, struct recovery *rc, struct seg_report *s
         w->live_bytes += bg_journal_job_record_size(strlen(rec->job.tube), rec->job.body_len);
         break;
     }
-    case BG_REC_UPDATE:
-        if (bg_engine_restore_update(e, &rec->job, deadline, now) != 0 && rc->past_damage) {
+    case BG_REC_UPDATE: {
+        int r = bg_engine_restore_update(e, &rec->job, deadline, now);
+        if (r == BG_OUT_OF_MEMORY) { /* its side record: the update cannot be applied */
+            log_event(BG_LOG_ERROR, "wal_open_failed", "dir=%s op=restore error=%s", log_str(w->cfg.dir),
+                      log_str("out of memory"));
+            return BG_OUT_OF_MEMORY;
+        }
+        if (r != 0 && rc->past_damage) {
             ids_add(&rc->orphans, rec->job.id); /* alive, and its put is lost */
             if (rec->job.id > rc->max_unread_id) rc->max_unread_id = rec->job.id;
         }
         break;
+    }
     case BG_REC_DELETE: {
         struct bg_job *j = bg_job_find(e, rec->job.id);
         if (j) w->live_bytes -= job_record_size(j);

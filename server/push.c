@@ -632,7 +632,8 @@ static bg_time attempt_timeout(const struct sub *s, const struct bg_job *j, bg_t
 {
     bg_time ttr = (bg_time)(j->ttr_s ? j->ttr_s : 1) * BG_SECOND;
     bg_time margin = ttr / 2 < BG_SECOND ? ttr / 2 : BG_SECOND;
-    bg_time left = j->deadline_at > now + margin ? j->deadline_at - now - margin : 0;
+    bg_time deadline = bg_job_deadline(j);
+    bg_time left = deadline > now + margin ? deadline - now - margin : 0;
     bg_time t = (bg_time)s->spec.timeout_s * BG_SECOND;
     return t < left ? t : left;
 }
@@ -671,7 +672,7 @@ static struct curl_slist *request_headers(const struct sub *s, const struct bg_j
     snprintf(id, sizeof id, "%llu", (unsigned long long)j->id);
     snprintf(ts, sizeof ts, "%lld", (long long)wall_seconds());
     snprintf(pri, sizeof pri, "%u", j->pri);
-    snprintf(attempt, sizeof attempt, "%u", j->reserves);
+    snprintf(attempt, sizeof attempt, "%u", bg_job_reserves(j));
     /* "Expect:" and "Accept:" with no value: curl sends neither */
     if (add_header(&h, "Content-Type", "application/octet-stream") || add_header(&h, "X-Beangate-Job-Id", id) ||
         add_header(&h, "X-Beangate-Tube", j->tube->name) || add_header(&h, "X-Beangate-Priority", pri) ||
@@ -699,7 +700,7 @@ static void attempt_start(struct delivery *d, const struct bg_job *j, bg_time no
 {
     struct sub *s = d->sub;
     d->job_id = j->id;
-    d->reserves = j->reserves;
+    d->reserves = bg_job_reserves(j);
     d->status = 0;
     d->failure = BG_PUSH_FAIL_NONE;
     d->has_retry_after = 0;
@@ -751,7 +752,7 @@ static void delivery_durable(struct wal_hold *h)
     bg_time now = s->push->now();
     bg_engine_catch_up(e, now); /* a TTR that ended is seen as ended */
     struct bg_job *j = bg_job_find(e, d->job_id);
-    if (j && j->state == BG_JOB_RESERVED && j->reserver == &s->holder && j->reserves == d->reserves &&
+    if (j && j->state == BG_JOB_RESERVED && bg_job_reserver(j) == &s->holder && bg_job_reserves(j) == d->reserves &&
         bg_touch(&s->holder, j->id, now) == 0) {
         attempt_start(d, j, now);
         return;
@@ -782,7 +783,7 @@ static void take(struct sub *s, struct bg_job *j, bg_time now)
         return;
     }
     d->job_id = j->id;
-    d->reserves = j->reserves;
+    d->reserves = bg_job_reserves(j);
     d->status = 0;
     d->done = 0;
     d->started = now;
@@ -880,8 +881,8 @@ static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
     hist_observe(&s->attempt_hist, attempt_le, ATTEMPT_BUCKETS, (double)(now - d->started) / 1e9);
     bg_engine_catch_up(e, now);
     struct bg_job *j = bg_job_find(e, d->job_id);
-    if (!j || j->state != BG_JOB_RESERVED || j->reserves != d->reserves ||
-        (j->reserver != &s->holder && j->reserver != &s->reserver)) {
+    if (!j || j->state != BG_JOB_RESERVED || bg_job_reserves(j) != d->reserves ||
+        (bg_job_reserver(j) != &s->holder && bg_job_reserver(j) != &s->reserver)) {
         /* the engine took the reservation back (it cannot: an attempt ends
          * a margin before its reservation does, unless the loop stalled):
          * the job is not ours to touch */
@@ -891,7 +892,7 @@ static void apply_outcome(struct sub *s, const struct delivery *d, bg_time now)
                   bg_push_reason_name(reason));
         return;
     }
-    struct bg_client *owner = j->reserver;
+    struct bg_client *owner = bg_job_reserver(j);
     uint32_t pri = j->pri;
     switch (bg_push_action_of(reason, d->reserves, s->spec.attempts)) {
     case BG_PUSH_DELETE:
@@ -1198,8 +1199,8 @@ void push_free(struct push *p)
                 /* back to ready, its priority kept; a cut attempt never buries */
                 struct bg_job *j = bg_job_find(p->engine, d->job_id);
                 if (j && j->state == BG_JOB_RESERVED &&
-                    (j->reserver == &s->holder || j->reserver == &s->reserver))
-                    bg_release(j->reserver, d->job_id, j->pri, 0, now);
+                    (bg_job_reserver(j) == &s->holder || bg_job_reserver(j) == &s->reserver))
+                    bg_release(bg_job_reserver(j), d->job_id, j->pri, 0, now);
                 log_event(BG_LOG_INFO, "push_released", "tube=%s job=%llu attempt=%u reason=shutdown",
                           log_str(s->spec.tube), (unsigned long long)d->job_id, d->reserves);
                 d->busy = 0;

@@ -949,11 +949,11 @@ def test_output_limit():
 
 
 def test_job_memory_ceiling():
-    """--max-job-memory: each job counts its body + 2 + 104. Puts up to exactly
+    """--max-job-memory: each ready job counts its body + 2 + 64. Puts up to exactly
     the ceiling are taken; one byte over gets OUT_OF_MEMORY (beanstalk), 503
     OUT_OF_MEMORY (HTTP) and an ERROR packet (Gearman); /readyz says why while
     not even an empty job fits; a delete makes room."""
-    per = 104 + 12  # a 10-byte body
+    per = 64 + 12  # a 10-byte body (never reserved: no side record)
     with Server(["--max-job-memory", str(3 * per)], http=True, gearman=True) as srv:
         c = srv.connect()
         for i in range(2):
@@ -988,7 +988,7 @@ def test_job_memory_ceiling():
 def test_job_memory_ceiling_after_restart():
     """A log with more jobs than the ceiling: a restart keeps them all, then
     refuses puts (and /readyz says why) until deletes bring it below."""
-    per = 104 + 3  # a 1-byte body
+    per = 64 + 3  # a 1-byte body
     with tempfile.TemporaryDirectory() as logdir:
         with Server(logdir=logdir, args=["-f", "0"]) as srv:
             c = srv.connect()

@@ -54,7 +54,7 @@ static void fake_job_reserved(struct bg_client *c, struct bg_job *j)
     assert_true(fc->waiting);
     assert_false(c->waiting);
     assert_int_equal(j->state, BG_JOB_RESERVED);
-    assert_ptr_equal(j->reserver, c);
+    assert_ptr_equal(bg_job_reserver(j), c);
     if (fc->delivered_count < EVENT_LOG) fc->delivered[fc->delivered_count] = j->id;
     fc->delivered_count++;
     fc->waiting = 0;
@@ -241,18 +241,21 @@ static int ready_before(const struct bg_job *a, const struct bg_job *b)
 
 static int deadline_before(const struct bg_job *a, const struct bg_job *b)
 {
-    return a->deadline_at != b->deadline_at ? a->deadline_at < b->deadline_at : a->id < b->id;
+    bg_time x = bg_job_deadline(a), y = bg_job_deadline(b);
+    return x != y ? x < y : a->id < b->id;
 }
 
-/* Every item of h sits at the slot it records and no child beats its parent. */
+/* Every item of h (side records) sits at the slot it records, belongs to
+ * a job that has it, and no child beats its parent. */
 static void audit_job_heap(const struct bg_heap *h, size_t slot_offset,
                            int (*before)(const struct bg_job *, const struct bg_job *))
 {
     AUDIT(h->len <= h->cap);
     for (uint32_t i = 0; i < h->len; i++) {
-        const struct bg_job *j = h->items[i];
-        AUDIT(*(const uint32_t *)((const char *)j + slot_offset) == i);
-        if (i > 0) AUDIT(!before(j, h->items[(i - 1) / 2]));
+        const struct bg_job_more *m = h->items[i];
+        AUDIT(m->job && m->job->more == m);
+        AUDIT(*(const uint32_t *)((const char *)m + slot_offset) == i);
+        if (i > 0) AUDIT(!before(m->job, ((const struct bg_job_more *)h->items[(i - 1) / 2])->job));
     }
 }
 
@@ -283,7 +286,7 @@ static void audit_listing(const struct bg_tube *t, enum bg_job_state state,
             prev = page[i];
         }
     }
-    AUDIT(n == bg_tube_count(t, state));
+    AUDIT(n == bg_tube_index(t, state)->len);
 }
 
 static int id_before(const struct bg_job *a, const struct bg_job *b) { return a->id < b->id; }
@@ -309,7 +312,7 @@ static bg_time expected_wake(const struct bg_client *c)
 {
     bg_time wake = c->wait_deadline;
     for (const struct bg_job *j = c->reserved_head; j; j = j->next) {
-        bg_time soon = j->deadline_at > BG_DEADLINE_MARGIN ? j->deadline_at - BG_DEADLINE_MARGIN : 0;
+        bg_time soon = bg_job_deadline(j) > BG_DEADLINE_MARGIN ? bg_job_deadline(j) - BG_DEADLINE_MARGIN : 0;
         if (soon < wake) wake = soon;
     }
     return wake;
@@ -358,21 +361,23 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
             switch (j->state) {
             case BG_JOB_READY:
                 AUDIT(indexed(t, BG_JOB_READY, j));
-                AUDIT(j->reserver == NULL);
+                AUDIT(bg_job_reserver(j) == NULL);
                 tt->ready++;
                 if (j->pri < BG_URGENT_PRIORITY) tt->urgent++;
                 break;
             case BG_JOB_DELAYED:
                 AUDIT(indexed(t, BG_JOB_DELAYED, j));
-                AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
-                AUDIT(j->reserver == NULL);
+                AUDIT(j->more != NULL);
+                AUDIT(j->more->timer_slot < e->job_timers.len && e->job_timers.items[j->more->timer_slot] == j->more);
+                AUDIT(j->more->reserver == NULL);
                 tt->delayed++;
                 break;
             case BG_JOB_RESERVED: {
-                struct bg_client *c = j->reserver;
+                AUDIT(j->more != NULL);
+                struct bg_client *c = j->more->reserver;
                 AUDIT(c != NULL);
-                AUDIT(j->tube_slot < c->reserved.len && c->reserved.items[j->tube_slot] == j);
-                AUDIT(j->timer_slot < e->job_timers.len && e->job_timers.items[j->timer_slot] == j);
+                AUDIT(j->more->reserver_slot < c->reserved.len && c->reserved.items[j->more->reserver_slot] == j->more);
+                AUDIT(j->more->timer_slot < e->job_timers.len && e->job_timers.items[j->more->timer_slot] == j->more);
                 AUDIT(list_contains(c->reserved_head, j));
                 AUDIT(indexed(t, BG_JOB_RESERVED, j));
                 tt->reserved++;
@@ -380,7 +385,7 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
             }
             case BG_JOB_BURIED:
                 AUDIT(indexed(t, BG_JOB_BURIED, j));
-                AUDIT(j->reserver == NULL);
+                AUDIT(j->more != NULL && j->more->reserver == NULL);
                 tt->buried++;
                 break;
             default:
@@ -434,7 +439,7 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
     AUDIT(e->reserved_count == all.reserved);
     AUDIT(e->buried_count == all.buried);
     AUDIT(e->job_timers.len == all.delayed + all.reserved);
-    audit_job_heap(&e->job_timers, offsetof(struct bg_job, timer_slot), deadline_before);
+    audit_job_heap(&e->job_timers, offsetof(struct bg_job_more, timer_slot), deadline_before);
     AUDIT(e->tube_timers.len == paused);
     for (uint32_t k = 1; k < e->tube_timers.len; k++) {
         const struct bg_tube *t = e->tube_timers.items[k], *parent = e->tube_timers.items[(k - 1) / 2];
@@ -462,8 +467,8 @@ static void check_engine_ex(struct bg_engine *e, struct fake_client *fcs, size_t
         uint64_t held = audit_list(c->reserved_head, c->reserved_tail);
         AUDIT(held == c->reserved.len);
         for (const struct bg_job *j = c->reserved_head; j; j = j->next)
-            AUDIT(j->state == BG_JOB_RESERVED && j->reserver == c);
-        audit_job_heap(&c->reserved, offsetof(struct bg_job, tube_slot), deadline_before);
+            AUDIT(j->state == BG_JOB_RESERVED && bg_job_reserver(j) == c);
+        audit_job_heap(&c->reserved, offsetof(struct bg_job_more, reserver_slot), deadline_before);
         if (c->waiting) {
             waiting++;
             watch_slots += c->watch_len;
@@ -597,16 +602,16 @@ static void test_ttr_expiry_returns_job_to_ready(void **state)
 
     bg_engine_tick(&w->engine, T0 + MSEC(1900));
     assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
-    assert_int_equal(find(w, id)->timeouts, 0);
+    assert_int_equal(bg_job_timeouts(find(w, id)), 0);
     bg_engine_tick(&w->engine, T0 + SEC(2) - 1);
     assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
 
     assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(2)), NEVER);
     struct bg_job *j = find(w, id);
     assert_int_equal(j->state, BG_JOB_READY);
-    assert_int_equal(j->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(j), 1);
     assert_int_equal(j->pri, 100);
-    assert_null(j->reserver);
+    assert_null(bg_job_reserver(j));
     assert_int_equal(w->engine.stat.job_timeouts, 1);
     assert_int_equal(w->engine.reserved_count, 0);
     assert_int_equal(w->engine.ready_count, 1);
@@ -626,7 +631,7 @@ static void test_ttr_zero_is_one_second(void **state)
     assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
     bg_engine_tick(&w->engine, T0 + SEC(1));
     assert_int_equal(state_of(w, id), BG_JOB_READY);
-    assert_int_equal(find(w, id)->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(find(w, id)), 1);
     check_world(w);
 }
 
@@ -641,10 +646,10 @@ static void test_ttr_expiry_hands_job_to_waiter(void **state)
     bg_engine_tick(&w->engine, T0 + SEC(3));
     assert_int_equal(waiter->delivered_count, 1);
     assert_int_equal(waiter->delivered[0], id);
-    assert_ptr_equal(find(w, id)->reserver, &waiter->client);
-    assert_int_equal(find(w, id)->reserves, 2);
-    assert_int_equal(find(w, id)->timeouts, 1);
-    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(6));
+    assert_ptr_equal(bg_job_reserver(find(w, id)), &waiter->client);
+    assert_int_equal(bg_job_reserves(find(w, id)), 2);
+    assert_int_equal(bg_job_timeouts(find(w, id)), 1);
+    assert_int_equal(bg_job_deadline(find(w, id)), T0 + SEC(6));
     check_world(w);
 }
 
@@ -855,7 +860,7 @@ static void test_late_tick_catches_up(void **state)
 
     assert_int_equal(bg_engine_tick(&w->engine, T0 + SEC(100)), NEVER);
     assert_int_equal(state_of(w, held), BG_JOB_READY);
-    assert_int_equal(find(w, held)->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(find(w, held)), 1);
     assert_int_equal(state_of(w, delayed), BG_JOB_READY);
     assert_int_equal(state_of(w, in_paused), BG_JOB_READY);
     assert_int_equal(bg_tube_find(&w->engine, "paused")->pause_ns, 0);
@@ -912,7 +917,7 @@ static void test_delayed_job_delivered_to_waiter(void **state)
     assert_int_equal(worker->delivered_count, 1);
     assert_int_equal(worker->delivered[0], id);
     assert_int_equal(state_of(w, id), BG_JOB_RESERVED);
-    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(70));
+    assert_int_equal(bg_job_deadline(find(w, id)), T0 + SEC(70));
     check_world(w);
 }
 
@@ -932,7 +937,7 @@ static void test_delayed_order_by_deadline(void **state)
         struct bg_job *peek = bg_peek(t, BG_JOB_DELAYED);
         assert_non_null(peek);
         assert_int_equal(peek->id, ids[expected_peek[k]]);
-        assert_int_equal(bg_engine_next_deadline(&w->engine), peek->deadline_at);
+        assert_int_equal(bg_engine_next_deadline(&w->engine), bg_job_deadline(peek));
         assert_int_equal(bg_delete(&producer->client, peek->id, T0), BG_OK);
     }
     assert_null(bg_peek(t, BG_JOB_DELAYED));
@@ -1078,12 +1083,12 @@ static void test_kick_buried_then_delayed(void **state)
         }
     }
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(find(w, b[i])->kicks, 1);
-        assert_int_equal(find(w, b[i])->buries, 1);
+        assert_int_equal(bg_job_kicks(find(w, b[i])), 1);
+        assert_int_equal(bg_job_buries(find(w, b[i])), 1);
         assert_int_equal(find(w, b[i])->pri, 0);
     }
-    assert_int_equal(find(w, soon)->kicks, 1);
-    assert_int_equal(find(w, late)->kicks, 1);
+    assert_int_equal(bg_job_kicks(find(w, soon)), 1);
+    assert_int_equal(bg_job_kicks(find(w, late)), 1);
     assert_int_equal(w->engine.ready_count, 5);
     check_world(w);
 }
@@ -1138,10 +1143,10 @@ static void test_kick_job_by_state(void **state)
         if (cases[i].state_after >= 0) assert_int_equal(state_of(w, id), cases[i].state_after);
         else assert_null(find(w, id));
     }
-    assert_int_equal(find(w, buried)->kicks, 1);
-    assert_int_equal(find(w, delayed)->kicks, 1);
-    assert_int_equal(find(w, ready)->kicks, 0);
-    assert_int_equal(find(w, reserved)->kicks, 0);
+    assert_int_equal(bg_job_kicks(find(w, buried)), 1);
+    assert_int_equal(bg_job_kicks(find(w, delayed)), 1);
+    assert_int_equal(bg_job_kicks(find(w, ready)), 0);
+    assert_int_equal(bg_job_kicks(find(w, reserved)), 0);
     check_world(w);
 }
 
@@ -1163,8 +1168,8 @@ static void test_kick_when_allocations_fail(void **state)
     assert_int_equal(bg_kick_job(e, b3, T0), BG_OK);
     bg_alloc_fail_after(0);
     assert_int_equal(t->buried.len, 0);
-    assert_int_equal(find(w, b1)->kicks, 1);
-    assert_int_equal(find(w, b2)->kicks, 1);
+    assert_int_equal(bg_job_kicks(find(w, b1)), 1);
+    assert_int_equal(bg_job_kicks(find(w, b2)), 1);
     assert_int_equal(state_of(w, b3), BG_JOB_READY);
     check_world(w);
 }
@@ -1410,8 +1415,8 @@ static void test_two_waiters_two_jobs(void **state)
     assert_int_not_equal(a->delivered[0], b->delivered[0]);
     assert_int_equal(a->delivered[0], first);
     assert_int_equal(b->delivered[0], second);
-    assert_ptr_equal(find(w, first)->reserver, &a->client);
-    assert_ptr_equal(find(w, second)->reserver, &b->client);
+    assert_ptr_equal(bg_job_reserver(find(w, first)), &a->client);
+    assert_ptr_equal(bg_job_reserver(find(w, second)), &b->client);
     check_world(w);
 }
 
@@ -1518,7 +1523,7 @@ static void test_dead_waiter_is_skipped(void **state)
     assert_int_equal(c->delivered_count, 1);
     assert_int_equal(c->delivered[0], first);
     assert_int_equal(b->delivered_count, 0);
-    assert_int_equal(find(w, first)->reserves, 1);
+    assert_int_equal(bg_job_reserves(find(w, first)), 1);
     assert_int_equal(w->engine.waiting, 1);
     check_world(w);
 
@@ -1527,10 +1532,10 @@ static void test_dead_waiter_is_skipped(void **state)
     assert_int_equal(b->delivered_count, 0);
     assert_int_equal(b->ended_count, 1);
     assert_int_equal(state_of(w, second), BG_JOB_READY);
-    assert_int_equal(find(w, second)->reserves, 0);
+    assert_int_equal(bg_job_reserves(find(w, second)), 0);
     assert_int_equal(w->engine.waiting, 0);
     assert_int_equal(tube_stats(w, "default", T0).waiting, 0);
-    assert_int_equal(bg_engine_next_deadline(&w->engine), find(w, first)->deadline_at);
+    assert_int_equal(bg_engine_next_deadline(&w->engine), bg_job_deadline(find(w, first)));
     check_world(w);
 
     /* a waiter without the op still gets the next job; the ready one goes
@@ -1566,7 +1571,7 @@ static void test_close_returns_reserved_jobs(void **state)
     assert_int_equal(state_of(w, y), BG_JOB_READY);
     assert_int_equal(find(w, x)->pri, 5);
     assert_int_equal(find(w, y)->pri, 7);
-    assert_int_equal(find(w, x)->timeouts, 0);
+    assert_int_equal(bg_job_timeouts(find(w, x)), 0);
     assert_int_equal(w->engine.stat.job_timeouts, 0);
     assert_int_equal(w->engine.reserved_count, 0);
     assert_int_equal(w->engine.ready_count, 2);
@@ -1674,8 +1679,8 @@ static void test_release_with_delay(void **state)
     struct bg_job *j = find(w, id);
     assert_int_equal(j->state, BG_JOB_DELAYED);
     assert_int_equal(j->pri, 99);
-    assert_int_equal(j->releases, 1);
-    assert_int_equal(j->deadline_at, T0 + SEC(6));
+    assert_int_equal(bg_job_releases(j), 1);
+    assert_int_equal(bg_job_deadline(j), T0 + SEC(6));
     assert_int_equal(w->engine.reserved_count, 0);
     assert_int_equal(w->engine.delayed_count, 1);
     assert_null(worker->client.reserved_head);
@@ -1690,7 +1695,7 @@ static void test_release_with_delay(void **state)
 
     bg_engine_tick(&w->engine, T0 + SEC(6));
     assert_int_equal(state_of(w, id), BG_JOB_READY);
-    assert_int_equal(find(w, id)->timeouts, 0);
+    assert_int_equal(bg_job_timeouts(find(w, id)), 0);
     check_world(w);
 }
 
@@ -1706,7 +1711,7 @@ static void test_release_to_waiter(void **state)
     assert_int_equal(waiter->delivered_count, 1);
     assert_int_equal(waiter->delivered[0], id);
     assert_int_equal(find(w, id)->pri, 2000);
-    assert_int_equal(find(w, id)->reserves, 2);
+    assert_int_equal(bg_job_reserves(find(w, id)), 2);
     check_world(w);
 }
 
@@ -1722,7 +1727,7 @@ static void test_bury(void **state)
     struct bg_job *j = find(w, id);
     assert_int_equal(j->state, BG_JOB_BURIED);
     assert_int_equal(j->pri, 42);
-    assert_int_equal(j->buries, 1);
+    assert_int_equal(bg_job_buries(j), 1);
     assert_ptr_equal(bg_peek(w->engine.default_tube, BG_JOB_BURIED), j); /* peek-buried */
     assert_int_equal(w->engine.buried_count, 1);
     assert_int_equal(tube_stats(w, "default", T0).buried, 1);
@@ -1749,7 +1754,7 @@ static void test_touch_extends_deadline(void **state)
     assert_int_equal(w->engine.stat.job_timeouts, 0);
     bg_engine_tick(&w->engine, T0 + SEC(14));
     assert_int_equal(state_of(w, id), BG_JOB_READY);
-    assert_int_equal(find(w, id)->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(find(w, id)), 1);
     assert_int_equal(bg_touch(&worker->client, id, T0 + SEC(14)), BG_NOT_FOUND);
     check_world(w);
 }
@@ -1807,11 +1812,11 @@ static void test_reserve_job_by_state(void **state)
             assert_non_null(j);
             assert_int_equal(j->id, id);
             assert_int_equal(j->state, BG_JOB_RESERVED);
-            assert_ptr_equal(j->reserver, &me->client);
-            assert_int_equal(j->deadline_at, T0 + SEC(1) + SEC(j->ttr_s));
+            assert_ptr_equal(bg_job_reserver(j), &me->client);
+            assert_int_equal(bg_job_deadline(j), T0 + SEC(1) + SEC(j->ttr_s));
         }
     }
-    assert_ptr_equal(find(w, theirs)->reserver, &other->client);
+    assert_ptr_equal(bg_job_reserver(find(w, theirs)), &other->client);
     assert_int_equal(w->engine.delayed_count, 0);
     assert_int_equal(w->engine.buried_count, 0);
     assert_int_equal(w->engine.reserved_count, 4);
@@ -1867,8 +1872,8 @@ static void test_catch_up_delayed_job_due_without_tick(void **state)
     uint64_t b = put_job(producer, "b", 2, 1, 60, T0);
     assert_int_equal(bg_kick(&w->engine, producer->client.use, 10, T0 + SEC(1)), 0);
     assert_int_equal(bg_kick_job(&w->engine, b, T0 + SEC(1)), BG_NOT_FOUND);
-    assert_int_equal(find(w, a)->kicks, 0);
-    assert_int_equal(find(w, b)->kicks, 0);
+    assert_int_equal(bg_job_kicks(find(w, a)), 0);
+    assert_int_equal(bg_job_kicks(find(w, b)), 0);
     assert_int_equal(w->engine.delayed_count, 0);
     assert_int_equal(reserve_now(&w->fc[1], T0 + SEC(1)), a);
 
@@ -1894,7 +1899,7 @@ static void test_catch_up_ttr_ended_without_tick(void **state)
     assert_int_equal(bg_bury(&owner->client, id, 5, late), BG_NOT_FOUND);
     struct bg_job *j = find(w, id);
     assert_int_equal(j->state, BG_JOB_READY);
-    assert_int_equal(j->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(j), 1);
     assert_int_equal(w->engine.stat.job_timeouts, 1);
     assert_null(owner->client.reserved_head);
 
@@ -1935,8 +1940,8 @@ static void test_catch_up_close_counts_expired_ttr(void **state)
     assert_int_equal(reserve_now(owner, T0), short_ttr);
     assert_int_equal(reserve_now(owner, T0), long_ttr);
     fake_close(owner, T0 + SEC(1));
-    assert_int_equal(find(w, short_ttr)->timeouts, 1);
-    assert_int_equal(find(w, long_ttr)->timeouts, 0);
+    assert_int_equal(bg_job_timeouts(find(w, short_ttr)), 1);
+    assert_int_equal(bg_job_timeouts(find(w, long_ttr)), 0);
     assert_int_equal(w->engine.stat.job_timeouts, 1);
     assert_int_equal(w->engine.ready_count, 2);
     check_world(w);
@@ -2214,11 +2219,11 @@ static void test_jobs_reserved_and_deleted(void **state)
     assert_int_equal(e->stat.total_jobs_reserved, 3);
     assert_int_equal(reserve(b, -1, T0 + SEC(2), NULL), BG_WOULD_BLOCK);
     uint64_t j3 = put_job(a, "three", 1, 0, 60, T0 + SEC(2)); /* b's wait takes it */
-    assert_int_equal(find(w, j3)->reserver, &b->client);
+    assert_int_equal(bg_job_reserver(find(w, j3)), &b->client);
     assert_int_equal(e->stat.total_jobs_reserved, 4);
     assert_int_equal(bg_heap_reserve(&a->client.reserved, a->client.reserved.len + 1), 0);
     bg_reservation_transfer(find(w, j3), &a->client);
-    assert_int_equal(find(w, j3)->reserver, &a->client);
+    assert_int_equal(bg_job_reserver(find(w, j3)), &a->client);
     assert_int_equal(e->stat.total_jobs_reserved, 4);
     assert_int_equal(bg_delete(&a->client, j1, T0 + SEC(2)), BG_OK);
     assert_int_equal(bg_delete(&a->client, j2, T0 + SEC(2)), BG_OK);
@@ -2270,7 +2275,7 @@ static const char *session_reply(struct bg_session *s)
     return text;
 }
 
-/* Each job counts its 104-byte header and its body (CRLF included); a put
+/* Each job counts its 64-byte core record and its body (CRLF included); a put
  * that lands exactly on the ceiling is taken, one byte over is refused, for
  * bg_put_copy (HTTP, Gearman) and the beanstalk session alike; a delete
  * makes room again. */
@@ -2279,7 +2284,7 @@ static void test_job_memory_ceiling_exact(void **state)
     struct world *w = *state;
     struct bg_engine *e = &w->engine;
     struct bg_client *c = &w->fc[0].client;
-    assert_int_equal(BG_JOB_MEMORY(12), 116);
+    assert_int_equal(BG_JOB_MEMORY(12), 76);
     e->max_job_memory = 3 * BG_JOB_MEMORY(12);
     uint64_t a, b, id;
     assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "0123456789", 10, T0, &a), BG_OK);
@@ -2410,7 +2415,7 @@ static void test_set_ttr_is_logged(void **state)
     assert_int_equal(logged.updates, 0);
     assert_int_equal(bg_set_ttr(&w->fc[1].client, id, 5, T0 + SEC(1)), BG_OK);
     assert_int_equal(find(w, id)->ttr_s, 5);
-    assert_int_equal(find(w, id)->deadline_at, T0 + SEC(6));
+    assert_int_equal(bg_job_deadline(find(w, id)), T0 + SEC(6));
     assert_int_equal(logged.updates, 1);
     assert_int_equal(logged.id, id);
     assert_int_equal(logged.ttr_s, 5);
@@ -2603,8 +2608,9 @@ static void test_reserve_oom_keeps_ttr_timer(void **state)
     if (r == BG_OK) {
         assert_non_null(j);
         assert_int_equal(j->state, BG_JOB_RESERVED);
-        assert_true(j->timer_slot < e->job_timers.len);
-        assert_ptr_equal(e->job_timers.items[j->timer_slot], j);
+        assert_non_null(j->more);
+        assert_true(j->more->timer_slot < e->job_timers.len);
+        assert_ptr_equal(e->job_timers.items[j->more->timer_slot], j->more);
     } else {
         assert_int_equal(r, BG_OUT_OF_MEMORY);
     }
@@ -2614,6 +2620,156 @@ static void test_reserve_oom_keeps_ttr_timer(void **state)
     assert_int_equal(e->reserved_count, 0);
     assert_int_equal(e->ready_count, N);
     assert_int_equal(e->stat.job_timeouts, r == BG_OK ? N : N - 1);
+    check_world(w);
+}
+
+/* A side record counts against the job-memory ceiling from when it is
+ * made (the first reserve here), but a reserve is never refused for the
+ * ceiling; the record stays with the job through a release and goes with
+ * it on delete. */
+static void test_job_memory_counts_side_records(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    assert_int_equal(BG_JOB_MORE_MEMORY, 80);
+    e->max_job_memory = BG_JOB_MEMORY(3); /* one ready job of 1 byte */
+    uint64_t id = put_job(producer, "a", 0, 0, 60, T0);
+    assert_null(bg_job_find(e, id)->more); /* ready: the core record only */
+    assert_int_equal(e->job_memory, BG_JOB_MEMORY(3));
+    assert_int_equal(bg_engine_memory_full(e), 1);
+    assert_int_equal(reserve_now(worker, T0), id); /* over the ceiling: counted, not refused */
+    assert_int_equal(e->job_memory, BG_JOB_MEMORY(3) + BG_JOB_MORE_MEMORY);
+    check_world(w);
+    assert_int_equal(bg_release(&worker->client, id, 0, 0, T0), BG_OK);
+    struct bg_job *j = bg_job_find(e, id);
+    assert_non_null(j->more);
+    assert_int_equal(bg_job_reserves(j), 1);
+    assert_int_equal(bg_job_releases(j), 1);
+    assert_int_equal(e->job_memory, BG_JOB_MEMORY(3) + BG_JOB_MORE_MEMORY);
+    assert_int_equal(bg_delete(&producer->client, id, T0), BG_OK);
+    assert_int_equal(e->job_memory, 0);
+    check_world(w);
+}
+
+/* A put with a delay needs its job's side record before it is answered:
+ * when that allocation fails the put is refused (OUT_OF_MEMORY) and nothing
+ * is taken, no id used up. */
+static void test_delayed_put_side_record_oom(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct bg_client *c = &w->fc[0].client;
+    uint64_t id;
+    assert_int_equal(bg_put_copy(c, "t", 0, 0, 60, "ready", 5, T0, &id), BG_OK);
+    assert_null(e->free_more);
+    uint64_t next_id = e->next_id, memory = e->job_memory;
+    /* allocation 1 is the job, 2 its side record; 3 would be none */
+    for (uint64_t nth = 1; nth <= 2; nth++) {
+        bg_alloc_fail_after(nth);
+        assert_int_equal(bg_put_copy(c, "t", 0, 10, 60, "later", 5, T0, &id), BG_OUT_OF_MEMORY);
+        bg_alloc_fail_after(0);
+        assert_int_equal(e->next_id, next_id);
+        assert_int_equal(e->job_count, 1);
+        assert_int_equal(e->job_memory, memory);
+        check_world(w);
+    }
+    bg_alloc_fail_after(3);
+    assert_int_equal(bg_put_copy(c, "t", 0, 10, 60, "later", 5, T0, &id), BG_OK);
+    bg_alloc_fail_after(0);
+    struct bg_job *j = bg_job_find(e, id);
+    assert_int_equal(j->state, BG_JOB_DELAYED);
+    assert_non_null(j->more);
+    assert_int_equal(bg_job_delay(j), 10);
+    assert_int_equal(e->job_memory, memory + BG_JOB_MEMORY(7) + BG_JOB_MORE_MEMORY);
+    check_world(w);
+}
+
+/* Reserving a job without a side record takes the spare made beforehand:
+ * the reserve allocates nothing at the moment it takes the job. When the
+ * spare cannot be made, the reserve fails before it takes anything. */
+static void test_reserve_uses_spare(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct fake_client *producer = &w->fc[0], *worker = &w->fc[1];
+    uint64_t a = put_job(producer, "a", 1, 0, 60, T0);
+    uint64_t b = put_job(producer, "b", 1, 0, 60, T0);
+    assert_null(e->free_more);
+    /* allocation 1 grows the worker's reserved heap, 2 is the spare */
+    struct bg_job *j = NULL;
+    bg_alloc_fail_after(2);
+    assert_int_equal(reserve(worker, 0, T0, &j), BG_OUT_OF_MEMORY);
+    bg_alloc_fail_after(0);
+    assert_int_equal(bg_job_find(e, a)->state, BG_JOB_READY);
+    assert_null(bg_job_find(e, a)->more);
+    assert_int_equal(e->reserved_count, 0);
+    check_world(w);
+    assert_int_equal(reserve_now(worker, T0), a);
+    assert_non_null(bg_job_find(e, a)->more);
+    assert_int_equal(e->free_more_count, 0);
+    /* a's side record is the spare once a is deleted */
+    assert_int_equal(bg_delete(&worker->client, a, T0), BG_OK);
+    assert_int_equal(e->free_more_count, 1);
+    bg_alloc_fail_after(1); /* any allocation now fails */
+    assert_int_equal(reserve(worker, 0, T0, &j), BG_OK);
+    bg_alloc_fail_after(0);
+    assert_int_equal(j->id, b);
+    assert_non_null(j->more);
+    assert_ptr_equal(j->more->job, j);
+    assert_int_equal(bg_job_reserves(j), 1);
+    assert_int_equal(e->free_more_count, 0);
+    check_world(w);
+    /* the TTR still ends the reservation */
+    bg_engine_tick(e, T0 + SEC(60));
+    assert_int_equal(bg_job_timeouts(j), 1);
+    assert_int_equal(j->state, BG_JOB_READY);
+    check_world(w);
+}
+
+/* Restoring a job that needs a side record (buried, delayed, or with a
+ * counter) fails cleanly when that allocation fails, and so does an update
+ * that buries a restored ready job without one: the job stays as it was. */
+static void test_restore_side_record_oom(void **state)
+{
+    struct world *w = *state;
+    struct bg_engine *e = &w->engine;
+    struct bg_journal_job ready = {.id = 1, .tube = "t", .state = BG_JOB_READY, .ttr_s = 60,
+                                   .body_len = 3, .body = "x\r\n"};
+    assert_int_equal(bg_engine_restore_job(e, &ready, T0, T0, T0), BG_OK);
+    assert_null(bg_job_find(e, 1)->more); /* ready, no counter: none */
+    struct bg_journal_job buried = ready;
+    buried.id = 7;
+    buried.state = BG_JOB_BURIED;
+    buried.buries = 1;
+    uint64_t memory = e->job_memory;
+    bg_alloc_fail_after(2); /* 1: the job, 2: its side record */
+    assert_int_equal(bg_engine_restore_job(e, &buried, T0, T0, T0), BG_OUT_OF_MEMORY);
+    bg_alloc_fail_after(0);
+    assert_null(bg_job_find(e, 7));
+    assert_int_equal(e->job_count, 1);
+    assert_int_equal(e->job_memory, memory);
+    check_world(w);
+    struct bg_journal_job update = ready;
+    update.state = BG_JOB_BURIED;
+    update.buries = 1;
+    bg_alloc_fail_after(1); /* its side record */
+    assert_int_equal(bg_engine_restore_update(e, &update, T0, T0), BG_OUT_OF_MEMORY);
+    bg_alloc_fail_after(0);
+    assert_int_equal(bg_job_find(e, 1)->state, BG_JOB_READY);
+    assert_int_equal(e->ready_count, 1);
+    check_world(w);
+    /* with memory: both restored; a ready job with a counter has one too */
+    assert_int_equal(bg_engine_restore_job(e, &buried, T0, T0, T0), BG_OK);
+    assert_int_equal(bg_engine_restore_update(e, &update, T0, T0), BG_OK);
+    struct bg_journal_job counted = ready;
+    counted.id = 9;
+    counted.reserves = 3;
+    assert_int_equal(bg_engine_restore_job(e, &counted, T0, T0, T0), BG_OK);
+    assert_int_equal(bg_job_reserves(bg_job_find(e, 9)), 3);
+    assert_int_equal(bg_job_buries(bg_job_find(e, 7)), 1);
+    assert_int_equal(bg_job_find(e, 1)->state, BG_JOB_BURIED);
+    assert_int_equal(e->job_memory, 3 * (BG_JOB_MEMORY(3) + BG_JOB_MORE_MEMORY));
     check_world(w);
 }
 
@@ -2940,7 +3096,7 @@ static struct bg_job *model_best_ready(struct bg_client *c)
 static int model_deadline_soon(struct bg_client *c, bg_time now)
 {
     for (const struct bg_job *j = c->reserved_head; j; j = j->next)
-        if (now + BG_DEADLINE_MARGIN >= j->deadline_at) return 1;
+        if (now + BG_DEADLINE_MARGIN >= bg_job_deadline(j)) return 1;
     return 0;
 }
 
@@ -2997,13 +3153,13 @@ static void stress_step(struct stress *s)
         int want = j && j->state != BG_JOB_RESERVED ? BG_OK : BG_NOT_FOUND;
         int r = bg_reserve_job(&fc->client, id, s->now, &out);
         EXPECT(r, want);
-        if (r == BG_OK) assert_ptr_equal(out->reserver, &fc->client);
+        if (r == BG_OK) assert_ptr_equal(bg_job_reserver(out), &fc->client);
         break;
     }
     case OP_DELETE: {
         uint64_t id = fc->client.reserved_head && pick(2) ? fc->client.reserved_head->id : random_id(s);
         struct bg_job *j = bg_job_find(e, id);
-        int want = j && !(j->state == BG_JOB_RESERVED && j->reserver != &fc->client) ? BG_OK : BG_NOT_FOUND;
+        int want = j && !(j->state == BG_JOB_RESERVED && bg_job_reserver(j) != &fc->client) ? BG_OK : BG_NOT_FOUND;
         int r = bg_delete(&fc->client, id, s->now);
         EXPECT(r, want);
         if (r == BG_OK) untrack(s, id);
@@ -3012,7 +3168,7 @@ static void stress_step(struct stress *s)
     case OP_RELEASE: case OP_BURY: case OP_TOUCH: {
         uint64_t id = fc->client.reserved_head && pick(4) ? fc->client.reserved_head->id : random_id(s);
         struct bg_job *j = bg_job_find(e, id);
-        int mine = j && j->state == BG_JOB_RESERVED && j->reserver == &fc->client;
+        int mine = j && j->state == BG_JOB_RESERVED && bg_job_reserver(j) == &fc->client;
         uint32_t pri = stress_pris[pick(6)], delay = (uint32_t)pick(3);
         int r = op == OP_RELEASE ? bg_release(&fc->client, id, pri, delay, s->now)
               : op == OP_BURY ? bg_bury(&fc->client, id, pri, s->now)
@@ -3020,9 +3176,9 @@ static void stress_step(struct stress *s)
         EXPECT(r, mine ? BG_OK : BG_NOT_FOUND);
         if (r != BG_OK) break;
         if (op == OP_RELEASE && delay) assert_int_equal(j->state, BG_JOB_DELAYED);
-        if (op == OP_RELEASE && !delay) assert_true(j->state == BG_JOB_READY || j->reserver != &fc->client);
+        if (op == OP_RELEASE && !delay) assert_true(j->state == BG_JOB_READY || bg_job_reserver(j) != &fc->client);
         if (op == OP_BURY) assert_int_equal(j->state, BG_JOB_BURIED);
-        if (op == OP_TOUCH) assert_int_equal(j->deadline_at, s->now + SEC(j->ttr_s));
+        if (op == OP_TOUCH) assert_int_equal(bg_job_deadline(j), s->now + SEC(j->ttr_s));
         if (op != OP_TOUCH) assert_int_equal(j->pri, pri);
         break;
     }
@@ -3517,7 +3673,7 @@ static void test_bulk_kick_and_delete(void **state)
     assert_int_equal(state_of(w, id[0]), BG_JOB_READY);
     assert_int_equal(state_of(w, id[1]), BG_JOB_READY);
     assert_int_equal(state_of(w, id[2]), BG_JOB_BURIED);
-    assert_int_equal(find(w, id[0])->kicks, 1);
+    assert_int_equal(bg_job_kicks(find(w, id[0])), 1);
     assert_int_equal(logged.updates, 2);
     assert_int_equal(logged.id, id[1]);
     uint64_t deleted = e->stat.total_jobs_deleted, cmd_delete = t->stat.cmd_delete;
@@ -3941,6 +4097,10 @@ int main(void)
         ENGINE_TEST(test_put_while_draining),
         ENGINE_TEST(test_job_new_out_of_memory),
         ENGINE_TEST(test_reserve_oom_keeps_ttr_timer),
+        ENGINE_TEST(test_job_memory_counts_side_records),
+        ENGINE_TEST(test_delayed_put_side_record_oom),
+        ENGINE_TEST(test_reserve_uses_spare),
+        ENGINE_TEST(test_restore_side_record_oom),
         ENGINE_TEST(test_job_table_grow_failure),
         ENGINE_TEST(test_job_table_full_refuses),
         ENGINE_TEST(test_job_table_sharded_deletes),

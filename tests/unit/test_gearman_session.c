@@ -609,7 +609,7 @@ static void test_can_do_timeout_is_the_ttr(void **state)
     take(w, 1, GM_JOB_ASSIGN, 3);
     struct bg_job *j = bg_job_find(&w->e, 1);
     assert_int_equal(j->ttr_s, 5);
-    assert_int_equal(j->deadline_at, w->now + 5 * BG_SECOND);
+    assert_int_equal(bg_job_deadline(j), w->now + 5 * BG_SECOND);
     assert_int_equal(w->saved_ttr, 5); /* the change reached the log */
     /* the TTR ends: the job is ready again, the worker's result refused */
     w->now += 5 * BG_SECOND;
@@ -617,7 +617,7 @@ static void test_can_do_timeout_is_the_ttr(void **state)
     struct reply e = take(w, 1, GM_ERROR, 2);
     assert_string_equal(e.arg[0], "JOB_NOT_FOUND");
     assert_int_equal(w->e.ready_count, 1);
-    assert_int_equal(j->timeouts, 1);
+    assert_int_equal(bg_job_timeouts(j), 1);
 }
 
 static void test_submit_job_epoch_is_a_delay(void **state)
@@ -628,7 +628,7 @@ static void test_submit_job_epoch_is_a_delay(void **state)
     send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "f", "", when, "later");
     take(w, 0, GM_JOB_CREATED, 1);
     assert_int_equal(w->e.delayed_count, 1);
-    assert_int_equal(bg_job_find(&w->e, 1)->delay_s, 30);
+    assert_int_equal(bg_job_delay(bg_job_find(&w->e, 1)), 30);
     send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "f", "", "12", "past");
     take(w, 0, GM_JOB_CREATED, 1);
     assert_int_equal(w->e.ready_count, 1);
@@ -652,7 +652,7 @@ static void test_numbers_are_strict(void **state)
     /* the largest number is taken: a delay cut to the longest the engine keeps */
     send_req(w, 0, GM_SUBMIT_JOB_EPOCH, 4, "f", "", "18446744073709551615", "far");
     take(w, 0, GM_JOB_CREATED, 1);
-    assert_int_equal(bg_job_find(&w->e, 1)->delay_s, UINT32_MAX);
+    assert_int_equal(bg_job_delay(bg_job_find(&w->e, 1)), UINT32_MAX);
     static const char *const bad_timeouts[] = {"abc", "", "-1", "4294967296", "10s"};
     for (size_t k = 0; k < sizeof bad_timeouts / sizeof bad_timeouts[0]; k++) {
         send_req(w, 1, GM_CAN_DO_TIMEOUT, 2, "f", bad_timeouts[k]);
