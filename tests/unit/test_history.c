@@ -481,7 +481,7 @@ static long free_tube_at(struct rig *g, uint32_t slot, const char *prefix, bg_ti
     long i = tube_number(t, prefix);
     char name[sizeof t->name];
     memcpy(name, t->name, sizeof name);
-    for (uint64_t jobs = bg_tube_count(t, BG_JOB_READY); jobs > 0; jobs--)
+    for (uint64_t jobs = bg_tube_index(t, BG_JOB_READY)->len; jobs > 0; jobs--)
         assert_int_equal(bg_delete(&g->client, bg_peek(t, BG_JOB_READY)->id, now), 0);
     assert_null(bg_tube_find(&g->engine, name));
     return i;
