@@ -51,7 +51,9 @@
 #define COPY_TUBES_MAX 64         /* --tube given at most this often */
 #define COPY_PROBE_DELAY 3600     /* the probe job waits delayed until its delete */
 #define COPY_GUARD_PAUSE_S (2 * COPY_REPLY_TIMEOUT_S) /* TO's tube is paused at least this long
-                                                       * while a buried job is put and buried */
+                                                       * while a buried job is put and buried ... */
+#define COPY_SLOWEST_LINK_BPS (64u << 10) /* ... plus a second per this many bytes of the run's bodies */
+#define COPY_CLEANUP_WAIT_S 10    /* how long a copy reserved by a lost connection may take to be released */
 #define NS_PER_S 1000000000ull
 #define TLS_SCHEME "tls://"
 #define COPY_DATA_MAX ((size_t)BG_JOB_SIZE_LIMIT) /* the most a reply may announce (a body, a YAML
@@ -84,6 +86,13 @@ struct job {
     size_t size;
     int sent_use;        /* a `use` went before its put (its USING comes first) */
     uint64_t new_id;
+    enum { PUT_NONE, PUT_SENT, PUT_INSERTED } put_stage; /* how far its put on TO got */
+};
+
+/* A copy of a buried job that may remain on TO, not buried, after a failed
+ * buried run: FROM's id, TO's (0: its put's reply never came). */
+struct leftover {
+    uint64_t from_id, to_id;
 };
 
 /* The counts of one tube; the report's rows. */
@@ -116,6 +125,9 @@ struct copy {
     struct to_pause *pauses;
     size_t pause_len, pause_cap;
     uint64_t pauses_copied; /* FROM's tube pauses set on TO */
+    struct leftover *left;  /* copies a failed buried run could not delete on TO */
+    size_t left_len;
+    char left_tube[COPY_TUBE_MAX + 1]; /* their tube on TO (one run fails, then the copy stops) */
     char why[1024];        /* why it stopped; "" while all is well */
 };
 
@@ -245,15 +257,22 @@ static int peer_connect(struct copy *c, struct peer *p)
  * plain one), into c->why; -1. */
 static int io_failed(struct copy *c, struct peer *p, ssize_t r, const char *what)
 {
-    int timed_out = p->tls ? r == GNUTLS_E_AGAIN : errno == EAGAIN;
-    if (timed_out) return fail(c, "%s %s: no answer within %d s", p->role, p->addr, COPY_REPLY_TIMEOUT_S);
+    int sys = !p->tls || r == GNUTLS_E_PULL_ERROR || r == GNUTLS_E_PUSH_ERROR;
+    int sys_errno = errno;
+    int closed = r == 0 || (p->tls && r == GNUTLS_E_PREMATURE_TERMINATION) ||
+                 (sys && (sys_errno == ECONNRESET || sys_errno == EPIPE));
+    /* a TLS server that wants a client certificate it did not get closes
+     * the connection or sends an alert, nothing else */
+    const char *hint = p->tls && !c->tls_cert && (closed || r == GNUTLS_E_FATAL_ALERT_RECEIVED)
+                           ? " (a server that wants a client certificate closes so: --tls-cert, --tls-key)"
+                           : "";
     if (r == 0 || (p->tls && r == GNUTLS_E_PREMATURE_TERMINATION))
-        return fail(c, "%s %s: the server closed the connection", p->role, p->addr);
-    if (!p->tls) return fail(c, "%s %s: %s failed: %s", p->role, p->addr, what, strerror(errno));
-    int sys = r == GNUTLS_E_PULL_ERROR || r == GNUTLS_E_PUSH_ERROR;
+        return fail(c, "%s %s: the server closed the connection%s", p->role, p->addr, hint);
+    if (p->tls ? r == GNUTLS_E_AGAIN : sys_errno == EAGAIN)
+        return fail(c, "%s %s: no answer within %d s", p->role, p->addr, COPY_REPLY_TIMEOUT_S);
+    if (!p->tls) return fail(c, "%s %s: %s failed: %s", p->role, p->addr, what, strerror(sys_errno));
     return fail(c, "%s %s: %s failed: %s%s%s%s%s", p->role, p->addr, what, gnutls_strerror((int)r), sys ? " (" : "",
-                sys ? strerror(errno) : "", sys ? ")" : "",
-                c->tls_cert ? "" : " (a server that wants a client certificate closes so: --tls-cert, --tls-key)");
+                sys ? strerror(sys_errno) : "", sys ? ")" : "", hint);
 }
 
 /* Room for n more bytes in *buf (of *cap, *len used); 0 or -1 (no memory). */
@@ -531,6 +550,7 @@ static int send_put(struct copy *c, struct job *j)
                   j->size) != 0 ||
         send_bytes(c, to, j->body, j->size) != 0 || send_bytes(c, to, "\r\n", 2) != 0)
         return -1;
+    j->put_stage = PUT_SENT;
     return 0;
 }
 
@@ -547,8 +567,10 @@ static int recv_put(struct copy *c, struct job *j)
     char tail;
     if (sscanf(line, "INSERTED %llu%c", &id, &tail) == 1) {
         j->new_id = id;
+        j->put_stage = PUT_INSERTED;
         return 0;
     }
+    j->put_stage = PUT_NONE;
     const char *hint = strcmp(line, "JOB_TOO_BIG") == 0 ? " (its -z, the largest job, is smaller than this body)"
                        : strcmp(line, "DRAINING") == 0  ? " (it is draining: it refuses new jobs)"
                        : strncmp(line, "BURIED", 6) == 0 ? " (out of memory: it buried the job)"
@@ -711,6 +733,22 @@ static struct to_pause *to_pause_of(struct copy *c, const char *tube)
     return tp;
 }
 
+/* Read TO's reply to `pause-tube tube` (what: why it was sent; refused:
+ * what then does not happen): 0 PAUSED, else -1 with a reason that names
+ * beangate's manage scope when TO refused it so. */
+static int recv_pause(struct copy *c, const char *tube, const char *what, const char *refused)
+{
+    const char *line = read_line(c, &c->to);
+    if (!line) return -1;
+    if (strcmp(line, "PAUSED") == 0) return 0;
+    int denied = strncmp(line, "PERMISSION_DENIED", strlen("PERMISSION_DENIED")) == 0;
+    return fail(c, "TO %s: pause-tube %s (%s): answered \"%s\"%s; %s", c->to.addr, tube, what, line,
+                denied ? " (copying buried jobs and tube pauses needs pause-tube: on beangate the manage scope "
+                         "for the tube, docs/security.md \"Scopes\")"
+                       : "",
+                refused);
+}
+
 /* Pause every wanted tube on TO that is paused on FROM, for the time it
  * has left there (rounded up), before any job is copied: TO's consumers
  * then see the tube as FROM's do. TO's connection watches the tube, so
@@ -741,7 +779,7 @@ static int copy_pauses(struct copy *c)
         if (!(line = read_line(c, &c->to))) rc = -1;
         else if (sscanf(line, "WATCHING %u%c", &watching, &tail) != 1)
             rc = fail(c, "TO %s: watch %s: answered \"%s\"", c->to.addr, tubes[i], line);
-        else if ((rc = expect(c, &c->to, "PAUSED", "pause-tube")) == 0)
+        else if ((rc = recv_pause(c, tubes[i], "FROM's pause", "the copy stops before any job")) == 0)
             c->pauses_copied++;
     }
     for (size_t i = 0; tubes[i]; i++) free(tubes[i]);
@@ -755,42 +793,153 @@ static int in_buried_run(const struct job *j, const char *tube)
     return j->state == ST_BURIED && strcmp(j->tube, tube) == 0;
 }
 
+/* Close TO's connection (the jobs it reserved go back to their tube). */
+static void peer_close(struct peer *p)
+{
+    if (p->tls) gnutls_deinit(p->tls);
+    if (p->fd >= 0) close(p->fd);
+    p->tls = NULL, p->fd = -1;
+    p->start = p->len = p->out_len = 0;
+}
+
+/* Delete TO's job id over TO's connection: 0 gone (deleted, or not on TO),
+ * -1 not deleted (c->why set). A job still reserved by the lost connection
+ * is asked for again until TO released it. */
+static int delete_on_to(struct copy *c, uint64_t id)
+{
+    uint64_t deadline = now_ns() + COPY_CLEANUP_WAIT_S * NS_PER_S;
+    for (;;) {
+        if (send_line(c, &c->to, "delete %" PRIu64 "\r\nstats-job %" PRIu64 "\r\n", id, id) != 0 ||
+            flush(c, &c->to) != 0)
+            return -1;
+        const char *line = read_line(c, &c->to);
+        if (!line) return -1;
+        int deleted = strcmp(line, "DELETED") == 0;
+        if (!deleted && strcmp(line, "NOT_FOUND") != 0)
+            return fail(c, "TO %s: delete %" PRIu64 ": answered \"%s\"", c->to.addr, id, line);
+        if (!(line = read_line(c, &c->to))) return -1;
+        if (strcmp(line, "NOT_FOUND") == 0) return 0;
+        size_t n;
+        if (!read_ok_data(c, &c->to, line, "stats-job", &n)) return -1;
+        if (deleted) return 0;
+        if (now_ns() > deadline)
+            return fail(c, "TO %s: job %" PRIu64 " stays reserved %d s after its connection was lost", c->to.addr,
+                        id, COPY_CLEANUP_WAIT_S);
+        struct timespec pause = {.tv_nsec = 50000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* After a failure amid a buried run of tube (jobs[k] in it with put_stage
+ * set): over a new connection to TO, delete each copy TO acknowledged, so
+ * that none becomes ready there when the guard pause ends, and set the
+ * pause back to tp's if nothing may remain. Those it could not delete, and
+ * the puts whose reply never came, go to c->left (and so to the report). */
+static void undo_buried_run(struct copy *c, struct job *jobs, size_t n, const char *tube, struct to_pause *tp)
+{
+    char why[sizeof c->why];
+    snprintf(why, sizeof why, "%s", c->why);
+    c->why[0] = '\0'; /* the cleanup's own failure, then the first one back */
+    peer_close(&c->to);
+    snprintf(c->to.tube, sizeof c->to.tube, "default");
+    int connected = peer_connect(c, &c->to) == 0;
+    free(c->left);
+    c->left = calloc(n, sizeof *c->left);
+    c->left_len = 0;
+    snprintf(c->left_tube, sizeof c->left_tube, "%s", tube);
+    for (size_t k = 0; k < n && c->left; k++) {
+        struct job *j = &jobs[k];
+        if (!in_buried_run(j, tube) || j->put_stage == PUT_NONE) continue;
+        if (j->put_stage == PUT_INSERTED && connected && delete_on_to(c, j->new_id) == 0) {
+            j->put_stage = PUT_NONE;
+            continue;
+        }
+        c->left[c->left_len++] = (struct leftover){j->id, j->put_stage == PUT_INSERTED ? j->new_id : 0};
+        if (c->to.fd < 0 || c->why[0]) connected = 0; /* the cleanup's connection failed too */
+    }
+    if (c->left && c->left_len == 0 && connected) { /* `use` keeps the tube while it is paused */
+        int used = send_use(c, tube);
+        if (used >= 0 && send_line(c, &c->to, "pause-tube %s %" PRIu64 "\r\n", tube, pause_left_s(tp)) == 0 &&
+            flush(c, &c->to) == 0 && (!used || recv_use(c, tube) == 0))
+            recv_pause(c, tube, "its pause set back after the cleanup", "the tube stays paused on TO a while");
+    }
+    if (!c->left) fail(c, "out of memory");
+    char cleanup[sizeof c->why];
+    snprintf(cleanup, sizeof cleanup, "%s", c->why);
+    snprintf(c->why, sizeof c->why, "%s", why);
+    if (!c->left || c->left_len) {
+        fprintf(stderr, "beangate --copy-jobs: the copies of buried jobs put on TO in tube %s could not all be "
+                        "deleted (%s); they wait there, not buried, paused for %" PRIu64 " s more:\n",
+                tube, cleanup[0] ? cleanup : "no reply to their put", pause_left_s(tp));
+        for (size_t i = 0; c->left && i < c->left_len; i++)
+            if (c->left[i].to_id)
+                fprintf(stderr, "  job %" PRIu64 " of FROM: job %" PRIu64 " on TO\n", c->left[i].from_id,
+                        c->left[i].to_id);
+            else
+                fprintf(stderr, "  job %" PRIu64 " of FROM: maybe on TO (its put was sent, no reply came)\n",
+                        c->left[i].from_id);
+    } else {
+        fprintf(stderr, "beangate --copy-jobs: the copies of buried jobs put on TO in tube %s were deleted there "
+                        "(they stay on FROM)%s%s\n", tube, cleanup[0] ? "; " : "", cleanup);
+    }
+}
+
+/* The seconds TO's tube stays paused while a buried run is put and
+ * buried: long enough for its bodies (bytes) on a slow link, and no less
+ * than the tube's own pause (tp). */
+static uint64_t guard_pause_s(const struct to_pause *tp, size_t bytes)
+{
+    uint64_t guard = COPY_GUARD_PAUSE_S + bytes / COPY_SLOWEST_LINK_BPS;
+    return pause_left_s(tp) > guard ? pause_left_s(tp) : guard;
+}
+
 /* Put the buried jobs of tube among jobs[0..n) on TO and bury them there;
- * marks them in done[]. TO's tube is paused meanwhile, so that no consumer
- * of TO takes one while it is ready or delayed (a put's delay is FROM's
- * delay field, often 0); then its pause is set back to what it was. 0 or
- * -1 (those TO took are buried all the same, unless the connection broke:
- * then they wait on TO for the pause to end). */
+ * marks them in done[]. TO's tube is paused first (and that pause seen
+ * acknowledged), so that no consumer of TO takes one while it is ready or
+ * delayed (a put's delay is FROM's delay field, often 0); then its pause is
+ * set back to what it was. A refused pause puts none (on beangate it needs
+ * the manage scope). 0 or -1 (those TO took are buried all the same; if
+ * the connection broke, undo_buried_run deletes the copies on TO). */
 static int put_buried_run(struct copy *c, struct job *jobs, size_t n, const char *tube, unsigned char *done)
 {
     struct peer *to = &c->to;
     struct to_pause *tp = to_pause_of(c, tube);
     if (!tp) return -1;
-    uint64_t guard = pause_left_s(tp) > COPY_GUARD_PAUSE_S ? pause_left_s(tp) : COPY_GUARD_PAUSE_S;
+    size_t bytes = 0;
+    for (size_t k = 0; k < n; k++)
+        if (in_buried_run(&jobs[k], tube)) bytes += jobs[k].size, jobs[k].put_stage = PUT_NONE;
     int used = send_use(c, tube);
-    if (used < 0 || send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, guard) != 0) return -1;
-    for (size_t k = 0; k < n; k++) {
+    if (used < 0 || send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, guard_pause_s(tp, bytes)) != 0 ||
+        flush(c, to) != 0 || (used && recv_use(c, tube) != 0) ||
+        recv_pause(c, tube, "the guard pause under which its buried jobs are put",
+                   "its buried jobs are not put (they would be ready on TO) and stay on FROM") != 0)
+        return -1;
+    int rc = 0, broke = 0;
+    for (size_t k = 0; k < n && !broke; k++) {
         if (!in_buried_run(&jobs[k], tube)) continue;
         done[k] = 1;
         jobs[k].new_id = 0; /* set by its INSERTED */
-        if (send_put(c, &jobs[k]) != 0) return -1;
+        broke = send_put(c, &jobs[k]) != 0;
     }
-    if (flush(c, to) != 0 || (used && recv_use(c, tube) != 0) || expect(c, to, "PAUSED", "pause-tube") != 0)
-        return -1;
-    int rc = 0;
-    for (size_t k = 0; k < n; k++) {
+    broke = broke || flush(c, to) != 0;
+    for (size_t k = 0; k < n && !broke; k++) {
         if (!in_buried_run(&jobs[k], tube)) continue;
         int put = recv_put(c, &jobs[k]);
-        if (put < 0 || (put == 0 && send_bury(c, &jobs[k]) != 0)) return -1;
+        broke = put < 0 || (put == 0 && send_bury(c, &jobs[k]) != 0);
         if (put > 0) rc = -1; /* refused: it stays on FROM; the others go on */
     }
-    if (send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, pause_left_s(tp)) != 0 || flush(c, to) != 0)
-        return -1;
-    for (size_t k = 0; k < n; k++) {
-        if (!in_buried_run(&jobs[k], tube) || !jobs[k].new_id) continue;
-        if (recv_bury(c, &jobs[k]) != 0 || copied(c, &jobs[k]) != 0) return -1;
+    broke = broke || send_line(c, to, "pause-tube %s %" PRIu64 "\r\n", tube, pause_left_s(tp)) != 0 ||
+            flush(c, to) != 0;
+    for (size_t k = 0; k < n && !broke; k++) {
+        if (!in_buried_run(&jobs[k], tube) || jobs[k].put_stage != PUT_INSERTED) continue;
+        broke = recv_bury(c, &jobs[k]) != 0 || copied(c, &jobs[k]) != 0;
+        if (!broke) jobs[k].put_stage = PUT_NONE; /* buried on TO: a copy made */
     }
-    if (expect(c, to, "PAUSED", "pause-tube (its pause set back)") != 0) return -1;
+    if (broke) {
+        undo_buried_run(c, jobs, n, tube, tp);
+        return -1;
+    }
+    if (recv_pause(c, tube, "its pause set back", "its buried jobs are buried on TO") != 0) return -1;
     return rc;
 }
 
@@ -1016,7 +1165,15 @@ static void report(const struct copy *c)
             for (int s = 0; s < ST_COUNT; s++) printf("%s\"%s\":%" PRIu64, s ? "," : "", state_names[s], c->counts[i].n[s]);
             printf("}");
         }
-        printf("},\"error\":");
+        printf("},\"may_remain_on_to\":[");
+        for (size_t i = 0; i < c->left_len; i++) {
+            printf("%s{\"tube\":", i ? "," : "");
+            json_string(stdout, c->left_tube);
+            printf(",\"from\":%" PRIu64 ",\"to\":", c->left[i].from_id);
+            if (c->left[i].to_id) printf("%" PRIu64 "}", c->left[i].to_id);
+            else printf("null}");
+        }
+        printf("],\"error\":");
         if (c->why[0]) json_string(stdout, c->why);
         else printf("null");
         printf("}\n");
@@ -1125,13 +1282,13 @@ int copy_jobs_main(int argc, char **argv)
         fprintf(stderr, "beangate --copy-jobs: %" PRIu64 " reserved job(s) left on FROM (held by a consumer): "
                         "not copied\n", n[ST_RESERVED]);
     for (struct peer *p = &c.from; p; p = p == &c.from ? &c.to : NULL) {
-        if (p->tls) gnutls_deinit(p->tls);
-        if (p->fd >= 0) close(p->fd);
+        peer_close(p);
         free(p->in);
         free(p->out);
     }
     free(c.counts);
     free(c.pauses);
+    free(c.left);
     if (c.tls_cred) gnutls_certificate_free_credentials(c.tls_cred);
     return !ok ? COPY_EXIT_ERROR : n[ST_RESERVED] ? COPY_EXIT_RESERVED_LEFT : COPY_EXIT_OK;
 }

@@ -17,6 +17,7 @@ bad usage. Exit 77 (all skipped) without /usr/bin/beanstalkd.
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,17 +115,20 @@ def start_beangate(z=ZMAX, logdir=None, port=None, unix=None, extra=()):
     return port, proc
 
 
-class NoReserveJobProxy:
-    """A beanstalk server that lacks reserve-job (as beanstalkd before 1.12):
-    a loopback proxy to port that renames the command on its way, so the
-    server answers UNKNOWN_COMMAND. It forwards up to the last CRLF it has,
-    so a command is never split."""
+class Proxy:
+    """A loopback proxy to a beanstalk server at port that hands each chunk of
+    a client's commands, cut after its last CRLF (so a command is never
+    split), to edit(chunk) -> (bytes to forward, whether to close the
+    connection then); the server's replies go back as they are."""
 
     def __init__(self, port):
         self.target = port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self.accept, daemon=True).start()
+
+    def edit(self, chunk):
+        return chunk, False
 
     def accept(self):
         while True:
@@ -133,11 +137,11 @@ class NoReserveJobProxy:
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self.pipe, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(server, client, False), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(client, server, self.edit), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(server, client, None), daemon=True).start()
 
     @staticmethod
-    def pipe(src, dst, rename):
+    def pipe(src, dst, edit):
         held = b""
         try:
             while True:
@@ -145,9 +149,12 @@ class NoReserveJobProxy:
                 if not data:
                     break
                 held += data
-                cut = held.rfind(b"\r\n") + 2 if rename else len(held)
+                cut = held.rfind(b"\r\n") + 2 if edit else len(held)
                 out, held = held[:cut], held[cut:]
-                dst.sendall(out.replace(b"reserve-job ", b"reserve-jxb ") if rename else out)
+                out, close = edit(out) if edit else (out, False)
+                dst.sendall(out)
+                if close:
+                    break
         except OSError:
             pass
         for sock in (src, dst):
@@ -157,7 +164,42 @@ class NoReserveJobProxy:
                 pass
 
     def close(self):
+        """Stop listening (shutdown wakes the accept, which close alone does not)."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
+
+
+class NoReserveJobProxy(Proxy):
+    """A beanstalk server that lacks reserve-job (as beanstalkd before 1.12):
+    the proxy renames the command on its way, so the server answers
+    UNKNOWN_COMMAND."""
+
+    def edit(self, chunk):
+        return chunk.replace(b"reserve-job ", b"reserve-jxb "), False
+
+
+class CutBeforeBuryProxy(Proxy):
+    """A TO whose connection breaks between the puts of a buried run and its
+    buries: at the first `reserve-job N` (N > 0; the copy's `reserve-job 0`
+    probes) the proxy forwards what comes before and closes the connection.
+    With refuse_after, it then accepts no connection more."""
+
+    def __init__(self, port, refuse_after):
+        self.refuse_after = refuse_after
+        self.cut = threading.Event()
+        super().__init__(port)
+
+    def edit(self, chunk):
+        at = re.search(rb"(^|\n)reserve-job [1-9]", chunk)
+        if self.cut.is_set() or not at:
+            return chunk, False
+        self.cut.set()
+        if self.refuse_after:
+            self.close()
+        return chunk[:at.start() + len(at.group(1))], True
 
 
 def drain(port, proc):
@@ -608,15 +650,23 @@ def test_tube_pauses_move_beangate_to_beanstalkd():
     tube_pauses(start_beangate, start_beanstalkd, move=True)
 
 
-def tls_beangate(ca, verify_client=False):
+def tls_beangate(ca, verify_client=False, access=None):
     """beangate with a TLS port beside its plain one, its certificate (from
     ca) naming localhost only, not 127.0.0.1; with verify_client it wants
-    a client certificate from ca. (plain port, TLS port)."""
+    a client certificate from ca; access: the text of its access file (its
+    identity lines give client certificates their scopes). (plain port,
+    TLS port)."""
     cert, key = ca.issue("server", dns=["localhost"])
     tls_port = free_port()
     extra = ["--tls-cert", cert, "--tls-key", key, "--tls-port", str(tls_port)]
     if verify_client:
         extra += ["--tls-ca", ca.cert, "--tls-verify-client"]
+    if access is not None:
+        path = os.path.join(WORKDIR, "access-%d" % tls_port)
+        with open(path, "w") as f:
+            f.write(access)
+        os.chmod(path, 0o600)
+        extra += ["--http-token-file", path]
     port, _ = start_beangate(extra=extra)
     wait_until(lambda: port_open(tls_port), "beangate's TLS port %d" % tls_port, TIMEOUT)
     return port, tls_port
@@ -681,6 +731,83 @@ def test_tls_refusals():
     consumer.close()
 
 
+def buried_copies_on(port, jobs):
+    """The jobs on the server at port that copy a buried one of jobs (its tube
+    and body): {id: (tube, state, ...)}."""
+    buried = {(t, b) for t, s, p, d, ttr, b in jobs if s == "buried"}
+    return {k: v for k, v in jobs_on(port).items() if (v[0], v[4]) in buried}
+
+
+def test_target_without_manage_scope():
+    """TO is beangate, the copy's client certificate has produce, consume and
+    read but not manage, so TO refuses pause-tube: the copy stops at the
+    first buried run before putting any of it (put in an unpaused tube, a
+    buried job would be ready on TO), names the missing scope, exit 1."""
+    ca = tls_ca()
+    plain, tls_port = tls_beangate(ca, verify_client=True, access="identity cn:copier produce,consume,read:*\n")
+    src_port, _ = start_beanstalkd()
+    consumer, _ = fill(src_port)
+    cert, key = ca.issue("client", cn="copier", client=True)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "tls://localhost:%d" % tls_port, "--tls-ca", ca.cert,
+                                  "--tls-cert", cert, "--tls-key", key])
+    check_eq(status, 1, "exit status; stdout %r, stderr %r" % (out, err))
+    check("PERMISSION_DENIED" in err and "manage scope" in err and "stay on FROM" in err, "the reason: %r" % err)
+    check_eq(buried_copies_on(plain, JOBS), {}, "copies of FROM's buried jobs on TO")
+    consumer.close()
+
+
+def cut_before_bury(refuse_after):
+    """A copy whose TO connection breaks after the puts of a buried run
+    (tube t.b's two jobs, the first run) and before their buries; with
+    refuse_after the copy cannot connect again to clean up. (exit status,
+    stdout, stderr, TO's port, FROM's jobs)."""
+    src_port, _ = start_beanstalkd()
+    dst_port, _ = start_beanstalkd()
+    consumer, _ = fill(src_port)
+    before = jobs_on(src_port)
+    proxy = CutBeforeBuryProxy(dst_port, refuse_after)
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % proxy.port, "--json"])
+    proxy.close()
+    consumer.close()
+    check(proxy.cut.is_set(), "the proxy cut the connection before a reserve-job; stderr %r" % err)
+    check_eq(status, 1, "exit status; stdout %r, stderr %r" % (out, err))
+    check("TO 127.0.0.1:%d: the server closed the connection" % proxy.port in err, "the reason: %r" % err)
+    return out, err, dst_port, before
+
+
+def test_target_lost_before_bury_cleaned_up():
+    """The copies of the cut run are deleted on TO over a new connection (else
+    they would turn ready when the guard pause ends), and the tube's pause is
+    set back; the report lists nothing left on TO."""
+    out, err, dst_port, _ = cut_before_bury(refuse_after=False)
+    check("in tube t.b were deleted there" in err, "stderr tells the cleanup: %r" % err)
+    check_eq(json.loads(out)["may_remain_on_to"], [], "may_remain_on_to in the report")
+    check_eq(buried_copies_on(dst_port, JOBS), {}, "copies of FROM's buried jobs on TO")
+    c = Conn(dst_port)
+    line = c.ask(b"stats-tube t.b")
+    paused = line != b"NOT_FOUND" and c.stats_tube("t.b")["pause-time-left"] != "0"
+    check(not paused, "t.b's pause on TO set back (or the tube gone with its copies): %r" % line)
+    c.close()
+
+
+def test_target_lost_before_bury_not_cleaned_up():
+    """TO cannot be reached again after the cut: stderr and the JSON report
+    name exactly the copies that remain on TO (FROM's id, TO's id), and
+    those are the two copies of t.b's buried jobs, in a paused tube."""
+    out, err, dst_port, before = cut_before_bury(refuse_after=True)
+    left = json.loads(out)["may_remain_on_to"]
+    on_to = buried_copies_on(dst_port, JOBS)
+    check_eq(sorted(e["to"] for e in left), sorted(on_to), "may_remain_on_to %r against TO's copies %r" % (left, on_to))
+    for e in left:
+        check_eq(e["tube"], "t.b", "the tube of %r" % e)
+        check_eq(on_to[e["to"]][:5:4], before[e["from"]][:5:4], "TO's job %d copies FROM's %d" % (e["to"], e["from"]))
+        check("  job %d of FROM: job %d on TO" % (e["from"], e["to"]) in err, "stderr names %r: %r" % (e, err))
+    check_eq(len(left), 2, "copies left on TO; stdout %r, stderr %r" % (out, err))
+    c = Conn(dst_port)
+    check(int(c.stats_tube("t.b")["pause-time-left"]) > 60, "t.b stays paused on TO (the guard)")
+    c.close()
+
+
 def test_usage_errors():
     for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
                        (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
@@ -706,7 +833,8 @@ TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, tes
          test_source_killed_mid_move, test_target_killed_mid_move, test_reply_announcing_too_much,
          test_stats_job_fields_beanstalkd_to_beangate, test_stats_job_fields_beangate_to_beanstalkd,
          test_tube_pauses_copy_beanstalkd_to_beangate, test_tube_pauses_move_beangate_to_beanstalkd,
-         test_tls_both_ways, test_tls_refusals, test_usage_errors]
+         test_tls_both_ways, test_tls_refusals, test_target_without_manage_scope,
+         test_target_lost_before_bury_cleaned_up, test_target_lost_before_bury_not_cleaned_up, test_usage_errors]
 
 
 def after(_error):
