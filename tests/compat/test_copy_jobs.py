@@ -751,8 +751,8 @@ def test_target_without_manage_scope():
     status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "tls://localhost:%d" % tls_port, "--tls-ca", ca.cert,
                                   "--tls-cert", cert, "--tls-key", key])
     check_eq(status, 1, "exit status; stdout %r, stderr %r" % (out, err))
-    check("PERMISSION_DENIED" in err and "manage scope" in err and "stay on FROM" in err, "the reason: %r" % err)
     check_eq(buried_copies_on(plain, JOBS), {}, "copies of FROM's buried jobs on TO")
+    check("PERMISSION_DENIED" in err and "manage scope" in err and "stay on FROM" in err, "the reason: %r" % err)
     consumer.close()
 
 
@@ -780,9 +780,9 @@ def test_target_lost_before_bury_cleaned_up():
     they would turn ready when the guard pause ends), and the tube's pause is
     set back; the report lists nothing left on TO."""
     out, err, dst_port, _ = cut_before_bury(refuse_after=False)
+    check_eq(buried_copies_on(dst_port, JOBS), {}, "copies of FROM's buried jobs on TO")
     check("in tube t.b were deleted there" in err, "stderr tells the cleanup: %r" % err)
     check_eq(json.loads(out)["may_remain_on_to"], [], "may_remain_on_to in the report")
-    check_eq(buried_copies_on(dst_port, JOBS), {}, "copies of FROM's buried jobs on TO")
     c = Conn(dst_port)
     line = c.ask(b"stats-tube t.b")
     paused = line != b"NOT_FOUND" and c.stats_tube("t.b")["pause-time-left"] != "0"
@@ -806,6 +806,28 @@ def test_target_lost_before_bury_not_cleaned_up():
     c = Conn(dst_port)
     check(int(c.stats_tube("t.b")["pause-time-left"]) > 60, "t.b stays paused on TO (the guard)")
     c.close()
+
+
+def test_target_closes_connection():
+    """A TO that closes the connection at the first command (end of file, no
+    error): the reason says so (not "no answer", whatever errno held), with
+    no client-certificate hint (plain TCP), exit 1."""
+    closer = socket.create_server(("127.0.0.1", 0))
+
+    def close_each():
+        while True:
+            try:
+                conn, _ = closer.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(64)
+    threading.Thread(target=close_each, daemon=True).start()
+    src_port, _ = start_beanstalkd()
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "127.0.0.1:%d" % closer.getsockname()[1]], timeout=30)
+    closer.close()
+    check_eq(status, 1, "exit status; stdout %r" % out)
+    check(err.endswith(": the server closed the connection\n") and "TO 127.0.0.1:" in err, "the reason: %r" % err)
 
 
 def test_usage_errors():
@@ -834,7 +856,8 @@ TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, tes
          test_stats_job_fields_beanstalkd_to_beangate, test_stats_job_fields_beangate_to_beanstalkd,
          test_tube_pauses_copy_beanstalkd_to_beangate, test_tube_pauses_move_beangate_to_beanstalkd,
          test_tls_both_ways, test_tls_refusals, test_target_without_manage_scope,
-         test_target_lost_before_bury_cleaned_up, test_target_lost_before_bury_not_cleaned_up, test_usage_errors]
+         test_target_lost_before_bury_cleaned_up, test_target_lost_before_bury_not_cleaned_up, test_target_closes_connection,
+         test_usage_errors]
 
 
 def after(_error):
