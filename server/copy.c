@@ -253,6 +253,23 @@ static int peer_connect(struct copy *c, struct peer *p)
     return tls ? tls_start(c, p, host) : 0;
 }
 
+/* CLOCK_MONOTONIC in nanoseconds. */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether a TLS call's GNUTLS_E_AGAIN is to be retried: GnuTLS returns it
+ * also after a post-handshake message (a TLS 1.3 session ticket) with no
+ * data, so only the socket's timeout, seen by the clock, is an answer
+ * missing. */
+static int tls_again(const struct peer *p, ssize_t r, uint64_t deadline)
+{
+    return p->tls && r == GNUTLS_E_AGAIN && now_ns() < deadline;
+}
+
 /* The reason a failed send or recv on p gives (r: its result; errno for a
  * plain one), into c->why; -1. */
 static int io_failed(struct copy *c, struct peer *p, ssize_t r, const char *what)
@@ -310,10 +327,11 @@ static int send_line(struct copy *c, struct peer *p, const char *fmt, ...)
 static int flush(struct copy *c, struct peer *p)
 {
     size_t done = 0;
+    uint64_t deadline = now_ns() + COPY_REPLY_TIMEOUT_S * NS_PER_S;
     while (done < p->out_len) {
         ssize_t w = p->tls ? gnutls_record_send(p->tls, p->out + done, p->out_len - done)
                            : send(p->fd, p->out + done, p->out_len - done, MSG_NOSIGNAL);
-        if (p->tls ? w == GNUTLS_E_INTERRUPTED : w < 0 && errno == EINTR) continue;
+        if ((p->tls ? w == GNUTLS_E_INTERRUPTED : w < 0 && errno == EINTR) || tls_again(p, w, deadline)) continue;
         if (w <= 0) return io_failed(c, p, w, "write");
         done += (size_t)w;
     }
@@ -324,6 +342,7 @@ static int flush(struct copy *c, struct peer *p)
 /* Until p holds n unconsumed bytes: read more. 0 or -1. */
 static int fill(struct copy *c, struct peer *p, size_t n)
 {
+    uint64_t deadline = now_ns() + COPY_REPLY_TIMEOUT_S * NS_PER_S;
     while (p->len - p->start < n) {
         if (p->start > 0) {
             memmove(p->in, p->in + p->start, p->len - p->start);
@@ -332,7 +351,7 @@ static int fill(struct copy *c, struct peer *p, size_t n)
         if (reserve_bytes(&p->in, &p->cap, p->len, n > 65536 ? n : 65536) != 0) return fail(c, "out of memory");
         ssize_t r = p->tls ? gnutls_record_recv(p->tls, p->in + p->len, p->cap - p->len)
                            : recv(p->fd, p->in + p->len, p->cap - p->len, 0);
-        if (p->tls ? r == GNUTLS_E_INTERRUPTED : r < 0 && errno == EINTR) continue;
+        if ((p->tls ? r == GNUTLS_E_INTERRUPTED : r < 0 && errno == EINTR) || tls_again(p, r, deadline)) continue;
         if (r <= 0) return io_failed(c, p, r, "read");
         p->len += (size_t)r;
     }
@@ -425,14 +444,6 @@ static int tube_stat(struct copy *c, struct peer *p, const char *tube, const cha
     if (at) *out = strtoll(at + strlen(pattern), NULL, 10);
     free(doc);
     return at ? 1 : 0;
-}
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- reading jobs on FROM ---------------------------------------------------- */

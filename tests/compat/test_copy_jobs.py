@@ -830,6 +830,38 @@ def test_target_closes_connection():
     check(err.endswith(": the server closed the connection\n") and "TO 127.0.0.1:" in err, "the reason: %r" % err)
 
 
+def test_tls_garbage_no_certificate_hint():
+    """A tls:// TO that, after the handshake, answers the first command with
+    a record that does not decrypt: the reason is GnuTLS's, without the hint
+    about a client certificate (a server that wants one closes, it does not
+    send garbage), exit 1. Python's TLS server (OpenSSL) sends TLS 1.3
+    session tickets after the handshake, for which GnuTLS's read says
+    GNUTLS_E_AGAIN at once: that is no "no answer within 60 s"."""
+    import ssl
+    ca = tls_ca()
+    cert, key = ca.issue("server", dns=["localhost"])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def garble():
+        conn, _ = listener.accept()
+        try:
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(64)
+                os.write(tls.fileno(), b"\x17\x03\x03\x00\x20" + b"\x00" * 32)  # past TLS: raw bytes
+                tls.recv(64)
+        except (OSError, ssl.SSLError):
+            pass
+    threading.Thread(target=garble, daemon=True).start()
+    src_port, _ = start_beanstalkd()
+    status, out, err = copy_jobs(["127.0.0.1:%d" % src_port, "tls://localhost:%d" % listener.getsockname()[1],
+                                  "--tls-ca", ca.cert], timeout=30)
+    listener.close()
+    check_eq(status, 1, "exit status; stdout %r, stderr %r" % (out, err))
+    check("read failed: " in err and "client certificate" not in err, "the reason: %r" % err)
+
+
 def test_usage_errors():
     for args, what in [([], "FROM and TO are required"), (["127.0.0.1:1"], "FROM and TO are required"),
                        (["a:1", "b:2", "--bogus"], "unknown option"), (["a:1", "a:1"], "the same"),
@@ -857,7 +889,7 @@ TESTS = [test_copy_beangate_to_beanstalkd, test_move_beangate_to_beanstalkd, tes
          test_tube_pauses_copy_beanstalkd_to_beangate, test_tube_pauses_move_beangate_to_beanstalkd,
          test_tls_both_ways, test_tls_refusals, test_target_without_manage_scope,
          test_target_lost_before_bury_cleaned_up, test_target_lost_before_bury_not_cleaned_up, test_target_closes_connection,
-         test_usage_errors]
+         test_tls_garbage_no_certificate_hint, test_usage_errors]
 
 
 def after(_error):
