@@ -13,9 +13,11 @@
  *
  * A job keeps its tube, priority, TTR, body and state; a delayed one gets
  * its remaining delay (stats-job time-left, whole seconds). A buried job is
- * put with FROM's stats-job delay while TO's tube is paused (so no consumer
- * of TO can take it), taken with `reserve-job` (beanstalkd 1.12+), buried
- * with its priority, and the tube's pause set back to what it was. A
+ * put with FROM's stats-job delay once TO acknowledged a pause of its tube
+ * (so no consumer of TO can take it; a refused pause stops the copy),
+ * taken with `reserve-job` (beanstalkd 1.12+), buried with its priority,
+ * and the tube's pause set back to what it was; a failure between puts and
+ * buries deletes the copies on TO. A
  * paused tube of FROM is paused on TO for its remaining time. Reserved jobs
  * (held by a consumer of FROM) are never copied: they are counted, stay on
  * FROM, and make the exit status 3.
