@@ -510,9 +510,8 @@ static void finish_put(struct bg_session *s, bg_time now)
     }
     uint64_t id = j->id;
     int r = bg_put(&s->client, s->client.use, j, now);
-    if (r == 0 || r == BG_BURIED) {
-        if (r == 0) reply_numbers(s, "INSERTED", 8, id, 0, 0, NULL, 0);
-        else reply_numbers(s, "BURIED", 6, id, 0, 0, NULL, 0);
+    if (r == 0) {
+        reply_numbers(s, "INSERTED", 8, id, 0, 0, NULL, 0);
         return;
     }
     /* reference: a put its binlog cannot take (walresvput fails in prot.c's

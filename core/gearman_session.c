@@ -670,7 +670,7 @@ static void submit(struct gm_session *s, const struct gm_packet *p, bg_time now)
     bg_client_mark_producer(&s->client);
     int rc = bg_put_copy(&s->client, tube, submit_priority(p->type), delay, GM_SUBMIT_TTR, data, data_len,
                          now, &id);
-    if (rc != 0 && rc != BG_BURIED) {
+    if (rc != 0) {
         reply_error(s, put_error_code(rc),
                     rc == BG_LOG_UNAVAILABLE ? "the write-ahead log cannot write: no job is taken until it can"
                     : rc == BG_MEMORY_CEILING ? "the jobs held reach the server's job-memory ceiling "

@@ -37,14 +37,18 @@
  * closing does not reset the answer away before the client reads it.
  *
  * Over HTTPS (cfg.tls) the head is encrypted, so this file cannot read it:
- * - the connection limits and eviction are the same; a refusal at a limit
- *   (503) is answered inside TLS: this file does the handshake itself (a
- *   session of the gateway's tls_listener, no client certificate asked
- *   for), sends the 503, a close_notify, shuts and lingers, all within the
- *   same GW_LINGER_MS and among the same GW_LINGERING_MAX lingering
- *   connections; a handshake that fails or does not end in time is closed
- *   unanswered. A deadline before the first byte (408) closes the socket
- *   without an answer (the client has sent no handshake to answer);
+ * - the connection limits and eviction are the same; a refusal at the
+ *   server's limit (503) is answered inside TLS: this file does the
+ *   handshake itself (a session of the gateway's tls_listener, no client
+ *   certificate asked for), sends the 503, a close_notify (best effort),
+ *   shuts and lingers, all within the same GW_LINGER_MS and among the same
+ *   GW_LINGERING_MAX lingering connections, and at most
+ *   GW_TLS_REFUSALS_PER_S a second (a handshake is a private-key signature
+ *   on the engine's loop); beyond that budget, and for a refusal at the
+ *   per-address limit (the client's own quota), it is closed unanswered, as
+ *   is a handshake that fails or does not end in time. A deadline before
+ *   the first byte (408) closes the socket without an answer (the client
+ *   has sent no handshake to answer);
  * - the first byte is looked at: a TLS handshake record (0x16) is handed
  *   to libmicrohttpd at once; anything else (plain HTTP sent to the HTTPS
  *   port) gets a plain 400 PLAIN_HTTP_TO_HTTPS_PORT and is closed;
@@ -436,10 +440,13 @@ static void tls_refusal_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     /* a fresh socket's buffer takes a few hundred bytes at once; if not,
-     * the record is finished at most once more, never waited for */
+     * the record is finished at most once more, never waited for. The
+     * close_notify is best effort, one try: if the buffer cannot take it
+     * (GNUTLS_E_AGAIN) it is dropped, and the client sees the TCP end after
+     * a complete answer (Content-Length, Connection: close) instead */
     ssize_t sent = gnutls_record_send(r->session, r->answer, r->len);
     if (sent == GNUTLS_E_AGAIN || sent == GNUTLS_E_INTERRUPTED) sent = gnutls_record_send(r->session, NULL, 0);
-    if (sent == (ssize_t)r->len) gnutls_bye(r->session, GNUTLS_SHUT_WR); /* one try */
+    if (sent == (ssize_t)r->len) (void)gnutls_bye(r->session, GNUTLS_SHUT_WR);
     shutdown(fd, SHUT_WR);
     tls_refusal_free(c);
     event_del(c->read_ev);
@@ -447,9 +454,30 @@ static void tls_refusal_cb(evutil_socket_t fd, short what, void *arg)
     event_add(c->read_ev, NULL);
 }
 
+/* Take one of the GW_TLS_REFUSALS_PER_S handshakes a second that TLS
+ * refusals may begin (a token bucket as deep as the rate): 1 if taken,
+ * 0 if the budget is spent for now. */
+static int tls_refusal_budget_take(struct gw_admit *a, bg_time now)
+{
+    const bg_time per_token = BG_SECOND / GW_TLS_REFUSALS_PER_S;
+    if (now >= a->tls_refusal_filled_at + per_token) {
+        uint64_t add = (now - a->tls_refusal_filled_at) / per_token;
+        if (a->tls_refusal_tokens + add >= GW_TLS_REFUSALS_PER_S) {
+            a->tls_refusal_tokens = GW_TLS_REFUSALS_PER_S;
+            a->tls_refusal_filled_at = now;
+        } else {
+            a->tls_refusal_tokens += add;
+            a->tls_refusal_filled_at += add * per_token;
+        }
+    }
+    if (!a->tls_refusal_tokens) return 0;
+    a->tls_refusal_tokens--;
+    return 1;
+}
+
 /* Over HTTPS: answer c inside a TLS session of our own (tls_refusal_cb),
  * lingering meanwhile. 0, or -1: the caller closes c unanswered. */
-static int tls_refusal_begin(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+static int tls_refusal_session(struct gw_conn *c, unsigned status, const char *code, const char *detail)
 {
     size_t len;
     char *answer = refusal_answer(status, code, detail, &len);
@@ -473,10 +501,25 @@ static int tls_refusal_begin(struct gw_conn *c, unsigned status, const char *cod
     return linger_begin(c, tls_refusal_cb);
 }
 
+/* tls_refusal_session for c if it may linger (GW_LINGERING_MAX) and the
+ * handshake budget allows (tls_refusal_budget_take), both checked before
+ * anything is built; counted either way. 0, or -1: the caller closes c
+ * unanswered. */
+static int tls_refusal_begin(struct gw_conn *c, unsigned status, const char *code, const char *detail)
+{
+    struct gw_admit *a = &c->gw->admit;
+    int rc = a->lingering < GW_LINGERING_MAX && tls_refusal_budget_take(a, c->gw->now())
+                 ? tls_refusal_session(c, status, code, detail)
+                 : -1;
+    if (rc == 0) a->tls_refusals_answered++;
+    else a->tls_refusals_unanswered++;
+    return rc;
+}
+
 /* Answer a connection libmicrohttpd does not own with a problem, shut it
  * for writing and let it linger; its slot is free at once. Over HTTPS a
- * client that waits for a handshake gets a 503 inside TLS
- * (tls_refusal_begin), other answers not at all (closed). */
+ * client that waits for a handshake gets a 503 inside TLS if the server is
+ * full (tls_refusal_begin), other answers not at all (closed). */
 static void refuse(struct gw_conn *c, unsigned status, const char *code, const char *detail)
 {
     struct gateway *gw = c->gw;
@@ -733,6 +776,10 @@ static void admit_one(struct gateway *gw, int fd, const struct sockaddr_storage 
     uint32_t per_address = gw->cfg.max_per_address;
     if (per_address && c->addr->count >= per_address && !evict(c->addr->wait_head)) {
         note(gw, GW_REFUSED_ADDRESS, c, "every connection of this address is busy in a request");
+        if (gw->cfg.tls) { /* over its own quota: no handshake, none of the server's CPU for it */
+            conn_free(c);
+            return;
+        }
         refuse(c, 503, "TOO_MANY_CONNECTIONS",
                "this client address has as many connections open as allowed, each in a request");
         return;

@@ -60,6 +60,12 @@
 #define GW_HEADER_FIELDS_MAX 100          /* header fields of one request */
 #define GW_LINGER_MS 1000                 /* a refused connection is read and dropped this long */
 #define GW_LINGERING_MAX 256              /* ... at most this many at once; more are closed at once */
+/* HTTPS refusals at the connection limit answered inside TLS: each costs a
+ * handshake (a private-key signature) on the engine's loop, so at most this
+ * many begin per second (a token bucket of as many); the rest are closed
+ * unanswered. 16 signatures take a few ms of one CPU: an attacker replaying
+ * ClientHellos cannot make the refusals eat the loop. */
+#define GW_TLS_REFUSALS_PER_S 16
 #define GW_SWEEP_MIN_MS 100               /* waiting connections are looked at every eighth */
 #define GW_SWEEP_MAX_MS 1000              /* of the header timeout, within these bounds, */
 #define GW_SWEEP_BATCH 256                /* this many per turn of the loop */
@@ -451,6 +457,10 @@ struct gw_admit {
     struct gw_conn *adding;       /* the connection MHD_add_connection is adding */
     int adding_started;
     uint64_t events[GW_CONN_EVENTS];
+    uint64_t tls_refusal_tokens;  /* handshakes a TLS refusal may still begin now (GW_TLS_REFUSALS_PER_S) */
+    bg_time tls_refusal_filled_at; /* when the tokens were last refilled */
+    uint64_t tls_refusals_answered; /* refusals given a handshake (beangate_http_tls_refusals_total) */
+    uint64_t tls_refusals_unanswered; /* refusals closed without one: over the budget or the linger cap */
     bg_time logged_at[GW_CONN_EVENTS]; /* the last warning of each (rate-limited) */
     uint64_t unlogged[GW_CONN_EVENTS];
 };

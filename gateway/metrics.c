@@ -467,6 +467,14 @@ static int render_connections(const struct gateway *gw, struct bg_buf *b)
         rc = sample1(b, "beangate_http_connections_closed_total", "reason", closed[i],
                      a->events[GW_CLOSED_EVICTED + i]);
     if (rc == 0)
+        rc = counter(b, "beangate_http_tls_refusals_total",
+                     "HTTPS connections refused at --http-max-connections and answered 503 inside TLS "
+                     "(a handshake each, within a budget per second: docs/security.md).", a->tls_refusals_answered);
+    if (rc == 0)
+        rc = counter(b, "beangate_http_tls_refusals_unanswered_total",
+                     "HTTPS connections refused at --http-max-connections and closed without a handshake: "
+                     "over the handshake budget, or too many refusals lingering.", a->tls_refusals_unanswered);
+    if (rc == 0)
         rc = gauge(b, "beangate_http_body_buffer_bytes",
                    "Bytes of request bodies budgeted now (at most --http-max-body-buffer).",
                    gw->body_buffered);

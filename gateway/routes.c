@@ -160,7 +160,6 @@ static void put_with_key(struct gateway *gw, const struct gw_put_request *req, c
     }
     out->rc = bg_put_copy(&gw->holder, req->tube, req->pri, req->delay_s, req->ttr_s, req->body,
                           (uint32_t)req->len, now, &out->id);
-    if (out->rc == BG_BURIED) out->rc = 0;
     if (out->rc != 0) return;
     out->state = put_state(gw, out->id);
     if (key) /* best effort */
@@ -695,7 +694,7 @@ static struct bg_job *reserved_job(struct gw_request *r, const char *action, int
 /* The job's state after a release, bury or touch that returned rc. */
 static int reply_action(struct gw_request *r, uint64_t id, int rc)
 {
-    return rc != 0 && rc != BG_BURIED ? rc : reply_job(r, id);
+    return rc != 0 ? rc : reply_job(r, id);
 }
 
 /* POST /jobs/{id}/release?priority=&delay= */

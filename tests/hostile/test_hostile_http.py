@@ -542,6 +542,19 @@ def check_refused_busy(port, what, request=b"GET /livez HTTP/1.1\r\nHost: localh
     check_problem(raw, 503, "TOO_MANY_CONNECTIONS", what)
 
 
+def check_handshake_refused(port, what):
+    """Over TLS: a new connection is closed without a handshake (the
+    server sends no byte)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT)
+    try:
+        tls_wrap(s)
+        check(False, "%s: the handshake completed" % what)
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError, OSError) as e:
+        check(not isinstance(e, socket.timeout), "%s: the server neither answered nor closed" % what)
+    finally:
+        s.close()
+
+
 def open_idle(port, n, source=None):
     socks = []
     for _ in range(n):
@@ -1035,7 +1048,8 @@ def test_limits_at_their_limit():
     """Each new limit at its limit: the head size (--http-max-header-size) and
     the connections of one address (--http-max-connections-per-ip): at
     the cap, its own longest waiting connection gives its slot; when all are
-    busy, 503; another address is not affected."""
+    busy, 503 (over TLS: closed before a handshake); another address is
+    not affected."""
     srv = server("--http-max-header-size", "2048", "--http-max-connections-per-ip", "3")
     line = b"GET /livez HTTP/1.1\r\nHost: localhost\r\nX-Pad: "
     for size, want in ((2048, 200), (2049, 431)):
@@ -1068,7 +1082,16 @@ def test_limits_at_their_limit():
         # began (after its handshake); refused, it is closed unanswered
         wait_until(lambda: json.loads(get(srv.port, "/tubes/addr", 5, source="127.0.0.2")[1])
                    .get("current_waiting") == 3, "three long-polls waiting", 5)
-    check_refused_busy(srv.port, "a fourth busy connection of one address", b"GET /livez HTTP/1.1\r\n\r\n")
+    if T.tls:
+        # over its own quota a client gets no handshake (none of the
+        # server's CPU): closed unanswered
+        before = srv.metric("beangate_http_connections_refused_total", source="127.0.0.2", reason="address")
+        check_handshake_refused(srv.port, "a fourth busy connection of one address")
+        check_eq(srv.metric("beangate_http_connections_refused_total", source="127.0.0.2", reason="address"), before + 1,
+                 "refusals at the address limit counted")
+        check_eq(srv.metric("beangate_http_tls_refusals_total", source="127.0.0.2"), 0, "handshakes done to refuse at the address limit")
+    else:
+        check_refused_busy(srv.port, "a fourth busy connection of one address", b"GET /livez HTTP/1.1\r\n\r\n")
     try:
         other = get(srv.port, "/livez", 5, source="127.0.0.2")[0]
     except OSError as e:
@@ -1077,7 +1100,7 @@ def test_limits_at_their_limit():
     for p in polls:
         p.close()
     note("head of 2048 bytes served, 2049 refused (431); per address 3: an idle one gave way, "
-         "a fourth busy one got 503, 127.0.0.2 was served")
+         "a fourth busy one got %s, 127.0.0.2 was served", "no handshake" if T.tls else "503")
 
 
 def test_base64_is_strict():

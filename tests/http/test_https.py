@@ -401,6 +401,88 @@ def test_refused_at_connection_limit():
         t.close()
 
 
+def tls_refusal_budget():
+    """GW_TLS_REFUSALS_PER_S, read from gateway/gateway.h (its one home)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "gateway", "gateway.h")
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#define GW_TLS_REFUSALS_PER_S "):
+                return int(line.split()[2])
+    raise AssertionError("no GW_TLS_REFUSALS_PER_S in gateway/gateway.h")
+
+
+def client_hello():
+    """The bytes of one TLS ClientHello, to replay on many sockets."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def metrics(sock):
+    """GET /metrics on a keep-alive TLS socket: {name: value} of its
+    unlabelled samples."""
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    status, _, body = read_response(sock)
+    check_eq(status, 200, "GET /metrics")
+    return dict(line.split()[:2] for line in body.decode().splitlines() if line and "{" not in line
+                and not line.startswith("#"))
+
+
+def test_tls_refusals_within_budget():
+    """A burst of refused HTTPS connections, each replaying one ClientHello,
+    while every slot is busy: at most the budget (GW_TLS_REFUSALS_PER_S a
+    second, as deep) get a handshake, the rest are closed without one; the
+    beanstalk port answers at once meanwhile, and the long-poll holding the
+    slot gets its job."""
+    budget, burst = tls_refusal_budget(), 120
+    s = Server(["--http-max-connections", "1"]).start()
+    poll = tls_socket(s.port)
+    poll.sendall(b"POST /tubes/budget/reservations?timeout=30 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    wait_until(lambda: tube_waiting(s, "budget") == 1, "the long-poll to wait", 10)
+    hello = client_hello()
+    t0 = time.monotonic()
+    socks = []
+    for _ in range(burst):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=IO_TIMEOUT)
+        try:
+            c.sendall(hello)
+        except OSError:
+            pass  # closed unanswered already
+        socks.append(c)
+    b = socket.create_connection(("127.0.0.1", s.tcp_port), timeout=IO_TIMEOUT)
+    b.sendall(b"use budget\r\nput 0 0 60 2\r\nhi\r\n")
+    data = b""
+    while data.count(b"\r\n") < 2:
+        chunk = b.recv(256)
+        check(chunk, "the beanstalk port closed")
+        data += chunk
+    took = time.monotonic() - t0
+    check(data.startswith(b"USING budget\r\nINSERTED "), "a put during the burst: %r" % data)
+    check(took < 5, "the burst and a put took %.2f s" % took)
+    b.close()
+    check_eq(read_response(poll)[0], 200, "the long-poll's answer")
+    # the slot is the poll's, so its keep-alive connection asks
+    counted = lambda m: (int(m["beangate_http_tls_refusals_total"]),
+                         int(m["beangate_http_tls_refusals_unanswered_total"]))
+    done = wait_until(lambda: counted(metrics(poll)), "every refusal counted", 10, ok=lambda v: sum(v) >= burst)
+    poll.close()
+    elapsed = time.monotonic() - t0
+    answered, unanswered = done
+    bound = budget + budget * elapsed + 1
+    check_eq(answered + unanswered, burst, "refusals counted (answered, unanswered: %r)" % (done,))
+    check(1 <= answered <= bound, "%d of %d refused connections got a handshake in %.2f s, want 1 to %.0f"
+          % (answered, burst, elapsed, bound))
+    for c in socks:
+        c.close()
+    print("  %d refused ClientHellos in %.2f s: %d handshakes (budget %d/s), %d closed unanswered; "
+          "a beanstalk put answered %.3f s after the burst began"
+          % (burst, elapsed, answered, budget, unanswered, took))
+
+
 def tube_waiting(s, tube):
     """How many clients wait on tube (stats-tube over the beanstalk port)."""
     c = socket.create_connection(("127.0.0.1", s.tcp_port), timeout=IO_TIMEOUT)
@@ -597,6 +679,7 @@ TESTS = [
     test_stalled_handshake_closed_at_header_deadline,
     test_plain_http_to_https_port,
     test_refused_at_connection_limit,
+    test_tls_refusals_within_budget,
     test_sighup_reload,
     test_sighup_reloads_client_ca,
     test_sighup_reload_under_load,

@@ -483,7 +483,7 @@ static void command(struct sim *s)
         r = bg_put_copy(&c->c, tube_names[rng_below(&s->rng, SIM_TUBES)], pri, delay, ttr, body, len, now, &id);
         what = "put";
         s->puts++;
-        if (r == 0 || r == BG_BURIED) note_shown(s, id);
+        if (r == 0) note_shown(s, id);
     } else if (op < 54) {
         struct bg_job *j = NULL;
         r = bg_reserve(&c->c, 0, now, &j);
