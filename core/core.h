@@ -1234,6 +1234,7 @@ struct bg_process_info {
     uint64_t binlog_oldest, binlog_current, binlog_migrated, binlog_written;
     uint64_t binlog_max_size;
     uint64_t binlog_torn;       /* torn or corrupt tails dropped at recovery */
+    uint64_t binlog_unlink_failures; /* superseded segments whose unlink failed (not ENOENT) */
     /* for the HTTP /stats (the dashboard), not in beanstalk's stats */
     uint64_t gearman_connections; /* open Gearman connections (in `connections` too) */
     int binlog_enabled;         /* -b */

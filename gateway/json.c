@@ -167,6 +167,7 @@ json_t *gw_json_server(const struct bg_engine *e, const struct bg_process_info *
     json_object_set_new(v, "permission_denied", json_integer((json_int_t)e->stat.permission_denied));
     json_object_set_new(v, "binlog_enabled", json_boolean(pi->binlog_enabled));
     json_object_set_new(v, "binlog_size", json_integer((json_int_t)pi->binlog_bytes));
+    json_object_set_new(v, "binlog_unlink_failures", json_integer((json_int_t)pi->binlog_unlink_failures));
     /* what the log did with each sink (docs/durability.md, "Stats") */
     const struct bg_log_sink_counters *sinks[] = {&pi->binlog_disk, &pi->binlog_stream};
     static const char *const sink_names[] = {"disk", "stream"};

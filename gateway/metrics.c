@@ -360,6 +360,10 @@ static int render_server(const struct gateway *gw, struct bg_buf *b, bg_time now
         if (rc == 0)
             rc = gauge(b, "beangate_binlog_torn_records",
                        "Torn or corrupt tails dropped at the last recovery.", pi.binlog_torn);
+        if (rc == 0)
+            rc = counter(b, "beangate_binlog_unlink_failures_total",
+                         "Superseded log segments whose deletion failed (kept; recovery deletes them).",
+                         pi.binlog_unlink_failures);
     }
     if (rc == 0 && (pi.binlog_enabled || pi.repl_enabled)) rc = render_log_sinks(b, &pi);
     if (rc == 0 && pi.repl_enabled) rc = render_replication(b, &pi);

@@ -179,8 +179,13 @@ struct wal {
         pthread_cond_t cond;   /* a name was queued, or stop */
         char names[WAL_DROP_QUEUE][64];
         uint64_t sizes[WAL_DROP_QUEUE]; /* each file's bytes */
+        uint64_t queued_bytes; /* the sum of sizes over the queue */
         unsigned head, count;
         int started, stop;
+        /* set by the loop (drop_step): the log grows past what the
+         * disk-use bound allows while files wait, so no pauses */
+        int hurry;
+        uint64_t unlink_failures; /* unlinks that failed (but ENOENT), atomic */
     } dropper;
     struct event *notify_ev, *sync_timer, *retry_timer;
     bg_time last_sync;
@@ -338,13 +343,24 @@ static int segment_retire_first(struct wal *w, char *name, size_t size)
     return !keep;
 }
 
+/* Delete the superseded segment file `name` (best effort: recovery
+ * deletes one left over); a failure but ENOENT is logged and counted
+ * (binlog_unlink_failures). Either thread. */
+static void segment_unlink(struct wal *w, const char *name)
+{
+    int e = w->storage->ops->unlink(w->storage, name);
+    if (!e || e == ENOENT) return;
+    __atomic_fetch_add(&w->dropper.unlink_failures, 1, __ATOMIC_RELAXED);
+    log_event(BG_LOG_WARN, "wal_unlink_failed", "file=%s error=%s action=kept", name, log_str(strerror(e)));
+}
+
 /* Delete the segments below `index` here and now (their data is in later
  * ones). */
 static void segments_drop_below(struct wal *w, uint64_t index)
 {
     char name[64];
     while (w->first_index < index)
-        if (segment_retire_first(w, name, sizeof name)) w->storage->ops->unlink(w->storage, name);
+        if (segment_retire_first(w, name, sizeof name)) segment_unlink(w, name);
 }
 
 /* ---- engine hooks: append records -------------------------------------- */
@@ -871,11 +887,30 @@ static void copy_restart_step(struct wal *w, bg_time now)
     w->force_snapshot = 1; /* snapshot_begin starts the new segment */
 }
 
-/* The dropper thread: delete the queued segment files, oldest first, a
- * pause after each (WAL_DROP_GAP_NS_PER_MIB; none once told to stop),
- * until told to stop with none left. Best effort: each is superseded by a
- * snapshot on disk either way (one left by a crash or a stop, recovery
- * deletes), so neither the unlink nor the directory needs a sync. */
+/* The dropper's pause after an unlink of `size` bytes (under lock): until
+ * the monotonic deadline (the condition's clock: a step of the wall clock
+ * neither stalls nor skips it), or sooner on stop or hurry. Another return
+ * of the wait than 0 or ETIMEDOUT ends the pause (no spin on it). */
+static void dropper_pause(struct wal *w, uint64_t size)
+{
+    uint64_t gap = size * WAL_DROP_GAP_NS_PER_MIB >> 20;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(gap / BG_SECOND);
+    until.tv_nsec += (long)(gap % BG_SECOND);
+    if (until.tv_nsec >= (long)BG_SECOND) until.tv_sec++, until.tv_nsec -= (long)BG_SECOND;
+    while (!w->dropper.stop && !w->dropper.hurry)
+        if (pthread_cond_timedwait(&w->dropper.cond, &w->lock, &until) != 0) break;
+}
+
+/* The dropper thread: delete the queued segment files, oldest first, until
+ * told to stop with none left. Each leaves the queue before its pause, so
+ * a compaction (compaction_due) waits for the unlinks, never for a pause.
+ * The pause (WAL_DROP_GAP_NS_PER_MIB) spaces the unlinks while the log is
+ * not pressed; none once told to stop, nor while hurried (drop_step).
+ * Best effort: each is superseded by a snapshot on disk either way (one
+ * left by a crash, a failed unlink, recovery deletes), so neither the
+ * unlink nor the directory needs a sync. */
 static void *dropper_main(void *arg)
 {
     struct wal *w = arg;
@@ -885,21 +920,30 @@ static void *dropper_main(void *arg)
         while (!w->dropper.count && !w->dropper.stop) pthread_cond_wait(&w->dropper.cond, &w->lock);
         if (!w->dropper.count) break;
         memcpy(name, w->dropper.names[w->dropper.head], sizeof name);
-        uint64_t gap = w->dropper.sizes[w->dropper.head] * WAL_DROP_GAP_NS_PER_MIB >> 20;
+        uint64_t size = w->dropper.sizes[w->dropper.head];
         pthread_mutex_unlock(&w->lock);
-        w->storage->ops->unlink(w->storage, name);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until); /* the condition's clock */
-        until.tv_sec += (time_t)(gap / BG_SECOND);
-        until.tv_nsec += (long)(gap % BG_SECOND);
-        if (until.tv_nsec >= (long)BG_SECOND) until.tv_sec++, until.tv_nsec -= (long)BG_SECOND;
+        segment_unlink(w, name);
         pthread_mutex_lock(&w->lock);
-        while (!w->dropper.stop && pthread_cond_timedwait(&w->dropper.cond, &w->lock, &until) != ETIMEDOUT) {}
         w->dropper.head = (w->dropper.head + 1) % WAL_DROP_QUEUE;
-        w->dropper.count--; /* only now: compaction_due waits for it */
+        w->dropper.count--;
+        w->dropper.queued_bytes -= size;
+        if (!w->dropper.count) w->dropper.hurry = 0;
+        dropper_pause(w, size);
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
+}
+
+/* Nonzero when the dropper must not pause (under lock): files wait that
+ * its queue had no room for, or the log grows while superseded files
+ * wait: a compaction is due by size (it waits for them), or the directory
+ * (the log's files and those queued) holds more than three times the live
+ * data plus two segments. */
+static int drops_hurried(const struct wal *w)
+{
+    uint64_t segments = 2 * w->cfg.segment_size;
+    return w->first_index < w->drop_below || w->disk_bytes > 2 * w->live_bytes + w->cfg.segment_size ||
+           w->disk_bytes + w->dropper.queued_bytes > 3 * w->live_bytes + segments;
 }
 
 /* Retire the superseded segments (below drop_below) and have them deleted:
@@ -909,13 +953,14 @@ static void *dropper_main(void *arg)
  * its segment's name included (batch_done, w->dir_unsynced). */
 static void drop_step(struct wal *w)
 {
-    if (!w->storage || w->first_index >= w->drop_below) return;
+    if (!w->storage) return;
     if (!w->dropper.started) {
         segments_drop_below(w, w->drop_below);
         return;
     }
     char name[64];
     pthread_mutex_lock(&w->lock);
+    int queued = 0;
     while (w->first_index < w->drop_below && w->dropper.count < WAL_DROP_QUEUE) {
         uint64_t size = w->segment_sizes[0];
         if (!segment_retire_first(w, name, sizeof name)) continue; /* damaged: kept under another name */
@@ -923,15 +968,20 @@ static void drop_step(struct wal *w)
         memcpy(w->dropper.names[at], name, sizeof name);
         w->dropper.sizes[at] = size;
         w->dropper.count++;
+        w->dropper.queued_bytes += size;
+        queued = 1;
     }
-    pthread_cond_signal(&w->dropper.cond);
+    int hurry = w->dropper.count && drops_hurried(w);
+    if (queued || hurry > w->dropper.hurry) pthread_cond_signal(&w->dropper.cond);
+    if (hurry) w->dropper.hurry = 1;
     pthread_mutex_unlock(&w->lock);
 }
 
 void wal_kick(struct wal *w)
 {
-    if (!w || w->busy || !w->writing || w->repl_dead || w->finishing) return;
-    drop_step(w); /* any left over from a full queue */
+    if (!w || w->busy || !w->writing || w->finishing) return;
+    drop_step(w); /* any left over from a full queue; a hurry */
+    if (w->repl_dead) return;
     bg_time now = loop_now();
     int sync = sync_due(w, now);
     struct wal_batch *b = &w->batch;
@@ -1365,6 +1415,7 @@ void wal_stats(const struct wal *w, struct bg_process_info *pi)
     pi->binlog_written = w->written_seq;
     pi->binlog_max_size = w->cfg.segment_size;
     pi->binlog_torn = w->torn_records;
+    pi->binlog_unlink_failures = __atomic_load_n(&w->dropper.unlink_failures, __ATOMIC_RELAXED);
     pi->binlog_enabled = 1;
     pi->binlog_bytes = w->disk_bytes;
     pi->binlog_sync_age_ms = w->cfg.fsync_never ? -1 : (int64_t)((loop_now() - w->last_sync) / 1000000);
@@ -2440,7 +2491,11 @@ static int open_into(struct wal *w, const struct wal_config *cfg, struct bg_engi
     if ((cfg->dir || cfg->storage) && (r = open_dir(w, cfg, now, wall)) != 0) return r;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
-    pthread_cond_init(&w->dropper.cond, NULL);
+    pthread_condattr_t monotonic; /* the dropper's timed pause: dropper_pause */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->dropper.cond, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     w->locks_made = 1;
     if (!cfg->synchronous) {
         w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -2493,6 +2548,7 @@ static void open_failed(struct wal *w)
     if (w->locks_made) {
         pthread_mutex_destroy(&w->lock);
         pthread_cond_destroy(&w->cond);
+        pthread_cond_destroy(&w->dropper.cond);
     }
     free(w->segment_sizes);
     free(w->damaged_indexes);
@@ -2557,6 +2613,7 @@ void wal_close(struct wal *w)
         wal_finish(w, loop_now() + WAL_CLOSE_FINISH_SECONDS * BG_SECOND);
     struct storage *st = w->storage;
     threads_stop(w);
+    drop_step(w); /* those the dropper's queue had no room for: here, at once */
     w->engine->journal = NULL;
     if (w->notify_ev) event_free(w->notify_ev);
     if (w->sync_timer) event_free(w->sync_timer);

@@ -91,7 +91,7 @@ SERVER_KEYS = {
     "version", "uptime", "current_beanstalk_connections", "current_gearman_connections",
     "current_http_connections", "total_jobs_reserved", "total_jobs_deleted", "cross_protocol_closed",
     "permission_denied",
-    "binlog_enabled", "binlog_size",
+    "binlog_enabled", "binlog_size", "binlog_unlink_failures",
     "binlog_disk_attempts", "binlog_disk_failures", "binlog_disk_retries", "binlog_disk_bytes",
     "binlog_stream_attempts", "binlog_stream_failures", "binlog_stream_retries", "binlog_stream_bytes",
     "binlog_last_sync_age_ms", "subscriptions", "shard_index", "shard_count"}

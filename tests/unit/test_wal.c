@@ -4,6 +4,7 @@
  * in the synchronous mode (no flusher thread) on the disk-fault storage
  * (io/storage_faulty.h), what a failed sync, a record that could not be
  * buffered and bytes applied from a stream do to the log. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -209,6 +210,7 @@ struct recording {
         uint64_t index;        /* the segment (c, u) */
     } events[8192];
     size_t n;
+    int unlink_error;          /* nonzero: every unlink fails with it (and is noted) */
 };
 
 static struct recording *recording_of(struct storage *s) { return (struct recording *)s; }
@@ -267,6 +269,7 @@ static int rec_unlink(struct storage *s, const char *name)
 {
     struct storage *in = recording_of(s)->inner;
     recorded(s, 'u', name);
+    if (recording_of(s)->unlink_error) return recording_of(s)->unlink_error;
     return in->ops->unlink(in, name);
 }
 static int rec_rename(struct storage *s, const char *from, const char *to)
@@ -704,6 +707,81 @@ static void test_superseded_segments_go(void **state)
     sync_world_free(&w);
 }
 
+/* A superseded segment whose unlink fails stays (recovery deletes it), and
+ * the failure is counted where the log's counters are (wal_stats:
+ * binlog_unlink_failures), one per file; ENOENT (gone already) is no
+ * failure. */
+static void test_failed_unlink_is_counted(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 2; round++) {
+        int error = round == 0 ? EACCES : ENOENT;
+        struct sync_world w;
+        sync_world_begin(&w, "walunlink");
+        static struct recording rec;
+        memset(&rec, 0, sizeof rec);
+        rec.unlink_error = error;
+        w.rec = &rec;
+        sync_open(&w, 4096);
+        static const char body[200] = {0};
+        uint64_t ids[100];
+        for (int i = 0; i < 100; i++) {
+            ids[i] = sync_put(&w, body, sizeof body);
+            sync_flush(&w, 1);
+        }
+        for (int i = 0; i < 100; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+        sync_flush(&w, 40);
+        uint64_t unlinks = 0;
+        for (size_t u = 0; u < rec.n; u++) unlinks += rec.events[u].op == 'u';
+        assert_true(unlinks >= 3); /* compaction superseded segments, and their unlinks failed */
+        struct bg_process_info pi = {0};
+        wal_stats(w.wal, &pi);
+        assert_int_equal(pi.binlog_unlink_failures, error == ENOENT ? 0 : unlinks);
+        assert_true((uint64_t)segment_files(w.dir) > unlinks); /* the files are still there */
+        sync_world_free(&w);
+    }
+}
+
+/* With the dropper thread, a compaction that supersedes more segments than
+ * the dropper's queue holds (64): a close right after it deletes them all
+ * (the dropper its queue, the close the rest), none left for the next
+ * start to find. */
+static void test_close_deletes_superseded_beyond_the_queue(void **state)
+{
+    (void)state;
+    struct log_world w;
+    memset(&w, 0, sizeof w);
+    tempdir_make(w.dir, sizeof w.dir, "waldrop");
+    w.base = event_base_new();
+    assert_non_null(w.base);
+    assert_int_equal(bg_engine_init(&w.engine, 1 << 20, NULL), 0);
+    struct wal_config cfg = {.dir = w.dir, .segment_size = 4096};
+    assert_int_equal(wal_open(&w.wal, &cfg, &w.engine, w.base, T0, (uint64_t)time(NULL) * BG_SECOND), 0);
+    assert_int_equal(bg_client_init(&w.engine, &w.client, &bg_client_ops_never_wait, NULL), 0);
+    static char body[1200];
+    memset(body, 'd', sizeof body);
+    uint64_t ids[600];
+    for (int i = 0; i < 600; i++) { /* three to a batch, a batch to a segment */
+        assert_int_equal(bg_put_copy(&w.client, "t", 0, 0, 60, body, sizeof body, T0, &ids[i]), 0);
+        if (i % 3 == 2) flush(&w);
+    }
+    assert_true(segment_files(w.dir) > 2 * 64 + 2); /* more than the queue and a finish's kick take */
+    for (int i = 0; i < 600; i++) assert_int_equal(bg_delete(&w.client, ids[i], T0), 0);
+    struct bg_process_info pi = {0};
+    for (int turn = 0; turn < 100 && pi.binlog_oldest <= 1; turn++) {
+        flush(&w);
+        wal_stats(w.wal, &pi);
+    }
+    assert_true(pi.binlog_oldest > 1); /* the snapshot is on disk: the older segments go */
+    bg_client_close(&w.client, T0);
+    wal_close(w.wal);
+    int left = segment_files(w.dir);
+    if (left > 2) fail_msg("%d segment files left after the close, want the snapshot's (and the current)", left);
+    bg_engine_destroy(&w.engine);
+    event_base_free(w.base);
+    tempdir_remove(w.dir);
+}
+
 /* With -f N > 0 a snapshot's segment is made in a batch that does not sync
  * (nor sync the directory), and the batch that completes the snapshot, a
  * later one, syncs at once, and then the older segments go. That batch
@@ -826,6 +904,8 @@ int main(void)
         cmocka_unit_test(test_applied_stream_bytes_do_not_compact_the_directory),
         cmocka_unit_test(test_abandoned_snapshot_keeps_positions),
         cmocka_unit_test(test_superseded_segments_go),
+        cmocka_unit_test(test_failed_unlink_is_counted),
+        cmocka_unit_test(test_close_deletes_superseded_beyond_the_queue),
         cmocka_unit_test(test_superseded_go_after_the_snapshot_name_is_synced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
