@@ -234,7 +234,7 @@ static int readyz_over_tls(int fd, const char *request, size_t len, char *reply,
     gnutls_certificate_credentials_t cred;
     gnutls_session_t s;
     if (gnutls_certificate_allocate_credentials(&cred) < 0) return 0;
-    int ok = gnutls_init(&s, GNUTLS_CLIENT) == 0;
+    int ok = gnutls_init(&s, GNUTLS_CLIENT | GNUTLS_NO_SIGNAL) == 0;
     if (!ok) {
         gnutls_certificate_free_credentials(cred);
         return 0;
@@ -296,6 +296,9 @@ static int healthcheck(const char *arg, const char *http_port)
         host[colon - arg] = '\0';
         port = colon + 1;
     }
+    /* a server that closes mid-request (one that requires a client
+     * certificate ends the handshake) is an answer: unhealthy, not SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
     char reply[512];
     int ok = ask_readyz(host, port, 0, reply, sizeof reply);
     if (ok && strstr(reply, "PLAIN_HTTP_TO_HTTPS_PORT")) ok = ask_readyz(host, port, 1, reply, sizeof reply);
